@@ -1,0 +1,67 @@
+"""`harness ...`: a thin layer that parses, calls the library, and prints.
+
+Every module in this package that defines `register(subparsers)` adds its own
+sub-commands, so features add their CLI without editing a shared file. A
+`HarnessError` becomes one line on stderr and exit status 2; never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from ..errors import HarnessError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="harness",
+        description="Network-emulation benchmarking harness for decentralized training of foundation models.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for mod in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{__name__}.{mod.name}")
+        if hasattr(module, "register"):
+            module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+    except HarnessError as e:
+        print(f"harness: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("harness: interrupted", file=sys.stderr)
+        return 130
+    return int(rc or 0)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0 (got {text!r})") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number > 0 (got {text!r})")
+    return v
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""One record schema for every backend and system, and atomic writes of run outputs.
+
+A run directory is results/<scenario>/<run-id>/ holding manifest.json (status
+running|ok|failed, reason, versions, git commit, command) and records.csv (one row
+per iteration). Files appear whole or not at all: everything is written to a
+temporary file in the same directory and renamed.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from .model import FLOP_FORMULA
+
+RESULTS_DIR = Path(os.environ.get("HARNESS_RESULTS", Path(__file__).resolve().parent.parent / "results"))
+
+
+@dataclass
+class IterationRecord:
+    """One training iteration of one run (or one simulated iteration, backend=sim)."""
+
+    run_id: str
+    scenario: str
+    system: str  # ours | ours-random | megatron | deepspeed
+    backend: str  # sim | emu | cluster | local (loopback, no shaping)
+    kernel: str  # host | uml | none
+    devices: int
+    d_pp: int
+    d_dp: int
+    model: str
+    layers: int
+    hidden: int
+    seq: int
+    batch: int
+    micro_batch: int
+    seed: int
+    bandwidth_scale: float
+    iteration: int
+    seconds: float
+    pflop: float
+    pflops: float
+    tokens_per_s: float
+    compute_seconds: float
+    exposed_comm_seconds: float
+    loss: float
+    d_tp: int = 1
+    config: str = ""  # system-specific layout, JSON (e.g. {"tp":1,"pp":8,"dp":8} or {"zero":3})
+    flop_formula: str = FLOP_FORMULA
+
+
+RECORD_FIELDS = [f.name for f in fields(IterationRecord)]
+
+
+def new_run_id(system: str) -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{system}-{os.getpid()}"
+
+
+def run_dir(scenario: str, run_id: str, root: Path | None = None) -> Path:
+    return Path(root or RESULTS_DIR) / scenario / run_id
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` so that readers see the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
+
+
+def _json_default(o):
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def records_csv(records: list[IterationRecord]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=RECORD_FIELDS)
+    w.writeheader()
+    for r in records:
+        w.writerow(asdict(r))
+    return buf.getvalue()
+
+
+def write_records(path: Path, records: list[IterationRecord]) -> None:
+    atomic_write_text(path, records_csv(records))
+
+
+def read_records(path: Path) -> list[dict]:
+    """Records of a CSV (or every records.csv below a directory) as dicts with typed values."""
+    path = Path(path)
+    files = sorted(path.rglob("records.csv")) if path.is_dir() else [path]
+    types = {f.name: f.type for f in fields(IterationRecord)}
+    out = []
+    for f in files:
+        with open(f, newline="") as fh:
+            for row in csv.DictReader(fh):
+                out.append({k: _convert(types.get(k, "str"), v) for k, v in row.items()})
+    return out
+
+
+def _convert(typ, v: str):
+    if typ in ("int", int):
+        return int(float(v))
+    if typ in ("float", float):
+        return float(v)
+    return v
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def manifest(run_id: str, status: str, *, reason: str = "", **extra) -> dict:
+    """The run manifest: status, reason, versions, git commit, command line, plus `extra`."""
+    versions = {"python": platform.python_version()}
+    for mod in ("torch", "numpy", "pyroute2"):
+        m = sys.modules.get(mod)
+        if m is not None:
+            versions[mod] = getattr(m, "__version__", "?")
+    return {
+        "run_id": run_id,
+        "status": status,
+        "reason": reason,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "command": sys.argv,
+        "git_commit": git_commit(),
+        "versions": versions,
+        **extra,
+    }

@@ -1,0 +1,360 @@
+"""Scenario files -> `Topology`: device-level one-way delay and bandwidth matrices.
+
+A scenario file describes regions (groups of devices sharing link properties), the
+link inside a region and the links between regions (scalar, or a matrix in an
+`order` of region names, possibly asymmetric). It is parsed once into frozen data;
+unknown keys and bad values raise `ScenarioError` whose message names the file,
+the field and the value, so the CLI can print one line and exit non-zero.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from .errors import HarnessError
+
+SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+class ScenarioError(HarnessError, ValueError):
+    """A scenario file or request is invalid; str() is one line: file: field: problem."""
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Compute of one device. The peak is data, never a literal in code."""
+
+    gpu: str
+    peak_tflops: float
+    memory_gb: float
+
+
+@dataclass(frozen=True)
+class Link:
+    delay_ms: float
+    bandwidth_gbps: float
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    devices: int
+    intra: Link
+    profile: DeviceProfile
+    group: str = ""  # the scenario entry it came from (entries with `count` make several)
+
+
+@dataclass(frozen=True)
+class Topology:
+    """The world a run happens in, at device level.
+
+    delay_ms[d][e] is the one-way delay applied on d's egress towards e;
+    bandwidth_gbps[d][e] the rate from d to e. The diagonal is unused
+    (delay 0, bandwidth inf). Device ids are row indices.
+    """
+
+    name: str
+    description: str
+    source: str
+    regions: tuple[Region, ...]
+    device_region: tuple[int, ...]  # region index of every device
+    delay_ms: np.ndarray
+    bandwidth_gbps: np.ndarray
+
+    @property
+    def n(self) -> int:
+        return len(self.device_region)
+
+    def region_of(self, device: int) -> Region:
+        return self.regions[self.device_region[device]]
+
+    @property
+    def profiles(self) -> tuple[DeviceProfile, ...]:
+        return tuple(self.regions[r].profile for r in self.device_region)
+
+    def symmetric(self) -> tuple[np.ndarray, np.ndarray]:
+        """(A+A^T)/2 in seconds and (B+B^T)/2 in bit/s, as the paper's communication graph G."""
+        delay_s = (self.delay_ms + self.delay_ms.T) / 2e3
+        bw = self.bandwidth_gbps.copy()
+        np.fill_diagonal(bw, np.inf)
+        bw_bps = (bw + bw.T) / 2 * 1e9
+        np.fill_diagonal(delay_s, 0.0)
+        return delay_s, bw_bps
+
+    def to_export(self) -> dict:
+        """The `scenario export --json` document (diagonal bandwidth is null)."""
+        bw = [[None if i == j else float(self.bandwidth_gbps[i, j]) for j in range(self.n)]
+              for i in range(self.n)]
+        return {
+            "scenario": self.name,
+            "delay_ms": [[float(x) for x in row] for row in self.delay_ms],
+            "bandwidth_gbps": bw,
+            "regions": [self.regions[r].name for r in self.device_region],
+            "profiles": [vars(p) for p in self.profiles],
+        }
+
+    def subset(self, devices: list[int]) -> "Topology":
+        """The topology restricted to `devices` (in that order)."""
+        idx = np.asarray(devices)
+        used = sorted({self.device_region[d] for d in devices})
+        remap = {r: k for k, r in enumerate(used)}
+        counts = {r: sum(1 for d in devices if self.device_region[d] == r) for r in used}
+        regions = tuple(
+            replace(self.regions[r], devices=counts[r]) for r in used
+        )
+        return Topology(
+            name=self.name,
+            description=self.description,
+            source=self.source,
+            regions=regions,
+            device_region=tuple(remap[self.device_region[d]] for d in devices),
+            delay_ms=self.delay_ms[np.ix_(idx, idx)].copy(),
+            bandwidth_gbps=self.bandwidth_gbps[np.ix_(idx, idx)].copy(),
+        )
+
+
+_TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region"}
+_REGION_KEYS = {"name", "devices", "count", "intra_region", "device"}
+_LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
+_MATRIX_KEYS = {"order", "delay_ms", "bandwidth_gbps"}
+_PROFILE_KEYS = {"gpu", "peak_tflops", "memory_gb"}
+
+
+def list_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def resolve_scenario(name: str) -> Path:
+    """Accept a path, a file stem (`5-worldwide`) or a case number (`5`)."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.exists():
+            raise ScenarioError(f"{p}: file not found")
+        return p
+    matches = [s for s in list_scenarios() if s == name or s.split("-", 1)[0] == name]
+    if len(matches) != 1:
+        raise ScenarioError(
+            f"{name}: unknown scenario (known: {', '.join(list_scenarios())}, or a path to a .yaml file)"
+        )
+    return SCENARIO_DIR / f"{matches[0]}.yaml"
+
+
+def load_scenario(name: str, devices: int | None = None) -> Topology:
+    """Load a scenario by case number, name or path; optionally scale it to `devices`."""
+    path = resolve_scenario(name)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ScenarioError(f"{path}: YAML syntax error at {where}: {getattr(e, 'problem', e)}") from None
+    topo = _parse(doc, path)
+    return scale_down(topo, devices) if devices is not None else topo
+
+
+def _fail(path: Path, field: str, problem: str, value=None):
+    got = "" if value is None else f" (got {value!r})"
+    raise ScenarioError(f"{path}: {field}: {problem}{got}")
+
+
+def _check_keys(path, field, d, allowed):
+    if not isinstance(d, dict):
+        _fail(path, field, "must be a mapping", d)
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        _fail(path, field, f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+
+
+def _number(path, field, value, *, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        _fail(path, field, "must be a finite number", value)
+    if positive and value <= 0:
+        _fail(path, field, "must be > 0", value)
+    if not positive and value < 0:
+        _fail(path, field, "must be >= 0", value)
+    return float(value)
+
+
+def _link(path, field, d) -> Link:
+    _check_keys(path, field, d, _LINK_KEYS)
+    for k in _LINK_KEYS:
+        if k not in d:
+            _fail(path, f"{field}.{k}", "missing")
+    return Link(
+        _number(path, f"{field}.delay_ms", d["delay_ms"], positive=False),
+        _number(path, f"{field}.bandwidth_gbps", d["bandwidth_gbps"], positive=True),
+    )
+
+
+def _profile(path, field, d, default: DeviceProfile | None) -> DeviceProfile:
+    if d is None:
+        if default is None:
+            _fail(path, field, "missing")
+        return default
+    _check_keys(path, field, d, _PROFILE_KEYS)
+    base = vars(default) if default else {}
+    merged = {**base, **d}
+    for k in _PROFILE_KEYS:
+        if k not in merged:
+            _fail(path, f"{field}.{k}", "missing")
+    return DeviceProfile(
+        str(merged["gpu"]),
+        _number(path, f"{field}.peak_tflops", merged["peak_tflops"], positive=True),
+        _number(path, f"{field}.memory_gb", merged["memory_gb"], positive=True),
+    )
+
+
+def _parse(doc, path: Path) -> Topology:
+    if not isinstance(doc, dict):
+        _fail(path, "(top level)", "must be a mapping")
+    _check_keys(path, "(top level)", doc, _TOP_KEYS)
+    for k in ("name", "regions", "inter_region"):
+        if k not in doc:
+            _fail(path, k, "missing")
+    default_profile = _profile(path, "device", doc.get("device"), None) if "device" in doc else None
+    default_intra = _link(path, "intra_region", doc["intra_region"]) if "intra_region" in doc else None
+
+    regions: list[Region] = []
+    if not isinstance(doc["regions"], list) or not doc["regions"]:
+        _fail(path, "regions", "must be a non-empty list", doc["regions"])
+    for k, r in enumerate(doc["regions"]):
+        f = f"regions[{k}]"
+        _check_keys(path, f, r, _REGION_KEYS)
+        if "name" not in r:
+            _fail(path, f"{f}.name", "missing")
+        n = r.get("devices")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            _fail(path, f"{f}.devices", "must be an integer >= 1", n)
+        count = r.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            _fail(path, f"{f}.count", "must be an integer >= 1", count)
+        if "intra_region" in r:
+            intra = _link(path, f"{f}.intra_region", r["intra_region"])
+        elif default_intra is not None:
+            intra = default_intra
+        else:
+            _fail(path, f"{f}.intra_region", "missing (and no top-level intra_region)")
+        profile = _profile(path, f"{f}.device", r.get("device"), default_profile)
+        names = [str(r["name"])] if count == 1 else [f"{r['name']}-{c}" for c in range(count)]
+        regions.extend(Region(nm, n, intra, profile, group=str(r["name"])) for nm in names)
+    seen = set()
+    for r in regions:
+        if r.name in seen:
+            _fail(path, "regions", "duplicate region name", r.name)
+        seen.add(r.name)
+
+    R = len(regions)
+    inter_delay, inter_bw = _inter(path, doc["inter_region"], regions)
+    device_region = tuple(r for r, reg in enumerate(regions) for _ in range(reg.devices))
+    dr = np.asarray(device_region)
+    delay = inter_delay[np.ix_(dr, dr)]
+    bw = inter_bw[np.ix_(dr, dr)]
+    same = dr[:, None] == dr[None, :]
+    intra_delay = np.array([reg.intra.delay_ms for reg in regions])[dr]
+    intra_bw = np.array([reg.intra.bandwidth_gbps for reg in regions])[dr]
+    delay = np.where(same, intra_delay[:, None], delay)
+    bw = np.where(same, intra_bw[:, None], bw)
+    np.fill_diagonal(delay, 0.0)
+    np.fill_diagonal(bw, np.inf)
+    assert R == len(regions)
+    return Topology(
+        name=str(doc["name"]),
+        description=str(doc.get("description", "")),
+        source=str(path),
+        regions=tuple(regions),
+        device_region=device_region,
+        delay_ms=delay,
+        bandwidth_gbps=bw,
+    )
+
+
+def _inter(path, d, regions: list[Region]) -> tuple[np.ndarray, np.ndarray]:
+    """Region-level (R, R) delay and bandwidth matrices (diagonal filled later)."""
+    R = len(regions)
+    f = "inter_region"
+    if not isinstance(d, dict):
+        _fail(path, f, "must be a mapping", d)
+    if "order" not in d:  # one link between every pair of regions
+        link = _link(path, f, d)
+        return np.full((R, R), link.delay_ms), np.full((R, R), link.bandwidth_gbps)
+    _check_keys(path, f, d, _MATRIX_KEYS)
+    order = d["order"]
+    names = [r.name for r in regions]
+    if not isinstance(order, list):
+        _fail(path, f"{f}.order", "must be a list of region names", order)
+    for o in order:
+        if o not in names:
+            _fail(path, f"{f}.order", f"unknown region (regions: {', '.join(names)})", o)
+    if sorted(order) != sorted(names):
+        missing = sorted(set(names) - set(order))
+        _fail(path, f"{f}.order", f"must list every region once; missing {missing}")
+    pos = [order.index(n) for n in names]  # matrix row of each region
+    out = []
+    for key, positive in (("delay_ms", False), ("bandwidth_gbps", True)):
+        m = d.get(key)
+        if not isinstance(m, list) or len(m) != R or any(not isinstance(row, list) or len(row) != R for row in m):
+            shape = (len(m), [len(r) if isinstance(r, list) else None for r in m]) if isinstance(m, list) else m
+            _fail(path, f"{f}.{key}", f"must be a {R}x{R} matrix in the order of {f}.order", shape)
+        arr = np.zeros((R, R))
+        for i in range(R):
+            for j in range(R):
+                v = m[i][j]
+                if i == j:
+                    if v not in (None, "-"):
+                        _fail(path, f"{f}.{key}[{i}][{j}]", "diagonal must be ~ (the intra_region link applies)", v)
+                    continue
+                arr[i, j] = _number(path, f"{f}.{key}[{i}][{j}]", v, positive=positive)
+        out.append(arr[np.ix_(pos, pos)])
+    return out[0], out[1]
+
+
+def scale_down(topo: Topology, devices: int) -> Topology:
+    """Keep the structure with fewer devices: every region kind keeps the same share.
+
+    With factor f = N/K, every region keeps devices/f of its devices when f divides
+    them (case 5 with 8 devices keeps 1 per region, with 16 keeps 2); otherwise a
+    group of identical regions (an entry with `count`) keeps count/f whole regions
+    (case 2 with 8 devices keeps one 4-GPU node and four 1-GPU nodes). Kept devices
+    are the first ones, so ids stay in region order.
+    """
+    n = topo.n
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise ScenarioError(f"{topo.source}: --devices: must be a positive integer (got {devices!r})")
+    if devices == n:
+        return topo
+    keep = _kept_devices(topo, devices) if devices < n else None
+    if keep is None:
+        valid = [k for k in range(1, n + 1) if k == n or _kept_devices(topo, k) is not None]
+        raise ScenarioError(
+            f"{topo.source}: --devices: {devices} does not keep the structure of {n} devices in "
+            f"{len(topo.regions)} regions (every region kind must keep the same share; valid: "
+            f"{', '.join(map(str, valid))})"
+        )
+    return topo.subset(keep)
+
+
+def _kept_devices(topo: Topology, k: int) -> list[int] | None:
+    if topo.n % k:
+        return None
+    f = topo.n // k
+    starts, start = [], 0
+    for reg in topo.regions:
+        starts.append(start)
+        start += reg.devices
+    groups: dict[str, list[int]] = {}
+    for r, reg in enumerate(topo.regions):
+        groups.setdefault(reg.group or reg.name, []).append(r)
+    keep = []
+    for members in groups.values():
+        sizes = {topo.regions[r].devices for r in members}
+        if all(s % f == 0 for s in sizes):
+            keep += [d for r in members for d in range(starts[r], starts[r] + topo.regions[r].devices // f)]
+        elif len(sizes) == 1 and len(members) % f == 0:
+            keep += [d for r in members[: len(members) // f] for d in range(starts[r], starts[r] + topo.regions[r].devices)]
+        else:
+            return None
+    return sorted(keep)

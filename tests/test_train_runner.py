@@ -1,0 +1,103 @@
+"""The rank interface and loopback launcher: results come back, failures name the rank and never hang."""
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from harness.launch import RankFailure
+from harness.model import get_model
+from harness.train.reference import reference_train
+from harness.train.runner import IterationStats, RunSpec, register_system, run_local
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def spec(system: str, devices: int = 2, **kw) -> RunSpec:
+    base = dict(run_id="t", scenario="none", system=system, backend="local", kernel="none", devices=devices,
+                model="tiny", layers=2, batch=4, micro_batch=2, iters=2, warmup=0, seed=0,
+                bandwidth_scale=1.0, lr=0.1, dtype="fp32", device_type="cpu", layout={}, timeout_s=30)
+    base.update(kw)
+    return RunSpec(**base)
+
+
+@register_system("test-allreduce")
+def _allreduce(ctx, s):
+    out = []
+    for i in range(s.iters):
+        t = torch.full((4,), float(ctx.rank + 1))
+        dist.all_reduce(t)
+        out.append(IterationStats(seconds=0.1 * (ctx.rank + 1), compute_seconds=0.05, exposed_comm_seconds=0.0,
+                                  loss=t[0].item() if ctx.rank == 0 else math.nan))
+    ctx.save_state({f"rank{ctx.rank}": torch.tensor([ctx.rank]), "shared": torch.tensor([ctx.rank])})
+    return out
+
+
+@register_system("test-raise")
+def _raise(ctx, s):
+    if ctx.rank == 1:
+        raise ValueError("boom on purpose")
+    dist.barrier()  # rank 0 blocks on the dead peer
+    return []
+
+
+@register_system("test-block")
+def _block(ctx, s):
+    for _ in range(10_000):  # the victim is killed by HARNESS_FAULT while everyone is in collectives
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.01)
+    return []
+
+
+def test_run_local_returns_every_rank_and_merges():
+    run = run_local(spec("test-allreduce", devices=3), collect_state=True)
+    assert [r.rank for r in run.ranks] == [0, 1, 2]
+    merged = run.stats
+    assert len(merged) == 2
+    assert merged[0].seconds == pytest.approx(0.3)  # slowest rank
+    assert merged[0].exposed_comm_seconds == pytest.approx(0.25)
+    assert merged[0].loss == 6.0  # 1+2+3 all-reduced, only rank 0 reports
+    sd = run.state_dict()
+    assert set(sd) == {"rank0", "rank1", "rank2", "shared"} and sd["shared"].item() == 0
+
+
+def test_raising_rank_fails_run_naming_it():
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as e:
+        run_local(spec("test-raise"), timeout_s=60)
+    assert time.monotonic() - t0 < 30
+    assert str(e.value).startswith("rank 1 failed: ValueError: boom on purpose")
+    assert e.value.rank == 1
+
+
+def test_killed_rank_stops_all_ranks_in_bounded_time(monkeypatch):
+    monkeypatch.setenv("HARNESS_FAULT", "rank=2,after=1.0,mode=kill")
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as e:
+        run_local(spec("test-block", devices=3), timeout_s=60)
+    assert time.monotonic() - t0 < 30
+    assert str(e.value).startswith("rank 2 was killed by signal SIGKILL")
+
+
+def test_timeout_names_running_ranks():
+    @register_system("test-sleep")
+    def _sleep(ctx, s):
+        time.sleep(60)
+        return []
+
+    with pytest.raises(RankFailure, match="timed out after 2 s; still running: rank 0, rank 1"):
+        run_local(spec("test-sleep"), timeout_s=2)
+
+
+def test_reference_micro_batching_does_not_change_the_math():
+    cfg = get_model("tiny", 2)
+    l1, s1 = reference_train(cfg, batch=4, micro_batch=4, steps=3, seed=1, lr=0.1)
+    l2, s2 = reference_train(cfg, batch=4, micro_batch=1, steps=3, seed=1, lr=0.1)
+    assert l1 == pytest.approx(l2, rel=1e-5)
+    assert l1[2] < l1[0]  # it trains
+    for k in s1:
+        torch.testing.assert_close(s2[k], s1[k], rtol=1e-5, atol=1e-6)

@@ -1,0 +1,102 @@
+"""Data-parallel gradient sync inside one stage group C_j.
+
+`sharded-ps` is the colocated sharded parameter server the cost model assumes
+(eq. 2): member k of C_j owns shard k of the stage's flattened gradient; every
+member sends shard k to member k (scatter-reduce), the owner sums the D_DP
+contributions in member order, and sends the sum back to every member (gather).
+All transfers are point-to-point and posted at once, so each device exchanges
+2(D_DP-1)/D_DP of the gradient with its peers concurrently. Every member ends with
+bit-identical gradients (one device sums each shard).
+
+`allreduce` is torch.distributed's all-reduce on a process group per C_j.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+# Tags keep concurrent point-to-point messages apart; (iteration, kind, index) -> int.
+TAG_STRIDE = 100_000
+
+
+def tag(iteration: int, kind: int, index: int) -> int:
+    return (iteration % 10_000) * TAG_STRIDE + kind * 10_000 + index
+
+
+KIND_SCATTER, KIND_GATHER = 3, 4
+
+
+def flatten_grads(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).float() for p in params])
+
+
+def unflatten_into_grads(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
+    off = 0
+    for p in params:
+        n = p.numel()
+        g = flat[off:off + n].view_as(p).to(p.dtype)
+        if p.grad is None:
+            p.grad = g.clone()
+        else:
+            p.grad.copy_(g)
+        off += n
+
+
+class ShardedParameterServer:
+    """Scatter-reduce then gather over the members of C_j, point-to-point."""
+
+    def __init__(self, members: list[int], me: int):
+        self.members = members
+        self.me = me  # my index in members
+
+    def sync(self, flat: torch.Tensor, iteration: int) -> torch.Tensor:
+        n = len(self.members)
+        if n == 1:
+            return flat
+        shards = list(flat.tensor_split(n))
+        contrib = [torch.empty_like(shards[self.me]) for _ in range(n)]
+        contrib[self.me] = shards[self.me]
+        works = []
+        for k, dev in enumerate(self.members):
+            if k != self.me:
+                works.append(dist.irecv(contrib[k], src=dev, tag=tag(iteration, KIND_SCATTER, k)))
+        for k, dev in enumerate(self.members):
+            if k != self.me:
+                works.append(dist.isend(shards[k].contiguous(), dst=dev, tag=tag(iteration, KIND_SCATTER, self.me)))
+        for w in works:
+            w.wait()
+        total = contrib[0].clone()
+        for c in contrib[1:]:
+            total += c
+        out = [torch.empty_like(s) for s in shards]
+        out[self.me] = total
+        works = []
+        for k, dev in enumerate(self.members):
+            if k != self.me:
+                works.append(dist.irecv(out[k], src=dev, tag=tag(iteration, KIND_GATHER, k)))
+        for k, dev in enumerate(self.members):
+            if k != self.me:
+                works.append(dist.isend(total, dst=dev, tag=tag(iteration, KIND_GATHER, self.me)))
+        for w in works:
+            w.wait()
+        return torch.cat(out)
+
+
+class AllReduceSync:
+    """All-reduce (sum) over a process group holding exactly C_j."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def sync(self, flat: torch.Tensor, iteration: int) -> torch.Tensor:
+        if self.group is not None:
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
+        return flat
+
+
+def make_dp_sync(mode: str, groups: list[list[int]], stage: int, me: int):
+    """The sync object of this rank's stage group. Every rank must call this (group creation is collective)."""
+    if mode == "allreduce":
+        pgs = [dist.new_group(g) if len(g) > 1 else None for g in groups]
+        return AllReduceSync(pgs[stage])
+    return ShardedParameterServer(groups[stage], me)

@@ -1,0 +1,229 @@
+"""The system under test ("ours"): pipeline x data parallel GPT training placed by the scheduler.
+
+Each rank runs tasklet t(i, j): stage j of replica i, as given by
+`spec.layout["pipelines"]` (see layout.py). Replica i trains on samples
+[i*B/D_DP, (i+1)*B/D_DP) of the shared synthetic batch, in micro-batches.
+
+The paper's three slots (section 3.5): a receiving slot, a computation slot and
+a sending slot run concurrently. Every receive of an iteration (activations from
+stage j-1, their gradients from stage j+1) is posted up front as an async irecv
+(gloo's transport threads fill them while we compute; on GPU NCCL runs them on
+its own streams), and every send is an async isend, so computation waits only
+for data that has not arrived yet. Schedules: GPipe (all forwards, then all
+backwards, as the paper) or 1F1B. Then the stage's gradients are synchronised in
+C_j (dp_sync.py) and every replica takes the same optimizer step.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..errors import HarnessError
+from ..model import stage_layers
+from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
+from .gpt import GPT, lm_loss, synthetic_batch
+from .layout import PipelineLayout
+from .reference import make_optimizer, micro_batches
+from .runner import IterationStats, RankContext, RunSpec, register_system
+
+KIND_ACT, KIND_GRAD = 1, 2
+FP16_LOSS_SCALE = 1024.0  # static loss scale so fp16 activation gradients do not underflow
+
+
+def gpipe_order(n: int, stage: int, d_pp: int) -> list[tuple[str, int]]:
+    """All forwards, then all backwards (in reverse, as activations are freed LIFO)."""
+    return [("F", k) for k in range(n)] + [("B", k) for k in reversed(range(n))]
+
+
+def one_f_one_b_order(n: int, stage: int, d_pp: int) -> list[tuple[str, int]]:
+    """d_pp - stage - 1 warm-up forwards, then one forward / one backward, then the rest of the backwards."""
+    warm = min(d_pp - stage - 1, n)
+    order = [("F", k) for k in range(warm)]
+    f = b = 0
+    f = warm
+    while f < n:
+        order += [("F", f), ("B", b)]
+        f += 1
+        b += 1
+    order += [("B", k) for k in range(b, n)]
+    return order
+
+
+ORDERS = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
+
+
+class _Clock:
+    """Sums compute time; on CUDA with events (no host sync inside the iteration)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.host = 0.0
+        self.events: list[tuple] = []
+
+    @contextlib.contextmanager
+    def compute(self):
+        if self.cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            yield
+            b.record()
+            self.events.append((a, b))
+        else:
+            t = time.perf_counter()
+            yield
+            self.host += time.perf_counter() - t
+
+    def total(self) -> float:
+        if self.cuda:
+            torch.cuda.synchronize()
+            return sum(a.elapsed_time(b) for a, b in self.events) / 1e3
+        return self.host
+
+
+class PipelineStageRunner:
+    """One tasklet: the stage module, its neighbours, its DP group, and the iteration loop."""
+
+    def __init__(self, ctx: RankContext, spec: RunSpec):
+        self.ctx, self.spec = ctx, spec
+        self.layout = PipelineLayout.from_json(spec.layout)
+        if self.layout.world_size != ctx.world_size:
+            raise HarnessError(f"layout: {self.layout.d_pp} x {self.layout.d_dp} stages x replicas "
+                               f"!= {ctx.world_size} ranks")
+        if spec.device_type == "cuda" and self.layout.schedule == "1f1b":
+            # NCCL runs a pair's sends and receives on one stream in issue order; 1F1B's
+            # interleaving needs batched send/recv pairs, which this runtime does not do yet.
+            raise HarnessError("layout.schedule: 1f1b is CPU (gloo) only; use gpipe on cuda")
+        cfg = self.cfg = spec.cfg
+        L = self.layout
+        self.replica, self.stage_idx = L.position(ctx.rank)
+        self.first, self.last = self.stage_idx == 0, self.stage_idx == L.d_pp - 1
+        self.prev = L.pipelines[self.replica][self.stage_idx - 1] if not self.first else None
+        self.next = L.pipelines[self.replica][self.stage_idx + 1] if not self.last else None
+
+        if spec.batch % L.d_dp:
+            raise HarnessError(f"--batch: {spec.batch} does not split over D_DP = {L.d_dp} replicas")
+        self.local_batch = spec.batch // L.d_dp
+        self.n_local = micro_batches(self.local_batch, spec.micro_batch)
+        self.n_total = micro_batches(spec.batch, spec.micro_batch)
+
+        split = stage_layers(cfg, L.d_pp)
+        a = sum(split[: self.stage_idx])
+        full = GPT(cfg, spec.seed)  # identical weights everywhere; keep only this stage
+        names = {id(p): n for n, p in full.named_parameters()}
+        self.module = full.stage(a, a + split[self.stage_idx], L.d_pp).to(ctx.device)
+        self.params = list(self.module.parameters())
+        self.param_names = [names[id(p)] for p in self.module.parameters()]
+        del full
+        self.opt = make_optimizer(self.params, spec.lr)
+        self.dp = make_dp_sync(L.dp_sync, [L.stage_group(j) for j in range(L.d_pp)],
+                               self.stage_idx, self.replica)
+        self.order = ORDERS[L.schedule](self.n_local, self.stage_idx, L.d_pp)
+        self.comm_dtype = spec.torch_dtype
+        self.autocast = spec.dtype != "fp32"
+        self.loss_scale = FP16_LOSS_SCALE if spec.dtype == "fp16" else 1.0
+        self.act_shape = (spec.micro_batch, cfg.seq, cfg.hidden)
+
+    # -- one iteration ---------------------------------------------------------
+    def _forward(self, x):
+        if self.autocast:
+            with torch.autocast(self.ctx.device.type, dtype=self.spec.torch_dtype):
+                return self.module(x)
+        return self.module(x)
+
+    def iteration(self, it: int) -> tuple[float, float]:
+        """Run iteration `it`; returns (compute seconds, this replica's mean loss or NaN)."""
+        spec, dev = self.spec, self.ctx.device
+        clock = _Clock(dev)
+        lo = self.replica * self.local_batch
+        tokens, targets = synthetic_batch(self.cfg, spec.batch, it, spec.seed)
+        tokens = tokens[lo:lo + self.local_batch].to(dev)
+        targets = targets[lo:lo + self.local_batch].to(dev)
+        m = spec.micro_batch
+
+        # Receiving slot: post every receive of the iteration now.
+        act_in, grad_in = {}, {}
+        for k in range(self.n_local):
+            if not self.first:
+                buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=dev)
+                act_in[k] = (buf, dist.irecv(buf, src=self.prev, tag=tag(it, KIND_ACT, k)))
+            if not self.last and dev.type != "cuda":
+                buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=dev)
+                grad_in[k] = (buf, dist.irecv(buf, src=self.next, tag=tag(it, KIND_GRAD, k)))
+        sends, saved, losses = [], {}, []
+        for op, k in self.order:
+            if op == "F":
+                if self.first:
+                    x = tokens[k * m:(k + 1) * m]
+                else:
+                    buf, work = act_in.pop(k)
+                    work.wait()
+                    x = buf.float().requires_grad_() if self.autocast else buf.requires_grad_()
+                with clock.compute():
+                    y = self._forward(x)
+                    if self.last:
+                        loss = lm_loss(y, targets[k * m:(k + 1) * m])
+                        losses.append(loss.detach())
+                        y = loss * (self.loss_scale / self.n_total)
+                    else:
+                        out = y.detach().to(self.comm_dtype).contiguous()
+                if not self.last:
+                    sends.append(dist.isend(out, dst=self.next, tag=tag(it, KIND_ACT, k)))
+                    if dev.type == "cuda" and k == self.n_local - 1:
+                        # NCCL: gradient receives go on the same stream as our activation
+                        # sends to that peer, so post them only after the last send.
+                        for kk in range(self.n_local):
+                            buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=dev)
+                            grad_in[kk] = (buf, dist.irecv(buf, src=self.next, tag=tag(it, KIND_GRAD, kk)))
+                saved[k] = (x, y)
+            else:
+                x, y = saved.pop(k)
+                if self.last:
+                    with clock.compute():
+                        y.backward()
+                else:
+                    buf, work = grad_in.pop(k)
+                    work.wait()
+                    with clock.compute():
+                        y.backward(buf.to(y.dtype))
+                if not self.first:
+                    g = x.grad.to(self.comm_dtype).contiguous()
+                    sends.append(dist.isend(g, dst=self.prev, tag=tag(it, KIND_GRAD, k)))
+        for w in sends:
+            w.wait()
+
+        # Data-parallel sync in C_j, then the same step on every replica.
+        flat = flatten_grads(self.params)
+        flat = self.dp.sync(flat, it)
+        with clock.compute():
+            unflatten_into_grads(flat / self.loss_scale if self.loss_scale != 1.0 else flat, self.params)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        loss = torch.stack(losses).mean().item() if losses else math.nan
+        return clock.total(), loss
+
+    def state(self) -> dict[str, torch.Tensor]:
+        return dict(zip(self.param_names, self.params))
+
+
+def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
+    runner = PipelineStageRunner(ctx, spec)
+    stats = []
+    dist.barrier()
+    t_prev = time.perf_counter()
+    for it in range(spec.warmup + spec.iters):
+        compute, loss = runner.iteration(it)
+        t = time.perf_counter()
+        if it >= spec.warmup:
+            stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
+                                        exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss))
+        t_prev = t
+    ctx.save_state(runner.state())
+    return stats
+
+
+register_system("ours")(train_ours)
+register_system("ours-random")(train_ours)  # same runtime; the CLI places it with a random assignment

@@ -1,0 +1,66 @@
+"""`harness run --network none`: records and manifest on success, a `failed` manifest naming the rank on a crash."""
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from harness.cli import main
+from harness.results import RECORD_FIELDS, read_records
+
+pytestmark = pytest.mark.timeout(180)
+
+ARGS = ["run", "--scenario", "5", "--devices", "8", "--network", "none", "--model", "tiny", "--layers", "4",
+        "--batch", "8", "--micro-batch", "1", "--iters", "2", "--warmup", "1"]
+
+
+def only_run(root):
+    dirs = [p for p in root.glob("5-worldwide/*") if p.is_dir()]
+    assert len(dirs) == 1
+    return dirs[0]
+
+
+@pytest.mark.parametrize("system,scheduler", [("ours", "ga"), ("ours-random", "random-assignment")])
+def test_run_writes_records_and_manifest(tmp_path, capsys, system, scheduler):
+    assert main(ARGS + ["--system", system, "--seed", "2022", "--out", str(tmp_path)]) == 0
+    d = only_run(tmp_path)
+    assert capsys.readouterr().out.strip() == str(d)
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["status"] == "ok" and m["placement"]["scheduler"] == scheduler
+    assert m["spec"]["layout"]["d_pp"] * m["spec"]["layout"]["d_dp"] == 8
+    recs = read_records(d / "records.csv")
+    assert [r["iteration"] for r in recs] == [1, 2]
+    r = recs[0]
+    assert set(r) == set(RECORD_FIELDS)
+    assert (r["system"], r["backend"], r["kernel"], r["devices"], r["d_pp"], r["d_dp"]) == (system, "local", "none", 8, 4, 2)
+    assert r["seconds"] > 0 and r["compute_seconds"] > 0 and 5 < r["loss"] < 8
+    assert r["pflops"] == pytest.approx(r["pflop"] / r["seconds"])
+    assert r["tokens_per_s"] == pytest.approx(8 * 128 / r["seconds"])
+    assert json.loads(r["config"])["pipelines"] == m["placement"]["pipelines"]
+
+
+def test_killed_rank_fails_the_run_in_bounded_time(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HARNESS_FAULT", "rank=3,after=2.5,mode=kill")
+    t0 = time.monotonic()
+    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120"])
+    assert time.monotonic() - t0 < 40
+    err = capsys.readouterr().err
+    assert rc == 2 and "rank 3 was killed by signal SIGKILL" in err and "Traceback" not in err.splitlines()[-1]
+    d = only_run(tmp_path)
+    m = json.loads((d / "manifest.json").read_text())
+    assert m["status"] == "failed" and m["reason"].startswith("rank 3 was killed")
+    assert not (d / "records.csv").exists()
+
+
+def test_crashing_rank_fails_the_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HARNESS_FAULT", "rank=0,after=2.5,mode=exit")
+    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120"])
+    assert rc == 2 and "rank 0 exited with status 17" in capsys.readouterr().err
+    assert json.loads((only_run(tmp_path) / "manifest.json").read_text())["status"] == "failed"
+
+
+def test_bad_degrees_are_one_line_user_errors(tmp_path, capsys):
+    assert main(ARGS + ["--d-pp", "3", "--d-dp", "3", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "harness: error: --d-pp/--d-dp: 3 x 3 != 8 devices"

@@ -1,0 +1,169 @@
+"""Netlink (pyroute2) side of the plan: create, shape, read back, remove.
+
+Idempotent: applying a device plan replaces its whole root qdisc tree, removing
+what is already gone is not an error. Errors from the kernel are raised, never logged
+and skipped.
+"""
+from __future__ import annotations
+
+import socket
+
+from pyroute2 import IPRoute, netns
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.tcmsg import common as tc_common
+
+from ..errors import HarnessError
+from .plan import DevicePlan
+
+ENOENT, ENODEV, EINVAL = 2, 19, 22
+
+
+class ShapingError(HarnessError, RuntimeError):
+    """The kernel refused a shaping step (one line: device, object, kernel message)."""
+
+
+def _ticks_to_us(ticks: int) -> float:
+    return ticks / tc_common.tick_in_usec
+
+
+def _addr_key(addr: str) -> str:
+    return "0x" + socket.inet_aton(addr).hex() + "/0xffffffff+16"
+
+
+def ifindex(ipr: IPRoute, name: str) -> int:
+    idx = ipr.link_lookup(ifname=name)
+    if not idx:
+        raise ShapingError(f"interface {name}: not found")
+    return idx[0]
+
+
+def clear_device(ipr: IPRoute, idx: int) -> None:
+    try:
+        ipr.tc("del", index=idx, handle=0x10000, parent=0xFFFFFFFF)
+    except NetlinkError as e:
+        if e.code not in (ENOENT, EINVAL, ENODEV):
+            raise
+
+
+def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan) -> None:
+    """Install `dev`'s egress tree on interface `idx` (replacing any tree there)."""
+    clear_device(ipr, idx)
+    step = "htb root"
+    try:
+        ipr.tc("add", "htb", index=idx, handle=0x10000, default=0, r2q=10)
+        for link in dev.links:
+            cls = 0x10000 | link.class_minor
+            step = f"htb class 1:{link.class_minor:x}"
+            rate_Bps = link.rate_bps // 8
+            ipr.tc("add-class", "htb", index=idx, handle=cls, parent=0x10000,
+                   rate=rate_Bps, ceil=rate_Bps, burst=link.burst_bytes, cburst=link.cburst_bytes,
+                   quantum=link.quantum_bytes, mtu=2048)
+            step = f"netem {link.netem_major:x}:"
+            ipr.tc("add", "netem", index=idx, handle=link.netem_major << 16, parent=cls,
+                   delay=link.delay_us, jitter=link.jitter_us, loss=link.loss_pct,
+                   limit=link.limit_packets)
+            step = f"u32 filter dst {link.dst_addr}"
+            ipr.tc("add-filter", "u32", index=idx, parent=0x10000, prio=1,
+                   protocol=socket.AF_INET, target=cls, keys=[_addr_key(link.dst_addr)])
+    except NetlinkError as e:
+        raise ShapingError(f"device {dev.index} ({dev.ifname}): {step}: kernel said {e}") from None
+
+
+def readback(ipr: IPRoute, idx: int) -> dict:
+    """The shaping state of interface `idx`, as plain data kept with the results."""
+    qdiscs, classes, filters = [], [], []
+    for m in ipr.get_qdiscs(index=idx):
+        kind = m.get_attr("TCA_KIND")
+        q = {"kind": kind, "handle": m["handle"] >> 16, "parent": m["parent"]}
+        opts = m.get_attr("TCA_OPTIONS")
+        if kind == "netem" and opts is not None:
+            q["delay_us"] = round(_ticks_to_us(opts["delay"]))
+            q["jitter_us"] = round(_ticks_to_us(opts["jitter"]))
+            q["limit_packets"] = opts["limit"]
+            q["loss_pct"] = round(opts["loss"] / (2**32 - 1) * 100, 6)
+        qdiscs.append(q)
+    for m in ipr.get_classes(index=idx):
+        if m.get_attr("TCA_KIND") != "htb":
+            continue
+        opts = m.get_attr("TCA_OPTIONS")
+        parms = opts.get_attr("TCA_HTB_PARMS")
+        rate = opts.get_attr("TCA_HTB_RATE64") or parms["rate"]
+        ceil = opts.get_attr("TCA_HTB_CEIL64") or parms["ceil"]
+        classes.append({
+            "classid": m["handle"] & 0xFFFF, "rate_bps": rate * 8, "ceil_bps": ceil * 8,
+            "burst_bytes": round(_ticks_to_us(parms["buffer"]) * rate / 1e6),
+            "cburst_bytes": round(_ticks_to_us(parms["cbuffer"]) * ceil / 1e6),
+            "quantum_bytes": parms["quantum"],
+        })
+    for m in ipr.get_filters(index=idx, parent=0x10000):
+        opts = m.get_attr("TCA_OPTIONS")
+        if m.get_attr("TCA_KIND") != "u32" or opts is None:
+            continue
+        classid = opts.get_attr("TCA_U32_CLASSID")
+        sel = opts.get_attr("TCA_U32_SEL")
+        if classid is None or sel is None:
+            continue  # the hash-table node, not a rule
+        filters.append({"classid": classid & 0xFFFF, "dst": _u32_dst(sel.get("keys") or [])})
+    return {"qdiscs": qdiscs, "classes": classes, "filters": filters}
+
+
+def _u32_dst(keys: list[dict]) -> str | None:
+    """The /32 destination address a u32 selector matches (offset 16 of the IPv4 header).
+
+    pyroute2 0.9.7 decodes tc_u32_key 4 bytes late (mask lands in key_val, the value in
+    key_off, the offset in key_offmask); accept that layout as well as the right one.
+    """
+    for k in keys:
+        if k.get("key_off") == 16 and k.get("key_mask") == 0xFFFFFFFF:
+            return socket.inet_ntoa(int(k["key_val"]).to_bytes(4, "big"))
+        if k.get("key_offmask") == 16 and k.get("key_val") == 0xFFFFFFFF:
+            return socket.inet_ntoa(int(k["key_off"]).to_bytes(4, "little", signed=k["key_off"] < 0))
+    return None
+
+
+def compare(dev: DevicePlan, rb: dict) -> list[str]:
+    """Differences between the plan and the kernel's read-back (empty when they agree)."""
+    problems = []
+    classes = {c["classid"]: c for c in rb["classes"]}
+    netems = {q["handle"]: q for q in rb["qdiscs"] if q["kind"] == "netem"}
+    filters = {f["classid"]: f for f in rb["filters"]}
+    for link in dev.links:
+        c = classes.get(link.class_minor)
+        where = f"device {dev.index} -> {link.dst}"
+        if c is None:
+            problems.append(f"{where}: class 1:{link.class_minor:x} missing")
+        elif abs(c["rate_bps"] - link.rate_bps) > 8 or abs(c["ceil_bps"] - link.rate_bps) > 8:
+            problems.append(f"{where}: rate {c['rate_bps']} bit/s, planned {link.rate_bps}")
+        q = netems.get(link.netem_major)
+        if q is None:
+            problems.append(f"{where}: netem {link.netem_major:x}: missing")
+        elif abs(q["delay_us"] - link.delay_us) > 1 or q["limit_packets"] != link.limit_packets:
+            problems.append(f"{where}: netem delay {q['delay_us']} us limit {q['limit_packets']}, "
+                            f"planned {link.delay_us} us limit {link.limit_packets}")
+        f = filters.get(link.class_minor)
+        if f is None or f["dst"] != link.dst_addr:
+            problems.append(f"{where}: filter to {link.dst_addr} missing")
+    if len(classes) != len(dev.links):
+        problems.append(f"device {dev.index}: {len(classes)} classes, planned {len(dev.links)}")
+    return problems
+
+
+def delete_netns(names: list[str]) -> None:
+    existing = set(netns.listnetns())
+    for name in names:
+        if name in existing:
+            try:
+                netns.remove(name)
+            except OSError:
+                pass
+
+
+def delete_links(names: list[str]) -> None:
+    with IPRoute() as ipr:
+        for name in names:
+            for idx in ipr.link_lookup(ifname=name):
+                try:
+                    ipr.link("del", index=idx)
+                except NetlinkError as e:
+                    if e.code not in (ENOENT, ENODEV):
+                        raise

@@ -1,0 +1,150 @@
+"""The local emulated cluster in the *current* kernel: namespaces, veths, a bridge, shaping.
+
+`with Cluster(topo, ...) as c:` creates one namespace per device (dedicated prefix,
+dedicated private subnet), one veth each into a bridge, applies the shaping plan
+and reads it back; leaving the block (normally, by exception or by a signal turned
+into an exception) removes exactly what was created. The run's registry entry is
+written before anything is created, so `harness net clean` can finish the job after
+a SIGKILL. Runs inside the host kernel, or inside user-mode Linux (see uml.py).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from pyroute2 import IPRoute, netns
+from pyroute2.netlink.exceptions import NetlinkError
+from tqdm import tqdm
+
+from . import netns as harness_netns
+from . import registry
+from .apply import ShapingError, apply_device, compare, readback
+from .plan import NetworkPlan, build_plan, device_addresses
+
+SUBNET = "10.213.0.0/16"
+NETNS_DIR = "/var/run/netns"
+#: TCP buffer ceiling per namespace: at least Linux's defaults, and room for 2x the largest BDP.
+TCP_MEM_MIN_MAX_BYTES = 6 * 1024 * 1024
+TCP_MEM_CAP_BYTES = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Device:
+    index: int
+    netns: str
+    netns_path: str
+    ifname: str
+    addr: str
+
+
+class Cluster:
+    def __init__(self, topo, *, bandwidth_scale: float = 1.0, run_id: str | None = None,
+                 subnet: str = SUBNET, jitter_ms: float = 0.0, loss_pct: float = 0.0,
+                 progress: bool = False):
+        self.run_id = run_id or registry.new_run_id()
+        rid = self.run_id
+        addrs, prefix = device_addresses(topo.n, subnet)
+        ifnames = [registry.device_ifname(rid, i) for i in range(topo.n)]
+        # Built (and validated) before anything touches the kernel.
+        self.plan: NetworkPlan = build_plan(topo, addrs, ifnames, prefix_len=prefix,
+                                            bandwidth_scale=bandwidth_scale, jitter_ms=jitter_ms,
+                                            loss_pct=loss_pct)
+        self.devices = [
+            Device(i, registry.netns_name(rid, i), f"{NETNS_DIR}/{registry.netns_name(rid, i)}",
+                   ifnames[i], addrs[i])
+            for i in range(topo.n)
+        ]
+        self.bridge = registry.bridge_name(rid)
+        self.readback: dict = {}
+        self.progress = progress
+        self._entry = registry.Entry(
+            run_id=rid, pid=os.getpid(), kind="cluster",
+            netns=[d.netns for d in self.devices],
+            links=[self.bridge] + [registry.host_veth_name(rid, i) for i in range(topo.n)],
+        )
+
+    # -- lifecycle -------------------------------------------------------------
+    def __enter__(self) -> "Cluster":
+        self._entry.save()
+        try:
+            self._create()
+            self._shape()
+        except BaseException:
+            self.teardown()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    def teardown(self) -> None:
+        registry.teardown(self._entry)
+
+    # -- steps -----------------------------------------------------------------
+    def _create(self) -> None:
+        rid = self.run_id
+        bar = tqdm(total=len(self.devices), desc="namespaces", disable=not self.progress, leave=False)
+        with IPRoute() as ipr:
+            ipr.link("add", ifname=self.bridge, kind="bridge")
+            br = ipr.link_lookup(ifname=self.bridge)[0]
+            ipr.link("set", index=br, state="up")
+            for dev in self.devices:
+                netns.create(dev.netns)
+                host_if = registry.host_veth_name(rid, dev.index)
+                ipr.link("add", ifname=host_if, kind="veth", peer=dev.ifname)
+                h = ipr.link_lookup(ifname=host_if)[0]
+                p = ipr.link_lookup(ifname=dev.ifname)[0]
+                ipr.link("set", index=p, net_ns_fd=dev.netns)
+                ipr.link("set", index=h, master=br)
+                ipr.link("set", index=h, state="up")
+                with IPRoute(netns=dev.netns) as nsr:
+                    i = nsr.link_lookup(ifname=dev.ifname)[0]
+                    nsr.addr("add", index=i, address=dev.addr, prefixlen=self.plan.prefix_len)
+                    nsr.link("set", index=i, state="up")
+                    lo = nsr.link_lookup(ifname="lo")[0]
+                    nsr.link("set", index=lo, state="up")
+                bar.update()
+        bar.close()
+        tcp_max = self._tcp_buffer_bytes()
+        for dev in self.devices:
+            harness_netns.run_in(dev.netns_path, lambda: _set_tcp_buffers(tcp_max))
+
+    def _tcp_buffer_bytes(self) -> int:
+        bdp = 0.0
+        for dev in self.plan.devices:
+            for link in dev.links:
+                bdp = max(bdp, link.rate_bps / 8 * 2 * (link.delay_us + link.jitter_us) / 1e6)
+        return int(min(TCP_MEM_CAP_BYTES, max(TCP_MEM_MIN_MAX_BYTES, 4 * bdp)))
+
+    def _shape(self) -> None:
+        bar = tqdm(total=len(self.devices), desc="shaping", disable=not self.progress, leave=False)
+        problems = []
+        for dev, dplan in zip(self.devices, self.plan.devices):
+            with IPRoute(netns=dev.netns) as nsr:
+                idx = nsr.link_lookup(ifname=dev.ifname)[0]
+                apply_device(nsr, idx, dplan)
+                rb = readback(nsr, idx)
+            self.readback[str(dev.index)] = rb
+            problems += compare(dplan, rb)
+            bar.update()
+        bar.close()
+        if problems:
+            raise ShapingError(f"kernel state differs from the plan: {problems[0]} ({len(problems)} differences)")
+
+    def describe(self, kernel: str) -> dict:
+        """The HARNESS_CLUSTER document for launcher-mode programs."""
+        return {
+            "kernel": kernel,
+            "run_id": self.run_id,
+            "bandwidth_scale": self.plan.bandwidth_scale,
+            "devices": [vars(d) for d in self.devices],
+        }
+
+
+def _set_tcp_buffers(max_bytes: int) -> None:
+    for name, default in (("tcp_rmem", 131072), ("tcp_wmem", 16384)):
+        with open(f"/proc/sys/net/ipv4/{name}", "w") as f:
+            f.write(f"4096 {default} {max_bytes}")
+
+
+__all__ = ["Cluster", "Device", "NetlinkError"]

@@ -1,0 +1,226 @@
+"""The shaping plan: Topology -> per-device egress qdisc trees, as plain data.
+
+Pure (no kernel, no root). Every number carries its unit in its field name; every
+number is derived from the scenario (burst from the rate, netem limit from the
+bandwidth-delay product), none is a fixed constant that silently caps a link.
+The same plan is applied through netlink (`apply.py`) or printed as `tc`/`ip`
+commands (`render_commands`) for people to read and paste.
+
+Layout on every device's interface (DESIGN.md, "Key decisions"):
+  HTB root 1: (default 0: unclassified traffic such as ARP leaves unshaped)
+    class 1:<dst+1>  rate = ceil = B[d][dst] * bandwidth_scale, burst = cburst from the rate
+      netem <0x100+dst>:  delay = A[d][dst] (one-way), optional jitter/loss, limit >= BDP in packets
+    u32 filter: ip dst <addr of dst>/32 -> 1:<dst+1>
+Pairs the scenario leaves unshaped (no delay and a node-internal bandwidth such as
+NVLink, >= `unshaped_min_gbps`) get no class: they stay at full speed.
+"""
+from __future__ import annotations
+
+import ipaddress
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from ..errors import HarnessError
+
+#: Links with zero delay at or above this rate are inside a node (NVLink, PCIe): not shaped.
+UNSHAPED_MIN_GBPS = 100.0
+#: Ethernet header counted by HTB on a veth/NIC (skb->len; no preamble/FCS on a virtual link).
+ETH_HEADER_BYTES = 14
+#: IPv4 (20) + TCP (20) + TCP timestamp option (12, on by default in Linux).
+TCP_IP_HEADER_BYTES = 52
+#: HTB burst = the bytes the rate sends in this many seconds (at least two full frames).
+BURST_SECONDS = 0.002
+#: netem queue holds the in-flight bytes (BDP) plus room for a sender's slow-start overshoot.
+LIMIT_BDP_FACTOR = 4
+LIMIT_MIN_PACKETS = 1000  # netem's own default
+HTB_QUANTUM_MAX_BYTES = 200_000  # above this HTB warns "quantum is big"
+
+
+class PlanError(HarnessError, ValueError):
+    """The plan cannot be built from these inputs (one line naming the value)."""
+
+
+@dataclass(frozen=True)
+class ShapedLink:
+    """One destination on one device's egress: HTB class + netem child + u32 filter."""
+
+    dst: int
+    dst_addr: str
+    class_minor: int  # HTB class 1:<class_minor>
+    netem_major: int  # netem qdisc handle <netem_major>:
+    rate_bps: int  # bit/s, rate = ceil
+    burst_bytes: int
+    cburst_bytes: int
+    quantum_bytes: int
+    delay_us: int  # one-way delay on this egress
+    jitter_us: int
+    loss_pct: float
+    limit_packets: int
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    index: int
+    addr: str  # own IPv4 address (no prefix)
+    ifname: str
+    links: tuple[ShapedLink, ...]
+    unshaped: tuple[int, ...]  # destinations left at full speed
+
+
+@dataclass(frozen=True)
+class NetworkPlan:
+    scenario: str
+    bandwidth_scale: float
+    mtu: int
+    prefix_len: int
+    devices: tuple[DevicePlan, ...]
+
+    @property
+    def n(self) -> int:
+        return len(self.devices)
+
+    @property
+    def classes(self) -> int:
+        return sum(len(d.links) for d in self.devices)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def tcp_efficiency(mtu: int = 1500) -> float:
+    """TCP payload per byte HTB counts: MSS / frame = (MTU - 52) / (MTU + 14).
+
+    1448/1514 = 0.9564 at MTU 1500 (IPv4, TCP timestamps on). HTB on a veth counts
+    skb->len, the L2 frame without preamble/FCS/inter-frame gap, so those are not in it.
+    """
+    return (mtu - TCP_IP_HEADER_BYTES) / (mtu + ETH_HEADER_BYTES)
+
+
+def device_addresses(n: int, subnet: str = "10.213.0.0/16") -> tuple[list[str], int]:
+    """IPv4 address of each device in the dedicated private subnet, and the prefix length."""
+    try:
+        net = ipaddress.IPv4Network(subnet)
+    except ValueError as e:
+        raise PlanError(f"subnet: {e} (got {subnet!r})") from None
+    if not net.is_private:
+        raise PlanError(f"subnet: must be a private range (got {subnet!r})")
+    hosts = net.num_addresses - 2
+    if n > hosts:
+        raise PlanError(f"subnet: {subnet} has room for {hosts} devices, need {n}")
+    return [str(net.network_address + i + 1) for i in range(n)], net.prefixlen
+
+
+def build_plan(
+    topo,
+    addrs: list[str],
+    ifnames: list[str],
+    *,
+    prefix_len: int = 16,
+    bandwidth_scale: float = 1.0,
+    mtu: int = 1500,
+    jitter_ms: float = 0.0,
+    loss_pct: float = 0.0,
+    unshaped_min_gbps: float = UNSHAPED_MIN_GBPS,
+) -> NetworkPlan:
+    """Per-device egress plans for `topo`; rates scaled by `bandwidth_scale`, delays real."""
+    n = topo.n
+    if not (isinstance(bandwidth_scale, (int, float)) and math.isfinite(bandwidth_scale) and bandwidth_scale > 0):
+        raise PlanError(f"bandwidth_scale: must be a finite number > 0 (got {bandwidth_scale!r})")
+    if len(addrs) != n or len(ifnames) != n:
+        raise PlanError(f"devices: {n} in the scenario but {len(addrs)} addresses and {len(ifnames)} interfaces")
+    if not (68 <= mtu <= 65535):
+        raise PlanError(f"mtu: must be in 68..65535 (got {mtu})")
+    if not (0 <= jitter_ms) or not (0 <= loss_pct <= 100):
+        raise PlanError(f"jitter_ms/loss_pct: must be >= 0 and loss <= 100 (got {jitter_ms}, {loss_pct})")
+    if n > 0xFF00:
+        raise PlanError(f"devices: at most {0xFF00} (got {n})")
+    frame = mtu + ETH_HEADER_BYTES
+    devices = []
+    for d in range(n):
+        links, unshaped = [], []
+        for e in range(n):
+            if e == d:
+                continue
+            delay_ms = float(topo.delay_ms[d][e])
+            gbps = float(topo.bandwidth_gbps[d][e])
+            if not (math.isfinite(delay_ms) and delay_ms >= 0):
+                raise PlanError(f"{topo.source}: delay_ms[{d}][{e}]: must be a finite number >= 0 (got {delay_ms})")
+            if not (gbps > 0):
+                raise PlanError(f"{topo.source}: bandwidth_gbps[{d}][{e}]: must be > 0 (got {gbps})")
+            if delay_ms == 0 and gbps >= unshaped_min_gbps:
+                unshaped.append(e)
+                continue
+            rate_bps = int(round(gbps * 1e9 * bandwidth_scale))
+            if rate_bps < 8 * frame:
+                raise PlanError(
+                    f"{topo.source}: bandwidth_gbps[{d}][{e}] x bandwidth_scale = {rate_bps} bit/s: "
+                    f"below one {frame}-byte frame per second"
+                )
+            rate_Bps = rate_bps / 8
+            burst = max(2 * frame, math.ceil(rate_Bps * BURST_SECONDS))
+            quantum = int(min(HTB_QUANTUM_MAX_BYTES, max(frame, rate_Bps / 10)))
+            jitter_us = int(round(jitter_ms * 1000))
+            # RTT-long buffering: data in flight for the delay plus the ACK path back.
+            bdp_packets = rate_Bps * (2 * delay_ms + 2 * jitter_ms) / 1e3 / frame
+            limit = max(LIMIT_MIN_PACKETS, math.ceil(LIMIT_BDP_FACTOR * bdp_packets))
+            links.append(ShapedLink(
+                dst=e, dst_addr=addrs[e], class_minor=e + 1, netem_major=0x100 + e,
+                rate_bps=rate_bps, burst_bytes=burst, cburst_bytes=burst, quantum_bytes=quantum,
+                delay_us=int(round(delay_ms * 1000)), jitter_us=jitter_us, loss_pct=float(loss_pct),
+                limit_packets=limit,
+            ))
+        devices.append(DevicePlan(d, addrs[d], ifnames[d], tuple(links), tuple(unshaped)))
+    return NetworkPlan(topo.name, float(bandwidth_scale), mtu, prefix_len, tuple(devices))
+
+
+def target_matrices(plan: NetworkPlan) -> tuple[np.ndarray, np.ndarray]:
+    """(RTT target in ms, TCP goodput target in bit/s) per ordered pair (src, dst); nan if unshaped."""
+    n = plan.n
+    one_way = np.full((n, n), np.nan)
+    rate = np.full((n, n), np.nan)
+    for dev in plan.devices:
+        for link in dev.links:
+            one_way[dev.index, link.dst] = link.delay_us / 1000
+            rate[dev.index, link.dst] = link.rate_bps
+        for e in dev.unshaped:
+            one_way[dev.index, e] = 0.0
+    rtt = one_way + one_way.T
+    return rtt, rate * tcp_efficiency(plan.mtu)
+
+
+def _hex(v: int) -> str:
+    return format(v, "x")
+
+
+def render_commands(plan: NetworkPlan, netns: list[str] | None = None) -> list[str]:
+    """The `tc` commands equivalent to applying `plan` (one device's namespace each, if given)."""
+    out = []
+    for dev in plan.devices:
+        pre = f"ip netns exec {netns[dev.index]} " if netns else ""
+        ifn = dev.ifname
+        out.append(f"# device {dev.index} ({dev.addr}): {len(dev.links)} shaped destinations"
+                   + (f", unshaped: {list(dev.unshaped)}" if dev.unshaped else ""))
+        out.append(f"{pre}tc qdisc replace dev {ifn} root handle 1: htb default 0 r2q 10")
+        for link in dev.links:
+            out.append(
+                f"{pre}tc class replace dev {ifn} parent 1: classid 1:{_hex(link.class_minor)} htb "
+                f"rate {link.rate_bps}bit ceil {link.rate_bps}bit burst {link.burst_bytes}b "
+                f"cburst {link.cburst_bytes}b quantum {link.quantum_bytes}"
+            )
+            netem = f"delay {link.delay_us}us"
+            if link.jitter_us:
+                netem += f" {link.jitter_us}us"
+            if link.loss_pct:
+                netem += f" loss {link.loss_pct:g}%"
+            out.append(
+                f"{pre}tc qdisc replace dev {ifn} parent 1:{_hex(link.class_minor)} "
+                f"handle {_hex(link.netem_major)}: netem {netem} limit {link.limit_packets}"
+            )
+            out.append(
+                f"{pre}tc filter replace dev {ifn} parent 1: protocol ip prio 1 "
+                f"handle 800::{_hex(link.class_minor)} u32 "
+                f"match ip dst {link.dst_addr}/32 flowid 1:{_hex(link.class_minor)}"
+            )
+    return out

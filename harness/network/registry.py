@@ -1,0 +1,153 @@
+"""What a run created, so that exactly that is removed, also after a SIGKILL.
+
+Every name carries the run id and a dedicated prefix (`harness-<rid>-<i>` namespaces,
+`hnb-<rid>` bridge, `hnv-<rid>-<i>` veths, `harness-<rid>` UML instances). A run
+writes its registry entry *before* creating anything (an intent log), updates it as
+it goes, and removes it after its own teardown. `clean()` tears down the entries
+whose owning process is gone; nothing that is not in a registry entry is touched.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from ..results import atomic_write_json
+
+REGISTRY_DIR = Path(os.environ.get("HARNESS_NET_REGISTRY", "/run/harness-net"))
+RUN_ID_RE = re.compile(r"^[0-9a-f]{6}$")
+NETNS_RE = re.compile(r"^harness-[0-9a-f]{6}-\d+$")
+LINK_RE = re.compile(r"^hn[bvp]-[0-9a-f]{6}(-\d+)?$")
+
+
+def new_run_id() -> str:
+    return secrets.token_hex(3)
+
+
+def netns_name(rid: str, i: int) -> str:
+    return f"harness-{rid}-{i}"
+
+
+def bridge_name(rid: str) -> str:
+    return f"hnb-{rid}"
+
+
+def host_veth_name(rid: str, i: int) -> str:
+    return f"hnv-{rid}-{i}"
+
+
+def device_ifname(rid: str, i: int) -> str:
+    return f"hnp-{rid}-{i}"
+
+
+def umid(rid: str) -> str:
+    return f"harness-{rid}"
+
+
+@dataclass
+class Entry:
+    run_id: str
+    pid: int  # owner; the entry is stale once it is gone
+    kind: str  # "cluster" (namespaces in this kernel) | "uml" (a user-mode Linux kernel)
+    netns: list[str] = field(default_factory=list)
+    links: list[str] = field(default_factory=list)
+    uml_pid: int = 0
+    job_dir: str = ""
+    created: float = field(default_factory=time.time)
+
+    @property
+    def path(self) -> Path:
+        return REGISTRY_DIR / f"{self.kind}-{self.run_id}.json"
+
+    def save(self) -> None:
+        REGISTRY_DIR.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(self.path, asdict(self))
+
+    def drop(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def entries() -> list[Entry]:
+    out = []
+    for p in sorted(REGISTRY_DIR.glob("*.json")) if REGISTRY_DIR.is_dir() else []:
+        try:
+            out.append(Entry(**json.loads(p.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return out
+
+
+def pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is gone for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][0] != "Z"
+    except OSError:
+        return False
+
+
+def _is_our_uml(pid: int, rid: str) -> bool:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"umid={umid(rid)}".encode() in cmd
+
+
+def kill_uml(pid: int, rid: str) -> None:
+    """Stop the UML kernel of run `rid` (its whole process group), after checking it is ours."""
+    if not _is_our_uml(pid, rid):
+        return
+    try:
+        pgid = os.getpgid(pid)
+        if pgid == pid:
+            os.killpg(pgid, signal.SIGKILL)
+        else:
+            os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    for _ in range(100):
+        if not pid_alive(pid):
+            break
+        time.sleep(0.05)
+
+
+def remove_uml_leftovers(rid: str) -> None:
+    shutil.rmtree(Path.home() / ".uml" / umid(rid), ignore_errors=True)
+
+
+def teardown(entry: Entry) -> None:
+    """Remove everything `entry` lists (missing pieces are fine: idempotent)."""
+    if entry.kind == "uml":
+        kill_uml(entry.uml_pid, entry.run_id)
+        remove_uml_leftovers(entry.run_id)
+        if entry.job_dir:
+            shutil.rmtree(entry.job_dir, ignore_errors=True)
+    else:
+        from .apply import delete_links, delete_netns
+
+        delete_netns([n for n in entry.netns if NETNS_RE.match(n)])
+        delete_links([n for n in entry.links if LINK_RE.match(n)])
+    entry.drop()
+
+
+def clean(*, include_live: bool = False) -> list[Entry]:
+    """Tear down the entries of runs that are gone (or all, with include_live); return them."""
+    done = []
+    for e in entries():
+        if include_live or not pid_alive(e.pid):
+            teardown(e)
+            done.append(e)
+    return done

@@ -1,0 +1,121 @@
+"""Run a command in the emulated cluster of the *current* kernel (host, or inside UML).
+
+Used directly for the host kernel and by `guest.py` inside user-mode Linux, so both
+paths run the same code. A job is a plain dict (written as JSON/pickle to the job
+directory, which the UML guest sees through hostfs); each device's stdout+stderr go
+to `<job_dir>/dev<i>.log` (the caller tails them to stream), the outcome to
+`<job_dir>/result.json`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from ..results import atomic_write_json
+from . import netns as harness_netns
+from .cluster import Cluster
+
+#: After one device fails, the others get this long to finish before they are stopped
+#: (a distributed job whose peer died would otherwise wait for its own timeout).
+FAIL_GRACE_S = 10.0
+TIMEOUT_RC = 124
+
+
+def log_path(job_dir: Path, i: int) -> Path:
+    return Path(job_dir) / f"dev{i}.log"
+
+
+def run_job(job: dict, topo, kernel: str) -> dict:
+    """Create the cluster, run the command(s), tear down; return the result document."""
+    job_dir = Path(job["job_dir"])
+    mode = job["mode"]
+    t0 = time.monotonic()
+    result = {"kernel": kernel, "returncodes": [], "timed_out": False, "readback": {}, "error": "",
+              "plan": None, "setup_s": None}
+    with Cluster(topo, bandwidth_scale=job["bandwidth_scale"], run_id=job["run_id"],
+                 progress=job.get("progress", False)) as cluster:
+        result["setup_s"] = time.monotonic() - t0
+        result["readback"] = cluster.readback
+        result["plan"] = cluster.plan.to_json()
+        peers = job_dir / "peers.json"
+        atomic_write_json(peers, [d.addr for d in cluster.devices])
+        base_env = dict(job["env"])
+        procs, logs = [], []
+        try:
+            if mode == "per-device":
+                for dev in cluster.devices:
+                    env = {**base_env, "HARNESS_DEVICE": str(dev.index),
+                           "HARNESS_WORLD_SIZE": str(len(cluster.devices)), "HARNESS_ADDR": dev.addr,
+                           "HARNESS_IFNAME": dev.ifname, "HARNESS_PEERS": str(peers),
+                           "HARNESS_KERNEL": kernel}
+                    log = open(log_path(job_dir, dev.index), "wb")
+                    logs.append(log)
+                    procs.append(_spawn(job, env, log, dev.netns_path))
+            else:
+                desc = job_dir / "cluster.json"
+                atomic_write_json(desc, cluster.describe(kernel))
+                env = {**base_env, "HARNESS_CLUSTER": str(desc), "HARNESS_KERNEL": kernel,
+                       "HARNESS_WORLD_SIZE": str(len(cluster.devices)), "HARNESS_PEERS": str(peers)}
+                log = open(log_path(job_dir, 0), "wb")
+                logs.append(log)
+                procs.append(_spawn(job, env, log, None))
+            rcs, timed_out = _wait(procs, job["timeout_s"])
+            result["returncodes"], result["timed_out"] = rcs, timed_out
+        finally:
+            for p in procs:
+                _kill(p)
+            for log in logs:
+                log.close()
+    return result
+
+
+def _spawn(job: dict, env: dict, log, netns_path: str | None) -> subprocess.Popen:
+    pre = (lambda: harness_netns.enter(netns_path)) if netns_path else None
+    return subprocess.Popen(job["command"], cwd=job["cwd"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=pre,
+                            start_new_session=True)
+
+
+def _kill(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+
+
+def _wait(procs: list[subprocess.Popen], timeout_s: float) -> tuple[list[int], bool]:
+    deadline = time.monotonic() + timeout_s
+    failed_at = None
+    while True:
+        codes = [p.poll() for p in procs]
+        if all(c is not None for c in codes):
+            return [int(c) for c in codes], False
+        now = time.monotonic()
+        if failed_at is None and any(c not in (None, 0) for c in codes):
+            failed_at = now
+        if now >= deadline or (failed_at is not None and now - failed_at > FAIL_GRACE_S):
+            timed_out = now >= deadline
+            for p in procs:
+                _kill(p)
+            rcs = []
+            for c, p in zip(codes, procs):
+                rcs.append(int(c) if c is not None else (TIMEOUT_RC if timed_out else int(p.returncode)))
+            return rcs, timed_out
+        time.sleep(0.05)
+
+
+def write_result(job_dir: Path, result: dict) -> None:
+    atomic_write_json(Path(job_dir) / "result.json", result)
+
+
+def read_result(job_dir: Path) -> dict | None:
+    p = Path(job_dir) / "result.json"
+    if not p.exists():
+        return None
+    return json.loads(p.read_text())

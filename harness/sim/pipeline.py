@@ -1,0 +1,149 @@
+"""Event-driven timeline of one pipelined iteration, vectorised over data-parallel replicas.
+
+Each stage runs an ordered list of tasks, F(m) and B(m) for micro-batch m: GPipe
+(all forwards, then all backwards) or 1F1B (P-1-j warm-up forwards, then one
+forward / one backward, then the remaining backwards; Narayanan et al. 2021).
+F(m) on stage j > 0 waits for the activation of m from j-1; B(m) on j < P-1 for
+its gradient from j+1. Every time is an array over the R replicas, which share
+the task structure and differ in device speeds and links.
+
+Two runtimes:
+- overlap (ours, Yuan et al. sec. 3.5): receive, compute and send are separate
+  streams, so a stage computes while it sends; its sends go out one after another.
+- blocking (Megatron-LM / DeepSpeed pipeline engines of 2022): the process blocks in
+  the send until the message is delivered (delay + size / rate), then goes on.
+
+Long iterations are extrapolated: the timeline of a max-plus system with constant
+task times grows linearly in the number of micro-batches once past the warm-up, so
+for M above `exact_up_to` the engine simulates two shorter runs and extends their
+per-micro-batch slope (tests check this against the full run).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    """Per-micro-batch times, arrays (P, R) for compute and (P-1, R) for the links.
+
+    fwd_ser[j]/fwd_delay[j]: activation j -> j+1; bwd_ser[j]/bwd_delay[j]: gradient j+1 -> j.
+    """
+
+    fwd: np.ndarray
+    bwd: np.ndarray
+    fwd_ser: np.ndarray
+    fwd_delay: np.ndarray
+    bwd_ser: np.ndarray
+    bwd_delay: np.ndarray
+
+    @property
+    def stages(self) -> int:
+        return self.fwd.shape[0]
+
+
+def task_order(schedule: str, P: int, M: int, j: int) -> list[tuple[str, int]]:
+    if schedule == "gpipe":
+        return [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
+    if schedule == "1f1b":
+        w = min(P - 1 - j, M)
+        tasks = [("F", m) for m in range(w)]
+        for k in range(M - w):
+            tasks += [("F", w + k), ("B", k)]
+        return tasks + [("B", m) for m in range(M - w, M)]
+    raise ValueError(f"unknown pipeline schedule {schedule!r}")
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """finish: (P, R) end of each stage's last task; fwd_span/bwd_span: (P-1, R) time from the
+    first send to the last arrival on each link (activations j -> j+1, gradients j+1 -> j)."""
+
+    finish: np.ndarray
+    fwd_span: np.ndarray
+    bwd_span: np.ndarray
+
+
+def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None) -> Timeline:
+    """The exact event timeline of one iteration."""
+    P, R = times.fwd.shape
+    t0 = np.zeros(R) if start is None else np.asarray(start, dtype=float)
+    act = np.full((P, M, R), np.nan)  # arrival of the activation of m at stage j
+    grad = np.full((P, M, R), np.nan)  # arrival of the gradient of m at stage j
+    act[0] = t0
+    grad[P - 1] = -np.inf  # the last stage makes its own gradient after F(m)
+    free = np.tile(t0, (P, 1))  # compute stream (the whole process when blocking)
+    send_f = np.tile(t0, (P, 1))  # send stream towards j+1 (overlap)
+    send_b = np.tile(t0, (P, 1))  # send stream towards j-1 (overlap)
+    fwd_done_last = np.full((M, R), np.nan)
+    first_f = np.full((max(P - 1, 0), R), np.inf)
+    first_b = np.full((max(P - 1, 0), R), np.inf)
+    last_f = np.full((max(P - 1, 0), R), -np.inf)
+    last_b = np.full((max(P - 1, 0), R), -np.inf)
+    orders = [task_order(schedule, P, M, j) for j in range(P)]
+    ptr = [0] * P
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for j in range(P):
+            order = orders[j]
+            while ptr[j] < len(order):
+                kind, m = order[ptr[j]]
+                if kind == "F":
+                    dep = act[j, m]
+                    if np.isnan(dep[0]):
+                        break
+                    end = np.maximum(free[j], dep) + times.fwd[j]
+                    free[j] = end
+                    if j < P - 1:
+                        s = np.maximum(end, send_f[j]) if overlap else end
+                        arrive = s + times.fwd_ser[j] + times.fwd_delay[j]
+                        act[j + 1, m] = arrive
+                        first_f[j] = np.minimum(first_f[j], s)
+                        last_f[j] = np.maximum(last_f[j], arrive)
+                        if overlap:
+                            send_f[j] = s + times.fwd_ser[j]
+                        else:
+                            free[j] = arrive
+                    else:
+                        fwd_done_last[m] = end
+                else:
+                    dep = grad[j, m] if j < P - 1 else fwd_done_last[m]
+                    if np.isnan(dep[0]):
+                        break
+                    end = np.maximum(free[j], dep) + times.bwd[j]
+                    free[j] = end
+                    if j > 0:
+                        s = np.maximum(end, send_b[j]) if overlap else end
+                        arrive = s + times.bwd_ser[j - 1] + times.bwd_delay[j - 1]
+                        grad[j - 1, m] = arrive
+                        first_b[j - 1] = np.minimum(first_b[j - 1], s)
+                        last_b[j - 1] = np.maximum(last_b[j - 1], arrive)
+                        if overlap:
+                            send_b[j] = s + times.bwd_ser[j - 1]
+                        else:
+                            free[j] = arrive
+                ptr[j] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocked")  # a bug, never a user error
+    return Timeline(free, last_f - first_f, last_b - first_b)
+
+
+def timeline(times: StageTimes, M: int, schedule: str, overlap: bool, start=None,
+             exact_up_to: int | None = None) -> Timeline:
+    """The iteration's timeline; extrapolated linearly in M for long iterations."""
+    P = times.stages
+    a = 3 * P + 2
+    b = a + 2 * P
+    limit = b if exact_up_to is None else max(exact_up_to, b)
+    if M <= limit:
+        return simulate(times, M, schedule, overlap, start)
+    ta = simulate(times, a, schedule, overlap, start)
+    tb = simulate(times, b, schedule, overlap, start)
+    k = (M - b) / (b - a)
+    return Timeline(*(y + k * (y - x) for x, y in ((ta.finish, tb.finish), (ta.fwd_span, tb.fwd_span),
+                                                     (ta.bwd_span, tb.bwd_span))))

@@ -1,0 +1,183 @@
+"""Every system, layout and placement for one scenario and setting; the best of each; records.
+
+Placements (rank -> device): `default` is rank order (device ids follow the scenario's
+regions), `random` the mean over the permutations seeded 2022, 2023, 2024 (the paper's
+random layouts, Yuan et al. App. D.1; it gives Megatron the same random layouts as
+ours without the scheduler, App. D.2, and so do we). Megatron's grid: T, P, D in
+{1, 2, 4, 8} with T*P*D = devices (App. D.2); DeepSpeed: ZeRO-3 over all devices and
+ZeRO-1 with P in {1, 2, 4, 8} (App. D.2). A system's best is its fastest (layout,
+placement), as the paper reports each baseline's best grid point.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..model import GPTConfig, c_dp_bytes, c_pp_bytes, pflop_per_iteration
+from ..profiles import ComputeProfile, device_profiles
+from ..results import IterationRecord, atomic_write_json
+from ..scenario import Topology
+from . import systems
+from .network import Links
+from .systems import SimError, SimResult
+
+SYSTEMS = ("ours", "ours-random", "megatron", "deepspeed")
+RANDOM_SEEDS = (2022, 2023, 2024)
+DEGREES = (1, 2, 4, 8)
+PLACEMENTS = ("default", "random")
+
+
+def random_placement(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).permutation(n)
+
+
+def megatron_grid(n: int) -> list[tuple[int, int, int]]:
+    return [(t, p, d) for t, p, d in itertools.product(DEGREES, repeat=3) if t * p * d == n]
+
+
+@dataclass
+class Candidate:
+    """One simulated (system, layout, placement); seconds is the mean over the placement's seeds."""
+
+    system: str
+    config: dict
+    seconds: float
+    compute_seconds: float
+    seeds: tuple[int, ...]
+    best: bool = False
+
+
+class Simulator:
+    """Simulates one scenario; caches scheduled assignments per (c_pp, c_dp) in memory and on disk."""
+
+    def __init__(self, topo: Topology, profile_overrides: dict[str, ComputeProfile] | None = None, *,
+                 d_pp: int = 8, scheduler: str = "ga", schedule_seed: int = 0, budget: int = 5000,
+                 cache_dir: Path | None = None, ps_mode: str = "grouped",
+                 placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1):
+        if topo.n % d_pp:
+            raise SimError(f"--d-pp: {d_pp} does not divide the {topo.n} devices of {topo.name}")
+        for p in placements:
+            if p not in PLACEMENTS:
+                raise SimError(f"--placement: unknown placement {p!r} (known: {', '.join(PLACEMENTS)})")
+        self.topo = topo
+        self.links = Links.from_topology(topo)
+        self.profiles = device_profiles(topo, profile_overrides)
+        self.d_pp, self.d_dp = d_pp, topo.n // d_pp
+        self.scheduler, self.schedule_seed, self.budget = scheduler, schedule_seed, budget
+        self.cache_dir = Path(cache_dir) if cache_dir else None
+        self.ps_mode, self.placements, self.micro_batch = ps_mode, placements, micro_batch
+        self._assignments: dict[tuple, np.ndarray] = {}
+        self._fingerprint = hashlib.sha1(
+            np.ascontiguousarray(topo.delay_ms).tobytes() + np.ascontiguousarray(topo.bandwidth_gbps).tobytes()
+        ).hexdigest()[:12]
+
+    # ---------------------------------------------------------------- assignments
+    def assignment(self, cfg: GPTConfig, batch: int) -> np.ndarray:
+        """The scheduler's pipelines (D_DP, D_PP) for this model and batch (cached)."""
+        cpp, cdp = c_pp_bytes(cfg, batch, self.d_dp), c_dp_bytes(cfg, self.d_pp)
+        key = (self._fingerprint, self.d_pp, self.d_dp, round(cpp), round(cdp), self.scheduler, self.schedule_seed, self.budget)
+        if key in self._assignments:
+            return self._assignments[key]
+        path = self.cache_dir / ("-".join(map(str, key)) + ".json") if self.cache_dir else None
+        if path is not None and path.exists():
+            pipelines = np.asarray(json.loads(path.read_text())["pipelines"], dtype=int)
+        else:
+            from ..scheduler import schedule  # the lead's scheduler (imported late: it is heavier)
+
+            a = schedule(self.topo, self.d_pp, self.d_dp, cpp, cdp, scheduler=self.scheduler,
+                         seed=self.schedule_seed, budget=self.budget)
+            pipelines = np.asarray(a.pipelines, dtype=int)
+            if path is not None:
+                atomic_write_json(path, a.to_json())
+        self._assignments[key] = pipelines
+        return pipelines
+
+    def _placements(self) -> list[tuple[str, list[np.ndarray], tuple[int, ...]]]:
+        out = []
+        if "default" in self.placements:
+            out.append(("default", [np.arange(self.topo.n)], ()))
+        if "random" in self.placements:
+            out.append(("random", [random_placement(self.topo.n, s) for s in RANDOM_SEEDS], RANDOM_SEEDS))
+        return out
+
+    # ---------------------------------------------------------------- systems
+    def run(self, system: str, cfg: GPTConfig, batch: int) -> list[Candidate]:
+        mb = self.micro_batch
+        L, prof = self.links, self.profiles
+        if system == "ours":
+            r = systems.simulate_ours(L, prof, cfg, batch, self.assignment(cfg, batch), mb, ps_mode=self.ps_mode)
+            return [Candidate("ours", {"pp": self.d_pp, "dp": self.d_dp, "scheduler": self.scheduler},
+                              r.seconds, r.compute_seconds, (self.schedule_seed,))]
+        if system == "ours-random":
+            runs = [systems.simulate_ours(L, prof, cfg, batch, random_placement(self.topo.n, s).reshape(self.d_pp, self.d_dp).T,
+                                          mb, system="ours-random", ps_mode=self.ps_mode) for s in RANDOM_SEEDS]
+            return [_mean("ours-random", {"pp": self.d_pp, "dp": self.d_dp, "placement": "random"}, runs, RANDOM_SEEDS)]
+        layouts = []
+        if system == "megatron":
+            for t, p, d in megatron_grid(self.topo.n):
+                layouts.append(({"tp": t, "pp": p, "dp": d},
+                                lambda pl, t=t, p=p, d=d: systems.simulate_megatron(L, prof, cfg, batch, t, p, d, pl, mb)))
+        elif system == "deepspeed":
+            layouts.append(({"zero": 3, "dp": self.topo.n},
+                            lambda pl: systems.simulate_zero3(L, prof, cfg, batch, pl, mb)))
+            for p in DEGREES:
+                if self.topo.n % p == 0:
+                    d = self.topo.n // p
+                    layouts.append(({"zero": 1, "pp": p, "dp": d},
+                                    lambda pl, p=p, d=d: systems.simulate_zero1_pp(L, prof, cfg, batch, p, d, pl, mb)))
+        else:
+            raise SimError(f"--system: unknown system {system!r} (known: {', '.join(SYSTEMS)}, all)")
+        out = []
+        for config, fn in layouts:
+            for name, perms, seeds in self._placements():
+                try:
+                    runs = [fn(pl) for pl in perms]
+                except SimError:
+                    break  # this layout does not fit the model/batch (e.g. batch not divisible)
+                out.append(_mean(system, {**config, "placement": name}, runs, seeds))
+        return out
+
+    def sweep(self, cfg: GPTConfig, batch: int, which=SYSTEMS) -> list[Candidate]:
+        """All candidates of the systems in `which`, with `best` set on each system's fastest."""
+        out = []
+        for system in which:
+            cands = self.run(system, cfg, batch)
+            if cands:
+                min(cands, key=lambda c: c.seconds).best = True
+            out += cands
+        return out
+
+
+def _mean(system: str, config: dict, runs: list[SimResult], seeds) -> Candidate:
+    return Candidate(system, config, float(np.mean([r.seconds for r in runs])),
+                     float(np.mean([r.compute_seconds for r in runs])), tuple(seeds))
+
+
+def to_record(c: Candidate, *, run_id: str, topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int = 1) -> IterationRecord:
+    pflop = pflop_per_iteration(cfg, batch)
+    cfgd = c.config
+    return IterationRecord(
+        run_id=run_id, scenario=topo.name, system=c.system, backend="sim", kernel="none", devices=topo.n,
+        d_pp=int(cfgd.get("pp", 1)), d_dp=int(cfgd.get("dp", topo.n)), model=cfg.name, layers=cfg.layers,
+        hidden=cfg.hidden, seq=cfg.seq, batch=batch, micro_batch=micro_batch,
+        seed=int(c.seeds[0]) if c.seeds else 0, bandwidth_scale=1.0, iteration=0, seconds=c.seconds,
+        pflop=pflop, pflops=pflop / c.seconds, tokens_per_s=batch * cfg.seq / c.seconds,
+        compute_seconds=c.compute_seconds, exposed_comm_seconds=max(c.seconds - c.compute_seconds, 0.0),
+        loss=float("nan"), d_tp=int(cfgd.get("tp", 1)),
+        config=json.dumps({**cfgd, **({"seeds": list(c.seeds)} if len(c.seeds) > 1 else {})}, sort_keys=True),
+    )
+
+
+def record_json(rec: IterationRecord, best: bool) -> dict:
+    """The --json entry: the record, `config` as an object, and `best`."""
+    d = asdict(rec)
+    d["config"] = json.loads(rec.config)
+    d["best"] = best
+    if d["loss"] != d["loss"]:
+        d["loss"] = None
+    return d

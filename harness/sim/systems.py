@@ -1,0 +1,205 @@
+"""One simulated training iteration per system, from a topology, a layout and a model config.
+
+- ours: GPipe over the assignment's pipelines with overlapped point-to-point
+  (pipeline.py, overlap runtime), then the sharded parameter server inside every
+  data-parallel group C_j, each device starting as soon as its own backward is done.
+- megatron: tensor x pipeline x data parallel in Megatron-LM's rank order (tensor
+  fastest, then data, then pipeline: rank = (pp*D + dp)*T + tp). Per layer and
+  micro-batch two ring all-reduces of the activation in the forward, two in the
+  recomputed forward and two in the backward (Shoeybi et al. 2019), blocking the
+  stage; 1F1B with blocking point-to-point; with T > 1 each tensor rank sends 1/T of
+  the activation to its peer and the next stage all-gathers it (Narayanan et al. 2021,
+  scatter/gather); then a ring all-reduce of the gradients per data-parallel group.
+- deepspeed ZeRO-3: all devices data-parallel; per layer and micro-batch an all-gather
+  of the layer's parameters for the forward, one for the recomputed forward, one for
+  the backward, and a reduce-scatter of its gradients; the next layer's all-gather is
+  prefetched, so a layer takes max(compute, communication).
+- deepspeed ZeRO-1 + pipeline: the pipeline engine as Megatron's with T = 1, then a
+  ring all-reduce of the gradients and a ring all-gather of the updated parameters.
+All collectives are rings in rank order (network.py). `placement` maps ranks to devices.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import HarnessError
+from ..model import GPTConfig, stage_layers
+from ..profiles import ComputeProfile
+from . import network, pipeline, workload
+from .network import Links
+
+
+class SimError(HarnessError, ValueError):
+    """A layout the simulator cannot run (sizes that do not divide); str() is one line."""
+
+
+@dataclass
+class SimResult:
+    system: str
+    config: dict
+    seconds: float
+    compute_seconds: float  # busiest device's compute time
+    pp_comm_seconds: float = 0.0  # sum over stage boundaries of the slowest replica's link busy span (fwd + bwd)
+    dp_comm_seconds: float = 0.0  # longest data-parallel synchronisation of a device, from its own start
+    details: dict = field(default_factory=dict)
+
+
+def _micro_batches(batch: int, replicas: int, micro_batch: int, what: str) -> int:
+    if batch % (replicas * micro_batch):
+        raise SimError(f"--batch: {batch} does not split into {replicas} {what} x micro-batch {micro_batch}")
+    return batch // (replicas * micro_batch)
+
+
+def _check_layers(cfg: GPTConfig, pp: int):
+    if pp > cfg.layers:
+        raise SimError(f"--layers: {cfg.layers} layers cannot fill {pp} pipeline stages")
+
+
+def _hop_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float):
+    ser, delay = network._step_times(links, src, dst, nbytes)
+    return ser, delay
+
+
+# --------------------------------------------------------------------------- ours
+def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, batch: int,
+                  pipelines: np.ndarray, micro_batch: int = 1, system: str = "ours",
+                  dp_bytes: np.ndarray | None = None, ps_mode: str = "grouped") -> SimResult:
+    """pipelines: (D_DP, D_PP) device of stage j of replica i. dp_bytes overrides the per-stage gradient
+    bytes; ps_mode "grouped" or "rounds" (network.sharded_ps)."""
+    pipelines = np.asarray(pipelines, dtype=int)
+    R, P = pipelines.shape
+    _check_layers(cfg, P)
+    M = _micro_batches(batch, R, micro_batch, "pipelines")
+    fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, pipelines)  # (R, P)
+    act = workload.activation_bytes(cfg, micro_batch)
+    S = pipelines.T  # (P, R)
+    fser, fdel = _hop_times(links, S[:-1], S[1:], act)
+    bser, bdel = _hop_times(links, S[1:], S[:-1], act)
+    times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel)
+    tl = pipeline.timeline(times, M, "gpipe", overlap=True)
+    grads = workload.stage_param_bytes(cfg, P) if dp_bytes is None else np.asarray(dp_bytes, dtype=float)
+    end = np.empty_like(tl.finish)
+    for j in range(P):
+        end[j] = network.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :], mode=ps_mode)[0]
+    compute = float((M * (fwd + bwd)).max())
+    return SimResult(
+        system, {"pp": P, "dp": R}, float(end.max()), compute,
+        pp_comm_seconds=float((tl.fwd_span + tl.bwd_span).max(1).sum()) if P > 1 else 0.0,
+        dp_comm_seconds=float((end - tl.finish).max()),
+        details={"pipeline_seconds": float(tl.finish.max()), "micro_batches": M},
+    )
+
+
+# --------------------------------------------------------------------------- Megatron
+def megatron_layout(placement: np.ndarray, tp: int, pp: int, dp: int) -> np.ndarray:
+    """Device of every (stage, replica, tensor rank): Megatron-LM's rank order over `placement`."""
+    placement = np.asarray(placement, dtype=int)
+    if placement.size != tp * pp * dp:
+        raise SimError(f"TP x PP x DP = {tp} x {pp} x {dp} must equal the {placement.size} devices")
+    return placement.reshape(pp, dp, tp)
+
+
+def _pipeline_1f1b(links: Links, profiles, cfg, batch, dev: np.ndarray, micro_batch: int):
+    """Timeline of Megatron's / DeepSpeed's 1F1B engine for layout dev (pp, dp, tp)."""
+    pp, dp, tp = dev.shape
+    _check_layers(cfg, pp)
+    if cfg.heads % tp:
+        raise SimError(f"tensor parallel {tp} does not divide the {cfg.heads} attention heads")
+    M = _micro_batches(batch, dp, micro_batch, "data-parallel replicas")
+    # compute of each tensor rank; the stage runs at its slowest rank's pace
+    f_all, b_all = workload.stage_compute(cfg, pp, micro_batch, profiles, np.moveaxis(dev, 0, -1), tp)  # (dp, tp, pp)
+    fwd = f_all.max(1).T  # (pp, dp)
+    bwd = b_all.max(1).T
+    act = workload.activation_bytes(cfg, micro_batch)
+    layers = np.asarray(stage_layers(cfg, pp))
+    if tp > 1:
+        groups = dev.reshape(pp * dp, tp)
+        ar = network.ring_allreduce(links, groups, act).max(1).reshape(pp, dp)
+        ag = network.ring_allgather(links, groups, act).max(1).reshape(pp, dp)
+        n_f = 2 * layers.astype(float)
+        n_b = 4 * layers.astype(float)  # recomputed forward (2) + backward (2)
+        n_f[0] += 1  # vocab-parallel embedding output
+        n_b[-1] += 1  # gradient of the column-parallel head's input
+        fwd = fwd + n_f[:, None] * ar
+        bwd = bwd + n_b[:, None] * ar
+    else:
+        ag = np.zeros((pp, dp))
+    if pp > 1:
+        src, dst = dev[:-1], dev[1:]  # (pp-1, dp, tp)
+        fser, fdel = _hop_times(links, src, dst, act / tp)
+        bser, bdel = _hop_times(links, dst, src, act / tp)
+        # blocking runtime: only delivery time matters; the receiving stage all-gathers the slices
+        f_link = (fser + fdel).max(-1) + (ag[1:] if tp > 1 else 0.0)
+        b_link = (bser + bdel).max(-1) + (ag[:-1] if tp > 1 else 0.0)
+    else:
+        f_link = b_link = np.zeros((0, dp))
+    zeros = np.zeros_like(f_link)
+    times = pipeline.StageTimes(fwd, bwd, f_link, zeros, b_link, zeros)
+    tl = pipeline.timeline(times, M, "1f1b", overlap=False)
+    compute = float((M * (f_all + b_all)).max())
+    return tl, M, compute
+
+
+def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, tp: int, pp: int, dp: int,
+                      placement: np.ndarray, micro_batch: int = 1) -> SimResult:
+    dev = megatron_layout(placement, tp, pp, dp)
+    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, dev, micro_batch)
+    grads = workload.stage_param_bytes(cfg, pp) / tp
+    end = np.empty((pp, dp, tp))
+    for j in range(pp):
+        groups = dev[j].T  # (tp, dp): one data-parallel ring per tensor rank
+        start = np.broadcast_to(tl.finish[j][None, :], groups.shape)
+        end[j] = network.ring_allreduce(links, groups, grads[j], start=start).T
+    finish = tl.finish[:, :, None]
+    return SimResult("megatron", {"tp": tp, "pp": pp, "dp": dp}, float(end.max()), compute,
+                     pp_comm_seconds=float((tl.fwd_span + tl.bwd_span).max(1).sum()) if pp > 1 else 0.0,
+                     dp_comm_seconds=float((end - finish).max()),
+                     details={"pipeline_seconds": float(tl.finish.max()), "micro_batches": M})
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, pp: int, dp: int,
+                      placement: np.ndarray, micro_batch: int = 1) -> SimResult:
+    dev = megatron_layout(placement, 1, pp, dp)  # DeepSpeed's PipeDataParallelTopology: rank = pp*D + dp
+    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, dev, micro_batch)
+    grads = workload.stage_param_bytes(cfg, pp)
+    end = np.empty((pp, dp))
+    for j in range(pp):
+        g = dev[j, :, 0][None, :]
+        t = network.ring_allreduce(links, g, grads[j], start=tl.finish[j][None, :])
+        end[j] = network.ring_allgather(links, g, grads[j], start=t)[0]  # updated fp16 parameters
+    return SimResult("deepspeed", {"zero": 1, "pp": pp, "dp": dp}, float(end.max()), compute,
+                     pp_comm_seconds=float((tl.fwd_span + tl.bwd_span).max(1).sum()) if pp > 1 else 0.0,
+                     dp_comm_seconds=float((end - tl.finish).max()),
+                     details={"pipeline_seconds": float(tl.finish.max()), "micro_batches": M})
+
+
+def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, placement: np.ndarray,
+                   micro_batch: int = 1) -> SimResult:
+    ring = np.asarray(placement, dtype=int)[None, :]
+    N = ring.shape[1]
+    M = _micro_batches(batch, N, micro_batch, "data-parallel devices")
+    rate_t = min(p.flops_per_s("transformer") for p in profiles)  # synchronous collectives: slowest device paces
+    rate_h = min(p.flops_per_s("lm_head") for p in profiles)
+    c_f = workload.block_fwd_flop(cfg, micro_batch) / rate_t
+    h_f = workload.head_fwd_flop(cfg, micro_batch) / rate_h
+    bpv = workload.BYTES_PER_VALUE
+
+    def gather(params: float) -> float:
+        return float(network.ring_allgather(links, ring, params * bpv).max())
+
+    ag_block = gather(cfg.block_params)
+    ag_emb = gather(cfg.embedding_params)
+    ag_head = gather(cfg.head_params)
+    rs_block, rs_emb, rs_head = ag_block, ag_emb, ag_head  # reduce-scatter moves the same bytes as all-gather
+    per_layer = max(c_f, ag_block) + max(c_f, ag_block) + max(2 * c_f, ag_block + rs_block)
+    per_micro = (cfg.layers * per_layer
+                 + ag_emb + rs_emb  # embedding lookup: no compute to hide behind
+                 + max(h_f, ag_head) + max(2 * h_f, ag_head + rs_head))
+    compute_mb = cfg.layers * 4 * c_f + 3 * h_f
+    comm_mb = cfg.layers * (3 * ag_block + rs_block) + ag_emb + rs_emb + 2 * ag_head + rs_head
+    return SimResult("deepspeed", {"zero": 3, "dp": N}, M * per_micro, M * compute_mb,
+                     dp_comm_seconds=M * comm_mb,
+                     details={"micro_batches": M, "allgather_block_seconds": ag_block})

@@ -1,0 +1,131 @@
+"""`harness schedule` (one assignment) and `harness schedule compare` (paper Fig. 4)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import positive_float, positive_int
+
+
+def add_layout_arguments(p: argparse.ArgumentParser) -> None:
+    """Scenario, layout and message-size flags shared by `schedule` and `schedule compare`."""
+    p.add_argument("--scenario", required=True, help="case number (1-5), name or path to a .yaml file")
+    p.add_argument("--devices", type=positive_int, help="scale down to K devices, keeping the structure")
+    p.add_argument("--d-pp", type=positive_int, help="pipeline stages (default: 8 for 64 devices; "
+                   "in general the smallest divisor >= sqrt(devices))")
+    p.add_argument("--d-dp", type=positive_int, help="data-parallel degree (default: devices / d-pp)")
+    p.add_argument("--model", default="gpt3-xl", help="model config for c_pp and c_dp (default gpt3-xl)")
+    p.add_argument("--layers", type=positive_int, help="override the model's layer count")
+    p.add_argument("--batch", type=positive_int, default=1024, help="global batch in samples (default 1024)")
+    p.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16",
+                   help="bytes per value of activations and gradients (default fp16, as the paper)")
+    p.add_argument("--c-pp-gb", type=positive_float, help="override c_pp (GB of 1e9 bytes)")
+    p.add_argument("--c-dp-gb", type=positive_float, help="override c_dp (GB of 1e9 bytes)")
+    p.add_argument("--budget", type=positive_int, default=5000, help="candidates evaluated (default 5000)")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "schedule",
+        help="assign tasklets to devices (random | ga | ga-kl | exhaustive); `schedule compare` for Fig. 4",
+        description="Search an assignment of D_PP x D_DP tasklets to devices minimising the paper's "
+                    "COMM-COST. Prints the cost breakdown; --json writes the assignment.",
+    )
+    add_layout_arguments(p)
+    p.add_argument("--scheduler", default="ga", help="random | ga | ga-kl | exhaustive (default ga)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, help="write the assignment JSON here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_schedule)
+    ss = p.add_subparsers(dest="schedule_command", metavar="compare")
+    c = ss.add_parser("compare", help="random, ga-kl, ga with seeds 0, 1, 2: best cost vs candidates (Fig. 4)")
+    add_layout_arguments(c)
+    c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    c.add_argument("--schedulers", nargs="+", default=["random", "ga-kl", "ga"])
+    c.add_argument("--out", type=Path, help="directory for compare.csv and compare.png "
+                   "(default results/<scenario>/compare)")
+    c.set_defaults(func=cmd_compare)
+
+
+def resolve_layout(args):
+    """(topology, d_pp, d_dp, c_pp_bytes, c_dp_bytes) from the shared flags."""
+    from ..cost import LayoutError
+    from ..model import c_dp_bytes, c_pp_bytes, get_model
+    from ..scenario import load_scenario
+
+    topo = load_scenario(args.scenario, args.devices)
+    n = topo.n
+    d_pp, d_dp = args.d_pp, args.d_dp
+    if d_pp is None and d_dp is None:
+        d_pp = next(k for k in range(1, n + 1) if n % k == 0 and k * k >= n)
+    if d_pp is None:
+        d_pp = n // d_dp if n % d_dp == 0 else 0
+    if d_dp is None:
+        d_dp = n // d_pp if n % d_pp == 0 else 0
+    if d_pp * d_dp != n:
+        raise LayoutError(f"--d-pp/--d-dp: {args.d_pp} x {args.d_dp} does not make the {n} devices of {topo.name}")
+    cfg = get_model(args.model, args.layers)
+    if d_pp > cfg.layers:
+        raise LayoutError(f"--d-pp: {d_pp} stages cannot split the {cfg.layers} layers of {cfg.name}")
+    nbytes = 4 if args.precision == "fp32" else 2
+    c_pp = args.c_pp_gb * 1e9 if args.c_pp_gb else c_pp_bytes(cfg, args.batch, d_dp, nbytes)
+    c_dp = args.c_dp_gb * 1e9 if args.c_dp_gb else c_dp_bytes(cfg, d_pp, nbytes)
+    return topo, d_pp, d_dp, c_pp, c_dp
+
+
+def _progress_bar(total: int, desc: str, quiet: bool):
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=desc, unit="cand", disable=quiet, file=sys.stderr, leave=False)
+
+    def update(evaluated: int, best: float) -> None:
+        bar.set_postfix_str(f"best {best:.3f} s", refresh=False)
+        bar.update(evaluated - bar.n)
+
+    return bar, update
+
+
+def cmd_schedule(args) -> int:
+    from ..results import atomic_write_json
+    from ..scheduler import schedule
+
+    topo, d_pp, d_dp, c_pp, c_dp = resolve_layout(args)
+    bar, update = _progress_bar(args.budget, f"{args.scheduler} seed {args.seed}", args.quiet)
+    with bar:
+        a = schedule(topo, d_pp, d_dp, c_pp, c_dp, args.scheduler, args.seed, args.budget, progress=update)
+    print(f"{topo.name}: {topo.n} devices, D_PP={d_pp} x D_DP={d_dp}, c_pp={a.c_pp_gb:.4g} GB, "
+          f"c_dp={a.c_dp_gb:.4g} GB, scheduler {a.scheduler} seed {a.seed}, {a.trace[-1][0]} candidates")
+    print(f"COMM-COST {a.cost['total']:.4f} s = DATAP {a.cost['dp']:.4f} s + PIPELINEP {a.cost['pp']:.4f} s")
+    for i, p in enumerate(a.pipelines):
+        print(f"  pipeline {i}: " + " -> ".join(map(str, p)))
+    if args.json:
+        atomic_write_json(args.json, a.to_json())
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from ..report.schedule import compare_schedulers
+    from ..results import RESULTS_DIR
+
+    topo, d_pp, d_dp, c_pp, c_dp = resolve_layout(args)
+    out = args.out or RESULTS_DIR / topo.name / "compare"
+    table, paths = compare_schedulers(topo, d_pp, d_dp, c_pp, c_dp, args.schedulers, args.seeds, args.budget, out)
+    print(table)
+    for p in paths:
+        print(f"wrote {p}")
+    return 0
+
+
+def load_assignment(path: Path):
+    """Read an assignment JSON written by `harness schedule --json` (for other commands)."""
+    from ..scheduler import Assignment, SchedulerError
+
+    try:
+        return Assignment.from_json(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise SchedulerError(f"{path}: file not found") from None
+    except json.JSONDecodeError as e:
+        raise SchedulerError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None

@@ -1,0 +1,186 @@
+"""Hybrid genetic algorithm (paper section 3.4), with two local searches.
+
+`ga`    : the paper's local search. Within groups C_j and C_j' take the fastest link
+          (d1-d2, d1'-d2'), form the four swaps d1<->d1', d1<->d2', d2<->d1', d2<->d2' and
+          rank them by the paper's gain
+              (1/|C_j'|) sum_{d'' in C_j'} w(d, d'') - w(d, partner(d))
+            + (1/|C_j|)  sum_{d'' in C_j}  w(d', d'') - w(d', partner(d'))
+          with w the pipeline link cost 2(alpha + c_pp/beta). Its circular version moves
+          fastest-link devices around a cycle of three groups (C_a -> C_b -> C_c -> C_a).
+`ga-kl` : the same GA with Kernighan-Lin passes between two groups on the data-parallel
+          link costs (the textbook graph-partitioning local search the paper compares to).
+
+GA (after Bui & Moon): a population of random partitions; two random parents; the
+child takes each device's group from either parent after aligning the parents'
+group labels by overlap, and is rebalanced; local search from the child; the child
+replaces the worst member when better and new. Every full COMM-COST evaluation
+costs one candidate of the budget.
+"""
+from __future__ import annotations
+
+import numpy as np
+from scipy.optimize import linear_sum_assignment
+
+from . import register
+from .search import BudgetExhausted, Evaluator, random_labels
+
+POPULATION = 8
+PATIENCE = 12  # local search stops after this many rejected moves in a row
+
+
+@register("ga")
+def ga(model, rng, budget, progress=None):
+    return _genetic(model, rng, budget, progress, _paper_move)
+
+
+@register("ga-kl")
+def ga_kl(model, rng, budget, progress=None):
+    return _genetic(model, rng, budget, progress, _kl_move)
+
+
+def _genetic(model, rng, budget, progress, move):
+    ev = Evaluator(model, budget, progress)
+    d_pp, d_dp = model.d_pp, model.d_dp
+    pop: list[np.ndarray] = []
+    costs: list[tuple[float, float]] = []
+    try:
+        for _ in range(min(POPULATION, budget)):
+            labels = random_labels(rng, d_pp, d_dp)
+            pop.append(labels)
+            costs.append(ev(labels))
+        while True:
+            i, j = rng.choice(len(pop), 2, replace=False)
+            child = _crossover(pop[i], pop[j], d_pp, d_dp, rng)
+            cost = ev(child)
+            child, cost = _local_search(model, ev, child, cost, rng, move)
+            worst = max(range(len(costs)), key=costs.__getitem__)
+            if cost < costs[worst] and not any(np.array_equal(child, p) for p in pop):
+                pop[worst], costs[worst] = child, cost
+    except BudgetExhausted:
+        pass
+    return ev.result()
+
+
+def _crossover(p1, p2, d_pp, d_dp, rng):
+    """Group-wise crossover: after relabelling p2's groups to best overlap p1's, the child keeps
+    a random half of p1's groups whole and takes p2's labels elsewhere, then is rebalanced."""
+    overlap = np.zeros((d_pp, d_pp))
+    np.add.at(overlap, (p2, p1), 1)
+    _, to = linear_sum_assignment(-overlap)
+    p2 = to[p2]
+    keep = rng.random(d_pp) < 0.5
+    child = np.where(keep[p1], p1, p2)
+    counts = np.bincount(child, minlength=d_pp)
+    over = [g for g in range(d_pp) for _ in range(max(0, counts[g] - d_dp))]
+    if over:
+        under = [g for g in range(d_pp) for _ in range(max(0, d_dp - counts[g]))]
+        rng.shuffle(under)
+        for g, target in zip(over, under):
+            members = np.flatnonzero(child == g)
+            child[rng.choice(members)] = target
+    return child
+
+
+def _local_search(model, ev, labels, cost, rng, move):
+    rejected = 0
+    while rejected < PATIENCE:
+        for candidate in move(model, labels, rng):
+            c = ev(candidate)
+            if c < cost:
+                labels, cost, rejected = candidate, c, 0
+                break
+        else:
+            rejected += 1
+    return labels, cost
+
+
+def _fastest_link(w, members, rng):
+    """Endpoints of the cheapest link inside a group; ties (a homogeneous region) broken at random."""
+    sub = w[np.ix_(members, members)] + np.diag(np.full(len(members), np.inf))
+    ties = np.argwhere(sub <= sub.min() * (1 + 1e-9))
+    a, b = ties[rng.integers(len(ties))]
+    return members[a], members[b]
+
+
+def _paper_move(model, labels, rng):
+    """One move of the paper's local search: a fastest-link swap, or its circular version.
+
+    Returns candidate label arrays, most promising first (by the paper's gain)."""
+    w = model.pp_link
+    d_pp = model.d_pp
+    if model.d_dp < 2:
+        return [_random_swap(labels, rng, d_pp)]
+    if d_pp >= 3 and rng.random() < 0.5:
+        groups = rng.choice(d_pp, 3, replace=False)
+        out = labels.copy()
+        picks = []
+        for k, g in enumerate(groups):
+            dest = groups[(k + 1) % 3]
+            members = np.flatnonzero(labels == g)
+            d1, d2 = _fastest_link(w, members, rng)
+            dest_members = np.flatnonzero(labels == dest)
+            # move the end of the fast link whose expected cost into the destination is worst
+            gain = [w[d, dest_members].mean() - w[d, p] for d, p in ((d1, d2), (d2, d1))]
+            picks.append((d1, d2)[int(np.argmax(gain))])
+        for k, d in enumerate(picks):
+            out[d] = groups[(k + 1) % 3]
+        return [out]
+    j, jj = rng.choice(d_pp, 2, replace=False)
+    cj, cjj = np.flatnonzero(labels == j), np.flatnonzero(labels == jj)
+    d1, d2 = _fastest_link(w, cj, rng)
+    e1, e2 = _fastest_link(w, cjj, rng)
+    scored = []
+    for d, dp_ in ((d1, d2), (d2, d1)):
+        for e, ep in ((e1, e2), (e2, e1)):
+            gain = w[d, cjj].mean() - w[d, dp_] + w[e, cj].mean() - w[e, ep]
+            scored.append((gain, d, e))
+    scored.sort(key=lambda t: -t[0])
+    out = []
+    for gain, d, e in scored[:2]:
+        cand = labels.copy()
+        cand[d], cand[e] = jj, j
+        out.append(cand)
+    return out
+
+
+def _kl_move(model, labels, rng):
+    """One Kernighan-Lin pass between two random groups on data-parallel link costs.
+
+    Swaps the best unlocked pair repeatedly, then keeps the prefix of swaps with the
+    largest total reduction of intra-group cost; no candidate when no prefix helps.
+    """
+    c = model.dp_link
+    j, jj = rng.choice(model.d_pp, 2, replace=False)
+    A, B = np.flatnonzero(labels == j), np.flatnonzero(labels == jj)
+    n = len(A)
+    free_a, free_b = np.ones(n, bool), np.ones(n, bool)
+    swaps, gains = [], []
+    for _ in range(n):
+        # reduction of intra-group cost if A[x] and B[y] change sides
+        d_a = c[np.ix_(A, A)].sum(1) - c[np.ix_(A, B)].sum(1)
+        d_b = c[np.ix_(B, B)].sum(1) - c[np.ix_(B, A)].sum(1)
+        g = d_a[:, None] + d_b[None, :] + 2 * c[np.ix_(A, B)]
+        g[~free_a, :] = -np.inf
+        g[:, ~free_b] = -np.inf
+        x, y = np.unravel_index(np.argmax(g), g.shape)
+        gains.append(g[x, y])
+        A[x], B[y] = B[y], A[x]
+        free_a[x] = free_b[y] = False
+        swaps.append((A[x], B[y]))
+    prefix = np.cumsum(gains)
+    k = int(np.argmax(prefix))
+    if prefix[k] <= 1e-12:
+        return []
+    out = labels.copy()
+    for now_in_a, now_in_b in swaps[: k + 1]:
+        out[now_in_a], out[now_in_b] = j, jj
+    return [out]
+
+
+def _random_swap(labels, rng, d_pp):
+    j, jj = rng.choice(d_pp, 2, replace=False)
+    a = rng.choice(np.flatnonzero(labels == j))
+    b = rng.choice(np.flatnonzero(labels == jj))
+    out = labels.copy()
+    out[a], out[b] = jj, j
+    return out

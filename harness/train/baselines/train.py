@@ -1,0 +1,180 @@
+"""One rank of a Megatron- or DeepSpeed-style run: build the layout's groups, parallelise, train.
+
+Every layout runs the same loop: the rank's model part (a pipeline stage, the whole model
+when D_PP = 1) parallelised by `parallelize.py`, stepped by a torch.distributed.pipelining
+schedule over its replica's micro-batches, then the optimizer (plain, or ZeRO-1 sharded).
+Same model (`GPT(cfg, seed)`), data (`synthetic_batch`), loss and optimizer as the reference.
+
+compute_seconds is calibrated, not observed inside the distributed step (PyTorch's
+collectives run inside the modules' forward/backward, where a hook cannot separate
+them): before training, the rank times forward+backward of one micro-batch through its
+unsharded part, and an iteration's compute is that time x its micro-batches, divided by
+D_TP (each shard runs 1/D_TP of every block). exposed_comm_seconds = seconds - compute.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from ...model import GPTConfig
+from ..gpt import GPT, lm_loss, synthetic_batch
+from ..reference import make_optimizer, micro_batches
+from .layout import Layout
+from .parallelize import (
+    apply_ddp,
+    apply_fsdp,
+    apply_tp,
+    full_state,
+    model_part,
+    pipeline_schedule,
+    pipeline_stage,
+    stage_bounds,
+    zero1_optimizer,
+)
+
+
+@dataclass
+class StepTiming:
+    """What one rank measured in one iteration (the runner turns it into IterationStats)."""
+
+    seconds: float
+    compute_seconds: float
+    exposed_comm_seconds: float
+    loss: float  # mean loss of this replica's micro-batches on the last stage, nan elsewhere
+
+
+@dataclass
+class BaselineRank:
+    """Everything one rank built for a layout: its groups, model part, schedule and optimizer."""
+
+    layout: Layout
+    model: GPT
+    stage: int
+    replica: int
+    shard: int
+    schedule: object
+    optimizer: torch.optim.Optimizer
+    n_local_mb: int
+    compute_seconds: float
+    device: torch.device
+
+
+def build_rank(
+    layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, seed: int, lr: float,
+    device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
+) -> BaselineRank:
+    """Create the device mesh (pp, dp, tp) of the layout and this rank's parallel model part.
+
+    Collective: every rank of the default group calls it with the same layout.
+    """
+    rank = dist.get_rank()
+    stage, replica, shard = layout.coords(rank)
+    ranks = layout.mesh_ranks()
+    mesh = DeviceMesh(device.type, torch.as_tensor(ranks), mesh_dim_names=("pp", "dp", "tp"))
+    n_local_mb = micro_batches(batch // layout.dp, micro_batch)
+
+    model = GPT(cfg, seed)
+    part = model_part(model, layout.pp, stage).to(device=device, dtype=dtype)
+    compute = _calibrate(part, cfg, micro_batch, seed, stage == 0, device, dtype) * n_local_mb / layout.tp
+
+    part = apply_tp(part, mesh["tp"])
+    if layout.zero == 3:
+        part = apply_fsdp(part, mesh["dp"])
+    else:
+        part = apply_ddp(part, mesh["dp"])
+    stage_ranks = [int(r) for r in ranks[:, replica, shard]]
+    ps = pipeline_stage(part, stage, layout.pp, mesh["pp"].get_group(), stage_ranks, device)
+    schedule = pipeline_schedule(ps, n_local_mb, layout.schedule)
+
+    params = [p for p in part.parameters() if p.requires_grad]
+    if layout.zero == 1:
+        optimizer = zero1_optimizer(params, lr, mesh["dp"].get_group())
+    else:
+        optimizer = make_optimizer(params, lr)
+    return BaselineRank(layout, model, stage, replica, shard, schedule, optimizer, n_local_mb, compute, device)
+
+
+def _calibrate(
+    part: torch.nn.Module, cfg: GPTConfig, micro_batch: int, seed: int, first: bool,
+    device: torch.device, dtype: torch.dtype,
+) -> float:
+    """Seconds of forward+backward of one micro-batch through an unsharded copy of `part` (best of 2)."""
+    probe = copy.deepcopy(part)
+    tokens, targets = synthetic_batch(cfg, micro_batch, 0, seed)
+    tokens, targets = tokens.to(device), targets.to(device)
+    x = tokens if first else torch.randn(micro_batch, cfg.seq, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
+    best = math.inf
+    for _ in range(2):
+        _sync(device)
+        t0 = time.perf_counter()
+        out = probe(x)
+        (lm_loss(out, targets) if probe.head is not None else out.float().mean()).backward()
+        _sync(device)
+        best = min(best, time.perf_counter() - t0)
+    del probe
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, seed: int) -> StepTiming:
+    """One iteration: the replica's slice of the global batch through the pipeline, then the update."""
+    lay = br.layout
+    tokens, targets = synthetic_batch(cfg, batch, iteration, seed)
+    per = batch // lay.dp
+    sl = slice(br.replica * per, (br.replica + 1) * per)
+    first, last = br.stage == 0, br.stage == lay.pp - 1
+    losses: list[torch.Tensor] = []
+    args = (tokens[sl].to(br.device),) if first else ()
+    kwargs = {"target": targets[sl].to(br.device), "losses": losses} if last else {}
+    _sync(br.device)
+    t0 = time.perf_counter()
+    br.optimizer.zero_grad(set_to_none=True)
+    br.schedule.step(*args, **kwargs)
+    br.optimizer.step()
+    _sync(br.device)
+    seconds = time.perf_counter() - t0
+    loss = float(torch.stack(losses).detach().mean()) if last else math.nan
+    compute = min(br.compute_seconds, seconds)
+    return StepTiming(seconds, compute, seconds - compute, loss)
+
+
+def train_baseline(
+    layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, iters: int, seed: int, lr: float,
+    warmup: int = 0, want_state: bool = False,
+    device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress=None,
+) -> tuple[list[StepTiming], dict[str, torch.Tensor] | None]:
+    """Run `warmup + iters` iterations on this rank; returns the timed ones (and, if asked, the
+    rank's parameters under reference names, restricted to its own stage)."""
+    br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype)
+    out = []
+    for it in (progress or (lambda x: x))(range(warmup + iters)):
+        timing = train_step(br, cfg, batch, it, seed)
+        if it >= warmup:
+            out.append(timing)
+    state = None
+    if want_state:
+        full = full_state(br.model)
+        own = {n for n, p in br.model.named_parameters() if _owned(br, n)}
+        state = {n: t for n, t in full.items() if n in own}
+    return out, state
+
+
+def _owned(br: BaselineRank, name: str) -> bool:
+    """Whether parameter `name` (reference naming) lives in this rank's pipeline stage."""
+    first, last = stage_bounds(br.model.cfg, br.layout.pp, br.stage)
+    if name.startswith("embed."):
+        return br.stage == 0
+    if name.startswith("head."):
+        return br.stage == br.layout.pp - 1
+    block = int(name.split(".")[1])
+    return first <= block < last

@@ -140,7 +140,8 @@ def timeline(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
     a = 3 * P + 2
     b = a + 2 * P
     limit = b if exact_up_to is None else max(exact_up_to, b)
-    if M <= limit:
+    if M <= limit or (schedule == "1f1b" and overlap):
+        # 1F1B with overlapped sends lets send queues grow for long: no early periodic regime to extend
         return simulate(times, M, schedule, overlap, start)
     ta = simulate(times, a, schedule, overlap, start)
     tb = simulate(times, b, schedule, overlap, start)

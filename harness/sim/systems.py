@@ -65,9 +65,11 @@ def _hop_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float):
 # --------------------------------------------------------------------------- ours
 def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, batch: int,
                   pipelines: np.ndarray, micro_batch: int = 1, system: str = "ours",
-                  dp_bytes: np.ndarray | None = None, ps_mode: str = "grouped") -> SimResult:
+                  dp_bytes: np.ndarray | None = None, ps_mode: str = "grouped", schedule: str = "gpipe",
+                  dp_sync: str = "sharded-ps") -> SimResult:
     """pipelines: (D_DP, D_PP) device of stage j of replica i. dp_bytes overrides the per-stage gradient
-    bytes; ps_mode "grouped" or "rounds" (network.sharded_ps)."""
+    bytes; ps_mode "grouped" or "rounds" (network.sharded_ps); schedule gpipe (the paper) or 1f1b;
+    dp_sync sharded-ps (the paper) or allreduce (ring), as the trainer's options."""
     pipelines = np.asarray(pipelines, dtype=int)
     R, P = pipelines.shape
     _check_layers(cfg, P)
@@ -78,11 +80,16 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     fser, fdel = _hop_times(links, S[:-1], S[1:], act)
     bser, bdel = _hop_times(links, S[1:], S[:-1], act)
     times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel)
-    tl = pipeline.timeline(times, M, "gpipe", overlap=True)
+    tl = pipeline.timeline(times, M, schedule, overlap=True)
     grads = workload.stage_param_bytes(cfg, P) if dp_bytes is None else np.asarray(dp_bytes, dtype=float)
     end = np.empty_like(tl.finish)
     for j in range(P):
-        end[j] = network.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :], mode=ps_mode)[0]
+        if dp_sync == "sharded-ps":
+            end[j] = network.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :], mode=ps_mode)[0]
+        elif dp_sync == "allreduce":
+            end[j] = network.ring_allreduce(links, S[j][None, :], grads[j], start=tl.finish[j][None, :])[0]
+        else:
+            raise SimError(f"dp_sync: unknown {dp_sync!r} (known: sharded-ps, allreduce)")
     compute = float((M * (fwd + bwd)).max())
     return SimResult(
         system, {"pp": P, "dp": R}, float(end.max()), compute,

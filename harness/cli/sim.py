@@ -1,0 +1,196 @@
+"""`harness sim` (one scenario, every system), `sim report`, `sim calibrate RECORDS`, `sim compare RECORDS`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from . import positive_int
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--profile", type=Path, help="compute profile JSON (from `harness sim calibrate`) replacing "
+                   "the default efficiencies")
+    p.add_argument("--budget", type=positive_int, default=5000, help="scheduler budget for ours (default 5000)")
+    p.add_argument("--schedule-seed", type=int, default=0, help="scheduler seed for ours (default 0)")
+    p.add_argument("--ps-mode", choices=["grouped", "rounds"], default="grouped",
+                   help="ours' sharded parameter server: one grouped all-to-all (the runtime) or sequential rounds "
+                        "(the order the paper's cost model sums); default grouped")
+    p.add_argument("--placement", default="default,random",
+                   help="baseline placements to try, comma-separated: default (rank order), random (seeds "
+                        "2022-2024, averaged); default both")
+    p.add_argument("--no-cache", action="store_true", help="do not read or write results/sim/schedules/")
+
+
+def register(sub) -> None:
+    p = sub.add_parser(
+        "sim", help="simulate one training iteration per system at any scale; `sim report|calibrate|compare`",
+        description="Predict iteration time and PFLOPS of ours, ours-random, Megatron and DeepSpeed on a "
+                    "scenario from first principles (FLOPs, device profile, delay/bandwidth matrices).",
+    )
+    p.add_argument("--scenario", help="case number (1-5), name or path to a .yaml file")
+    p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
+    p.add_argument("--system", default="all", help="all | ours | ours-random | megatron | deepspeed (default all)")
+    p.add_argument("--model", default="gpt3-xl", help="model config (default gpt3-xl)")
+    p.add_argument("--layers", type=positive_int, help="override the model's layer count")
+    p.add_argument("--batch", type=positive_int, default=1024, help="global batch in samples (default 1024)")
+    p.add_argument("--micro-batch", type=positive_int, default=1, help="micro-batch in samples (default 1)")
+    p.add_argument("--d-pp", type=positive_int, help="ours' pipeline stages (default 8 for 64 devices; in "
+                   "general the smallest divisor >= sqrt(devices))")
+    p.add_argument("--json", type=Path, help="write every simulated layout as a JSON list of records with `best`")
+    p.add_argument("--out", type=Path, help="run directory for records.csv (default results/<scenario>/<run-id>)")
+    p.add_argument("--grid", action="store_true", help="also print every layout and placement tried")
+    _common(p)
+    p.set_defaults(func=cmd_sim)
+    ss = p.add_subparsers(dest="sim_command", metavar="{report,calibrate,compare}")
+
+    r = ss.add_parser("report", help="paper-scale sweep: speedup tables, Fig. 3/6/7 style figures, report.md")
+    r.add_argument("--out", type=Path, help="output directory (default results/sim/<run-id>)")
+    r.add_argument("--cases", nargs="+", default=["1", "2", "3", "4", "5"], help="cases (default 1 2 3 4 5)")
+    r.add_argument("--layers", type=positive_int, nargs="+", default=[24, 32, 40])
+    r.add_argument("--batches", type=positive_int, nargs="+", default=[1024, 2048, 4096])
+    r.add_argument("--no-fluidstack", action="store_true", help="skip the FluidStack case (Fig. 7)")
+    _common(r)
+    r.set_defaults(func=cmd_report)
+
+    c = ss.add_parser("calibrate", help="fit the compute efficiency of each GPU type from measured records")
+    c.add_argument("records", type=Path, help="records.csv, or a directory searched for records.csv")
+    c.add_argument("--out", type=Path, default=Path("results/sim/profile.json"),
+                   help="profile JSON to write (default results/sim/profile.json)")
+    c.set_defaults(func=cmd_calibrate)
+
+    m = ss.add_parser("compare", help="simulated vs measured iteration time per system and scenario")
+    m.add_argument("records", type=Path, help="records.csv, or a directory searched for records.csv")
+    m.add_argument("--profile", type=Path, help="compute profile JSON (e.g. from `harness sim calibrate`)")
+    m.add_argument("--csv", type=Path, help="also write the comparison as CSV")
+    m.set_defaults(func=cmd_compare)
+
+
+def _overrides(args):
+    if not getattr(args, "profile", None):
+        return None
+    from ..profiles import load_profiles
+
+    return load_profiles(args.profile)
+
+
+def _sim_kwargs(args) -> dict:
+    from ..results import RESULTS_DIR
+
+    placements = tuple(p.strip() for p in args.placement.split(",") if p.strip())
+    return {"profile_overrides": _overrides(args), "budget": args.budget, "schedule_seed": args.schedule_seed,
+            "ps_mode": args.ps_mode, "placements": placements,
+            "cache_dir": None if args.no_cache else RESULTS_DIR / "sim" / "schedules"}
+
+
+def cmd_sim(args) -> int:
+    from ..errors import HarnessError
+    from ..model import get_model
+    from ..results import atomic_write_json, manifest, new_run_id, run_dir, write_records
+    from ..scenario import load_scenario
+    from ..sim.sweep import SYSTEMS, Simulator, record_json, to_record
+
+    if not args.scenario:
+        raise HarnessError("--scenario: required (or use `harness sim report|calibrate|compare`)")
+    topo = load_scenario(args.scenario, args.devices)
+    cfg = get_model(args.model, args.layers)
+    which = SYSTEMS if args.system == "all" else (args.system,)
+    for s in which:
+        if s not in SYSTEMS:
+            raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(SYSTEMS)})")
+    n = topo.n
+    d_pp = args.d_pp or next(k for k in range(1, n + 1) if n % k == 0 and k * k >= n)
+    sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, **_sim_kwargs(args))
+    cands = sim.sweep(cfg, args.batch, which)
+    run_id = new_run_id("sim")
+    records = [to_record(c, run_id=run_id, topo=topo, cfg=cfg, batch=args.batch, micro_batch=args.micro_batch)
+               for c in cands]
+    print(f"{topo.name}: {n} devices, {cfg.name} L={cfg.layers} batch {args.batch}, micro-batch {args.micro_batch}")
+    print(f"{'system':<12} {'seconds':>10} {'PFLOPS':>8}  layout")
+    for c, rec in zip(cands, records):
+        if c.best:
+            print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {rec.config}")
+    if args.grid:
+        print("\nall layouts:")
+        for c, rec in zip(cands, records):
+            print(f"  {c.system:<12} {c.seconds:>12.3f} s {rec.pflops:>8.4f} PFLOPS  {rec.config}{'  best' if c.best else ''}")
+    out = args.out or run_dir(topo.name, run_id)
+    write_records(Path(out) / "records.csv", records)
+    atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
+    print(f"wrote {Path(out) / 'records.csv'}")
+    if args.json:
+        atomic_write_json(args.json, [record_json(r, c.best) for c, r in zip(cands, records)])
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_report(args) -> int:
+    from tqdm import tqdm
+
+    from ..report import sim as report
+    from ..results import RESULTS_DIR, new_run_id
+
+    kw = _sim_kwargs(args)
+    run_id = new_run_id("sim")
+    out = args.out or RESULTS_DIR / "sim" / run_id
+    total = len(args.cases) * len(args.layers) * len(args.batches) + (0 if args.no_fluidstack else 3)
+    with tqdm(total=total, desc="sim report", unit="setting", file=sys.stderr, leave=False) as bar:
+        def step(label):
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+        sweeps = report.sweep_cases(args.cases, args.layers, args.batches, progress=step, **kw)
+        fs = None if args.no_fluidstack else report.sweep_fluidstack(progress=step, **kw)
+    paths = report.write_report(out, sweeps, fs, run_id, report.sweep_notes(kw))
+    for r in report.summary_rows(sweeps):
+        print(f"case {r['case']}: ours vs Megatron {r['vs_megatron_mean']:.2f}x, vs DeepSpeed "
+              f"{r['vs_deepspeed_mean']:.2f}x (mean PFLOPS), scheduler vs random up to {r['vs_random'].max():.2f}x")
+    print(f"wrote {out}/report.md and {len(paths) - 1} other files")
+    return 0
+
+
+def cmd_calibrate(args) -> int:
+    from ..profiles import calibrate, save_profiles
+    from ..results import read_records
+    from ..scenario import load_scenario
+
+    records = _read(args.records, read_records)
+    peaks = {}
+    for r in records:
+        if r["scenario"] not in peaks:
+            prof = load_scenario(r["scenario"]).profiles[0]
+            peaks[r["scenario"]] = (prof.gpu, prof.peak_tflops)
+    profiles = calibrate(records, peaks)
+    save_profiles(args.out, profiles)
+    for gpu, p in profiles.items():
+        print(f"{gpu}: efficiency {p.efficiency['transformer']:.4g} of {p.peak_tflops:g} TFLOPS ({p.source})")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from ..results import atomic_write_text
+    from ..sim.compare import compare, format_table
+
+    from ..results import read_records
+
+    rows = compare(_read(args.records, read_records), _overrides(args))
+    print(format_table(rows))
+    if args.csv:
+        head = "scenario,system,backend,devices,model,layers,batch,iterations,measured_s,simulated_s,error\n"
+        body = "".join(f"{c.scenario},{c.system},{c.backend},{c.devices},{c.model},{c.layers},{c.batch},"
+                       f"{c.iterations},{c.measured_s:.6g},{c.simulated_s:.6g},{c.error:.4f}\n" for c in rows)
+        atomic_write_text(args.csv, head + body)
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def _read(path: Path, reader):
+    from ..errors import HarnessError
+
+    if not Path(path).exists():
+        raise HarnessError(f"{path}: file not found")
+    try:
+        return reader(path)
+    except (KeyError, ValueError) as e:
+        raise HarnessError(f"{path}: not a records CSV of the shared schema ({e})") from None

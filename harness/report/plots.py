@@ -1,0 +1,56 @@
+"""Generic axes-level plots every report can reuse: a device heatmap, lines and grouped bars over settings."""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from . import figures  # noqa: F401  (selects the headless backend before pyplot is imported)
+
+SYSTEM_STYLE = {  # one colour per system across every figure
+    "ours": ("#d62728", "o"),
+    "ours-random": ("#ff9896", "s"),
+    "megatron": ("#1f77b4", "^"),
+    "deepspeed": ("#2ca02c", "v"),
+}
+
+
+def heatmap(ax, matrix: np.ndarray, title: str, label: str, cmap: str = "viridis"):
+    """Device x device matrix, sender on rows; inf (the unused diagonal) is left blank."""
+    m = np.where(np.isinf(matrix), np.nan, np.asarray(matrix, dtype=float))
+    im = ax.imshow(m, cmap=cmap, interpolation="nearest")
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel("receiver device", fontsize=8)
+    ax.set_ylabel("sender device", fontsize=8)
+    ax.figure.colorbar(im, ax=ax, shrink=0.8, label=label)
+    return im
+
+
+def lines(ax, xlabels: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, title: str = ""):
+    x = np.arange(len(xlabels))
+    for name, ys in series.items():
+        color, marker = SYSTEM_STYLE.get(name, (None, "o"))
+        ax.plot(x, ys, marker=marker, color=color, label=name)
+    ax.set_xticks(x, xlabels, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+
+
+def grouped_bars(ax, xlabels: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, title: str = "",
+                 errors: Mapping[str, Sequence[float]] | None = None, log: bool = False):
+    x = np.arange(len(xlabels))
+    k = max(len(series), 1)
+    width = 0.8 / k
+    for n, (name, ys) in enumerate(series.items()):
+        color, _ = SYSTEM_STYLE.get(name, (None, ""))
+        err = errors.get(name) if errors else None
+        ax.bar(x - 0.4 + width * (n + 0.5), ys, width, yerr=err, color=color, label=name, capsize=2)
+    ax.set_xticks(x, xlabels, rotation=45, ha="right", fontsize=7)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    if log:
+        ax.set_yscale("log")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)

@@ -1,0 +1,336 @@
+"""`harness sim report`: the paper's evaluation at paper scale, simulated; tables, figures, report.md.
+
+Sweeps cases 1-5 x layers {24, 32, 40} x batch {1024, 2048, 4096} over every system,
+layout and placement (harness.sim.sweep), and FluidStack (App. D.5) for GPT3-XL
+(40 layers, batch 4096), GPT3-6.7B and GPT3-13B (batch 1024). The paper's numbers
+appear here only as references next to what the simulator predicts.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ..model import get_model, pflop_per_iteration
+from ..results import atomic_write_json, atomic_write_text, manifest, write_records
+from ..scenario import Topology, load_scenario
+from ..sim.sweep import SYSTEMS, Candidate, Simulator, record_json, to_record
+from . import plots
+from .figures import save_figure
+
+CASES = ("1", "2", "3", "4", "5")
+LAYERS = (24, 32, 40)
+BATCHES = (1024, 2048, 4096)
+FLUIDSTACK_RUNS = (("gpt3-xl", 40, 4096), ("gpt3-6.7b", None, 1024), ("gpt3-13b", None, 1024))
+
+# The paper's headline relations (Yuan et al. 2022, sec. 4.2, App. D.5): references for the report only.
+PAPER = {
+    "case5_vs_megatron": 4.8,
+    "case5_vs_deepspeed": 3.6,
+    "other_cases_range": (1.2, 2.5),
+    "scheduler_max": 2.7,
+    "case5_vs_case1_range": (1.7, 3.5),
+    "fluidstack_percent_peak": {"gpt3-xl": 27.4, "gpt3-6.7b": 26.4, "gpt3-13b": 29.7},
+}
+
+
+@dataclass
+class CaseSweep:
+    topo: Topology
+    settings: list[tuple[int, int]]  # (layers, batch)
+    candidates: dict[tuple[int, int], list[Candidate]] = field(default_factory=dict)
+
+    def best(self, setting, system: str, placement: str | None = None) -> Candidate | None:
+        cands = [c for c in self.candidates[setting] if c.system == system
+                 and (placement is None or c.config.get("placement") in (None, placement))]
+        return min(cands, key=lambda c: c.seconds) if cands else None
+
+
+def sweep_cases(cases=CASES, layers=LAYERS, batches=BATCHES, model: str = "gpt3-xl", progress=None,
+                **sim_kwargs) -> dict[str, CaseSweep]:
+    out = {}
+    for case in cases:
+        topo = load_scenario(case)
+        sim = Simulator(topo, **sim_kwargs)
+        cs = CaseSweep(topo, [(L, B) for L in layers for B in batches])
+        for L, B in cs.settings:
+            cs.candidates[(L, B)] = sim.sweep(get_model(model, L), B)
+            if progress:
+                progress(f"{topo.name} L={L} B={B}")
+        out[case] = cs
+    return out
+
+
+def sweep_fluidstack(progress=None, **sim_kwargs) -> CaseSweep:
+    topo = load_scenario("fluidstack")
+    sim = Simulator(topo, **sim_kwargs)
+    cs = CaseSweep(topo, [])
+    for name, L, B in FLUIDSTACK_RUNS:
+        cfg = get_model(name, L)
+        key = (cfg.layers, B, name)
+        cs.settings.append(key)
+        cs.candidates[key] = sim.sweep(cfg, B, which=("ours", "ours-random", "megatron"))
+        if progress:
+            progress(f"fluidstack {name} L={cfg.layers} B={B}")
+    return cs
+
+
+# ----------------------------------------------------------------------------- tables
+def _speedups(cs: CaseSweep, base: str, placement: str | None = None) -> np.ndarray:
+    return np.array([cs.best(s, base, placement).seconds / cs.best(s, "ours").seconds for s in cs.settings])
+
+
+def _mean_pflops_ratio(cs: CaseSweep, base: str, placement: str | None = None, model: str = "gpt3-xl") -> float:
+    """Ratio of the mean PFLOPS over the settings (the paper's Fig. 3(c) averages PFLOPS)."""
+    def pf(system, pl=None):
+        return np.mean([pflop_per_iteration(get_model(model, s[0]), s[1]) / cs.best(s, system, pl).seconds
+                        for s in cs.settings])
+    return pf("ours") / pf(base, placement)
+
+
+def _rng(a: np.ndarray) -> str:
+    return f"{a.min():.2f}-{a.max():.2f}x"
+
+
+def summary_rows(sweeps: dict[str, CaseSweep]) -> list[dict]:
+    rows = []
+    for case, cs in sweeps.items():
+        rows.append({
+            "case": case, "scenario": cs.topo.name,
+            "vs_megatron": _speedups(cs, "megatron"), "vs_megatron_mean": _mean_pflops_ratio(cs, "megatron"),
+            "vs_megatron_random": _speedups(cs, "megatron", "random"),
+            "vs_deepspeed": _speedups(cs, "deepspeed"), "vs_deepspeed_mean": _mean_pflops_ratio(cs, "deepspeed"),
+            "vs_random": _speedups(cs, "ours-random"),
+        })
+    return rows
+
+
+def case5_vs_case1(sweeps: dict[str, CaseSweep]) -> dict[str, np.ndarray] | None:
+    if "1" not in sweeps or "5" not in sweeps:
+        return None
+    c1, c5 = sweeps["1"], sweeps["5"]
+    common = [s for s in c5.settings if s in c1.settings]
+    return {b: np.array([c5.best(s, "ours").seconds / c1.best(s, b).seconds for s in common])
+            for b in ("megatron", "deepspeed")}
+
+
+def _label(setting) -> str:
+    return f"L{setting[0]} B{setting[1]}" + (f" {setting[2]}" if len(setting) > 2 else "")
+
+
+def _cfg_text(c: Candidate) -> str:
+    return ",".join(f"{k}={v}" for k, v in c.config.items() if k not in ("scheduler",))
+
+
+def case_table(cs: CaseSweep) -> str:
+    lines = ["| setting | ours s | ours-random s | Megatron s (best layout) | DeepSpeed s (best layout) | "
+             "vs Megatron | vs DeepSpeed | vs random |", "|---|---|---|---|---|---|---|---|"]
+    for s in cs.settings:
+        o, r, m, d = (cs.best(s, k) for k in SYSTEMS)
+        lines.append(f"| {_label(s)} | {o.seconds:.2f} | {r.seconds:.2f} | {m.seconds:.2f} ({_cfg_text(m)}) | "
+                     f"{d.seconds:.2f} ({_cfg_text(d)}) | {m.seconds / o.seconds:.2f}x | "
+                     f"{d.seconds / o.seconds:.2f}x | {r.seconds / o.seconds:.2f}x |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- figures
+def figure3(cs: CaseSweep, out: Path, model: str = "gpt3-xl") -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), gridspec_kw={"width_ratios": [1, 1, 1.5]})
+    plots.heatmap(axes[0], cs.topo.delay_ms, f"{cs.topo.name}: (a) delay", "one-way delay (ms)", "viridis")
+    plots.heatmap(axes[1], cs.topo.bandwidth_gbps, f"{cs.topo.name}: (b) bandwidth", "Gbps", "magma")
+    series = {sys_: [pflop_per_iteration(get_model(model, s[0]), s[1]) / cs.best(s, sys_).seconds
+                     for s in cs.settings] for sys_ in SYSTEMS}
+    plots.lines(axes[2], [_label(s) for s in cs.settings], series, "PFLOPS (simulated)", "(c) throughput")
+    path = save_figure(fig, out)
+    plt.close(fig)
+    return path
+
+
+def figure6(cs: CaseSweep, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(10, 4))
+    series = {sys_: [cs.best(s, sys_).seconds for s in cs.settings] for sys_ in SYSTEMS}
+    plots.grouped_bars(ax, [_label(s) for s in cs.settings], series, "iteration seconds (simulated)",
+                       f"{cs.topo.name}: runtime of one iteration", log=True)
+    path = save_figure(fig, out)
+    plt.close(fig)
+    return path
+
+
+def figure7(fs: CaseSweep, out: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+    labels = [f"{s[2]} L{s[0]} B{s[1]}" for s in fs.settings]
+    systems_ = ("ours", "ours-random", "megatron")
+    pflops = {k: [pflop_per_iteration(get_model(s[2], s[0]), s[1]) / fs.best(s, k).seconds for s in fs.settings]
+              for k in systems_}
+    secs = {k: [fs.best(s, k).seconds for s in fs.settings] for k in systems_}
+    plots.grouped_bars(axes[0], labels, pflops, "PFLOPS (simulated)", "(a) cluster PFLOPS")
+    plots.grouped_bars(axes[1], labels, secs, "iteration seconds", "(b) runtime of one iteration")
+    path = save_figure(fig, out)
+    plt.close(fig)
+    return path
+
+
+# ----------------------------------------------------------------------------- report
+def fluidstack_rows(fs: CaseSweep) -> list[dict]:
+    peak = sum(p.peak_tflops for p in fs.topo.profiles) / 1e3  # PFLOPS
+    rows = []
+    for s in fs.settings:
+        cfg = get_model(s[2], s[0])
+        row = {"model": s[2], "layers": s[0], "batch": s[1], "peak_pflops": peak}
+        for k in ("ours", "ours-random", "megatron"):
+            c = fs.best(s, k)
+            row[k] = 100 * pflop_per_iteration(cfg, s[1]) / c.seconds / peak
+        rows.append(row)
+    return rows
+
+
+def write_report(out_dir: Path, sweeps: dict[str, CaseSweep], fs: CaseSweep | None, run_id: str,
+                 notes: dict) -> list[Path]:
+    out_dir = Path(out_dir)
+    paths: list[Path] = []
+    records, jdocs = [], []
+    for cs in list(sweeps.values()) + ([fs] if fs else []):
+        for s in cs.settings:
+            cfg = get_model(s[2] if len(s) > 2 else "gpt3-xl", s[0])
+            for c in cs.candidates[s]:
+                rec = to_record(c, run_id=run_id, topo=cs.topo, cfg=cfg, batch=s[1])
+                records.append(rec)
+                jdocs.append(record_json(rec, c.best))
+    write_records(out_dir / "records.csv", records)
+    atomic_write_json(out_dir / "records.json", jdocs)
+    paths += [out_dir / "records.csv", out_dir / "records.json"]
+    for case, cs in sweeps.items():
+        paths.append(figure3(cs, out_dir / f"fig3-case{case}.png"))
+        paths.append(figure6(cs, out_dir / f"fig6-case{case}.png"))
+    if fs:
+        paths.append(figure7(fs, out_dir / "fig7-fluidstack.png"))
+    text = render_markdown(sweeps, fs, notes)
+    atomic_write_text(out_dir / "report.md", text)
+    paths.append(out_dir / "report.md")
+    atomic_write_json(out_dir / "manifest.json", manifest(run_id, "ok", **notes))
+    paths.append(out_dir / "manifest.json")
+    return paths
+
+
+def render_markdown(sweeps: dict[str, CaseSweep], fs: CaseSweep | None, notes: dict) -> str:
+    L = ["# Simulated paper-scale evaluation (Yuan et al. 2022, sec. 4, Fig. 3, 5, 6, 7)", ""]
+    L += [f"Generated {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} by `harness sim report`. "
+          f"Model GPT3-XL (hidden 2048, 16 heads, seq 2048), fp16, micro-batch 1, D_PP = 8 x D_DP = 8 for ours; "
+          f"Megatron best over T x P x D in {{1,2,4,8}}^3 = 64 and placements (rank order `default`, or the random "
+          f"layouts of seeds 2022-2024, averaged); DeepSpeed best of ZeRO-3 and ZeRO-1 + P in {{1,2,4,8}}. "
+          f"Schedules: {notes.get('scheduler', 'ga')} (seed {notes.get('schedule_seed', 0)}, budget "
+          f"{notes.get('budget', '?')}); sharded-PS model `{notes.get('ps_mode', 'grouped')}`.", ""]
+    L += ["Compute: peak from the scenario's device profile x efficiency "
+          f"({notes.get('efficiency_source', '')}). Nothing in the simulator is fitted to the paper's results; "
+          "the paper's numbers below are references only.", ""]
+    rows = summary_rows(sweeps)
+    L += ["## Speedup of ours per case (iteration time of the baseline / ours; range over the 9 settings, "
+          "and the ratio of mean PFLOPS as Fig. 3(c) averages)", ""]
+    L += ["| case | vs Megatron (range) | vs Megatron (mean PFLOPS) | vs Megatron, random layouts only | "
+          "vs DeepSpeed (range) | vs DeepSpeed (mean PFLOPS) | scheduler vs random | paper |",
+          "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        paper = (f"{PAPER['case5_vs_megatron']}x Megatron, {PAPER['case5_vs_deepspeed']}x DeepSpeed"
+                 if r["case"] == "5" else "1.2-2.5x (cases 1-4 together)")
+        L.append(f"| {r['case']} ({r['scenario']}) | {_rng(r['vs_megatron'])} | {r['vs_megatron_mean']:.2f}x | "
+                 f"{_rng(r['vs_megatron_random'])} | {_rng(r['vs_deepspeed'])} | {r['vs_deepspeed_mean']:.2f}x | "
+                 f"{_rng(r['vs_random'])} | {paper} |")
+    L.append("")
+    sched_max = max(r["vs_random"].max() for r in rows)
+    L.append(f"Scheduler over random placement: up to {sched_max:.2f}x (paper: up to {PAPER['scheduler_max']}x).")
+    c51 = case5_vs_case1(sweeps)
+    if c51:
+        L.append(f"Ours in case 5 vs case 1: {_rng(c51['megatron'])} slower than Megatron, "
+                 f"{_rng(c51['deepspeed'])} slower than DeepSpeed (paper: {PAPER['case5_vs_case1_range'][0]}-"
+                 f"{PAPER['case5_vs_case1_range'][1]}x).")
+    L.append("")
+    if fs:
+        L += ["## FluidStack (App. D.5, Fig. 7): percent of the cluster's peak", "",
+              "| model | layers | batch | ours | ours-random | Megatron | paper (ours) |", "|---|---|---|---|---|---|---|"]
+        for r in fluidstack_rows(fs):
+            L.append(f"| {r['model']} | {r['layers']} | {r['batch']} | {r['ours']:.1f}% | {r['ours-random']:.1f}% | "
+                     f"{r['megatron']:.1f}% | {PAPER['fluidstack_percent_peak'][r['model']]}% |")
+        L += ["", "![fig7](fig7-fluidstack.png)", ""]
+    L += ["## Where the model disagrees with the paper, and why", ""]
+    L += disagreements(rows, c51, fs)
+    L += ["", "## Per case", ""]
+    for case, cs in sweeps.items():
+        L += [f"### Case {case}: {cs.topo.description}", "", case_table(cs), "",
+              f"![fig3](fig3-case{case}.png)", "", f"![fig6](fig6-case{case}.png)", ""]
+    L += ["## Model (what is simulated)", "", MODEL_TEXT]
+    return "\n".join(L) + "\n"
+
+
+def disagreements(rows, c51, fs) -> list[str]:
+    """Each headline relation, the simulated value, and the reason where they differ."""
+    out = []
+    r5 = next((r for r in rows if r["case"] == "5"), None)
+    if r5 is not None:
+        out.append(f"- Case 5: simulated ours vs Megatron {r5['vs_megatron_mean']:.2f}x (mean PFLOPS; "
+                   f"{_rng(r5['vs_megatron_random'])} against Megatron on the random layouts the paper gave it), "
+                   f"vs DeepSpeed {r5['vs_deepspeed_mean']:.2f}x; paper {PAPER['case5_vs_megatron']}x / "
+                   f"{PAPER['case5_vs_deepspeed']}x. The simulator lets the baselines pick the rank-order placement "
+                   "too (pipelines across regions, data parallelism inside one region), which the paper did not; "
+                   "against random layouts only, the gap widens.")
+    others = [r for r in rows if r["case"] != "5"]
+    if others:
+        lo = min(r["vs_megatron"].min() for r in others)
+        hi = max(max(r["vs_megatron"].max(), r["vs_deepspeed"].max()) for r in others)
+        out.append(f"- Cases 1-4: simulated speedups {lo:.2f}-{hi:.2f}x (paper 1.2-2.5x). In the data-center cases "
+                   "the simulator finds ours no faster, and often slower, than the tuned baselines: every system is "
+                   "modelled at the same fp16 GEMM efficiency and with nominal link rates, so with fast links all "
+                   "are compute-bound and ours pays for its 8-stage split (the last stage also runs the LM head, "
+                   "which the baselines spread with tensor parallelism or shorter pipelines). The paper measured "
+                   "real Megatron/DeepSpeed over TCP-shaped links, where NCCL rarely reaches the nominal rate and "
+                   "blocking collectives lose more than this model charges.")
+    if c51:
+        out.append(f"- Case 5 ours vs case 1 baselines: simulated {_rng(c51['megatron'])} (Megatron) and "
+                   f"{_rng(c51['deepspeed'])} (DeepSpeed), paper 1.7-3.5x. Cases 1 and 2 model every GPU pair as "
+                   "its own link: the scenario has no per-node NIC, so 8 GPUs of a node do not share the 25 Gbps "
+                   "link; only rings (one inter-node flow per node) are exact there.")
+    if fs:
+        xl = fluidstack_rows(fs)[0]
+        out.append(f"- FluidStack: ours {xl['ours']:.1f}% of peak for GPT3-XL L{xl['layers']} B{xl['batch']} "
+                   f"(paper {PAPER['fluidstack_percent_peak']['gpt3-xl']}%). The ceiling is the assumed 30% GEMM "
+                   "efficiency (a V100 measurement; no published A40 figure), less the pipeline bubble and the "
+                   "LM-head imbalance; calibrate with `harness sim calibrate` once A40 records exist.")
+    out.append("- Ours' data-parallel sync is modelled as the grouped all-to-all the runtime issues; the paper's "
+               "cost model adds the per-peer times as if sequential (eq. 2), so it overestimates it; with "
+               "`--ps-mode rounds` the simulator runs the sequential order the cost model assumes.")
+    return out
+
+
+MODEL_TEXT = """\
+- Compute: forward of a block = 24*b*s*h^2*(1+s/6h) FLOP, backward 2x, recompute 1x (the 96 of the FLOP formula);
+  the LM head (2*b*s*h*V forward) runs on the last stage. Seconds = FLOP / (peak x efficiency).
+- Links: delay + bytes / rate on the scenario's directed pair; transfers sharing a sender's egress or a receiver's
+  ingress (capacity = the device's fastest link) share it max-min fairly (harness/sim/network.py).
+- Ours: GPipe, micro-batch 1, receive / compute / send on separate streams (sends serialised per direction);
+  each C_j then runs the sharded parameter server (grouped all-to-all of gradient shards, then of the sums).
+- Megatron: 1F1B with blocking point-to-point; per layer and micro-batch 2 (forward) + 2 (recompute) + 2 (backward)
+  ring all-reduces of the activation when T > 1; gradient ring all-reduce per data-parallel group; rank order
+  tensor-fastest, then data, then pipeline.
+- DeepSpeed ZeRO-3: per layer and micro-batch 3 ring all-gathers (forward, recompute, backward) + 1 reduce-scatter,
+  prefetched behind compute; ZeRO-1 + pipeline: 1F1B as Megatron with T = 1, then gradient ring all-reduce and
+  parameter ring all-gather.
+- Not modelled: optimizer step (memory-bound, tens of ms), memory limits, kernel launch and framework overheads,
+  jitter and loss, TCP slow start.
+"""
+
+
+def sweep_notes(sim_kwargs: dict) -> dict:
+    from ..profiles import device_profiles
+
+    prof = device_profiles(load_scenario("5"), sim_kwargs.get("profile_overrides"))[0]
+    return {"scheduler": sim_kwargs.get("scheduler", "ga"), "schedule_seed": sim_kwargs.get("schedule_seed", 0),
+            "budget": sim_kwargs.get("budget", 5000), "ps_mode": sim_kwargs.get("ps_mode", "grouped"),
+            "efficiency_source": f"{prof.gpu} {json.dumps(prof.efficiency)}: {prof.source}"}

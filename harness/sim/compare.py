@@ -1,0 +1,125 @@
+"""Simulated vs measured iteration times, per system and scenario, from records of the shared schema.
+
+Measured records (backend emu, local or cluster; from `harness run`) are grouped by
+run configuration; the measured time of a group is the median of its iterations.
+The simulator runs the same scenario (scaled to the record's devices), model,
+batch and layout: ours uses the pipelines the run recorded in `config`, baselines
+their grid point and rank order. Error = simulated / measured - 1.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..errors import HarnessError
+from ..model import get_model
+from ..profiles import ComputeProfile
+from ..scenario import load_scenario
+from . import systems
+from .sweep import Simulator, random_placement
+
+TARGET_ERROR = 0.15
+GROUP_KEYS = ("scenario", "system", "backend", "devices", "model", "layers", "batch", "micro_batch",
+              "bandwidth_scale", "seed", "config")
+
+
+@dataclass
+class Comparison:
+    scenario: str
+    system: str
+    backend: str
+    devices: int
+    model: str
+    layers: int
+    batch: int
+    config: str
+    iterations: int
+    measured_s: float
+    simulated_s: float
+
+    @property
+    def error(self) -> float:
+        return self.simulated_s / self.measured_s - 1
+
+    @property
+    def within_target(self) -> bool:
+        return abs(self.error) <= TARGET_ERROR
+
+
+def _config(rec: dict) -> dict:
+    c = rec.get("config") or "{}"
+    if isinstance(c, dict):
+        return c
+    try:
+        return json.loads(c)
+    except json.JSONDecodeError:
+        raise HarnessError(f"records: config: not JSON ({c!r})") from None
+
+
+def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> float:
+    """Simulated seconds of one iteration of the run a record describes."""
+    topo = load_scenario(rec["scenario"], devices=int(rec["devices"]))
+    scale = float(rec.get("bandwidth_scale") or 1.0)
+    if scale != 1.0:
+        topo = replace(topo, bandwidth_gbps=topo.bandwidth_gbps * scale)
+    cfg = get_model(rec["model"], int(rec["layers"]))
+    conf = _config(rec)
+    mb, batch, system = int(rec["micro_batch"]), int(rec["batch"]), rec["system"]
+    d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
+    sim = Simulator(topo, overrides, d_pp=d_pp if system.startswith("ours") else 1, micro_batch=mb)
+    L, prof = sim.links, sim.profiles
+    placement = np.asarray(conf.get("rank_order") or range(topo.n), dtype=int)
+    if system in ("ours", "ours-random"):
+        if "pipelines" in conf:
+            pipes = np.asarray(conf["pipelines"], dtype=int)
+        elif system == "ours":
+            pipes = sim.assignment(cfg, batch)
+        else:
+            pipes = random_placement(topo.n, int(rec["seed"])).reshape(sim.d_pp, sim.d_dp).T
+        r = systems.simulate_ours(L, prof, cfg, batch, pipes, mb, system=system,
+                                  schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"))
+    elif system == "megatron":
+        r = systems.simulate_megatron(L, prof, cfg, batch, int(conf.get("tp", 1)), int(conf.get("pp", 1)),
+                                      int(conf.get("dp", topo.n)), placement, mb)
+    elif system == "deepspeed":
+        if int(conf.get("zero", 3)) == 3:
+            r = systems.simulate_zero3(L, prof, cfg, batch, placement, mb)
+        else:
+            r = systems.simulate_zero1_pp(L, prof, cfg, batch, int(conf.get("pp", 1)), int(conf.get("dp", topo.n)),
+                                          placement, mb)
+    else:
+        raise HarnessError(f"records: system: unknown {system!r} (known: ours, ours-random, megatron, deepspeed)")
+    return r.seconds
+
+
+def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = None) -> list[Comparison]:
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        if r.get("backend") == "sim":
+            continue
+        groups.setdefault(tuple(str(r.get(k)) for k in GROUP_KEYS), []).append(r)
+    if not groups:
+        raise HarnessError("records: no measured records (backend emu, local or cluster) to compare")
+    out = []
+    for recs in groups.values():
+        first = recs[0]
+        measured = float(np.median([r["seconds"] for r in recs]))
+        out.append(Comparison(first["scenario"], first["system"], first["backend"], int(first["devices"]),
+                              first["model"], int(first["layers"]), int(first["batch"]), str(first.get("config", "")),
+                              len(recs), measured, simulate_record(first, overrides)))
+    return sorted(out, key=lambda c: (c.scenario, c.system, c.model, c.layers, c.batch, c.config))
+
+
+def format_table(rows: list[Comparison]) -> str:
+    head = f"{'scenario':<14} {'system':<12} {'backend':<7} {'dev':>3} {'model':<8} {'L':>3} {'batch':>6} " \
+           f"{'iters':>5} {'measured_s':>11} {'sim_s':>10} {'error':>8}  target"
+    lines = [head]
+    for c in rows:
+        lines.append(f"{c.scenario:<14} {c.system:<12} {c.backend:<7} {c.devices:>3} {c.model:<8} {c.layers:>3} "
+                     f"{c.batch:>6} {c.iterations:>5} {c.measured_s:>11.4f} {c.simulated_s:>10.4f} "
+                     f"{100 * c.error:>+7.1f}%  {'ok' if c.within_target else 'MISS'}")
+    ok = sum(c.within_target for c in rows)
+    lines.append(f"{ok}/{len(rows)} within {100 * TARGET_ERROR:.0f}%")
+    return "\n".join(lines)

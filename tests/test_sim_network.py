@@ -1,0 +1,76 @@
+"""Link model and collectives of the simulator against closed forms."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.sim import network
+from harness.sim.network import Links
+from tests.conftest import make_topology, random_topology
+
+
+def uniform(n, delay_ms, gbps):
+    return make_topology(np.full((n, n), delay_ms), np.full((n, n), gbps))
+
+
+def test_ring_allreduce_uniform_ring_matches_closed_form():
+    n, delay_ms, gbps, nbytes = 6, 7.0, 3.0, 60e6
+    links = Links.from_topology(uniform(n, delay_ms, gbps))
+    end = network.ring_allreduce(links, np.arange(n)[None, :], nbytes)
+    alpha, rate = delay_ms / 1e3, gbps * 1e9 / 8
+    expected = 2 * (n - 1) * (alpha + nbytes / n / rate)
+    np.testing.assert_allclose(end, expected, rtol=1e-12)
+
+
+def test_ring_allgather_is_half_an_allreduce_and_respects_start_times():
+    links = Links.from_topology(uniform(4, 2.0, 10.0))
+    g = np.array([[0, 1, 2, 3]])
+    ag = network.ring_allgather(links, g, 8e6)
+    ar = network.ring_allreduce(links, g, 8e6)
+    np.testing.assert_allclose(2 * ag, ar)
+    late = network.ring_allgather(links, g, 8e6, start=np.array([[0.0, 0.0, 5.0, 0.0]]))
+    assert late.min() >= 5.0  # everyone waits, transitively, for the late device's chunks
+    assert late.max() > ag.max() + 5.0 - 1e-9
+
+
+def test_ring_is_bounded_by_its_slowest_link():
+    bw = np.full((4, 4), 10.0)
+    bw[2, 3] = 1.0  # one slow hop in the ring 0->1->2->3->0
+    links = Links.from_topology(make_topology(np.zeros((4, 4)), bw))
+    end = network.ring_allreduce(links, np.arange(4)[None, :], 40e6).max()
+    assert end == pytest.approx(2 * 3 * (10e6 / (1e9 / 8)), rel=1e-12)
+
+
+def test_fair_rates_share_a_senders_link():
+    bw = np.array([[0, 10, 10, 2], [10, 0, 10, 10], [10, 10, 0, 10], [2, 10, 10, 0]], dtype=float)
+    links = Links.from_topology(make_topology(np.zeros((4, 4)), bw))
+    # device 0's egress is its fastest link (10 Gbps): two flows at 10 share it
+    r = links.fair_rates(np.array([0, 0]), np.array([1, 2])) * 8 / 1e9
+    np.testing.assert_allclose(r, [5, 5])
+    # a flow held to 2 Gbps by its pair leaves the rest (8) to the other: max-min fairness
+    r = links.fair_rates(np.array([0, 0]), np.array([3, 1])) * 8 / 1e9
+    np.testing.assert_allclose(r, [2, 8])
+    # a permutation: every pair at its own rate
+    r = links.fair_rates(np.array([0, 1, 2, 3]), np.array([1, 2, 3, 0])) * 8 / 1e9
+    np.testing.assert_allclose(r, [10, 10, 10, 2])
+
+
+def test_sharded_ps_rounds_closed_form_on_uniform_group():
+    n, delay_ms, gbps, nbytes = 5, 4.0, 2.0, 50e6
+    links = Links.from_topology(uniform(n, delay_ms, gbps))
+    end = network.sharded_ps(links, np.arange(n)[None, :], nbytes, mode="rounds")
+    per_msg = delay_ms / 1e3 + nbytes / n / (gbps * 1e9 / 8)
+    np.testing.assert_allclose(end, 2 * (n - 1) * per_msg, rtol=1e-12)
+
+
+def test_sharded_ps_grouped_is_bounded_by_egress_and_never_slower_than_rounds():
+    n, nbytes = 8, 80e6
+    topo = random_topology(n, 3)
+    links = Links.from_topology(topo)
+    g = np.arange(n)[None, :]
+    grouped = network.sharded_ps(links, g, nbytes, mode="grouped").max()
+    rounds = network.sharded_ps(links, g, nbytes, mode="rounds").max()
+    assert grouped <= rounds
+    # at least: every device pushes its D-1 shards through its own egress, twice
+    egress_bound = 2 * ((n - 1) * nbytes / n / links.egress_Bps).max()
+    assert grouped >= egress_bound

@@ -1,0 +1,65 @@
+"""Pipeline timeline engine: closed forms, and extrapolation against the full event simulation."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.sim import pipeline
+from harness.sim.pipeline import StageTimes
+
+
+def two_stage(f0, f1, b0, b1, ser, delay, R=1):
+    a = lambda x: np.full((1, R), float(x))  # noqa: E731
+    return StageTimes(np.vstack([a(f0), a(f1)]), np.vstack([a(b0), a(b1)]), a(ser), a(delay), a(ser), a(delay))
+
+
+@pytest.mark.parametrize("f0,f1,b0,b1,ser,delay", [
+    (1.0, 1.0, 2.0, 2.0, 3.0, 0.5),  # link-bound
+    (4.0, 1.0, 8.0, 2.0, 0.5, 2.0),  # compute-bound on stage 0
+    (1.0, 5.0, 2.0, 1.0, 1.0, 0.0),
+])
+def test_gpipe_two_stages_on_one_link_matches_tandem_closed_form(f0, f1, b0, b1, ser, delay):
+    M = 7
+    tl = pipeline.simulate(two_stage(f0, f1, b0, b1, ser, delay), M, "gpipe", overlap=True)
+    # forward: servers f0 -> link -> f1 (+ delay), the last item leaves after sum + (M-1) * bottleneck
+    t_fwd = f0 + ser + delay + f1 + (M - 1) * max(f0, ser, f1)
+    # backward starts when stage 1 has done all forwards
+    t1 = t_fwd + M * b1
+    t0 = t_fwd + b1 + ser + delay + b0 + (M - 1) * max(b1, ser, b0)
+    np.testing.assert_allclose(tl.finish[:, 0], [t0, t1])
+    # the link is busy from the first send to the last arrival: at least M * ser + delay
+    assert tl.fwd_span[0, 0] >= M * ser + delay - 1e-12
+    assert tl.bwd_span[0, 0] >= M * ser + delay - 1e-12
+
+
+def test_blocking_runtime_never_beats_overlap():
+    rng = np.random.default_rng(0)
+    P, R, M = 4, 3, 12
+    t = StageTimes(rng.uniform(1, 2, (P, R)), rng.uniform(2, 4, (P, R)), rng.uniform(0, 3, (P - 1, R)),
+                   rng.uniform(0, 1, (P - 1, R)), rng.uniform(0, 3, (P - 1, R)), rng.uniform(0, 1, (P - 1, R)))
+    for sched in ("gpipe", "1f1b"):
+        fast = pipeline.simulate(t, M, sched, overlap=True).finish.max()
+        slow = pipeline.simulate(t, M, sched, overlap=False).finish.max()
+        assert slow >= fast
+
+
+@pytest.mark.parametrize("schedule,overlap", [("gpipe", True), ("1f1b", False), ("1f1b", True)])
+def test_extrapolated_timeline_matches_full_simulation(schedule, overlap):
+    rng = np.random.default_rng(7)
+    P, R, M = 4, 5, 150
+    t = StageTimes(rng.uniform(1, 2, (P, R)), rng.uniform(2, 5, (P, R)), rng.uniform(0, 3, (P - 1, R)),
+                   rng.uniform(0, 2, (P - 1, R)), rng.uniform(0, 3, (P - 1, R)), rng.uniform(0, 2, (P - 1, R)))
+    full = pipeline.simulate(t, M, schedule, overlap)
+    fast = pipeline.timeline(t, M, schedule, overlap)
+    np.testing.assert_allclose(fast.finish, full.finish, rtol=1e-9)
+    np.testing.assert_allclose(fast.fwd_span, full.fwd_span, rtol=1e-9)
+
+
+def test_1f1b_task_order_runs_every_task_once_with_warmup():
+    P, M = 4, 6
+    for j in range(P):
+        order = pipeline.task_order("1f1b", P, M, j)
+        assert sorted(order) == sorted([("F", m) for m in range(M)] + [("B", m) for m in range(M)])
+        assert order[: P - 1 - j] == [("F", m) for m in range(P - 1 - j)]
+        # a backward never comes before its forward
+        assert all(order.index(("F", m)) < order.index(("B", m)) for m in range(M))

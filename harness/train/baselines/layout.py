@@ -185,3 +185,50 @@ def deepspeed_grid(cfg: GPTConfig, devices: int, batch: int, micro_batch: int) -
         except LayoutError:
             continue
     return out
+
+
+def layout_from_flags(
+    system: str, cfg: GPTConfig, devices: int, batch: int, micro_batch: int, *,
+    tp: int | None = None, pp: int | None = None, dp: int | None = None, zero: int | None = None,
+    schedule: str = "1f1b", ranks: str = "default",
+) -> dict:
+    """RunSpec.layout from `harness run` flags (--tp --pp --dp | --zero 1|3, --schedule, --rank-order).
+
+    Missing degrees are filled so the product is `devices` (megatron: dp, then pp; ZeRO-1:
+    dp). ranks: "default" (rank order) or an integer seed of a random layout (2022, ...).
+    """
+    if system == "megatron":
+        if zero is not None:
+            raise LayoutError("--zero: only for --system deepspeed")
+        tp = tp or 1
+        pp = pp or (devices // (tp * dp) if dp else 1)
+        dp = dp or devices // (tp * pp)
+        lay = Layout(tp, pp, dp, zero=0, schedule=schedule)
+    elif system == "deepspeed":
+        if tp not in (None, 1):
+            raise LayoutError("--tp: DeepSpeed-style runs have no tensor parallelism (use --system megatron)")
+        if zero not in (1, 3):
+            raise LayoutError(f"--zero: must be 1 or 3 for --system deepspeed (got {zero!r})")
+        if zero == 3:
+            if pp not in (None, 1):
+                raise LayoutError(f"--pp: ZeRO-3 runs without pipeline (got {pp})")
+            lay = Layout(1, 1, devices, zero=3, schedule=schedule)
+        else:
+            pp = pp or (devices // dp if dp else devices)
+            dp = dp or devices // pp
+            lay = Layout(1, pp, dp, zero=1, schedule=schedule)
+    else:
+        raise LayoutError(f"--system: {system!r} is not a baseline (megatron | deepspeed)")
+    if ranks != "default":
+        try:
+            seed = int(ranks)
+        except ValueError:
+            raise LayoutError(f"--rank-order: must be default or an integer seed (got {ranks!r})") from None
+        lay = Layout(lay.tp, lay.pp, lay.dp, lay.zero, lay.schedule, random_rank_order(devices, seed))
+    return validate(lay, cfg, devices, batch, micro_batch).to_json()
+
+
+def degrees(system: str, layout: dict, devices: int) -> tuple[int, int, int]:
+    """(D_TP, D_PP, D_DP) of a baseline's RunSpec.layout, for the records."""
+    lay = from_json(system, layout, devices)
+    return lay.tp, lay.pp, lay.dp

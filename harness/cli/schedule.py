@@ -11,7 +11,8 @@ from . import positive_float, positive_int
 
 def add_layout_arguments(p: argparse.ArgumentParser) -> None:
     """Scenario, layout and message-size flags shared by `schedule` and `schedule compare`."""
-    p.add_argument("--scenario", required=True, help="case number (1-5), name or path to a .yaml file")
+    # Not `required=True`: argparse would then demand it before `compare`; checked in resolve_layout.
+    p.add_argument("--scenario", help="case number (1-5), name or path to a .yaml file (required)")
     p.add_argument("--devices", type=positive_int, help="scale down to K devices, keeping the structure")
     p.add_argument("--d-pp", type=positive_int, help="pipeline stages (default: 8 for 64 devices; "
                    "in general the smallest divisor >= sqrt(devices))")
@@ -55,6 +56,8 @@ def resolve_layout(args):
     from ..model import c_dp_bytes, c_pp_bytes, get_model
     from ..scenario import load_scenario
 
+    if not args.scenario:
+        raise LayoutError("--scenario: required (a case number 1-5, a name, or a path to a .yaml file)")
     topo = load_scenario(args.scenario, args.devices)
     n = topo.n
     d_pp, d_dp = args.d_pp, args.d_dp

@@ -11,9 +11,10 @@
           link costs (the textbook graph-partitioning local search the paper compares to).
 
 GA (after Bui & Moon): a population of random partitions; two random parents; the
-child takes each device's group from either parent after aligning the parents'
-group labels by overlap, and is rebalanced; local search from the child; the child
-replaces the worst member when better and new. Every full COMM-COST evaluation
+child keeps whole groups of one parent and takes the other's labels elsewhere (after
+aligning the parents' group labels by overlap), is rebalanced and mutated by one
+random swap at times (a random immigrant replaces a child that copies a member);
+local search from the child; the child replaces the worst member when better and new. Every full COMM-COST evaluation
 costs one candidate of the budget.
 """
 from __future__ import annotations
@@ -26,6 +27,8 @@ from .search import BudgetExhausted, Evaluator, random_labels
 
 POPULATION = 8
 PATIENCE = 12  # local search stops after this many rejected moves in a row
+MUTATION = 0.5  # chance of one random swap in a child
+EXTRA_SWAPS = 2  # random swaps tried after the two fastest-link swaps with the best gain
 
 
 @register("ga")
@@ -51,6 +54,10 @@ def _genetic(model, rng, budget, progress, move):
         while True:
             i, j = rng.choice(len(pop), 2, replace=False)
             child = _crossover(pop[i], pop[j], d_pp, d_dp, rng)
+            if any(np.array_equal(child, p) for p in pop):
+                child = random_labels(rng, d_pp, d_dp)  # an immigrant instead of a copy keeps diversity
+            elif rng.random() < MUTATION:
+                child = _random_swap(child, rng, d_pp)
             cost = ev(child)
             child, cost = _local_search(model, ev, child, cost, rng, move)
             worst = max(range(len(costs)), key=costs.__getitem__)
@@ -135,8 +142,13 @@ def _paper_move(model, labels, rng):
             gain = w[d, cjj].mean() - w[d, dp_] + w[e, cj].mean() - w[e, ep]
             scored.append((gain, d, e))
     scored.sort(key=lambda t: -t[0])
+    pairs = [(d, e) for _, d, e in scored[:2]]
+    # Then a few other swaps between the same two groups: on fully heterogeneous links the
+    # improving swap often involves neither end of the fastest link.
+    others = [(d, e) for d in cj for e in cjj if (d, e) not in pairs]
+    pairs += [others[k] for k in rng.permutation(len(others))[:EXTRA_SWAPS]]
     out = []
-    for gain, d, e in scored[:2]:
+    for d, e in pairs:
         cand = labels.copy()
         cand[d], cand[e] = jj, j
         out.append(cand)

@@ -1,0 +1,41 @@
+"""Shared test helpers: a Topology from explicit matrices, and a CLI runner in-process."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from harness.scenario import DeviceProfile, Link, Region, Topology
+
+
+def make_topology(delay_ms, bandwidth_gbps, name="test") -> Topology:
+    """A one-device-per-region Topology from (N, N) matrices (diagonal ignored)."""
+    delay = np.array(delay_ms, dtype=float)
+    bw = np.array(bandwidth_gbps, dtype=float)
+    n = len(delay)
+    np.fill_diagonal(delay, 0.0)
+    np.fill_diagonal(bw, np.inf)
+    prof = DeviceProfile("test", 1.0, 1.0)
+    regions = tuple(Region(f"r{i}", 1, Link(0.0, 1.0), prof) for i in range(n))
+    return Topology(name, "", "<test>", regions, tuple(range(n)), delay, bw)
+
+
+def random_topology(n: int, seed: int, name="random") -> Topology:
+    """Heterogeneous, asymmetric delays 1-200 ms and bandwidths 0.1-10 Gbps."""
+    rng = np.random.default_rng(seed)
+    return make_topology(rng.uniform(1, 200, (n, n)), rng.uniform(0.1, 10, (n, n)), name)
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `harness ARGS...` in-process; returns (exit code, stdout, stderr)."""
+    from harness.cli import main
+
+    def run(*args):
+        try:
+            rc = main([str(a) for a in args])
+        except SystemExit as e:  # argparse usage errors
+            rc = e.code
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+
+    return run

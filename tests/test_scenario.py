@@ -1,0 +1,132 @@
+import textwrap
+
+import numpy as np
+import pytest
+
+from harness.scenario import ScenarioError, list_scenarios, load_scenario
+
+
+def test_every_paper_scenario_loads_at_full_scale():
+    sizes = {load_scenario(s).name: load_scenario(s).n for s in list_scenarios()}
+    assert {k: v for k, v in sizes.items() if k[0].isdigit()} == {
+        "1-datacenter": 64, "2-spot": 64, "3-multi-dc": 64, "4-regional": 64, "5-worldwide": 64}
+    assert sizes["fluidstack"] == 32
+
+
+def test_case5_device_matrices_follow_regions():
+    t = load_scenario("5")
+    oregon, virginia, seoul = 0, 8, 32  # 8 devices per region, in file order
+    assert t.region_of(oregon).name == "Oregon" and t.region_of(seoul).name == "Seoul"
+    assert t.delay_ms[oregon, virginia + 3] == 67 and t.bandwidth_gbps[oregon, virginia + 3] == 1.15
+    assert t.delay_ms[seoul, oregon] == 124 and t.bandwidth_gbps[seoul, oregon] == 0.46
+    assert t.delay_ms[1, 2] == 5 and t.bandwidth_gbps[1, 2] == 2  # inside Oregon
+    assert np.all(np.diag(t.delay_ms) == 0) and np.all(np.isinf(np.diag(t.bandwidth_gbps)))
+
+
+def test_fluidstack_is_asymmetric_and_per_region_intra_links():
+    t = load_scenario("fluidstack")
+    mid, east = 0, 16
+    assert t.bandwidth_gbps[mid, east] == 3.87 and t.bandwidth_gbps[east, mid] == 3.73
+    assert t.bandwidth_gbps[0, 1] == 10.40 and t.bandwidth_gbps[16, 17] == 11.98
+    assert t.profiles[0].gpu == "A40" and t.profiles[0].peak_tflops == 149.7
+
+
+def test_symmetrised_graph_is_the_mean_of_both_directions():
+    t = load_scenario("fluidstack")
+    delay_s, bw = t.symmetric()
+    assert bw[0, 16] == pytest.approx((3.87 + 3.73) / 2 * 1e9)
+    assert delay_s[0, 16] == pytest.approx(0.0218)
+
+
+@pytest.mark.parametrize("k,per_region", [(8, 1), (16, 2), (32, 4)])
+def test_scale_down_keeps_one_share_per_region(k, per_region):
+    full, t = load_scenario("5"), load_scenario("5", devices=k)
+    assert t.n == k and [r.devices for r in t.regions] == [per_region] * 8
+    # the region-level links are unchanged: device 0 (Oregon) to the first Tokyo device
+    tokyo = 3 * per_region
+    assert t.delay_ms[0, tokyo] == full.delay_ms[0, 24] and t.bandwidth_gbps[0, tokyo] == full.bandwidth_gbps[0, 24]
+
+
+def test_scale_down_keeps_whole_nodes_when_regions_cannot_shrink():
+    t = load_scenario("2", devices=8)  # 8 x 4-GPU nodes + 32 single nodes -> 1 node of 4 + 4 singles
+    assert [r.devices for r in t.regions] == [4, 1, 1, 1, 1]
+    assert t.bandwidth_gbps[0, 3] == 100 and t.bandwidth_gbps[0, 4] == 10 and t.bandwidth_gbps[4, 5] == 10
+
+
+def test_scale_down_that_breaks_structure_lists_valid_counts():
+    with pytest.raises(ScenarioError, match=r"5-worldwide.yaml: --devices: 12 .*valid: 8, 16, 32, 64"):
+        load_scenario("5", devices=12)
+
+
+GOOD = """\
+name: t
+device: {gpu: X, peak_tflops: 1, memory_gb: 1}
+regions:
+  - {name: A, devices: 2}
+  - {name: B, devices: 2}
+intra_region: {delay_ms: 1, bandwidth_gbps: 10}
+inter_region:
+  order: [A, B]
+  delay_ms: [[~, 20], [30, ~]]
+  bandwidth_gbps: [[~, 1.5], [2.5, ~]]
+"""
+
+
+def write(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def test_a_small_valid_file_gives_asymmetric_device_matrices(tmp_path):
+    t = load_scenario(str(write(tmp_path, GOOD)))
+    assert t.delay_ms.tolist() == [[0, 1, 20, 20], [1, 0, 20, 20], [30, 30, 0, 1], [30, 30, 1, 0]]
+    assert t.bandwidth_gbps[0, 2] == 1.5 and t.bandwidth_gbps[2, 0] == 2.5
+
+
+@pytest.mark.parametrize("old,new,field,value", [
+    ("delay_ms: [[~, 20], [30, ~]]", "delay_ms: [[~, 20, 1], [30, ~, 1]]", "inter_region.delay_ms", "2x2"),
+    ("[[~, 1.5], [2.5, ~]]", "[[~, -1.5], [2.5, ~]]", "inter_region.bandwidth_gbps[0][1]", "-1.5"),
+    ("[[~, 1.5], [2.5, ~]]", "[[~, 0], [2.5, ~]]", "inter_region.bandwidth_gbps[0][1]", "0"),
+    ("[[~, 20], [30, ~]]", "[[~, 20], [-3, ~]]", "inter_region.delay_ms[1][0]", "-3"),
+    ("order: [A, B]", "order: [A, C]", "inter_region.order", "'C'"),
+    ("{delay_ms: 1, bandwidth_gbps: 10}", "{delay_ms: 1, bandwidth_gbps: 10, jitter: 2}", "intra_region", "jitter"),
+    ("{name: B, devices: 2}", "{name: B, devices: 0}", "regions[1].devices", "0"),
+    ("name: t\n", "name: t\nregions: [\n", "YAML syntax error", "line"),
+])
+def test_bad_input_names_file_field_and_value(tmp_path, old, new, field, value):
+    assert old in GOOD
+    p = write(tmp_path, GOOD.replace(old, new, 1))
+    with pytest.raises(ScenarioError) as e:
+        load_scenario(str(p))
+    msg = str(e.value)
+    assert str(p) in msg and field in msg and value in msg and "\n" not in msg
+
+
+def test_missing_file_and_unknown_scenario(tmp_path):
+    with pytest.raises(ScenarioError, match="file not found"):
+        load_scenario(str(tmp_path / "nope.yaml"))
+    with pytest.raises(ScenarioError, match="unknown scenario"):
+        load_scenario("9")
+
+
+def test_cli_reports_bad_input_as_one_line(cli, tmp_path):
+    p = write(tmp_path, GOOD.replace("[[~, 1.5], [2.5, ~]]", "[[~, -1], [2.5, ~]]"))
+    rc, out, err = cli("scenario", "show", p, "--no-plots")
+    assert rc == 2 and err.count("\n") == 1 and "bandwidth_gbps[0][1]" in err and "Traceback" not in err
+    rc, out, err = cli("scenario", "show", "5", "--devices", "12", "--no-plots")
+    assert rc == 2 and "valid: 8, 16, 32, 64" in err
+
+
+def test_cli_export_and_show(cli, tmp_path):
+    import json
+
+    rc, out, _ = cli("scenario", "export", "5", "--devices", "8", "--json")
+    doc = json.loads(out)
+    assert rc == 0 and len(doc["delay_ms"]) == 8 and doc["bandwidth_gbps"][0][0] is None
+    assert doc["regions"][3] == "Tokyo" and doc["delay_ms"][3][4] == 34
+    rc, out, _ = cli("scenario", "show", "4", "--out", tmp_path)
+    assert rc == 0 and "California" in out
+    for f in ("summary.txt", "delay.png", "bandwidth.png"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert (tmp_path / "delay.png").read_bytes()[:4] == b"\x89PNG"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import socket
 
-from pyroute2 import IPRoute, netns
+from pyroute2 import IPRoute, netns, protocols
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import common as tc_common
 
@@ -64,7 +64,7 @@ def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan) -> None:
                    limit=link.limit_packets)
             step = f"u32 filter dst {link.dst_addr}"
             ipr.tc("add-filter", "u32", index=idx, parent=0x10000, prio=1,
-                   protocol=socket.AF_INET, target=cls, keys=[_addr_key(link.dst_addr)])
+                   protocol=protocols.ETH_P_IP, target=cls, keys=[_addr_key(link.dst_addr)])
     except NetlinkError as e:
         raise ShapingError(f"device {dev.index} ({dev.ifname}): {step}: kernel said {e}") from None
 

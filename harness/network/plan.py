@@ -30,8 +30,9 @@ UNSHAPED_MIN_GBPS = 100.0
 ETH_HEADER_BYTES = 14
 #: IPv4 (20) + TCP (20) + TCP timestamp option (12, on by default in Linux).
 TCP_IP_HEADER_BYTES = 52
-#: HTB burst = the bytes the rate sends in this many seconds (at least two full frames).
-BURST_SECONDS = 0.002
+#: HTB burst = the bytes the rate sends in this many seconds (at least two full frames): enough
+#: that a late timer (UML's clock) does not lose tokens, small next to any RTT we emulate.
+BURST_SECONDS = 0.02
 #: netem queue holds the in-flight bytes (BDP) plus room for a sender's slow-start overshoot.
 LIMIT_BDP_FACTOR = 4
 LIMIT_MIN_PACKETS = 1000  # netem's own default

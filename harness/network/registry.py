@@ -151,3 +151,14 @@ def clean(*, include_live: bool = False) -> list[Entry]:
             teardown(e)
             done.append(e)
     return done
+
+
+def leftovers() -> dict[str, list[str]]:
+    """Harness-named namespaces and links that exist in this kernel (for `net show`/`clean`)."""
+    from pyroute2 import IPRoute, netns
+
+    names = sorted(n for n in netns.listnetns() if NETNS_RE.match(n))
+    with IPRoute() as ipr:
+        links = sorted(name for name in (m.get_attr("IFLA_IFNAME") for m in ipr.get_links())
+                       if name and LINK_RE.match(name))
+    return {"netns": names, "links": links}

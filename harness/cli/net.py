@@ -1,0 +1,123 @@
+"""`harness net verify|clean|show|plan|apply|clear`: the emulated network, measured and cleaned."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from . import positive_float, positive_int
+
+
+def register(sub) -> None:
+    p = sub.add_parser("net", help="network emulation: verify links, show/clean leftovers, real-node shaping")
+    ss = p.add_subparsers(dest="net_command", metavar="ACTION", required=True)
+
+    v = ss.add_parser("verify", help="measure RTT and TCP goodput of every ordered pair vs the scenario")
+    _scenario_args(v)
+    v.add_argument("--pairs", choices=("all", "sample"), default="all",
+                   help="all ordered pairs, or a sample (each device to its next and previous); default all")
+    v.add_argument("--json", type=Path, help="write the full report (with kernel read-back) as JSON")
+    v.add_argument("--csv", type=Path, help="write one row per pair as CSV")
+    v.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto")
+    v.add_argument("--measure-s", type=positive_float, default=2.0, help="bulk measuring window (default 2 s)")
+    v.add_argument("--retries", type=int, default=1, help="re-measure pairs that miss their target (default 1)")
+    v.add_argument("--timeout", type=positive_float, default=600.0)
+    v.set_defaults(func=cmd_verify)
+
+    c = ss.add_parser("clean", help="remove what killed runs left (namespaces, veths, bridges, UML kernels)")
+    c.add_argument("--all", action="store_true", help="also runs whose process is still alive")
+    c.set_defaults(func=cmd_clean)
+
+    s = ss.add_parser("show", help="list the harness's namespaces, links and runs in this kernel")
+    s.set_defaults(func=cmd_show)
+
+    pl = ss.add_parser("plan", help="print the ip/tc commands of the local emulated cluster (dry run)")
+    _scenario_args(pl)
+    pl.set_defaults(func=cmd_plan)
+
+    for name, helptext in (("apply", "shape this real node: one namespace per GPU process on the NIC (macvlan)"),
+                           ("clear", "remove this real node's namespaces and shaping")):
+        a = ss.add_parser(name, help=helptext)
+        a.add_argument("--inventory", type=Path, required=True, help="cluster inventory YAML (see README)")
+        a.add_argument("--node", required=True, help="this node's name in the inventory")
+        if name == "apply":
+            a.add_argument("--bandwidth-scale", type=positive_float, default=1.0)
+        a.add_argument("--dry-run", action="store_true", help="print the ip/tc commands, change nothing")
+        a.set_defaults(func=cmd_apply if name == "apply" else cmd_clear)
+
+
+def _scenario_args(p) -> None:
+    p.add_argument("--scenario", required=True, help="case number (1-5), name or path to a .yaml file")
+    p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
+    p.add_argument("--bandwidth-scale", type=positive_float, default=1.0,
+                   help="multiply every rate by s (delays stay real); default 1")
+
+
+def cmd_verify(args) -> int:
+    from ..network.verify import verify
+    from ..scenario import load_scenario
+
+    topo = load_scenario(args.scenario, args.devices)
+    rep = verify(topo, bandwidth_scale=args.bandwidth_scale, pairs=args.pairs, kernel=args.kernel,
+                 measure_s=args.measure_s, retries=max(0, args.retries), timeout_s=args.timeout,
+                 stream=sys.stderr)
+    print(rep.table())
+    rep.write(args.json, args.csv)
+    for path in (args.json, args.csv):
+        if path:
+            print(f"wrote {path}")
+    return 0 if rep.ok else 1
+
+
+def cmd_clean(args) -> int:
+    from ..network import registry
+
+    done = registry.clean(include_live=args.all)
+    for e in done:
+        what = f"UML kernel pid {e.uml_pid}" if e.kind == "uml" else f"{len(e.netns)} namespaces, {len(e.links)} links"
+        print(f"removed run {e.run_id} ({e.kind}: {what})")
+    left = registry.leftovers()
+    if left["netns"] or left["links"]:
+        print(f"still present (not in any registry entry, not touched): {left}", file=sys.stderr)
+    print(f"net clean: {len(done)} run(s) removed")
+    return 0
+
+
+def cmd_show(args) -> int:
+    from ..network import registry
+
+    entries = registry.entries()
+    for e in entries:
+        state = "running" if registry.pid_alive(e.pid) else "stale (owner gone: harness net clean)"
+        print(f"run {e.run_id} {e.kind:8s} pid {e.pid} {state}: {len(e.netns)} namespaces, {len(e.links)} links"
+              + (f", UML pid {e.uml_pid}" if e.uml_pid else ""))
+    left = registry.leftovers()
+    print(f"{len(entries)} run(s); namespaces here: {len(left['netns'])}, links here: {len(left['links'])}")
+    for kind in ("netns", "links"):
+        for name in left[kind]:
+            print(f"  {kind}: {name}")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from ..network.dryrun import local_cluster_commands
+    from ..scenario import load_scenario
+
+    topo = load_scenario(args.scenario, args.devices)
+    print("\n".join(local_cluster_commands(topo, bandwidth_scale=args.bandwidth_scale)))
+    return 0
+
+
+def cmd_apply(args) -> int:
+    from ..network.node import apply_node
+
+    for line in apply_node(args.inventory, args.node, bandwidth_scale=args.bandwidth_scale, dry_run=args.dry_run):
+        print(line)
+    return 0
+
+
+def cmd_clear(args) -> int:
+    from ..network.node import clear_node
+
+    for line in clear_node(args.inventory, args.node, dry_run=args.dry_run):
+        print(line)
+    return 0

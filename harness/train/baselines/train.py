@@ -158,7 +158,11 @@ def train_baseline(
     br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype)
     out = []
     for it in (progress or (lambda x: x))(range(warmup + iters)):
-        timing = train_step(br, cfg, batch, it, seed)
+        try:
+            timing = train_step(br, cfg, batch, it, seed)
+        except RuntimeError as e:
+            where = f"stage {br.stage} replica {br.replica} shard {br.shard}"
+            raise RuntimeError(f"{layout.label()}: iteration {it}, {where}: {root_message(e)}") from e
         if it >= warmup:
             out.append(timing)
     state = None
@@ -167,6 +171,14 @@ def train_baseline(
         own = {n for n, p in br.model.named_parameters() if _owned(br, n)}
         state = {n: t for n, t in full.items() if n in own}
     return out, state
+
+
+def root_message(e: BaseException) -> str:
+    """First non-empty line of the innermost cause (pipelining wraps errors in a multi-line banner)."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0] if lines else ''}"
 
 
 def _owned(br: BaselineRank, name: str) -> bool:

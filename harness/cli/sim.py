@@ -50,6 +50,8 @@ def register(sub) -> None:
     r.add_argument("--layers", type=positive_int, nargs="+", default=[24, 32, 40])
     r.add_argument("--batches", type=positive_int, nargs="+", default=[1024, 2048, 4096])
     r.add_argument("--no-fluidstack", action="store_true", help="skip the FluidStack case (Fig. 7)")
+    r.add_argument("--workers", type=positive_int, help="processes running the scheduler for uncached "
+                   "settings (default: cores, at most 4)")
     _common(r)
     r.set_defaults(func=cmd_report)
 
@@ -134,13 +136,19 @@ def cmd_report(args) -> int:
     run_id = new_run_id("sim")
     out = args.out or RESULTS_DIR / "sim" / run_id
     total = len(args.cases) * len(args.layers) * len(args.batches) + (0 if args.no_fluidstack else 3)
-    with tqdm(total=total, desc="sim report", unit="setting", file=sys.stderr, leave=False) as bar:
+    with tqdm(total=total, desc="sim report", unit="setting", file=sys.stderr, leave=False) as bar, \
+            tqdm(desc="schedules", unit="schedule", file=sys.stderr, leave=False) as sbar:
         def step(label):
             bar.set_postfix_str(label, refresh=False)
             bar.update(1)
 
-        sweeps = report.sweep_cases(args.cases, args.layers, args.batches, progress=step, **kw)
-        fs = None if args.no_fluidstack else report.sweep_fluidstack(progress=step, **kw)
+        def scheduled(done, todo):
+            sbar.total = todo
+            sbar.update(done - sbar.n)
+
+        opts = {"progress": step, "schedule_progress": scheduled, "workers": args.workers, **kw}
+        sweeps = report.sweep_cases(args.cases, args.layers, args.batches, **opts)
+        fs = None if args.no_fluidstack else report.sweep_fluidstack(**opts)
     paths = report.write_report(out, sweeps, fs, run_id, report.sweep_notes(kw))
     for r in report.summary_rows(sweeps):
         print(f"case {r['case']}: ours vs Megatron {r['vs_megatron_mean']:.2f}x, vs DeepSpeed "

@@ -77,25 +77,35 @@ class Simulator:
         ).hexdigest()[:12]
 
     # ---------------------------------------------------------------- assignments
-    def assignment(self, cfg: GPTConfig, batch: int) -> np.ndarray:
-        """The scheduler's pipelines (D_DP, D_PP) for this model and batch (cached)."""
+    def _job(self, cfg: GPTConfig, batch: int) -> tuple[tuple, Path | None, tuple]:
         cpp, cdp = c_pp_bytes(cfg, batch, self.d_dp), c_dp_bytes(cfg, self.d_pp)
         key = (self._fingerprint, self.d_pp, self.d_dp, round(cpp), round(cdp), self.scheduler, self.schedule_seed, self.budget)
-        if key in self._assignments:
-            return self._assignments[key]
         path = self.cache_dir / ("-".join(map(str, key)) + ".json") if self.cache_dir else None
-        if path is not None and path.exists():
-            pipelines = np.asarray(json.loads(path.read_text())["pipelines"], dtype=int)
-        else:
-            from ..scheduler import schedule  # the lead's scheduler (imported late: it is heavier)
+        args = (self.topo, self.d_pp, self.d_dp, cpp, cdp, self.scheduler, self.schedule_seed, self.budget)
+        return key, path, args
 
-            a = schedule(self.topo, self.d_pp, self.d_dp, cpp, cdp, scheduler=self.scheduler,
-                         seed=self.schedule_seed, budget=self.budget)
-            pipelines = np.asarray(a.pipelines, dtype=int)
-            if path is not None:
-                atomic_write_json(path, a.to_json())
+    def _store(self, key, path, doc: dict) -> np.ndarray:
+        pipelines = np.asarray(doc["pipelines"], dtype=int)
+        if path is not None and not path.exists():
+            atomic_write_json(path, doc)
         self._assignments[key] = pipelines
         return pipelines
+
+    def missing(self, cfg: GPTConfig, batch: int) -> tuple | None:
+        """The scheduling job for (cfg, batch) when neither memory nor disk has it, else None."""
+        key, path, args = self._job(cfg, batch)
+        if key in self._assignments or (path is not None and path.exists()):
+            return None
+        return key, path, args
+
+    def assignment(self, cfg: GPTConfig, batch: int) -> np.ndarray:
+        """The scheduler's pipelines (D_DP, D_PP) for this model and batch (cached)."""
+        key, path, args = self._job(cfg, batch)
+        if key in self._assignments:
+            return self._assignments[key]
+        if path is not None and path.exists():
+            return self._store(key, path, json.loads(path.read_text()))
+        return self._store(key, path, schedule_job(args))
 
     def _placements(self) -> list[tuple[str, list[np.ndarray], tuple[int, ...]]]:
         out = []
@@ -151,6 +161,43 @@ class Simulator:
                 min(cands, key=lambda c: c.seconds).best = True
             out += cands
         return out
+
+
+def schedule_job(args: tuple) -> dict:
+    """One scheduler run (top level so worker processes can run it): the assignment JSON."""
+    from ..scheduler import schedule  # imported late: only needed when a schedule is not cached
+
+    topo, d_pp, d_dp, cpp, cdp, scheduler, seed, budget = args
+    return schedule(topo, d_pp, d_dp, cpp, cdp, scheduler=scheduler, seed=seed, budget=budget).to_json()
+
+
+def prefetch_assignments(jobs: list[tuple["Simulator", GPTConfig, int]], workers: int = 1, progress=None) -> int:
+    """Run the missing schedules of (simulator, model, batch) jobs, in `workers` processes; returns how many ran."""
+    todo, seen = [], set()
+    for sim, cfg, batch in jobs:
+        m = sim.missing(cfg, batch)
+        if m is not None and m[0] not in seen:
+            seen.add(m[0])
+            todo.append((sim, *m))
+    if not todo:
+        return 0
+    if workers <= 1 or len(todo) == 1:
+        for k, (sim, key, path, args) in enumerate(todo):
+            sim._store(key, path, schedule_job(args))
+            if progress:
+                progress(k + 1, len(todo))
+        return len(todo)
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("fork")) as pool:
+        futures = {pool.submit(schedule_job, args): (sim, key, path) for sim, key, path, args in todo}
+        for k, fut in enumerate(as_completed(futures)):
+            sim, key, path = futures[fut]
+            sim._store(key, path, fut.result())
+            if progress:
+                progress(k + 1, len(todo))
+    return len(todo)
 
 
 def _mean(system: str, config: dict, runs: list[SimResult], seeds) -> Candidate:

@@ -1,0 +1,89 @@
+"""`harness tune`: every grid point runs as a `harness run`, all are reported and kept, the best is the fastest."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.model import get_model
+from harness.results import read_records
+from harness.train.baselines.layout import deepspeed_grid, megatron_grid
+from harness.train.baselines.tune import tune
+from harness.train.experiment import RunRequest
+
+pytestmark = pytest.mark.timeout(240)
+
+ARGS = ["--scenario", "3", "--devices", "4", "--network", "none", "--model", "tiny", "--layers", "2",
+        "--batch", "4", "--micro-batch", "1", "--iters", "2", "--warmup", "0"]
+
+
+@pytest.mark.parametrize("system, grid", [("megatron", megatron_grid), ("deepspeed", deepspeed_grid)])
+def test_tune_runs_every_point_and_reports_the_best(cli, tmp_path, system, grid):
+    rc, out, err = cli("tune", "--system", system, *ARGS, "--out", tmp_path)
+    assert rc == 0, err
+    expected = [lay.label() for lay in grid(get_model("tiny", 2), 4, 4, 1)]
+    summary = json.loads(next(tmp_path.rglob("tune.json")).read_text())
+    assert [p["label"] for p in summary["points"]] == expected
+    assert all(p["status"] == "ok" for p in summary["points"])
+    for p in summary["points"]:
+        assert p["label"] in out
+        recs = read_records(Path(p["run_dir"]) / "records.csv")
+        assert len(recs) == 2 and {r["system"] for r in recs} == {system}
+        assert json.loads(recs[0]["config"]) == p["layout"]
+        assert p["seconds"] == pytest.approx(sum(r["seconds"] for r in recs) / 2)
+        assert all(math.isfinite(r["loss"]) for r in recs)
+    best = min(summary["points"], key=lambda p: p["seconds"])
+    assert summary["best"] == best
+    assert f"best: {best['label']}" in out
+
+
+def test_failed_point_is_recorded_and_the_search_goes_on(tmp_path):
+    req = RunRequest(scenario="3", devices=4, model="tiny", layers=2, batch=4, micro_batch=1, iters=1,
+                     warmup=0, network="none", schedule="gpipe", results_root=tmp_path)
+    seen = []
+
+    def fake_execute(r):
+        seen.append(r)
+        if r.extra_layout.get("tp") == 2:
+            raise HarnessError("run failed: rank 1 failed: out of memory")
+        out = tmp_path / r.run_id
+        out.mkdir()
+        secs = 1.0 + len(seen)
+        (out / "records.csv").write_text(
+            "seconds,pflops,loss\n" + f"{secs},{1 / secs},5.0\n")
+        return out
+
+    result = tune(req, "megatron", progress=False, execute=fake_execute)
+    assert len(seen) == len(result.points) == len(megatron_grid(get_model("tiny", 2), 4, 4, 1))
+    assert all(r.system == "megatron" and r.extra_layout["schedule"] == "gpipe" for r in seen)
+    failed = [p for p in result.points if p.status == "failed"]
+    assert failed and all(p.d_tp == 2 and "out of memory" in p.reason for p in failed)
+    assert result.best.seconds == 2.0 and result.best.status == "ok"
+    saved = json.loads((result.summary_dir / "tune.json").read_text())
+    assert len(saved["points"]) == len(result.points) and saved["best"]["label"] == result.best.label
+
+
+def test_rank_order_seed_applies_one_permutation_to_every_point(tmp_path):
+    req = RunRequest(scenario="3", devices=4, model="tiny", layers=2, batch=4, micro_batch=1, results_root=tmp_path)
+    orders = []
+
+    def fake_execute(r):
+        orders.append(r.extra_layout.get("rank_order"))
+        raise HarnessError("not run")
+
+    result = tune(req, "megatron", rank_order="2022", progress=False, execute=fake_execute)
+    assert result.best is None and len({tuple(o) for o in orders}) >= 1 and all(o for o in orders)
+
+
+def test_tune_user_errors_are_one_line(cli, tmp_path):
+    # 8 devices, 1 layer, batch 3: no D_DP divides the batch but 1, and D_TP = 8 exceeds the 4 heads.
+    rc, out, err = cli("tune", "--system", "megatron", "--scenario", "3", "--devices", "8", "--model", "tiny",
+                       "--layers", "1", "--batch", "3", "--network", "none", "--out", tmp_path)
+    assert rc == 2 and err.count("\n") == 1 and "no layout" in err
+    rc, out, err = cli("tune", "--system", "megatron", "--scenario", "3", "--devices", "4", "--rank-order", "x",
+                       "--network", "none", "--layers", "2", "--batch", "4", "--out", tmp_path)
+    assert rc == 2 and "--rank-order" in err and err.count("\n") == 1

@@ -60,10 +60,15 @@ class EmulationResult:
 
     @property
     def returncode(self) -> int:
-        """0 when every device succeeded, else the first non-zero code (124: timeout)."""
+        """0 when every device succeeded; 124 on timeout; else the code of a device that failed by
+        itself (not one stopped afterwards), a signal N given as 128+N as a shell does."""
         if self.timed_out:
             return TIMEOUT_RC
-        return next((rc for rc in self.returncodes if rc != 0), 0 if self.returncodes else 1)
+        if not self.returncodes:
+            return 1
+        own = [rc for rc in self.returncodes if rc not in (0, -signal.SIGKILL)]
+        rc = next(iter(own), next((rc for rc in self.returncodes if rc != 0), 0))
+        return 128 - rc if rc < 0 else rc
 
     @property
     def ok(self) -> bool:

@@ -21,7 +21,7 @@ from .cluster import Cluster
 
 #: After one device fails, the others get this long to finish before they are stopped
 #: (a distributed job whose peer died would otherwise wait for its own timeout).
-FAIL_GRACE_S = 10.0
+FAIL_GRACE_S = 5.0
 TIMEOUT_RC = 124
 
 

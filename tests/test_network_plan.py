@@ -1,0 +1,154 @@
+"""The shaping plan (pure: no kernel, no root): units, derived sizes, per-destination layout."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.network.plan import (ETH_HEADER_BYTES, PlanError, build_plan, device_addresses, render_commands,
+                                  target_matrices, tcp_efficiency)
+from harness.network.verify import bulk_rounds, goodput_ok, rtt_ok, select_pairs, warmup_s
+from harness.scenario import load_scenario
+
+NET4 = "tests/data/net-4dev.yaml"
+
+
+def _plan(topo, scale=1.0, **kw):
+    addrs, prefix = device_addresses(topo.n)
+    return build_plan(topo, addrs, [f"eth{i}" for i in range(topo.n)], prefix_len=prefix,
+                      bandwidth_scale=scale, **kw)
+
+
+def test_every_ordered_pair_gets_its_own_class_rate_delay_and_filter():
+    topo = load_scenario(NET4)
+    plan = _plan(topo, scale=0.01)
+    assert plan.classes == topo.n * (topo.n - 1)
+    for dev in plan.devices:
+        assert [link.dst for link in dev.links] == [e for e in range(topo.n) if e != dev.index]
+        for link in dev.links:
+            d, e = dev.index, link.dst
+            assert link.rate_bps == round(topo.bandwidth_gbps[d][e] * 1e9 * 0.01)
+            assert link.delay_us == round(topo.delay_ms[d][e] * 1000)  # one-way, on d's egress
+            assert link.dst_addr == plan.devices[e].addr
+    # the scenario is asymmetric, and so is the plan
+    a = {(dev.index, link.dst): link for dev in plan.devices for link in dev.links}
+    assert a[(0, 1)].delay_us != a[(1, 0)].delay_us
+    assert a[(0, 1)].rate_bps != a[(1, 0)].rate_bps
+
+
+def test_burst_cburst_and_limit_are_derived_not_constant():
+    topo = load_scenario("5", devices=8)
+    plan = _plan(topo, scale=0.01)
+    links = [link for dev in plan.devices for link in dev.links]
+    frame = plan.mtu + ETH_HEADER_BYTES
+    for link in links:
+        assert link.burst_bytes == link.cburst_bytes >= 2 * frame
+        bdp_packets = link.rate_bps / 8 * 2 * link.delay_us / 1e6 / frame
+        assert link.limit_packets >= bdp_packets and link.limit_packets >= 1000
+        assert frame <= link.quantum_bytes <= 200_000
+    # a faster link gets a bigger burst; a longer, faster link a bigger netem limit
+    full = _plan(topo, scale=1.0)
+    f = {(d.index, link.dst): link for d in full.devices for link in d.links}
+    s = {(d.index, link.dst): link for d in plan.devices for link in d.links}
+    assert f[(0, 1)].burst_bytes > s[(0, 1)].burst_bytes
+    far = max(f.values(), key=lambda link: link.delay_us * link.rate_bps)
+    assert far.limit_packets > 1000
+
+
+def test_bandwidth_scale_scales_rates_only():
+    topo = load_scenario(NET4)
+    one, small = _plan(topo, 1.0), _plan(topo, 0.25)
+    for d1, d2 in zip(one.devices, small.devices):
+        for l1, l2 in zip(d1.links, d2.links):
+            assert l2.rate_bps == pytest.approx(l1.rate_bps * 0.25, abs=1)
+            assert l2.delay_us == l1.delay_us
+    assert small.bandwidth_scale == 0.25
+
+
+@pytest.mark.parametrize("scale", [0, -1, float("inf"), float("nan")])
+def test_bad_scale_is_a_clear_error(scale):
+    with pytest.raises(PlanError, match="bandwidth_scale"):
+        _plan(load_scenario(NET4), scale)
+
+
+def test_node_internal_links_stay_unshaped():
+    topo = load_scenario("1", devices=16)  # 2 nodes x 8 GPUs, NVLink inside
+    plan = _plan(topo)
+    for dev in plan.devices:
+        same = {e for e in range(topo.n) if e != dev.index and topo.device_region[e] == topo.device_region[dev.index]}
+        assert set(dev.unshaped) == same
+        assert {link.dst for link in dev.links} == set(range(topo.n)) - same - {dev.index}
+
+
+def test_sixteen_devices_make_240_classes():
+    assert _plan(load_scenario("5", devices=16), 0.01).classes == 240
+
+
+def test_targets_rtt_is_sum_of_both_directions_and_goodput_has_tcp_efficiency():
+    topo = load_scenario(NET4)
+    rtt, gp = target_matrices(_plan(topo, 0.01))
+    for d in range(topo.n):
+        for e in range(topo.n):
+            if d != e:
+                assert rtt[d, e] == pytest.approx(topo.delay_ms[d][e] + topo.delay_ms[e][d])
+                assert gp[d, e] == pytest.approx(topo.bandwidth_gbps[d][e] * 1e7 * 1448 / 1514, rel=1e-6)
+    assert tcp_efficiency(1500) == pytest.approx(1448 / 1514)
+    assert tcp_efficiency(9000) > tcp_efficiency(1500)
+
+
+def test_render_commands_carry_units_and_every_object():
+    plan = _plan(load_scenario(NET4), 0.01)
+    cmds = render_commands(plan, [f"ns{i}" for i in range(4)])
+    text = "\n".join(cmds)
+    assert text.count("htb default 0") == 4
+    assert text.count("tc class replace") == text.count("netem delay") == text.count("u32") == 12
+    link = plan.devices[0].links[0]
+    assert f"rate {link.rate_bps}bit ceil {link.rate_bps}bit burst {link.burst_bytes}b cburst {link.cburst_bytes}b" in text
+    assert f"netem delay {link.delay_us}us limit {link.limit_packets}" in text
+    assert f"match ip dst {link.dst_addr}/32 flowid 1:{link.class_minor:x}" in text
+    assert all(c.startswith(("ip netns exec ns", "#")) for c in cmds)
+
+
+def test_addresses_are_private_and_errors_name_the_field():
+    addrs, prefix = device_addresses(300)
+    assert addrs[0] == "10.213.0.1" and len(set(addrs)) == 300 and prefix == 16
+    with pytest.raises(PlanError, match="private"):
+        device_addresses(4, "8.8.8.0/24")
+    with pytest.raises(PlanError, match="room for 2"):
+        device_addresses(3, "10.1.1.0/30")
+    assert issubclass(PlanError, HarnessError)
+
+
+def test_bulk_rounds_never_share_a_link_or_its_ack_path():
+    for n in (2, 4, 7, 8):
+        pairs = select_pairs(n, "all", lambda s, d: True)
+        assert len(pairs) == n * (n - 1) and len(set(pairs)) == len(pairs)
+        rounds = bulk_rounds(pairs)
+        assert sorted(p for r in rounds for p in r) == sorted(pairs)
+        for rnd in rounds:
+            assert len({s for s, _ in rnd}) == len(rnd) and len({d for _, d in rnd}) == len(rnd)
+            assert not any((d, s) in rnd for s, d in rnd)
+        assert len(rounds) <= n + 1
+    sample = select_pairs(8, "sample", lambda s, d: True)
+    assert len(sample) == 16 and (0, 1) in sample and (0, 7) in sample
+
+
+def test_pass_rules_and_warmup():
+    assert rtt_ok(10.79, 10.0) and rtt_ok(9.21, 10.0) and not rtt_ok(10.81, 10.0)  # 0.5 ms + 3 %
+    assert rtt_ok(206.4, 200.0) and not rtt_ok(206.6, 200.0) and not rtt_ok(193.4, 200.0)
+    assert not rtt_ok(None, 10.0)
+    assert goodput_ok(95.1, 100.0) and goodput_ok(104.9, 100.0) and not goodput_ok(94.9, 100.0)
+    # slow start needs more time on a long, fast link
+    assert warmup_s(1e9, 400, 1500) > warmup_s(1e7, 400, 1500) > warmup_s(1e7, 10, 1500) > 0
+    assert math.isfinite(warmup_s(1e6, 0.0, 1500))
+
+
+def test_plan_rejects_mismatched_inputs():
+    topo = load_scenario(NET4)
+    with pytest.raises(PlanError, match="addresses"):
+        build_plan(topo, ["10.0.0.1"], ["a"])
+    with pytest.raises(PlanError, match="mtu"):
+        _plan(topo, mtu=10)
+    doc = _plan(topo).to_json()
+    assert len(doc["devices"]) == 4 and doc["devices"][0]["links"][0]["rate_bps"] == 2_000_000_000

@@ -1,0 +1,243 @@
+"""Integration: the emulated cluster in a real kernel with netem (user-mode Linux on this host).
+
+Each test boots one user-mode Linux kernel (~4 s) and checks real behaviour: shaping
+measured against the scenario, output and exit codes carried back, teardown on every
+path (inside the guest, where the namespaces live), and `net clean` after a SIGKILL.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.network import kernel, registry
+from harness.network.emulate import run_emulated
+from harness.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+NET4 = str(ROOT / "tests/data/net-4dev.yaml")
+
+_missing = kernel.uml_missing() + ([] if os.geteuid() == 0 else ["root"])
+pytestmark = pytest.mark.skipif(bool(_missing), reason=f"user-mode Linux unavailable: {', '.join(_missing)}")
+
+
+def _no_leftovers_of(rid: str) -> None:
+    assert not any(e.run_id == rid for e in registry.entries())
+    assert not (Path.home() / ".uml" / registry.umid(rid)).exists()
+    assert not any(Path("/tmp").glob(f"harness-net-{rid}-*"))
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            assert f"umid={registry.umid(rid)}".encode() not in cmd
+
+
+@pytest.mark.timeout(240)
+def test_four_devices_with_distinct_pairs_pass_verification(tmp_path, capsys):
+    js, csv = tmp_path / "verify.json", tmp_path / "verify.csv"
+    rc = main(["net", "verify", "--scenario", NET4, "--bandwidth-scale", "0.01", "--kernel", "uml",
+               "--retries", "2", "--json", str(js), "--csv", str(csv)])
+    out = capsys.readouterr().out
+    rep = json.loads(js.read_text())
+    assert rep["kernel"] == "uml" and rep["bandwidth_scale"] == 0.01
+    assert rep["pairs_total"] == 12
+    assert rep["passed"] == 12, out
+    assert rc == 0
+    assert len(csv.read_text().strip().splitlines()) == 13
+    # the kernel's read-back is kept with the results and matches the plan
+    topo = load_scenario(NET4)
+    for d in range(4):
+        rb = rep["readback"][str(d)]
+        rates = sorted(c["rate_bps"] for c in rb["classes"])
+        assert rates == sorted(round(topo.bandwidth_gbps[d][e] * 1e7) for e in range(4) if e != d)
+        delays = sorted(q["delay_us"] for q in rb["qdiscs"] if q["kind"] == "netem")
+        assert delays == sorted(round(topo.delay_ms[d][e] * 1e3) for e in range(4) if e != d)
+    # measured RTTs follow the asymmetric one-way delays: A[0][3] + A[3][0] = 38 ms
+    pair = next(p for p in rep["pairs"] if (p["src"], p["dst"]) == (0, 3))
+    assert pair["rtt_target_ms"] == 38.0 and abs(pair["rtt_ms"] - 38.0) < 1.7
+
+
+SOCKET_PROGRAM = textwrap.dedent("""
+    import json, os, socket, time
+    i, n = int(os.environ["HARNESS_DEVICE"]), int(os.environ["HARNESS_WORLD_SIZE"])
+    peers = json.load(open(os.environ["HARNESS_PEERS"]))
+    assert peers[i] == os.environ["HARNESS_ADDR"], (peers, i)
+    assert os.environ["HARNESS_IFNAME"] and os.environ["EXTRA"] == "yes"
+    if i == 0:
+        srv = socket.create_server((peers[0], 6000))
+        got = []
+        for _ in range(n - 1):
+            c, _ = srv.accept()
+            got.append(c.recv(100).decode())
+            c.sendall(b"ack")
+            c.close()
+        print("server got", sorted(got), flush=True)
+    else:
+        for _ in range(200):
+            try:
+                s = socket.create_connection((peers[0], 6000), timeout=5)
+                break
+            except OSError:
+                time.sleep(0.05)
+        t = time.perf_counter()
+        s.sendall(f"hello from {i}".encode())
+        ack = s.recv(3)
+        print(f"device {i} rtt_ms {(time.perf_counter() - t) * 1e3:.2f} {ack.decode()}", flush=True)
+""")
+
+
+@pytest.mark.timeout(120)
+def test_plain_socket_program_runs_through_harness_emulate(tmp_path):
+    prog = tmp_path / "sockets.py"
+    prog.write_text(SOCKET_PROGRAM)
+    env = {**os.environ, "EXTRA": "yes"}
+    r = subprocess.run([sys.executable, "-m", "harness", "emulate", "--scenario", NET4, "--kernel", "uml",
+                        "--bandwidth-scale", "0.01", "--timeout", "60", "--", sys.executable, str(prog)],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=110)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "[0] server got ['hello from 1', 'hello from 2', 'hello from 3']" in r.stdout
+    topo = load_scenario(NET4)
+    for i in (1, 2, 3):
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith(f"[{i}] device {i} rtt_ms"))
+        rtt = float(line.split()[4])
+        assert rtt >= topo.delay_ms[i][0] + topo.delay_ms[0][i] - 0.1  # shaped both ways
+    assert "kernel uml" in r.stderr
+
+
+@pytest.mark.timeout(120)
+def test_failing_device_and_timeout_give_nonzero_and_tear_down():
+    topo = load_scenario(NET4)
+    res = run_emulated(topo, ["sh", "-c", 'echo start $HARNESS_DEVICE; [ "$HARNESS_DEVICE" = 1 ] && exit 3; sleep 40'],
+                       kernel="uml", timeout_s=60)
+    assert res.returncodes[1] == 3 and res.returncode == 3 and not res.timed_out
+    assert res.outputs[2].strip() == "start 2"
+    _no_leftovers_of(res.run_id)
+    res = run_emulated(topo, ["sleep", "30"], kernel="uml", timeout_s=2)
+    assert res.timed_out and res.returncodes == [124] * 4 and res.returncode == 124
+    _no_leftovers_of(res.run_id)
+
+
+GUEST_CHECKS = textwrap.dedent("""
+    # Runs inside the UML kernel in launcher mode: the namespaces live here.
+    import json, os, signal, socket, subprocess, sys, time
+    from harness.network import registry
+    from harness.network.cluster import Cluster
+    from harness.network.netns import enter
+    from harness.scenario import load_scenario
+
+    cluster = json.load(open(os.environ["HARNESS_CLUSTER"]))
+    outer = registry.leftovers()
+    assert len(outer["netns"]) == 4 and [d["netns"] for d in cluster["devices"]] == outer["netns"]
+    topo = load_scenario(sys.argv[1]).subset([0, 1])
+
+    # launcher mode: forked children enter their device's namespace
+    devs = cluster["devices"]
+    r, w = os.pipe()
+    if os.fork() == 0:
+        enter(devs[1]["netns_path"])
+        srv = socket.create_server((devs[1]["addr"], 7000))
+        os.write(w, b"R")
+        c, _ = srv.accept()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while (b := c.recv(1)):
+            c.sendall(b)
+        os._exit(0)
+    os.read(r, 1)
+    pid = os.fork()
+    if pid == 0:
+        enter(devs[0]["netns_path"])
+        s = socket.create_connection((devs[1]["addr"], 7000))
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rtts = []
+        for _ in range(5):
+            t = time.perf_counter(); s.sendall(b"x"); s.recv(1); rtts.append((time.perf_counter() - t) * 1e3)
+        print("launcher rtt_ms", sorted(rtts)[2], flush=True)
+        os._exit(0 if sorted(rtts)[2] >= 12.0 - 0.1 else 1)  # A[0][1] + A[1][0] = 5 + 7
+    assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+    # normal exit and exception both remove exactly the inner cluster
+    with Cluster(topo, bandwidth_scale=0.01) as c:
+        now = registry.leftovers()
+        assert set(now["netns"]) == set(outer["netns"]) | {d.netns for d in c.devices}
+        assert sum(len(rb["classes"]) for rb in c.readback.values()) == 2
+        assert sum(q["kind"] == "netem" for rb in c.readback.values() for q in rb["qdiscs"]) == 2
+    assert registry.leftovers() == outer, registry.leftovers()
+    try:
+        with Cluster(topo, bandwidth_scale=0.01) as c:
+            raise RuntimeError("boom")
+    except RuntimeError:
+        pass
+    assert registry.leftovers() == outer
+
+    # SIGTERM of a run (kernel "host" here: this kernel has netem) tears down
+    code = ("import sys; from harness.network.emulate import run_emulated; from harness.scenario import load_scenario; "
+            "run_emulated(load_scenario(sys.argv[1]).subset([0, 1]), ['sleep', '60'], kernel='host')")
+    p = subprocess.Popen([sys.executable, "-c", code, sys.argv[1]])
+    for _ in range(300):
+        if len(registry.leftovers()["netns"]) == 6:
+            break
+        time.sleep(0.05)
+    assert len(registry.leftovers()["netns"]) == 6, registry.leftovers()
+    p.send_signal(signal.SIGTERM)
+    p.wait(timeout=30)
+    assert registry.leftovers() == outer, registry.leftovers()
+    assert not [e for e in registry.entries() if e.pid == p.pid]
+    print("GUEST-CHECKS OK", flush=True)
+""")
+
+
+@pytest.mark.timeout(150)
+def test_launcher_mode_and_teardown_inside_the_guest(tmp_path):
+    script = tmp_path / "guest_checks.py"
+    script.write_text(GUEST_CHECKS)
+    res = run_emulated(load_scenario(NET4), [sys.executable, str(script), NET4], mode="launcher",
+                       kernel="uml", timeout_s=120, bandwidth_scale=0.01)
+    assert res.kernel == "uml"
+    assert res.returncodes == [0], res.outputs[0][-3000:]
+    assert "GUEST-CHECKS OK" in res.outputs[0]
+    _no_leftovers_of(res.run_id)
+
+
+@pytest.mark.timeout(120)
+def test_net_clean_after_sigkill_leaves_nothing(capsys):
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--scenario", NET4, "--kernel", "uml",
+                             "--timeout", "100", "--", "sleep", "90"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    entry = None
+    try:
+        for _ in range(600):
+            entry = next((e for e in registry.entries() if e.pid == proc.pid and e.uml_pid), None)
+            if entry and (Path(entry.job_dir) / "peers.json").exists():
+                break
+            time.sleep(0.1)
+        assert entry is not None and (Path(entry.job_dir) / "peers.json").exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert registry.pid_alive(entry.uml_pid)  # the kernel outlives its killed launcher...
+    assert main(["net", "show"]) == 0
+    assert f"run {entry.run_id} uml" in capsys.readouterr().out
+    assert main(["net", "clean"]) == 0
+    assert f"removed run {entry.run_id}" in capsys.readouterr().out
+    assert not registry.pid_alive(entry.uml_pid)  # ...until net clean
+    _no_leftovers_of(entry.run_id)
+
+
+def test_host_kernel_path():
+    missing = kernel.host_missing()
+    if missing:
+        pytest.skip(f"host kernel lacks {', '.join(missing)}: --kernel host cannot run here "
+                    "(the same code path runs inside the UML guest in test_launcher_mode_and_teardown_inside_the_guest)")
+    res = run_emulated(load_scenario(NET4), ["true"], kernel="host", timeout_s=30)
+    assert res.kernel == "host" and res.returncodes == [0] * 4
+    _no_leftovers_of(res.run_id)

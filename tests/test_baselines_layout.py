@@ -111,3 +111,15 @@ def test_layout_from_flags_fills_degrees_and_reports_them():
         layout_from_flags("deepspeed", cfg, 8, 16, 1, zero=1, tp=2)
     with pytest.raises(LayoutError, match="--rank-order"):
         layout_from_flags("megatron", cfg, 8, 16, 1, ranks="shuffled")
+
+
+def test_plan_layout_validates_given_layouts_and_builds_from_flags():
+    from harness.train.baselines.layout import plan_layout
+
+    cfg = get_model("tiny", layers=4)
+    lay, deg = plan_layout("megatron", cfg, 8, 16, 1, layout={"tp": 2, "pp": 4, "dp": 1})
+    assert deg == (2, 4, 1) and lay["schedule"] == "1f1b"
+    lay, deg = plan_layout("deepspeed", cfg, 8, 16, 1, zero=1, pp=2)
+    assert deg == (1, 2, 4) and lay["zero"] == 1
+    with pytest.raises(LayoutError, match="tp\\*pp\\*dp"):
+        plan_layout("megatron", cfg, 8, 16, 1, layout={"tp": 2, "pp": 2, "dp": 1})

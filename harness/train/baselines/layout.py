@@ -232,3 +232,16 @@ def degrees(system: str, layout: dict, devices: int) -> tuple[int, int, int]:
     """(D_TP, D_PP, D_DP) of a baseline's RunSpec.layout, for the records."""
     lay = from_json(system, layout, devices)
     return lay.tp, lay.pp, lay.dp
+
+
+def plan_layout(system: str, cfg: GPTConfig, devices: int, batch: int, micro_batch: int, *,
+                layout: dict | None = None, **flags) -> tuple[dict, tuple[int, int, int]]:
+    """What `harness run` needs for a baseline, in one call: the validated RunSpec.layout (given
+    as `layout`, e.g. by `harness tune`, or built from the run flags of `layout_from_flags`)
+    and its (D_TP, D_PP, D_DP) for the records. Raises LayoutError (one line) in the parent,
+    before any rank starts."""
+    if layout:
+        lay = validate(from_json(system, layout, devices), cfg, devices, batch, micro_batch)
+        return lay.to_json(), (lay.tp, lay.pp, lay.dp)
+    out = layout_from_flags(system, cfg, devices, batch, micro_batch, **flags)
+    return out, degrees(system, out, devices)

@@ -18,7 +18,9 @@ collective:
   1F1B; a layout without pipeline runs as a one-stage pipeline, so gradient accumulation
   over micro-batches and the DDP/FSDP no-sync logic are the library's in every case.
 
-`model_parts` returns a list of model parts (one per local pipeline stage), as torchtitan does.
+Each rank holds one pipeline stage (`model_part`); embeddings and LM head stay replicated
+under tensor parallelism (Megatron also shards the vocabulary; at these model sizes the
+blocks dominate).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ...model import GPTConfig, stage_layers
 from ..gpt import GPT, Block, Stage, lm_loss
-from ..reference import MOMENTUM, make_optimizer
+from ..reference import make_optimizer
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -108,10 +110,11 @@ def apply_fsdp(part: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
 
 
 def zero1_optimizer(params, lr: float, dp_group: dist.ProcessGroup) -> torch.optim.Optimizer:
-    """ZeRO-1: the reference optimizer (SGD with momentum) with its state sharded over `dp_group`."""
+    """ZeRO-1: the reference optimizer (class and hyper-parameters of `make_optimizer`) with its
+    state sharded over `dp_group`; each rank updates its shard, then parameters are broadcast."""
     reference = make_optimizer([torch.zeros(1, requires_grad=True)], lr)
     return ZeroRedundancyOptimizer(
-        list(params), optimizer_class=type(reference), process_group=dp_group, lr=lr, momentum=MOMENTUM
+        list(params), optimizer_class=type(reference), process_group=dp_group, **reference.defaults
     )
 
 

@@ -32,6 +32,13 @@ DEGREES = (1, 2, 4, 8)
 PLACEMENTS = ("default", "random")
 
 
+def _scheduler_source_digest() -> bytes:
+    """Digest of the scheduler and cost-model sources: a changed scheduler never reuses old cached schedules."""
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "scheduler").glob("*.py")) + [root / "cost.py"]
+    return hashlib.sha1(b"".join(f.read_bytes() for f in files if f.exists())).digest()
+
+
 def random_placement(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).permutation(n)
 
@@ -74,6 +81,7 @@ class Simulator:
         self._assignments: dict[tuple, np.ndarray] = {}
         self._fingerprint = hashlib.sha1(
             np.ascontiguousarray(topo.delay_ms).tobytes() + np.ascontiguousarray(topo.bandwidth_gbps).tobytes()
+            + _scheduler_source_digest()
         ).hexdigest()[:12]
 
     # ---------------------------------------------------------------- assignments

@@ -111,11 +111,16 @@ def cmd_sim(args) -> int:
     print(f"{'system':<12} {'seconds':>10} {'PFLOPS':>8}  layout")
     for c, rec in zip(cands, records):
         if c.best:
-            print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {rec.config}")
+            print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {_short(c.config)}")
     if args.grid:
         print("\nall layouts:")
         for c, rec in zip(cands, records):
-            print(f"  {c.system:<12} {c.seconds:>12.3f} s {rec.pflops:>8.4f} PFLOPS  {rec.config}{'  best' if c.best else ''}")
+            print(f"  {c.system:<12} {c.seconds:>12.3f} s {rec.pflops:>8.4f} PFLOPS  {_short(c.config)}"
+                  f"{'  best' if c.best else ''}")
+    if "ours" in which:
+        ours = next(c for c in cands if c.system == "ours")
+        print("ours' pipelines (device of stage 0..D_PP-1 per replica): "
+              + "; ".join(" ".join(map(str, p)) for p in ours.config["pipelines"]))
     out = args.out or run_dir(topo.name, run_id)
     write_records(Path(out) / "records.csv", records)
     atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
@@ -124,6 +129,10 @@ def cmd_sim(args) -> int:
         atomic_write_json(args.json, [record_json(r, c.best) for c, r in zip(cands, records)])
         print(f"wrote {args.json}")
     return 0
+
+
+def _short(config: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in config.items() if k != "pipelines")
 
 
 def cmd_report(args) -> int:

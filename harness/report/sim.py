@@ -133,7 +133,7 @@ def _label(setting) -> str:
 
 
 def _cfg_text(c: Candidate) -> str:
-    return ",".join(f"{k}={v}" for k, v in c.config.items() if k not in ("scheduler",))
+    return ",".join(f"{k}={v}" for k, v in c.config.items() if k not in ("scheduler", "pipelines"))
 
 
 def case_table(cs: CaseSweep) -> str:

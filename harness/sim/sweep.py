@@ -128,8 +128,10 @@ class Simulator:
         mb = self.micro_batch
         L, prof = self.links, self.profiles
         if system == "ours":
-            r = systems.simulate_ours(L, prof, cfg, batch, self.assignment(cfg, batch), mb, ps_mode=self.ps_mode)
-            return [Candidate("ours", {"pp": self.d_pp, "dp": self.d_dp, "scheduler": self.scheduler},
+            pipelines = self.assignment(cfg, batch)
+            r = systems.simulate_ours(L, prof, cfg, batch, pipelines, mb, ps_mode=self.ps_mode)
+            return [Candidate("ours", {"pp": self.d_pp, "dp": self.d_dp, "scheduler": self.scheduler,
+                                       "pipelines": pipelines.tolist()},
                               r.seconds, r.compute_seconds, (self.schedule_seed,))]
         if system == "ours-random":
             runs = [systems.simulate_ours(L, prof, cfg, batch, random_placement(self.topo.n, s).reshape(self.d_pp, self.d_dp).T,

@@ -1,0 +1,19 @@
+"""Megatron-style and DeepSpeed-style baselines, built from PyTorch's own implementations.
+
+- layout.py: the layouts (D_TP x D_PP x D_DP, ZeRO stage, schedule, rank order), the paper's grids.
+- parallelize.py: apply_tp / apply_ddp / apply_fsdp / zero1_optimizer / pipeline stage + schedule.
+- train.py: one rank of a run (device mesh, model part, pipeline schedule, optimizer, timing).
+- systems.py: registers `megatron` and `deepspeed` with harness.train.runner.
+- tune.py: `harness tune`, the grid search of appendix D.2.
+
+gloo/CPU pitfalls met on torch 2.13 and how they are handled (tests in tests/test_baselines_*.py):
+- DDP under a pipeline schedule: the reducer's bucket rebuild after the first iteration trips an
+  internal assert when several micro-batch backwards ran; DDP is built with find_unused_parameters.
+- DDP cannot take DTensor (tensor-parallel) parameters and PyTorch's TP+DDP bridge loses the
+  Parameters under a pipeline; tensor-parallel parts use `replicate` (DDP on FSDP2) instead.
+- A process group numbers members by global rank and DTensor shards follow that numbering, not the
+  mesh coordinate: rank orders are normalised so each TP group ascends (membership unchanged).
+- new_group's sorted numbering also breaks pipelining's stage -> peer map under permuted layouts;
+  the map is set from the layout.
+- A dead or silent peer ends in gloo's timeout (RunSpec.timeout_s) and a one-line error, never a hang.
+"""

@@ -83,6 +83,19 @@ def test_random_rank_orders_are_seeded_permutations_and_tp_groups_ascend():
     assert all(order[k] < order[k + 1] for k in range(0, 8, 2))
 
 
+@pytest.mark.parametrize("pp, dp", [(4, 2), (2, 4), (8, 1), (1, 8)])
+def test_random_layout_with_tp1_is_ours_random_assignment(pp, dp):
+    """Megatron runs on the very random layouts ours-random ran on (paper D.2)."""
+    import numpy as np
+
+    for seed in (2022, 2023, 2024):
+        pipelines = np.random.default_rng(seed).permutation(8).reshape(dp, pp)  # experiment.place
+        lay = Layout(1, pp, dp, rank_order=random_rank_order(8, seed, 1, pp))
+        for rank in range(8):
+            stage, replica, _ = lay.coords(rank)
+            assert pipelines[replica][stage] == rank
+
+
 def test_json_round_trip_and_unknown_keys():
     cfg = get_model("tiny", layers=2)
     lay = validate(Layout(2, 2, 2, schedule="gpipe", rank_order=random_rank_order(8, 2023)), cfg, 8, 8, 1)
@@ -102,7 +115,7 @@ def test_layout_from_flags_fills_degrees_and_reports_them():
     assert (lay["tp"], lay["pp"], lay["dp"]) == (2, 2, 2) and "rank_order" not in lay
     assert degrees("megatron", lay, 8) == (2, 2, 2)
     rnd = layout_from_flags("megatron", cfg, 8, 16, 1, pp=4, ranks="2024")
-    assert rnd["rank_order"] == list(random_rank_order(8, 2024)) and degrees("megatron", rnd, 8) == (1, 4, 2)
+    assert rnd["rank_order"] == list(random_rank_order(8, 2024, 1, 4)) and degrees("megatron", rnd, 8) == (1, 4, 2)
     assert degrees("deepspeed", layout_from_flags("deepspeed", cfg, 8, 16, 1, zero=3), 8) == (1, 1, 8)
     assert degrees("deepspeed", layout_from_flags("deepspeed", cfg, 8, 16, 1, zero=1, pp=4), 8) == (1, 4, 2)
     with pytest.raises(LayoutError, match="--zero"):

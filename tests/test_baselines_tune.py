@@ -11,7 +11,7 @@ import pytest
 from harness.errors import HarnessError
 from harness.model import get_model
 from harness.results import read_records
-from harness.train.baselines.layout import deepspeed_grid, megatron_grid
+from harness.train.baselines.layout import deepspeed_grid, megatron_grid, random_rank_order
 from harness.train.baselines.tune import tune
 from harness.train.experiment import RunRequest
 
@@ -76,7 +76,10 @@ def test_rank_order_seed_applies_one_permutation_to_every_point(tmp_path):
         raise HarnessError("not run")
 
     result = tune(req, "megatron", rank_order="2022", progress=False, execute=fake_execute)
-    assert result.best is None and len({tuple(o) for o in orders}) >= 1 and all(o for o in orders)
+    assert result.best is None and all(result.points[k].status == "failed" for k in range(len(orders)))
+    for p, order in zip(result.points, orders):
+        expected = list(random_rank_order(4, 2022, p.d_tp, p.d_pp))
+        assert order == (None if expected == list(range(4)) else expected)
 
 
 def test_tune_user_errors_are_one_line(cli, tmp_path):

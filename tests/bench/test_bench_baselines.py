@@ -50,7 +50,7 @@ def compare(root: Path) -> dict:
         f"megatron best ({mega.label}), default rank order": [
             replace(req, system="megatron", extra_layout=mega.layout) for _ in range(3)],
         f"megatron best ({mega.label}), random layouts": [
-            replace(req, system="megatron", extra_layout={**mega.layout, "rank_order": list(random_rank_order(8, s))})
+            replace(req, system="megatron", extra_layout={**mega.layout, "rank_order": list(random_rank_order(8, s, mega.d_tp, mega.d_pp))})
             for s in RANDOM_LAYOUT_SEEDS],
         f"deepspeed best ({deep.label})": [replace(req, system="deepspeed", extra_layout=deep.layout) for _ in range(3)],
     }

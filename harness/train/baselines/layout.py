@@ -114,9 +114,22 @@ def validate(layout: Layout, cfg: GPTConfig, devices: int, batch: int, micro_bat
     return layout
 
 
-def random_rank_order(devices: int, seed: int) -> tuple[int, ...]:
-    """The paper's random layout: Megatron's logical ranks placed on a seeded permutation of devices."""
-    return tuple(int(x) for x in np.random.default_rng(seed).permutation(devices))
+def random_rank_order(devices: int, seed: int, tp: int = 1, pp: int = 1) -> tuple[int, ...]:
+    """The paper's random layout for a (tp, pp, devices / (tp*pp)) layout.
+
+    The same seeded permutation as ours-random's assignment (experiment.place:
+    `default_rng(seed).permutation(n)` read replica-major, `pipelines[i][j] = perm[i*pp + j]`),
+    extended by the shard index: so with tp = 1 and the same D_PP x D_DP, Megatron runs on
+    exactly the random layout ours-random ran on, as in the paper (appendix D.2).
+    """
+    perm = np.random.default_rng(seed).permutation(devices)
+    dp = devices // (tp * pp)
+    order = [0] * devices
+    for j in range(pp):
+        for i in range(dp):
+            for t in range(tp):
+                order[(j * dp + i) * tp + t] = int(perm[(i * pp + j) * tp + t])
+    return tuple(order)
 
 
 def from_json(system: str, layout: dict, devices: int) -> Layout:
@@ -224,7 +237,7 @@ def layout_from_flags(
             seed = int(ranks)
         except ValueError:
             raise LayoutError(f"--rank-order: must be default or an integer seed (got {ranks!r})") from None
-        lay = Layout(lay.tp, lay.pp, lay.dp, lay.zero, lay.schedule, random_rank_order(devices, seed))
+        lay = Layout(lay.tp, lay.pp, lay.dp, lay.zero, lay.schedule, random_rank_order(devices, seed, lay.tp, lay.pp))
     return validate(lay, cfg, devices, batch, micro_batch).to_json()
 
 

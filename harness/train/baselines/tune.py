@@ -93,7 +93,7 @@ def tune(request, system: str, rank_order: str = "default", progress: bool = Tru
     """Run every grid point of `system` with `request`'s scenario/model/batch; returns all points.
 
     `request` is an `experiment.RunRequest`; rank_order is "default" or a seed of a random
-    layout (the same permutation for every point). A failing point is recorded as failed and
+    layout (`layout.random_rank_order`, the permutation ours-random uses with that seed). A failing point is recorded as failed and
     the search goes on; every point's run directory is kept.
     """
     if execute is None:
@@ -102,10 +102,10 @@ def tune(request, system: str, rank_order: str = "default", progress: bool = Tru
     devices = layouts[0].devices
     if rank_order != "default":
         try:
-            order = random_rank_order(devices, int(rank_order))
+            seed = int(rank_order)
         except ValueError:
             raise HarnessError(f"--rank-order: must be default or an integer seed (got {rank_order!r})") from None
-        layouts = [replace(lay, rank_order=order) for lay in layouts]
+        layouts = [replace(lay, rank_order=random_rank_order(devices, seed, lay.tp, lay.pp)) for lay in layouts]
     stamp = time.strftime("%Y%m%d-%H%M%S")
     points = []
     bar = _progress(layouts, system, progress)

@@ -43,41 +43,48 @@ def unflatten_into_grads(flat: torch.Tensor, params: list[torch.nn.Parameter]) -
 
 
 class ShardedParameterServer:
-    """Scatter-reduce then gather over the members of C_j, point-to-point."""
+    """Scatter-reduce then gather over the members of C_j, point-to-point.
+
+    `post(it, numel)` posts every receive of iteration `it` (both phases) ahead of
+    time, so on high-latency links no phase waits an extra round trip for the
+    receiver to become ready; `sync` then only sends and waits."""
 
     def __init__(self, members: list[int], me: int):
         self.members = members
         self.me = me  # my index in members
 
-    def sync(self, flat: torch.Tensor, iteration: int) -> torch.Tensor:
+    def post(self, iteration: int, flat_numel: int, dtype: torch.dtype, device) -> dict:
         n = len(self.members)
-        if n == 1:
-            return flat
-        shards = list(flat.tensor_split(n))
-        contrib = [torch.empty_like(shards[self.me]) for _ in range(n)]
-        contrib[self.me] = shards[self.me]
+        sizes = [len(r) for r in torch.arange(flat_numel).tensor_split(n)]
+        contrib = [torch.empty(sizes[self.me], dtype=dtype, device=device) for _ in range(n)]
+        out = [torch.empty(sizes[k], dtype=dtype, device=device) for k in range(n)]
         works = []
         for k, dev in enumerate(self.members):
             if k != self.me:
                 works.append(dist.irecv(contrib[k], src=dev, tag=tag(iteration, KIND_SCATTER, k)))
-        for k, dev in enumerate(self.members):
-            if k != self.me:
-                works.append(dist.isend(shards[k].contiguous(), dst=dev, tag=tag(iteration, KIND_SCATTER, self.me)))
-        for w in works:
+                works.append(dist.irecv(out[k], src=dev, tag=tag(iteration, KIND_GATHER, k)))
+        return {"contrib": contrib, "out": out, "scatter": works[0::2], "gather": works[1::2]}
+
+    def sync(self, flat: torch.Tensor, iteration: int, posted: dict | None = None) -> torch.Tensor:
+        n = len(self.members)
+        if n == 1:
+            return flat
+        if posted is None:
+            posted = self.post(iteration, flat.numel(), flat.dtype, flat.device)
+        shards = list(flat.tensor_split(n))
+        contrib, out = posted["contrib"], posted["out"]
+        contrib[self.me] = shards[self.me]
+        sends = [dist.isend(shards[k].contiguous(), dst=dev, tag=tag(iteration, KIND_SCATTER, self.me))
+                 for k, dev in enumerate(self.members) if k != self.me]
+        for w in posted["scatter"]:
             w.wait()
         total = contrib[0].clone()
         for c in contrib[1:]:
             total += c
-        out = [torch.empty_like(s) for s in shards]
         out[self.me] = total
-        works = []
-        for k, dev in enumerate(self.members):
-            if k != self.me:
-                works.append(dist.irecv(out[k], src=dev, tag=tag(iteration, KIND_GATHER, k)))
-        for k, dev in enumerate(self.members):
-            if k != self.me:
-                works.append(dist.isend(total, dst=dev, tag=tag(iteration, KIND_GATHER, self.me)))
-        for w in works:
+        sends += [dist.isend(total, dst=dev, tag=tag(iteration, KIND_GATHER, self.me))
+                  for k, dev in enumerate(self.members) if k != self.me]
+        for w in posted["gather"] + sends:
             w.wait()
         return torch.cat(out)
 
@@ -88,7 +95,10 @@ class AllReduceSync:
     def __init__(self, group):
         self.group = group
 
-    def sync(self, flat: torch.Tensor, iteration: int) -> torch.Tensor:
+    def post(self, iteration: int, flat_numel: int, dtype: torch.dtype, device) -> None:
+        return None
+
+    def sync(self, flat: torch.Tensor, iteration: int, posted=None) -> torch.Tensor:
         if self.group is not None:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         return flat

@@ -24,6 +24,7 @@ from ..errors import HarnessError
 from ..model import GPTConfig, c_dp_bytes, c_pp_bytes, get_model, pflop_per_iteration
 from ..results import IterationRecord, atomic_write_json, manifest, new_run_id, run_dir, write_records
 from ..scenario import Topology, load_scenario
+from .bounds import comm_lower_bound
 from .layout import PipelineLayout
 from .runner import IterationStats, RunSpec, merge_stats
 
@@ -79,12 +80,16 @@ class Placement:
     cost: dict  # cost model figures of this exact assignment: dp, pp, total (seconds)
     c_pp_bytes: float
     c_dp_bytes: float
+    comm_bound: dict  # bounds.comm_lower_bound of this assignment (seconds)
 
 
 def place(topo: Topology, cfg: GPTConfig, req: RunRequest, d_pp: int, d_dp: int) -> Placement:
     """Assign tasklets to devices: the scheduler for `ours`, a random permutation for `ours-random`."""
     bpv = BYTES[req.dtype]
     c_pp, c_dp = c_pp_bytes(cfg, req.batch, d_dp, bpv), c_dp_bytes(cfg, d_pp, bpv)
+    # Schedule for the network the run will see: --bandwidth-scale changes the weight of
+    # bandwidth against delay.
+    topo = scaled(topo, req.bandwidth_scale)
     model = CostModel(topo, d_pp, d_dp, c_pp, c_dp)
     scheduler = req.scheduler or ("random-assignment" if req.system == "ours-random" else "ga")
     if scheduler == "random-assignment":
@@ -101,7 +106,16 @@ def place(topo: Topology, cfg: GPTConfig, req: RunRequest, d_pp: int, d_dp: int)
     dp = model.datap_cost(pipelines.T)
     layout = PipelineLayout(d_pp, d_dp, tuple(tuple(int(x) for x in p) for p in pipelines),
                             dp_sync=req.dp_sync, schedule=req.schedule)
-    return Placement(layout, scheduler, {"dp": dp, "pp": total - dp, "total": total}, c_pp, c_dp)
+    bound = comm_lower_bound(topo, layout, cfg, req.batch, req.micro_batch, 1.0, bpv)
+    return Placement(layout, scheduler, {"dp": dp, "pp": total - dp, "total": total}, c_pp, c_dp,
+                     {"pipeline": bound.pipeline_s, "dp": bound.dp_s, "total": bound.total_s})
+
+
+def scaled(topo: Topology, bandwidth_scale: float) -> Topology:
+    """The topology with every bandwidth multiplied by `bandwidth_scale` (delays unchanged)."""
+    if bandwidth_scale == 1.0:
+        return topo
+    return replace(topo, bandwidth_gbps=np.asarray(topo.bandwidth_gbps) * bandwidth_scale)
 
 
 def plan_run(req: RunRequest) -> tuple[RunSpec, Topology, Placement | None]:
@@ -158,7 +172,7 @@ def to_records(spec: RunSpec, stats: list[IterationStats], d_pp: int, d_dp: int,
     ]
 
 
-def _launch(spec: RunSpec, topo: Topology, req: RunRequest) -> tuple[str, list[list[IterationStats]], dict]:
+def _launch(spec: RunSpec, topo: Topology, req: RunRequest, out: Path) -> tuple[str, list[list[IterationStats]], dict]:
     """Run the ranks; returns (kernel, per-rank stats, extra manifest fields)."""
     if req.network == "none":
         from .runner import run_local
@@ -167,7 +181,7 @@ def _launch(spec: RunSpec, topo: Topology, req: RunRequest) -> tuple[str, list[l
         return "none", [r.stats for r in run.ranks], {}
     from .emulated import run_in_emulated_cluster
 
-    return run_in_emulated_cluster(spec, topo, timeout_s=req.timeout_s)
+    return run_in_emulated_cluster(spec, topo, timeout_s=req.timeout_s, log_path=out / "ranks.log")
 
 
 class _Interrupted(BaseException):
@@ -185,7 +199,8 @@ def execute(req: RunRequest) -> Path:
         "network": req.network,
         "placement": None if placement is None else {
             "scheduler": placement.scheduler, "pipelines": [list(p) for p in placement.layout.pipelines],
-            "cost_model_s": placement.cost, "c_pp_bytes": placement.c_pp_bytes, "c_dp_bytes": placement.c_dp_bytes,
+            "cost_model_s": placement.cost, "comm_lower_bound_s": placement.comm_bound,
+            "c_pp_bytes": placement.c_pp_bytes, "c_dp_bytes": placement.c_dp_bytes,
         },
     }
     atomic_write_json(out / "manifest.json", manifest(spec.run_id, "running", **info))
@@ -196,7 +211,7 @@ def execute(req: RunRequest) -> Path:
     old = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
     t0 = time.monotonic()
     try:
-        kernel, per_rank, extra = _launch(spec, topo, req)
+        kernel, per_rank, extra = _launch(spec, topo, req, out)
         spec = replace(spec, kernel=kernel)
         stats = merge_stats(per_rank)
         records = to_records(spec, stats, d_pp, d_dp)

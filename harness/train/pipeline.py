@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import sys
 import time
 
 import torch
@@ -116,6 +118,7 @@ class PipelineStageRunner:
         names = {id(p): n for n, p in full.named_parameters()}
         self.module = full.stage(a, a + split[self.stage_idx], L.d_pp).to(ctx.device)
         self.params = list(self.module.parameters())
+        self.numel = sum(p.numel() for p in self.params)
         self.param_names = [names[id(p)] for p in self.module.parameters()]
         del full
         self.opt = make_optimizer(self.params, spec.lr)
@@ -126,6 +129,7 @@ class PipelineStageRunner:
         self.autocast = spec.dtype != "fp32"
         self.loss_scale = FP16_LOSS_SCALE if spec.dtype == "fp16" else 1.0
         self.act_shape = (spec.micro_batch, cfg.seq, cfg.hidden)
+        self.trace = bool(os.environ.get("HARNESS_TRACE"))  # per-iteration phase times on stderr
 
     # -- one iteration ---------------------------------------------------------
     def _forward(self, x):
@@ -134,8 +138,32 @@ class PipelineStageRunner:
                 return self.module(x)
         return self.module(x)
 
-    def iteration(self, it: int) -> tuple[float, float]:
-        """Run iteration `it`; returns (compute seconds, this replica's mean loss or NaN)."""
+    def post_receives(self, it: int) -> dict:
+        """The receiving slot: post every receive of iteration `it` (activations, their gradients,
+        the DP exchange) so data flows in while we compute. On CUDA only the activations: NCCL
+        serialises a pair's operations on one stream in issue order (see iteration())."""
+        dev, early = self.ctx.device, self.ctx.device.type != "cuda"
+        posted = {"act": {}, "grad": {}, "dp": None}
+        for k in range(self.n_local):
+            if not self.first:
+                buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=dev)
+                posted["act"][k] = (buf, dist.irecv(buf, src=self.prev, tag=tag(it, KIND_ACT, k)))
+        if early:
+            self._post_grads(it, posted)
+            posted["dp"] = self.dp.post(it, self.numel, torch.float32, dev)
+        return posted
+
+    def _post_grads(self, it: int, posted: dict) -> None:
+        if self.last:
+            return
+        for k in range(self.n_local):
+            buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=self.ctx.device)
+            posted["grad"][k] = (buf, dist.irecv(buf, src=self.next, tag=tag(it, KIND_GRAD, k)))
+
+    def iteration(self, it: int, posted: dict, post_next=None) -> tuple[float, float]:
+        """Run iteration `it` on pre-posted receives; calls `post_next()` once this iteration's
+        sends are queued (so the next iteration's receives are ready before its data comes).
+        Returns (compute seconds, this replica's mean loss or NaN)."""
         spec, dev = self.spec, self.ctx.device
         clock = _Clock(dev)
         lo = self.replica * self.local_batch
@@ -143,24 +171,20 @@ class PipelineStageRunner:
         tokens = tokens[lo:lo + self.local_batch].to(dev)
         targets = targets[lo:lo + self.local_batch].to(dev)
         m = spec.micro_batch
-
-        # Receiving slot: post every receive of the iteration now.
-        act_in, grad_in = {}, {}
-        for k in range(self.n_local):
-            if not self.first:
-                buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=dev)
-                act_in[k] = (buf, dist.irecv(buf, src=self.prev, tag=tag(it, KIND_ACT, k)))
-            if not self.last and dev.type != "cuda":
-                buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=dev)
-                grad_in[k] = (buf, dist.irecv(buf, src=self.next, tag=tag(it, KIND_GRAD, k)))
+        act_in, grad_in = posted["act"], posted["grad"]
         sends, saved, losses = [], {}, []
+        trace = self.trace
+        t_start = time.perf_counter()
+        waits = {"act": 0.0, "grad": 0.0}
         for op, k in self.order:
             if op == "F":
                 if self.first:
                     x = tokens[k * m:(k + 1) * m]
                 else:
                     buf, work = act_in.pop(k)
+                    tw = time.perf_counter()
                     work.wait()
+                    waits["act"] += time.perf_counter() - tw
                     x = buf.float().requires_grad_() if self.autocast else buf.requires_grad_()
                 with clock.compute():
                     y = self._forward(x)
@@ -173,11 +197,9 @@ class PipelineStageRunner:
                 if not self.last:
                     sends.append(dist.isend(out, dst=self.next, tag=tag(it, KIND_ACT, k)))
                     if dev.type == "cuda" and k == self.n_local - 1:
-                        # NCCL: gradient receives go on the same stream as our activation
-                        # sends to that peer, so post them only after the last send.
-                        for kk in range(self.n_local):
-                            buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=dev)
-                            grad_in[kk] = (buf, dist.irecv(buf, src=self.next, tag=tag(it, KIND_GRAD, kk)))
+                        # NCCL: gradient receives share the stream of our activation sends to
+                        # that peer, so they are posted only after the last of those sends.
+                        self._post_grads(it, posted)
                 saved[k] = (x, y)
             else:
                 x, y = saved.pop(k)
@@ -186,18 +208,27 @@ class PipelineStageRunner:
                         y.backward()
                 else:
                     buf, work = grad_in.pop(k)
+                    tw = time.perf_counter()
                     work.wait()
+                    waits["grad"] += time.perf_counter() - tw
                     with clock.compute():
                         y.backward(buf.to(y.dtype))
                 if not self.first:
                     g = x.grad.to(self.comm_dtype).contiguous()
                     sends.append(dist.isend(g, dst=self.prev, tag=tag(it, KIND_GRAD, k)))
+        if post_next is not None:
+            post_next()
+        # Data-parallel sync in C_j, then the same step on every replica.
+        t_pipe = time.perf_counter()
+        flat = flatten_grads(self.params)
+        flat = self.dp.sync(flat, it, posted["dp"])
+        t_dp = time.perf_counter()
         for w in sends:
             w.wait()
-
-        # Data-parallel sync in C_j, then the same step on every replica.
-        flat = flatten_grads(self.params)
-        flat = self.dp.sync(flat, it)
+        if trace:
+            print(f"[trace] rank {self.ctx.rank} it {it} stage {self.stage_idx} pipe {t_pipe - t_start:.3f} "
+                  f"(wait act {waits['act']:.3f} grad {waits['grad']:.3f}) dp {t_dp - t_pipe:.3f} "
+                  f"sends {time.perf_counter() - t_dp:.3f} at {time.time():.3f}", file=sys.stderr, flush=True)
         with clock.compute():
             unflatten_into_grads(flat / self.loss_scale if self.loss_scale != 1.0 else flat, self.params)
             self.opt.step()
@@ -211,12 +242,23 @@ class PipelineStageRunner:
 
 def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     runner = PipelineStageRunner(ctx, spec)
+    ctx.mark("model")
+    steps = spec.warmup + spec.iters
+    posted = {0: runner.post_receives(0)}
     stats = []
-    dist.barrier()
+    # No start barrier: the pipeline and the DP exchange synchronise the ranks; the first
+    # (warm-up) iterations absorb connection set-up.
+    ctx.mark("training")
     t_prev = time.perf_counter()
-    for it in range(spec.warmup + spec.iters):
-        compute, loss = runner.iteration(it)
+    for it in range(steps):
+        def post_next(nxt=it + 1):
+            if nxt < steps:
+                posted[nxt] = runner.post_receives(nxt)
+
+        compute, loss = runner.iteration(it, posted.pop(it), post_next)
         t = time.perf_counter()
+        if it == 0:
+            ctx.mark("first_iteration")
         if it >= spec.warmup:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
                                         exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss))

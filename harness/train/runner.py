@@ -20,6 +20,7 @@ import pkgutil
 import signal
 import socket
 import threading
+import time
 from dataclasses import asdict, dataclass, field, fields
 from datetime import timedelta
 from typing import Callable
@@ -110,6 +111,11 @@ class RankContext:
     ifname: str
     collect_state: bool = False
     state: dict = field(default_factory=dict)
+    marks: dict = field(default_factory=dict)  # wall-clock times of milestones (e.g. "training")
+
+    def mark(self, name: str) -> None:
+        """Note when a milestone was reached (start-up time of a run = first "training" mark)."""
+        self.marks.setdefault(name, time.time())
 
     def save_state(self, named: dict[str, torch.Tensor]) -> None:
         """Hand over parameters (full GPT names) for parity checks; no-op unless asked for."""
@@ -122,6 +128,7 @@ class RankResult:
     rank: int
     stats: list[IterationStats]
     state: dict
+    marks: dict = field(default_factory=dict)
 
 
 SystemFn = Callable[[RankContext, RunSpec], list[IterationStats]]
@@ -139,12 +146,16 @@ def register_system(name: str):
 
 
 def get_system(name: str) -> SystemFn:
-    """The registered train function; imports ours and every baseline module first."""
+    """The registered train function; imports ours, then the baseline modules, until it is found
+    (lazily: a run of ours never pays for importing the baselines' torch.distributed modules)."""
     errors = []
-    for mod in ["harness.train.pipeline"] + [
+    mods = ["harness.train.pipeline"] + [
         f"harness.train.baselines.{m.name}"
         for m in pkgutil.iter_modules(importlib.import_module("harness.train.baselines").__path__)
-    ]:
+    ]
+    for mod in mods:
+        if name in SYSTEMS:
+            break
         try:
             importlib.import_module(mod)
         except Exception as e:  # noqa: BLE001 - reported only if the asked-for system is missing
@@ -189,16 +200,50 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False) -> RankR
         backend = "gloo"
     fn = get_system(spec.system)
     kwargs = {"device_id": device} if backend == "nccl" else {}
+    t_forked = time.time()
     dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=spec.timeout_s), **kwargs)
     _arm_fault(env.rank)
     ctx = RankContext(rank=env.rank, world_size=env.world_size,
                       device_index=env.rank if env.device_index is None else env.device_index,
                       device=device, addr=env.addr, ifname=env.ifname, collect_state=collect_state)
+    ctx.marks["forked"] = t_forked
+    ctx.mark("process_group")
     stats = fn(ctx, spec)
-    dist.barrier()
+    _leave_together(env.rank, env.world_size, spec.timeout_s)
     dist.destroy_process_group()
-    return RankResult(env.rank, stats, ctx.state)
+    return RankResult(env.rank, stats, ctx.state, ctx.marks)
+
+
+def _leave_together(rank: int, world_size: int, timeout_s: float) -> None:
+    """Rank 0 hosts the store: it leaves only after every rank said it is done. (A gloo
+    barrier would not do: with lazily connected pairs, a rank done with its part of the
+    barrier can take the store down while others still need it to connect.)"""
+    store = dist.distributed_c10d._get_default_store()
+    store.add("harness/done", 1)
+    if rank == 0:
+        deadline = time.monotonic() + timeout_s
+        while store.add("harness/done", 0) < world_size:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ranks did not finish within {timeout_s:g} s of rank 0")
+            time.sleep(0.02)
+
+
+def warm_up_parent(spec: RunSpec) -> None:
+    """Run one tiny CPU training step in the launcher before forking, so the children share
+    the already faulted-in kernel code instead of each loading it (slow on UML's hostfs).
+    Single-threaded (no OpenMP pool exists to break in the children); never touches CUDA."""
+    from dataclasses import replace as _replace
+
+    from .gpt import GPT, lm_loss, synthetic_batch
+
+    torch.set_num_threads(1)
+    cfg = _replace(spec.cfg, layers=1, hidden=64, heads=4, seq=16, vocab=256)
+    model = GPT(cfg, 0)
+    tokens, targets = synthetic_batch(cfg, 2, 0, 0)
+    lm_loss(model(tokens), targets).backward()
+    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).step()
+    torch.cat([p.grad.reshape(-1) for p in model.parameters()]).tensor_split(2)
 
 
 def _arm_fault(rank: int) -> None:

@@ -105,7 +105,7 @@ def _progressive_filling(src, dst, pair, egress, ingress) -> np.ndarray:
     return rate
 
 
-def _step_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
+def step_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
     """(serialisation seconds, delay seconds) of concurrent transfers of nbytes each."""
     rate = links.fair_rates(src, dst).reshape(src.shape)
     ser = np.where(np.isinf(rate), 0.0, nbytes / np.where(np.isinf(rate), 1.0, rate))
@@ -120,7 +120,7 @@ def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start
     if D == 1 or steps == 0 or chunk_bytes <= 0:
         return ready
     succ = np.roll(groups, -1, axis=1)
-    ser, delay = _step_times(links, groups, succ, chunk_bytes)
+    ser, delay = step_times(links, groups, succ, chunk_bytes)
     for _ in range(steps):
         sent = ready + ser
         arrive = np.roll(sent + delay, 1, axis=1)  # position p receives from p-1
@@ -157,7 +157,7 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
     for _phase in range(2):  # scatter gradient shards, then gather the aggregated shards
         for k in range(1, D):
             to = (pos + k) % D
-            ser, delay = _step_times(links, groups, groups[:, to], shard)
+            ser, delay = step_times(links, groups, groups[:, to], shard)
             begin = np.maximum(ready, ready[:, to])  # rendezvous with the receiver
             arrive = begin + ser + delay  # at device `to`; the send completes on delivery
             recv_end = np.empty_like(arrive)

@@ -57,11 +57,6 @@ def _check_layers(cfg: GPTConfig, pp: int):
         raise SimError(f"--layers: {cfg.layers} layers cannot fill {pp} pipeline stages")
 
 
-def _hop_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float):
-    ser, delay = network._step_times(links, src, dst, nbytes)
-    return ser, delay
-
-
 # --------------------------------------------------------------------------- ours
 def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, batch: int,
                   pipelines: np.ndarray, micro_batch: int = 1, system: str = "ours",
@@ -77,8 +72,8 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, pipelines)  # (R, P)
     act = workload.activation_bytes(cfg, micro_batch)
     S = pipelines.T  # (P, R)
-    fser, fdel = _hop_times(links, S[:-1], S[1:], act)
-    bser, bdel = _hop_times(links, S[1:], S[:-1], act)
+    fser, fdel = network.step_times(links, S[:-1], S[1:], act)
+    bser, bdel = network.step_times(links, S[1:], S[:-1], act)
     times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel)
     tl = pipeline.timeline(times, M, schedule, overlap=True)
     grads = workload.stage_param_bytes(cfg, P) if dp_bytes is None else np.asarray(dp_bytes, dtype=float)
@@ -135,8 +130,8 @@ def _pipeline_1f1b(links: Links, profiles, cfg, batch, dev: np.ndarray, micro_ba
         ag = np.zeros((pp, dp))
     if pp > 1:
         src, dst = dev[:-1], dev[1:]  # (pp-1, dp, tp)
-        fser, fdel = _hop_times(links, src, dst, act / tp)
-        bser, bdel = _hop_times(links, dst, src, act / tp)
+        fser, fdel = network.step_times(links, src, dst, act / tp)
+        bser, bdel = network.step_times(links, dst, src, act / tp)
         # blocking runtime: only delivery time matters; the receiving stage all-gathers the slices
         f_link = (fser + fdel).max(-1) + (ag[1:] if tp > 1 else 0.0)
         b_link = (bser + bdel).max(-1) + (ag[:-1] if tp > 1 else 0.0)

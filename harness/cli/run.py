@@ -35,7 +35,14 @@ def register(sub) -> None:
     p.add_argument("--d-pp", type=positive_int, help="pipeline stages (default: as square as possible)")
     p.add_argument("--d-dp", type=positive_int, help="data-parallel replicas")
     p.add_argument("--dp-sync", choices=("sharded-ps", "allreduce"), default="sharded-ps")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="gpipe")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"),
+                   help="pipeline schedule (ours: gpipe by default, as the paper; baselines: 1f1b)")
+    p.add_argument("--tp", type=positive_int, help="megatron: tensor-parallel degree")
+    p.add_argument("--pp", type=positive_int, help="megatron/deepspeed: pipeline degree")
+    p.add_argument("--dp", type=positive_int, help="megatron/deepspeed: data-parallel degree")
+    p.add_argument("--zero", type=int, choices=(1, 3), help="deepspeed: ZeRO stage (1 with pipeline, 3 alone)")
+    p.add_argument("--rank-order", default="default",
+                   help="baselines: default, or a seed of a random layout (the permutation ours-random uses)")
     p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
                    help="default fp32 on cpu, bf16 on cuda")
@@ -57,7 +64,7 @@ def _run(args) -> int:
         bandwidth_scale=args.bandwidth_scale, network=args.network, seed=args.seed, scheduler=args.scheduler,
         d_pp=args.d_pp, d_dp=args.d_dp, dp_sync=args.dp_sync, schedule=args.schedule, lr=args.lr,
         dtype=dtype, device_type=args.device, budget=args.budget, timeout_s=args.timeout,
-        results_root=args.out,
+        results_root=args.out, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, rank_order=args.rank_order,
     )
     if args.inventory:
         from ..train.cluster import run_under_torchrun

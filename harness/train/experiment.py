@@ -52,7 +52,7 @@ class RunRequest:
     d_pp: int | None = None
     d_dp: int | None = None
     dp_sync: str = "sharded-ps"
-    schedule: str = "gpipe"
+    schedule: str | None = None  # ours: gpipe (default) | 1f1b; baselines: their default (1f1b)
     lr: float = 0.1
     dtype: str = "fp32"
     device_type: str = "cpu"
@@ -60,7 +60,13 @@ class RunRequest:
     timeout_s: float = 600.0
     results_root: Path | None = None
     run_id: str | None = None
-    extra_layout: dict = field(default_factory=dict)  # baselines: their layout keys
+    extra_layout: dict = field(default_factory=dict)  # baselines: a full layout (e.g. from `harness tune`)
+    # Baseline layout flags (harness/train/baselines/layout.py: layout_from_flags).
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    zero: int | None = None
+    rank_order: str = "default"  # or a seed of a random layout (ours-random's permutation)
 
 
 def default_degrees(devices: int, layers: int) -> tuple[int, int]:
@@ -92,6 +98,9 @@ def place(topo: Topology, cfg: GPTConfig, req: RunRequest, d_pp: int, d_dp: int)
     topo = scaled(topo, req.bandwidth_scale)
     model = CostModel(topo, d_pp, d_dp, c_pp, c_dp)
     scheduler = req.scheduler or ("random-assignment" if req.system == "ours-random" else "ga")
+    if req.system == "ours-random" and scheduler != "random-assignment":
+        raise HarnessError(f"--scheduler: ours-random is the random assignment (got {scheduler!r}); "
+                           "use --system ours --scheduler ...")
     if scheduler == "random-assignment":
         # The paper's ablation ("ours without scheduler"): a seeded random sigma, used as is.
         pipelines = np.random.default_rng(req.seed).permutation(topo.n).reshape(d_dp, d_pp)
@@ -105,7 +114,7 @@ def place(topo: Topology, cfg: GPTConfig, req: RunRequest, d_pp: int, d_dp: int)
     total = model.pipeline_cost(pipelines)
     dp = model.datap_cost(pipelines.T)
     layout = PipelineLayout(d_pp, d_dp, tuple(tuple(int(x) for x in p) for p in pipelines),
-                            dp_sync=req.dp_sync, schedule=req.schedule)
+                            dp_sync=req.dp_sync, schedule=req.schedule or "gpipe")
     bound = comm_lower_bound(topo, layout, cfg, req.batch, req.micro_batch, 1.0, bpv)
     return Placement(layout, scheduler, {"dp": dp, "pp": total - dp, "total": total}, c_pp, c_dp,
                      {"pipeline": bound.pipeline_s, "dp": bound.dp_s, "total": bound.total_s})
@@ -118,16 +127,26 @@ def scaled(topo: Topology, bandwidth_scale: float) -> Topology:
     return replace(topo, bandwidth_gbps=np.asarray(topo.bandwidth_gbps) * bandwidth_scale)
 
 
-def plan_run(req: RunRequest) -> tuple[RunSpec, Topology, Placement | None]:
-    """Validate the request and build the spec every rank receives."""
+@dataclass
+class Plan:
+    spec: RunSpec
+    topo: Topology
+    placement: Placement | None  # ours only
+    degrees: tuple[int, int, int]  # (D_TP, D_PP, D_DP) for the records
+
+
+def plan_run(req: RunRequest) -> Plan:
+    """Validate the request and build the spec every rank receives (user errors raise here,
+    before any rank starts)."""
     if req.network not in ("emulated", "none"):
         raise HarnessError(f"--network: must be emulated or none (got {req.network!r})")
     topo = load_scenario(req.scenario, devices=req.devices)
     cfg = get_model(req.model, req.layers)
     placement = None
-    layout = dict(req.extra_layout)
-    d_pp, d_dp = 1, 1
     if req.system in OURS_SYSTEMS:
+        for flag, v in (("--tp", req.tp), ("--pp", req.pp), ("--dp", req.dp), ("--zero", req.zero)):
+            if v is not None:
+                raise HarnessError(f"{flag}: a baseline flag; {req.system} takes --d-pp/--d-dp")
         d_pp, d_dp = (req.d_pp, req.d_dp) if req.d_pp and req.d_dp else default_degrees(topo.n, cfg.layers)
         if req.d_pp and not req.d_dp:
             d_pp, d_dp = req.d_pp, topo.n // req.d_pp
@@ -139,8 +158,19 @@ def plan_run(req: RunRequest) -> tuple[RunSpec, Topology, Placement | None]:
             raise HarnessError(f"--d-pp: {d_pp} stages exceed the {cfg.layers} layers of {cfg.name}")
         if req.batch % (d_dp * req.micro_batch):
             raise HarnessError(f"--batch: {req.batch} is not a multiple of D_DP x micro-batch = {d_dp} x {req.micro_batch}")
+        req = replace(req, schedule=req.schedule or "gpipe")
         placement = place(topo, cfg, req, d_pp, d_dp)
-        layout.update(placement.layout.to_json())
+        layout, degrees = placement.layout.to_json(), (1, d_pp, d_dp)
+    else:
+        from .baselines.layout import plan_layout
+        from .runner import get_system
+
+        get_system(req.system)  # unknown system: one line, now
+        flags = dict(tp=req.tp, pp=req.pp, dp=req.dp, zero=req.zero, ranks=req.rank_order)
+        if req.schedule:
+            flags["schedule"] = req.schedule
+        layout, degrees = plan_layout(req.system, cfg, topo.n, req.batch, req.micro_batch,
+                                      layout=req.extra_layout or None, **flags)
     run_id = req.run_id or new_run_id(req.system)
     spec = RunSpec(
         run_id=run_id, scenario=topo.name, system=req.system,
@@ -151,7 +181,7 @@ def plan_run(req: RunRequest) -> tuple[RunSpec, Topology, Placement | None]:
         dtype=req.dtype, device_type=req.device_type, layout=layout,
         timeout_s=min(req.timeout_s, 300.0),
     )
-    return spec, topo, placement
+    return Plan(spec, topo, placement, degrees)
 
 
 def to_records(spec: RunSpec, stats: list[IterationStats], d_pp: int, d_dp: int, d_tp: int = 1) -> list[IterationRecord]:
@@ -190,10 +220,10 @@ class _Interrupted(BaseException):
 
 def execute(req: RunRequest) -> Path:
     """Run `req`; returns the run directory. Raises HarnessError (after writing a failed manifest)."""
-    spec, topo, placement = plan_run(req)
+    plan = plan_run(req)
+    spec, topo, placement = plan.spec, plan.topo, plan.placement
+    d_tp, d_pp, d_dp = plan.degrees
     out = run_dir(spec.scenario, spec.run_id, req.results_root)
-    layout = spec.layout
-    d_pp, d_dp = int(layout.get("d_pp", 1)), int(layout.get("d_dp", 1))
     info = {
         "spec": spec.to_json(),
         "network": req.network,
@@ -214,7 +244,7 @@ def execute(req: RunRequest) -> Path:
         kernel, per_rank, extra = _launch(spec, topo, req, out)
         spec = replace(spec, kernel=kernel)
         stats = merge_stats(per_rank)
-        records = to_records(spec, stats, d_pp, d_dp)
+        records = to_records(spec, stats, d_pp, d_dp, d_tp)
         write_records(out / "records.csv", records)
         atomic_write_json(out / "manifest.json", manifest(
             spec.run_id, "ok", wall_seconds=time.monotonic() - t0, kernel=kernel, **info, **extra))

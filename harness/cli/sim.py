@@ -65,6 +65,8 @@ def register(sub) -> None:
     m.add_argument("records", type=Path, help="records.csv, or a directory searched for records.csv")
     m.add_argument("--profile", type=Path, help="compute profile JSON (e.g. from `harness sim calibrate`)")
     m.add_argument("--csv", type=Path, help="also write the comparison as CSV")
+    m.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="wire precision of the runs (default: each "
+                   "run's manifest, else fp32 for emu/local and bf16 for cluster)")
     m.set_defaults(func=cmd_compare)
 
 
@@ -187,11 +189,9 @@ def cmd_calibrate(args) -> int:
 
 def cmd_compare(args) -> int:
     from ..results import atomic_write_text
-    from ..sim.compare import compare, format_table
+    from ..sim.compare import compare, format_table, load_measured
 
-    from ..results import read_records
-
-    rows = compare(_read(args.records, read_records), _overrides(args))
+    rows = compare(_read(args.records, load_measured), _overrides(args), args.dtype)
     print(format_table(rows))
     if args.csv:
         head = "scenario,system,backend,devices,model,layers,batch,iterations,measured_s,simulated_s,error\n"

@@ -3,26 +3,34 @@
 Measured records (backend emu, local or cluster; from `harness run`) are grouped by
 run configuration; the measured time of a group is the median of its iterations.
 The simulator runs the same scenario (scaled to the record's devices), model,
-batch and layout: ours uses the pipelines the run recorded in `config`, baselines
-their grid point and rank order. Error = simulated / measured - 1.
+batch, layout and wire precision (the run manifest's dtype): ours uses the
+pipelines the run recorded in `config`, baselines their grid point and rank
+order. Compute speed comes from the device profile: calibrate it from the same
+records first (`harness sim calibrate`), since emulated devices are CPU processes.
+Error = simulated / measured - 1.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import HarnessError
 from ..model import get_model
 from ..profiles import ComputeProfile
+from ..results import read_records
 from ..scenario import load_scenario
 from . import systems
 from .sweep import Simulator, random_placement
 
 TARGET_ERROR = 0.15
+BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
+# What a run trained in when its manifest does not say: the trainer's defaults (CPU fp32, GPU bf16).
+DEFAULT_DTYPE = {"emu": "fp32", "local": "fp32", "cluster": "bf16"}
 GROUP_KEYS = ("scenario", "system", "backend", "devices", "model", "layers", "batch", "micro_batch",
-              "bandwidth_scale", "seed", "config")
+              "bandwidth_scale", "seed", "config", "dtype")
 
 
 @dataclass
@@ -58,6 +66,25 @@ def _config(rec: dict) -> dict:
         raise HarnessError(f"records: config: not JSON ({c!r})") from None
 
 
+def load_measured(path: Path) -> list[dict]:
+    """Records under `path` (a records.csv or a directory), each with `dtype` from its run's manifest.json."""
+    path = Path(path)
+    files = sorted(path.rglob("records.csv")) if path.is_dir() else [path]
+    out = []
+    for f in files:
+        dtype = None
+        man = f.parent / "manifest.json"
+        if man.exists():
+            try:
+                dtype = (json.loads(man.read_text()).get("spec") or {}).get("dtype")
+            except (json.JSONDecodeError, AttributeError):
+                dtype = None
+        for r in read_records(f):
+            r.setdefault("dtype", dtype)
+            out.append(r)
+    return out
+
+
 def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> float:
     """Simulated seconds of one iteration of the run a record describes."""
     topo = load_scenario(rec["scenario"], devices=int(rec["devices"]))
@@ -67,6 +94,10 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
     cfg = get_model(rec["model"], int(rec["layers"]))
     conf = _config(rec)
     mb, batch, system = int(rec["micro_batch"]), int(rec["batch"]), rec["system"]
+    dtype = rec.get("dtype") or DEFAULT_DTYPE.get(rec.get("backend"), "fp16")
+    if dtype not in BYTES_PER_VALUE:
+        raise HarnessError(f"records: dtype: unknown {dtype!r} (known: {', '.join(BYTES_PER_VALUE)})")
+    bpv = BYTES_PER_VALUE[dtype]
     d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
     sim = Simulator(topo, overrides, d_pp=d_pp if system.startswith("ours") else 1, micro_batch=mb)
     L, prof = sim.links, sim.profiles
@@ -79,26 +110,31 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
         else:
             pipes = random_placement(topo.n, int(rec["seed"])).reshape(sim.d_pp, sim.d_dp).T
         r = systems.simulate_ours(L, prof, cfg, batch, pipes, mb, system=system,
-                                  schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"))
+                                  schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"),
+                                  bytes_per_value=bpv)
     elif system == "megatron":
         r = systems.simulate_megatron(L, prof, cfg, batch, int(conf.get("tp", 1)), int(conf.get("pp", 1)),
-                                      int(conf.get("dp", topo.n)), placement, mb)
+                                      int(conf.get("dp", topo.n)), placement, mb, bpv)
     elif system == "deepspeed":
         if int(conf.get("zero", 3)) == 3:
-            r = systems.simulate_zero3(L, prof, cfg, batch, placement, mb)
+            r = systems.simulate_zero3(L, prof, cfg, batch, placement, mb, bpv)
         else:
             r = systems.simulate_zero1_pp(L, prof, cfg, batch, int(conf.get("pp", 1)), int(conf.get("dp", topo.n)),
-                                          placement, mb)
+                                          placement, mb, bpv)
     else:
         raise HarnessError(f"records: system: unknown {system!r} (known: ours, ours-random, megatron, deepspeed)")
     return r.seconds
 
 
-def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = None) -> list[Comparison]:
+def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = None,
+            dtype: str | None = None) -> list[Comparison]:
+    """dtype overrides every record's (else its manifest's, else the backend's default)."""
     groups: dict[tuple, list[dict]] = {}
     for r in records:
         if r.get("backend") == "sim":
             continue
+        if dtype:
+            r = {**r, "dtype": dtype}
         groups.setdefault(tuple(str(r.get(k)) for k in GROUP_KEYS), []).append(r)
     if not groups:
         raise HarnessError("records: no measured records (backend emu, local or cluster) to compare")

@@ -61,7 +61,7 @@ def _check_layers(cfg: GPTConfig, pp: int):
 def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, batch: int,
                   pipelines: np.ndarray, micro_batch: int = 1, system: str = "ours",
                   dp_bytes: np.ndarray | None = None, ps_mode: str = "grouped", schedule: str = "gpipe",
-                  dp_sync: str = "sharded-ps") -> SimResult:
+                  dp_sync: str = "sharded-ps", bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
     """pipelines: (D_DP, D_PP) device of stage j of replica i. dp_bytes overrides the per-stage gradient
     bytes; ps_mode "grouped" or "rounds" (network.sharded_ps); schedule gpipe (the paper) or 1f1b;
     dp_sync sharded-ps (the paper) or allreduce (ring), as the trainer's options."""
@@ -70,13 +70,13 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     _check_layers(cfg, P)
     M = _micro_batches(batch, R, micro_batch, "pipelines")
     fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, pipelines)  # (R, P)
-    act = workload.activation_bytes(cfg, micro_batch)
+    act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
     S = pipelines.T  # (P, R)
     fser, fdel = network.step_times(links, S[:-1], S[1:], act)
     bser, bdel = network.step_times(links, S[1:], S[:-1], act)
     times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel)
     tl = pipeline.timeline(times, M, schedule, overlap=True)
-    grads = workload.stage_param_bytes(cfg, P) if dp_bytes is None else np.asarray(dp_bytes, dtype=float)
+    grads = workload.stage_param_bytes(cfg, P, bytes_per_value) if dp_bytes is None else np.asarray(dp_bytes, dtype=float)
     end = np.empty_like(tl.finish)
     for j in range(P):
         if dp_sync == "sharded-ps":
@@ -103,7 +103,7 @@ def megatron_layout(placement: np.ndarray, tp: int, pp: int, dp: int) -> np.ndar
     return placement.reshape(pp, dp, tp)
 
 
-def _pipeline_1f1b(links: Links, profiles, cfg, batch, dev: np.ndarray, micro_batch: int):
+def _pipeline_1f1b(links: Links, profiles, cfg, batch, dev: np.ndarray, micro_batch: int, bytes_per_value: int):
     """Timeline of Megatron's / DeepSpeed's 1F1B engine for layout dev (pp, dp, tp)."""
     pp, dp, tp = dev.shape
     _check_layers(cfg, pp)
@@ -114,7 +114,7 @@ def _pipeline_1f1b(links: Links, profiles, cfg, batch, dev: np.ndarray, micro_ba
     f_all, b_all = workload.stage_compute(cfg, pp, micro_batch, profiles, np.moveaxis(dev, 0, -1), tp)  # (dp, tp, pp)
     fwd = f_all.max(1).T  # (pp, dp)
     bwd = b_all.max(1).T
-    act = workload.activation_bytes(cfg, micro_batch)
+    act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
     layers = np.asarray(stage_layers(cfg, pp))
     if tp > 1:
         groups = dev.reshape(pp * dp, tp)
@@ -145,10 +145,11 @@ def _pipeline_1f1b(links: Links, profiles, cfg, batch, dev: np.ndarray, micro_ba
 
 
 def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, tp: int, pp: int, dp: int,
-                      placement: np.ndarray, micro_batch: int = 1) -> SimResult:
+                      placement: np.ndarray, micro_batch: int = 1,
+                      bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
     dev = megatron_layout(placement, tp, pp, dp)
-    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, dev, micro_batch)
-    grads = workload.stage_param_bytes(cfg, pp) / tp
+    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, dev, micro_batch, bytes_per_value)
+    grads = workload.stage_param_bytes(cfg, pp, bytes_per_value) / tp
     end = np.empty((pp, dp, tp))
     for j in range(pp):
         groups = dev[j].T  # (tp, dp): one data-parallel ring per tensor rank
@@ -163,10 +164,11 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, tp: in
 
 # --------------------------------------------------------------------------- DeepSpeed
 def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, pp: int, dp: int,
-                      placement: np.ndarray, micro_batch: int = 1) -> SimResult:
+                      placement: np.ndarray, micro_batch: int = 1,
+                      bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
     dev = megatron_layout(placement, 1, pp, dp)  # DeepSpeed's PipeDataParallelTopology: rank = pp*D + dp
-    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, dev, micro_batch)
-    grads = workload.stage_param_bytes(cfg, pp)
+    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, dev, micro_batch, bytes_per_value)
+    grads = workload.stage_param_bytes(cfg, pp, bytes_per_value)
     end = np.empty((pp, dp))
     for j in range(pp):
         g = dev[j, :, 0][None, :]
@@ -179,7 +181,7 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, pp: in
 
 
 def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, placement: np.ndarray,
-                   micro_batch: int = 1) -> SimResult:
+                   micro_batch: int = 1, bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
     ring = np.asarray(placement, dtype=int)[None, :]
     N = ring.shape[1]
     M = _micro_batches(batch, N, micro_batch, "data-parallel devices")
@@ -187,7 +189,7 @@ def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, placement
     rate_h = min(p.flops_per_s("lm_head") for p in profiles)
     c_f = workload.block_fwd_flop(cfg, micro_batch) / rate_t
     h_f = workload.head_fwd_flop(cfg, micro_batch) / rate_h
-    bpv = workload.BYTES_PER_VALUE
+    bpv = bytes_per_value
 
     def gather(params: float) -> float:
         return float(network.ring_allgather(links, ring, params * bpv).max())

@@ -25,13 +25,13 @@ def head_fwd_flop(cfg: GPTConfig, samples: int) -> float:
     return 2.0 * samples * cfg.seq * cfg.hidden * cfg.vocab
 
 
-def activation_bytes(cfg: GPTConfig, samples: int) -> float:
+def activation_bytes(cfg: GPTConfig, samples: int, bytes_per_value: int = BYTES_PER_VALUE) -> float:
     """One micro-batch's activation (or its gradient) between two stages."""
-    return float(samples * cfg.seq * cfg.hidden * BYTES_PER_VALUE)
+    return float(samples * cfg.seq * cfg.hidden * bytes_per_value)
 
 
-def stage_param_bytes(cfg: GPTConfig, d_pp: int) -> np.ndarray:
-    return np.asarray(stage_params(cfg, d_pp), dtype=float) * BYTES_PER_VALUE
+def stage_param_bytes(cfg: GPTConfig, d_pp: int, bytes_per_value: int = BYTES_PER_VALUE) -> np.ndarray:
+    return np.asarray(stage_params(cfg, d_pp), dtype=float) * bytes_per_value
 
 
 def stage_compute(cfg: GPTConfig, d_pp: int, micro_batch: int, profiles: list[ComputeProfile],

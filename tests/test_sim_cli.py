@@ -89,7 +89,9 @@ def _measured(tmp_path, cli, scale: float, compute_share: float = 0.5) -> list[d
             recs.append(IterationRecord(**fields))
     path = tmp_path / "measured" / "records.csv"
     write_records(path, recs)
-    return path
+    # the run manifest says what precision went over the wire (the simulator predicted fp16)
+    (path.parent / "manifest.json").write_text(json.dumps({"spec": {"dtype": "fp16"}}))
+    return path.parent
 
 
 def test_compare_puts_sim_and_measured_side_by_side(cli, tmp_path):
@@ -105,6 +107,11 @@ def test_compare_puts_sim_and_measured_side_by_side(cli, tmp_path):
     bad = _measured(tmp_path / "b", cli, scale=2.0)
     rc, out, err = cli("sim", "compare", bad)
     assert rc == 0 and "MISS" in out
+    # fp32 doubles every message: the simulated time grows (8 slow links: communication-bound)
+    rc, out32, err = cli("sim", "compare", path, "--dtype", "fp32", "--csv", tmp_path / "cmp32.csv")
+    rows32 = {r["system"]: float(r["simulated_s"]) for r in csv.DictReader(open(tmp_path / "cmp32.csv"))}
+    rows16 = {r["system"]: float(r["simulated_s"]) for r in rows}
+    assert all(rows32[k] > rows16[k] for k in rows16)
 
 
 def test_compare_ignores_sim_records_and_rejects_empty(tmp_path):

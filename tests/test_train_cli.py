@@ -64,3 +64,38 @@ def test_bad_degrees_are_one_line_user_errors(tmp_path, capsys):
     assert main(ARGS + ["--d-pp", "3", "--d-dp", "3", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "harness: error: --d-pp/--d-dp: 3 x 3 != 8 devices"
+
+
+def test_real_nodes_path_under_torchrun(tmp_path):
+    """`harness run --inventory` as torchrun starts it on real nodes (here: one node, loopback)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    inv = tmp_path / "cluster.yaml"
+    inv.write_text("ifname: lo\nnodes:\n  - {host: 127.0.0.1, gpus: 2}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HARNESS_RESULTS": str(tmp_path)}
+    r = subprocess.run([str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                        "--master-port", str(port), "-m", "harness", "run", "--inventory", str(inv),
+                        "--scenario", "3", "--devices", "2", "--model", "tiny", "--layers", "2", "--batch", "4",
+                        "--iters", "2"], env=env, capture_output=True, text=True, timeout=150)
+    assert r.returncode == 0, r.stderr[-2000:]
+    d = [p for p in tmp_path.glob("3-multi-dc/*") if p.is_dir()]
+    assert len(d) == 1 and r.stdout.strip() == str(d[0])
+    recs = read_records(d[0] / "records.csv")
+    assert [(x["backend"], x["kernel"], x["d_pp"], x["iteration"]) for x in recs] == [("cluster", "host", 2, 1), ("cluster", "host", 2, 2)]
+
+
+def test_inventory_outside_torchrun_is_a_user_error(tmp_path, capsys, monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k, raising=False)
+    inv = tmp_path / "cluster.yaml"
+    inv.write_text("nodes:\n  - {host: 127.0.0.1, gpus: 2}\n")
+    assert main(["run", "--inventory", str(inv), "--scenario", "3", "--devices", "2"]) == 2
+    assert "run under torchrun" in capsys.readouterr().err

@@ -220,7 +220,12 @@ class _Interrupted(BaseException):
 
 def execute(req: RunRequest) -> Path:
     """Run `req`; returns the run directory. Raises HarnessError (after writing a failed manifest)."""
-    plan = plan_run(req)
+    return record_run(req, plan_run(req), lambda spec, topo, out: _launch(spec, topo, req, out))
+
+
+def record_run(req: RunRequest, plan: Plan, launch) -> Path:
+    """Write the manifest (running), call `launch(spec, topo, out) -> (kernel, per-rank stats,
+    extra manifest fields)`, then the records and the final manifest; `failed` + reason on any error."""
     spec, topo, placement = plan.spec, plan.topo, plan.placement
     d_tp, d_pp, d_dp = plan.degrees
     out = run_dir(spec.scenario, spec.run_id, req.results_root)
@@ -241,7 +246,7 @@ def execute(req: RunRequest) -> Path:
     old = signal.signal(signal.SIGTERM, on_term) if _main_thread() else None
     t0 = time.monotonic()
     try:
-        kernel, per_rank, extra = _launch(spec, topo, req, out)
+        kernel, per_rank, extra = launch(spec, topo, out)
         spec = replace(spec, kernel=kernel)
         stats = merge_stats(per_rank)
         records = to_records(spec, stats, d_pp, d_dp, d_tp)

@@ -129,6 +129,7 @@ class RankResult:
     stats: list[IterationStats]
     state: dict
     marks: dict = field(default_factory=dict)
+    gathered: list | None = None  # rank 0 with rank_main(gather=True): every rank's stats
 
 
 SystemFn = Callable[[RankContext, RunSpec], list[IterationStats]]
@@ -180,8 +181,11 @@ class RankEnv:
     local_rank: int | None = None  # GPU index on this host (cuda); defaults to rank
 
 
-def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False) -> RankResult:
-    """One rank: initialise the default group, run the system, tear the group down."""
+def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: bool = False) -> RankResult:
+    """One rank: initialise the default group, run the system, tear the group down.
+
+    With `gather` (ranks that share no parent, e.g. under torchrun), rank 0's result holds
+    every rank's stats in `.gathered` (rank order)."""
     torch.set_num_threads(spec.threads)
     os.environ.update(
         MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port),
@@ -210,9 +214,14 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False) -> RankR
     ctx.marks["forked"] = t_forked
     ctx.mark("process_group")
     stats = fn(ctx, spec)
+    result = RankResult(env.rank, stats, ctx.state, ctx.marks)
+    if gather:
+        everyone = [None] * env.world_size if env.rank == 0 else None
+        dist.gather_object(stats, everyone, dst=0)
+        result.gathered = everyone
     _leave_together(env.rank, env.world_size, spec.timeout_s)
     dist.destroy_process_group()
-    return RankResult(env.rank, stats, ctx.state, ctx.marks)
+    return result
 
 
 def _leave_together(rank: int, world_size: int, timeout_s: float) -> None:

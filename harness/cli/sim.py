@@ -39,7 +39,6 @@ def register(sub) -> None:
                    "general the smallest divisor >= sqrt(devices))")
     p.add_argument("--json", type=Path, help="write every simulated layout as a JSON list of records with `best`")
     p.add_argument("--out", type=Path, help="run directory for records.csv (default results/<scenario>/<run-id>)")
-    p.add_argument("--grid", action="store_true", help="also print every layout and placement tried")
     _common(p)
     p.set_defaults(func=cmd_sim)
     ss = p.add_subparsers(dest="sim_command", metavar="{report,calibrate,compare}")
@@ -114,11 +113,13 @@ def cmd_sim(args) -> int:
     for c, rec in zip(cands, records):
         if c.best:
             print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {_short(c.config)}")
-    if args.grid:
-        print("\nall layouts:")
-        for c, rec in zip(cands, records):
-            print(f"  {c.system:<12} {c.seconds:>12.3f} s {rec.pflops:>8.4f} PFLOPS  {_short(c.config)}"
-                  f"{'  best' if c.best else ''}")
+    grid = sorted(((c, r) for c, r in zip(cands, records) if c.system in ("megatron", "deepspeed")),
+                  key=lambda cr: (cr[0].system, cr[0].seconds))
+    if grid:
+        print("\ngrid (Megatron: T x P x D; DeepSpeed: ZeRO-3, ZeRO-1 x P; placements averaged over seeds):")
+        for c, rec in grid:
+            print(f"  {c.system:<10} {c.seconds:>12.3f} s {rec.pflops:>8.4f} PFLOPS  {_short(c.config)}"
+                  f"{'  <- best' if c.best else ''}")
     if "ours" in which:
         ours = next(c for c in cands if c.system == "ours")
         print("ours' pipelines (device of stage 0..D_PP-1 per replica): "

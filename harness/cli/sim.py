@@ -104,6 +104,15 @@ def cmd_sim(args) -> int:
     n = topo.n
     d_pp = args.d_pp or next(k for k in range(1, n + 1) if n % k == 0 and k * k >= n)
     sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, **_sim_kwargs(args))
+    if "ours" in which and sim.missing(cfg, args.batch) is not None:
+        from tqdm import tqdm
+
+        with tqdm(total=args.budget, desc="schedule (ga)", unit="cand", file=sys.stderr, leave=False) as bar:
+            def update(evaluated: int, best: float) -> None:
+                bar.set_postfix_str(f"best {best:.3f} s", refresh=False)
+                bar.update(evaluated - bar.n)
+
+            sim.assignment(cfg, args.batch, progress=update)
     cands = sim.sweep(cfg, args.batch, which)
     run_id = new_run_id("sim")
     records = [to_record(c, run_id=run_id, topo=topo, cfg=cfg, batch=args.batch, micro_batch=args.micro_batch)

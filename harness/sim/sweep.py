@@ -106,14 +106,14 @@ class Simulator:
             return None
         return key, path, args
 
-    def assignment(self, cfg: GPTConfig, batch: int) -> np.ndarray:
+    def assignment(self, cfg: GPTConfig, batch: int, progress=None) -> np.ndarray:
         """The scheduler's pipelines (D_DP, D_PP) for this model and batch (cached)."""
         key, path, args = self._job(cfg, batch)
         if key in self._assignments:
             return self._assignments[key]
         if path is not None and path.exists():
             return self._store(key, path, json.loads(path.read_text()))
-        return self._store(key, path, schedule_job(args))
+        return self._store(key, path, schedule_job(args, progress))
 
     def _placements(self) -> list[tuple[str, list[np.ndarray], tuple[int, ...]]]:
         out = []
@@ -173,12 +173,14 @@ class Simulator:
         return out
 
 
-def schedule_job(args: tuple) -> dict:
-    """One scheduler run (top level so worker processes can run it): the assignment JSON."""
+def schedule_job(args: tuple, progress=None) -> dict:
+    """One scheduler run (top level so worker processes can run it): the assignment JSON.
+    progress(candidates evaluated, best cost) as the scheduler's own callback."""
     from ..scheduler import schedule  # imported late: only needed when a schedule is not cached
 
     topo, d_pp, d_dp, cpp, cdp, scheduler, seed, budget = args
-    return schedule(topo, d_pp, d_dp, cpp, cdp, scheduler=scheduler, seed=seed, budget=budget).to_json()
+    return schedule(topo, d_pp, d_dp, cpp, cdp, scheduler=scheduler, seed=seed, budget=budget,
+                    progress=progress).to_json()
 
 
 def prefetch_assignments(jobs: list[tuple["Simulator", GPTConfig, int]], workers: int = 1, progress=None) -> int:

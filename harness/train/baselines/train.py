@@ -104,13 +104,16 @@ def _calibrate(
     part: torch.nn.Module, cfg: GPTConfig, micro_batch: int, seed: int, first: bool,
     device: torch.device, dtype: torch.dtype,
 ) -> float:
-    """Seconds of forward+backward of one micro-batch through an unsharded copy of `part` (best of 2)."""
+    """Seconds of forward+backward of one micro-batch through an unsharded copy of `part`.
+
+    Best of 3: ranks sharing cores calibrate at the same time, and the minimum drops the
+    moments another rank held the core."""
     probe = copy.deepcopy(part)
     tokens, targets = synthetic_batch(cfg, micro_batch, 0, seed)
     tokens, targets = tokens.to(device), targets.to(device)
     x = tokens if first else torch.randn(micro_batch, cfg.seq, cfg.hidden, device=device, dtype=dtype, requires_grad=True)
     best = math.inf
-    for _ in range(2):
+    for _ in range(3):
         _sync(device)
         t0 = time.perf_counter()
         out = probe(x)

@@ -9,7 +9,8 @@ commands (`render_commands`) for people to read and paste.
 Layout on every device's interface (DESIGN.md, "Key decisions"):
   HTB root 1: (default 0: unclassified traffic such as ARP leaves unshaped)
     class 1:<dst+1>  rate = ceil = B[d][dst] * bandwidth_scale, burst = cburst from the rate
-      netem <0x100+dst>:  delay = A[d][dst] (one-way), optional jitter/loss, limit >= BDP in packets
+      netem <0x100+dst>:  delay = A[d][dst] (one-way), optional jitter/loss,
+                        limit = in-flight packets + 2 round-trip BDPs of queue (>= 64)
     u32 filter: ip dst <addr of dst>/32 -> 1:<dst+1>
 Pairs the scenario leaves unshaped (no delay and a node-internal bandwidth such as
 NVLink, >= `unshaped_min_gbps`) get no class: they stay at full speed.
@@ -33,9 +34,9 @@ TCP_IP_HEADER_BYTES = 52
 #: HTB burst = the bytes the rate sends in this many seconds (at least two full frames): enough
 #: that a late timer (UML's clock) does not lose tokens, small next to any RTT we emulate.
 BURST_SECONDS = 0.02
-#: netem queue holds the in-flight bytes (BDP) plus room for a sender's slow-start overshoot.
-LIMIT_BDP_FACTOR = 4
-LIMIT_MIN_PACKETS = 1000  # netem's own default
+#: netem limit = packets in flight on the delay + a queue of this many round-trip BDPs (>= min).
+QUEUE_BDP_FACTOR = 2
+QUEUE_MIN_PACKETS = 64
 HTB_QUANTUM_MAX_BYTES = 200_000  # above this HTB warns "quantum is big"
 
 
@@ -163,9 +164,12 @@ def build_plan(
             burst = max(2 * frame, math.ceil(rate_Bps * BURST_SECONDS))
             quantum = int(min(HTB_QUANTUM_MAX_BYTES, max(frame, rate_Bps / 10)))
             jitter_us = int(round(jitter_ms * 1000))
-            # RTT-long buffering: data in flight for the delay plus the ACK path back.
-            bdp_packets = rate_Bps * (2 * delay_ms + 2 * jitter_ms) / 1e3 / frame
-            limit = max(LIMIT_MIN_PACKETS, math.ceil(LIMIT_BDP_FACTOR * bdp_packets))
+            # netem holds the packets in flight on this one-way delay, plus a queue of two
+            # round trips' worth (a buffer of ~1-2 BDP lets one TCP flow fill the link; much more
+            # only adds bufferbloat and makes slow start overshoot for seconds).
+            in_flight = rate_Bps * (delay_ms + jitter_ms) / 1e3 / frame
+            bdp_rtt = rate_Bps * 2 * (delay_ms + jitter_ms) / 1e3 / frame
+            limit = math.ceil(in_flight + max(QUEUE_MIN_PACKETS, QUEUE_BDP_FACTOR * bdp_rtt))
             links.append(ShapedLink(
                 dst=e, dst_addr=addrs[e], class_minor=e + 1, netem_major=0x100 + e,
                 rate_bps=rate_bps, burst_bytes=burst, cburst_bytes=burst, quantum_bytes=quantum,

@@ -4,13 +4,13 @@
 bulk rounds; OUT receives the measurements. One server per device (forked, entered
 into its namespace) answers two kinds of TCP connections:
   ping: 1-byte ping-pong (TCP_NODELAY); the client keeps the median of several.
-  bulk: one stream for warmup_s + measure_s; the *receiver* counts the bytes that arrive
-        in the window [first byte + warmup_s, + measure_s] (slow start excluded) and
-        sends the goodput back when the sender closes.
+  bulk: one stream; the *receiver* counts the bytes that arrive in the window
+        [first byte + warmup_s, + measure_s] (slow start excluded), then sends the goodput
+        back; the sender stops on reading it and resets the connection (no drain).
 Pairs run in rounds in which every device sends to one peer and receives from one, and no
-pair runs beside its reverse (whose link carries its ACKs); each pair measures its RTT on
-the idle link first, then its bulk stream. One process per client and one connection per
-server at a time, so no Python GIL convoy adds milliseconds to an RTT. Pairs that miss
+pair runs beside its reverse (whose link carries its ACKs); each pair (one process) measures
+its RTT first, then its bulk stream. (Pinging all pairs at once was tried: on UML's single
+CPU, 50 concurrent ping-pong processes add milliseconds of scheduling delay.) Pairs that miss
 their target are measured again (spec "retries") and the result says how many attempts
 it took: on a loaded host the user-mode kernel can be descheduled for tens of ms.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import statistics
 import struct
@@ -30,6 +31,11 @@ from .verify import bulk_rounds, goodput_ok, rtt_ok
 
 PORT = 5201
 HEADER = 128
+RECV_BYTES = 8 << 20
+#: The receiver wakes up when this much time's worth of data (at the target rate) is there:
+#: the window edges move by ~this much (0.1 % of a 2 s window) and it costs few syscalls.
+RECV_EVERY_S = 0.002
+SEND_BACKOFF_S = 0.002
 
 
 def _header(doc: dict) -> bytes:
@@ -68,23 +74,30 @@ def _serve(conn: socket.socket) -> None:
                     return
                 conn.sendall(b)
         warm, meas = hdr["warmup_s"], hdr["measure_s"]
-        total, first, a, b = 0, None, None, None
+        # wake up once per ~RECV_EVERY_S of data, not per packet: syscalls are costly in UML
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, max(1, int(hdr["rate_Bps"] * RECV_EVERY_S)))
+        total, first, a = 0, None, None
+        buf = bytearray(RECV_BYTES)
         while True:
-            chunk = conn.recv(1 << 20)
+            got = conn.recv_into(buf)
             now = time.monotonic()
-            if not chunk:
-                break
+            if not got:
+                conn.sendall(json.dumps({"bytes": total, "goodput_bps": None, "window_s": None}).encode())
+                return
             if first is None:
                 first = now
             if a is None and now >= first + warm:
                 a = (now, total)
-            total += len(chunk)
-            if b is None and a is not None and now >= first + warm + meas:
-                b = (now, total)
-        ok = a is not None and b is not None and b[0] > a[0]
-        res = {"bytes": total, "goodput_bps": (b[1] - a[1]) * 8 / (b[0] - a[0]) if ok else None,
-               "window_s": b[0] - a[0] if ok else None}
+            total += got
+            if a is not None and now >= first + warm + meas:
+                break
+        res = {"bytes": total, "goodput_bps": (total - a[1]) * 8 / (now - a[0]), "window_s": now - a[0]}
         conn.sendall(json.dumps(res).encode())
+        try:  # the sender stops when it reads this; discard what is still in flight
+            while conn.recv_into(buf):
+                pass
+        except OSError:
+            pass
 
 
 def _server(addr: str, ready_w: int) -> None:
@@ -115,20 +128,33 @@ def _ping(dst_addr: str, pings: int) -> dict:
     return {"rtt_ms": statistics.median(samples), "rtt_samples_ms": samples}
 
 
-def _bulk(dst_addr: str, warmup_s: float, measure_s: float) -> dict:
+def _bulk(dst_addr: str, warmup_s: float, measure_s: float, rate_bps: float) -> dict:
+    """Send until the receiver reports its measurement (it does when its window closes)."""
     payload = b"\0" * (1 << 16)
     with socket.create_connection((dst_addr, PORT), timeout=60) as s:
-        s.sendall(_header({"mode": "bulk", "warmup_s": round(warmup_s, 3), "measure_s": round(measure_s, 3)}))
-        end = time.monotonic() + warmup_s + measure_s + 0.5
-        while time.monotonic() < end:
-            s.sendall(payload)
-        s.shutdown(socket.SHUT_WR)
-        raw = b""
-        while True:
-            chunk = s.recv(4096)
-            if not chunk:
-                break
-            raw += chunk
+        s.sendall(_header({"mode": "bulk", "warmup_s": round(warmup_s, 3), "measure_s": round(measure_s, 3),
+                           "rate_Bps": int(rate_bps / 8)}))
+        s.setblocking(False)
+        deadline = time.monotonic() + warmup_s + measure_s + 60
+        raw, full = b"", False
+        while time.monotonic() < deadline:
+            # after a short write the buffer is full: wait a moment instead of spinning on send()
+            readable, writable, _ = select.select([s], [] if full else [s], [], SEND_BACKOFF_S if full else 0.1)
+            full = False
+            if readable:
+                chunk = s.recv(4096)
+                raw += chunk
+                if not chunk or raw.endswith(b"}"):
+                    break
+            elif writable:
+                try:
+                    full = s.send(payload) < len(payload)
+                except BlockingIOError:
+                    full = True
+        # do not wait for the unsent backlog to drain at the emulated rate: reset
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if not raw.endswith(b"}"):
+        raise TimeoutError("no measurement from the receiver")
     return json.loads(raw)
 
 
@@ -162,58 +188,34 @@ def _collect(children: list[tuple[int, int]]) -> list[dict]:
     return out
 
 
-def _pair(dst_addr: str, pings: int, warmup_s: float, measure_s: float, barrier) -> dict:
-    """RTT first, while every link of the round is idle; then (after all pairs pinged) bulk."""
-    out = {}
-    try:
-        out.update(_ping(dst_addr, pings))
-        if barrier is not None:
-            barrier()
-        out.update(_bulk(dst_addr, warmup_s, measure_s))
-    except (OSError, ValueError) as e:
-        out["error"] = f"{type(e).__name__}: {e}"
+def _cpu_times() -> tuple[int, int]:
+    """(busy, total) jiffies of this kernel's CPUs: a saturated CPU makes timers (and links) late."""
+    vals = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+    return sum(vals) - idle, sum(vals)
+
+
+def _pair(dst_addr: str, pings: int, warmup_s: float, measure_s: float, rate_bps: float) -> dict:
+    """RTT first (before this pair's stream starts), then the bulk stream."""
+    out = _safe(_ping, dst_addr, pings)
+    if "error" not in out:
+        out.update(_safe(_bulk, dst_addr, warmup_s, measure_s, rate_bps))
     return out
 
 
-class _Barrier:
-    """Children write one byte when done pinging; the parent then releases them all at once."""
-
-    def __init__(self, parties: int):
-        self.parties = parties
-        self.done_r, self.done_w = os.pipe()
-        self.go_r, self.go_w = os.pipe()
-
-    def wait(self) -> None:  # in a child
-        os.write(self.done_w, b"P")
-        os.read(self.go_r, 1)
-
-    def release_when_all_done(self) -> None:  # in the parent
-        os.close(self.done_w)
-        got = 0
-        while got < self.parties:
-            b = os.read(self.done_r, self.parties - got)
-            if not b:
-                break  # a child died before reaching the barrier
-            got += len(b)
-        os.write(self.go_w, b"G" * self.parties)
-        for fd in (self.done_r, self.go_r, self.go_w):
-            os.close(fd)
-
-
-def _run_round(devs: dict, rnd: list[dict], pings: int, sync: bool) -> list[dict]:
-    barrier = _Barrier(len(rnd)) if sync else None
+def _run_round(devs: dict, rnd: list[dict], pings: int) -> list[dict]:
     kids = [_fork(devs[p["src"]]["netns_path"],
                   (lambda p=p: _pair(devs[p["dst"]]["addr"], pings, p["warmup_s"], p["measure_s"],
-                                     barrier.wait if barrier else None)))
+                                     p["goodput_target_bps"])))
             for p in rnd]
-    if barrier:
-        barrier.release_when_all_done()
     return _collect(kids)
 
 
-def _passes(p: dict, res: dict) -> bool:
-    return (rtt_ok(res.get("rtt_ms"), p["rtt_target_ms"])
-            and goodput_ok(res.get("goodput_bps"), p["goodput_target_bps"]))
+def _safe(fn, *args) -> dict:
+    try:
+        return fn(*args)
+    except (OSError, ValueError) as e:
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def main(spec_path: str, out_path: str) -> int:
@@ -238,20 +240,24 @@ def main(spec_path: str, out_path: str) -> int:
         servers.append(pid)
     try:
         results: dict[tuple[int, int], dict] = {}
+        pairs = {(p["src"], p["dst"]): p for rnd in spec["rounds"] for p in rnd}
         rounds = spec["rounds"]
         for attempt in range(1 + spec.get("retries", 0)):
             for k, rnd in enumerate(rounds):
-                t0 = time.monotonic()
-                for p, res in zip(rnd, _run_round(devs, rnd, spec["pings"], spec.get("sync", False))):
+                t0, cpu0 = time.monotonic(), _cpu_times()
+                for p, res in zip(rnd, _run_round(devs, rnd, spec["pings"])):
                     results[(p["src"], p["dst"])] = {"src": p["src"], "dst": p["dst"], **res,
                                                      "attempts": attempt + 1}
+                busy, total = (b - a for a, b in zip(cpu0, _cpu_times()))
                 print(f"probe: attempt {attempt + 1} round {k + 1}/{len(rounds)} ({len(rnd)} pairs) "
-                      f"in {time.monotonic() - t0:.1f} s", flush=True)
-            failed = [p for rnd in rounds for p in rnd if not _passes(p, results[(p["src"], p["dst"])])]
+                      f"in {time.monotonic() - t0:.1f} s, CPU busy {100 * busy / max(total, 1):.0f} %",
+                      flush=True)
+            failed = [sd for sd, p in pairs.items()
+                      if not (rtt_ok(results[sd].get("rtt_ms"), p["rtt_target_ms"])
+                              and goodput_ok(results[sd].get("goodput_bps"), p["goodput_target_bps"]))]
             if not failed:
                 break
-            by_pair = {(p["src"], p["dst"]): p for p in failed}
-            rounds = [[by_pair[sd] for sd in rnd] for rnd in bulk_rounds(list(by_pair))]
+            rounds = [[pairs[sd] for sd in rnd] for rnd in bulk_rounds(failed)]
     finally:
         for pid in servers:
             os.kill(pid, 9)

@@ -163,14 +163,15 @@ def bulk_rounds(pairs: list[tuple[int, int]]) -> list[list[tuple[int, int]]]:
 
 
 def warmup_s(rate_bps: float, rtt_ms: float, mtu: int) -> float:
-    """Time for slow start (cwnd 10 -> BDP, doubling per RTT) plus two RTTs and a margin."""
+    """Time for slow start (cwnd 10 -> BDP, doubling per RTT), its overshoot and recovery
+    (five more RTTs) and a margin."""
     rtt = max(rtt_ms, 0.1) / 1e3
     bdp_packets = rate_bps * rtt / 8 / (mtu + 14)
-    return (math.log2(max(bdp_packets, 10) / 10) + 3) * rtt + 0.3
+    return (math.log2(max(bdp_packets, 10) / 10) + 5) * rtt + 0.5
 
 
 def verify(topo, *, bandwidth_scale: float = 1.0, pairs: str = "all", kernel: str = "auto",
-           measure_s: float = 2.0, pings: int = 7, retries: int = 1, timeout_s: float = 600.0, stream=None) -> VerifyReport:
+           measure_s: float = 2.0, pings: int = 5, retries: int = 1, timeout_s: float = 600.0, stream=None) -> VerifyReport:
     """Measure every selected ordered pair in the emulated cluster of `topo`; see module docstring."""
     n = topo.n
     addrs, prefix = device_addresses(n)

@@ -100,3 +100,35 @@ def test_bad_layout_is_one_line_error():
 
     with pytest.raises(HarnessError, match="layout.pipelines: must use every device"):
         PipelineLayout(2, 1, ((0, 0),))
+
+
+from harness.train.runner import IterationStats, register_system  # noqa: E402
+
+
+@register_system("test-dp-sync")
+def _dp_sync_modes(ctx, s):
+    import torch.distributed as dist
+
+    from harness.train.dp_sync import AllReduceSync, ShardedParameterServer
+
+    members = [2, 0, 1]  # C_j in replica order, not rank order
+    me = members.index(ctx.rank)
+    flat = torch.arange(10, dtype=torch.float32) * (ctx.rank + 1) + 0.5
+    ps = ShardedParameterServer(members, me)
+    posted = ps.post(7, flat.numel(), flat.dtype, flat.device)
+    a = ps.sync(flat.clone(), 7, posted)
+    b = ps._sync_batched(flat.clone(), 8)  # the NCCL variant, here on gloo
+    c = AllReduceSync(dist.new_group([0, 1, 2])).sync(flat.clone(), 9)
+    ctx.save_state({f"{ctx.rank}/ps": a, f"{ctx.rank}/batched": b, f"{ctx.rank}/allreduce": c})
+    return [IterationStats(0.0, 0.0, 0.0, float("nan"))]
+
+
+def test_dp_sync_modes_give_the_group_sum_on_every_member():
+    s = RunSpec(run_id="t", scenario="none", system="test-dp-sync", backend="local", kernel="none", devices=3,
+                model="tiny", layers=2, batch=3, micro_batch=1, iters=1, warmup=0, seed=0, bandwidth_scale=1.0,
+                lr=0.1, dtype="fp32", device_type="cpu", layout={}, timeout_s=30)
+    state = run_local(s, collect_state=True).state_dict()
+    expected = torch.arange(10, dtype=torch.float32) * 6 + 1.5
+    for r in range(3):
+        for mode in ("ps", "batched", "allreduce"):
+            torch.testing.assert_close(state[f"{r}/{mode}"], expected, msg=f"{r}/{mode}")

@@ -69,6 +69,8 @@ class ShardedParameterServer:
         n = len(self.members)
         if n == 1:
             return flat
+        if flat.is_cuda:
+            return self._sync_batched(flat, iteration)
         if posted is None:
             posted = self.post(iteration, flat.numel(), flat.dtype, flat.device)
         shards = list(flat.tensor_split(n))
@@ -85,6 +87,29 @@ class ShardedParameterServer:
         sends += [dist.isend(total, dst=dev, tag=tag(iteration, KIND_GATHER, self.me))
                   for k, dev in enumerate(self.members) if k != self.me]
         for w in posted["gather"] + sends:
+            w.wait()
+        return torch.cat(out)
+
+    def _sync_batched(self, flat: torch.Tensor, iteration: int) -> torch.Tensor:
+        """NCCL: each phase's sends and receives as one group (a pair's operations otherwise
+        run in issue order on one stream, and two receives posted first would deadlock)."""
+        n = len(self.members)
+        shards = list(flat.tensor_split(n))
+        peers = [(k, dev) for k, dev in enumerate(self.members) if k != self.me]
+        contrib = [torch.empty_like(shards[self.me]) for _ in range(n)]
+        contrib[self.me] = shards[self.me]
+        ops = [dist.P2POp(dist.irecv, contrib[k], dev) for k, dev in peers]
+        ops += [dist.P2POp(dist.isend, shards[k].contiguous(), dev) for k, dev in peers]
+        for w in dist.batch_isend_irecv(ops):
+            w.wait()
+        total = contrib[0].clone()
+        for c in contrib[1:]:
+            total += c
+        out = [torch.empty_like(s) for s in shards]
+        out[self.me] = total
+        ops = [dist.P2POp(dist.irecv, out[k], dev) for k, dev in peers]
+        ops += [dist.P2POp(dist.isend, total, dev) for k, dev in peers]
+        for w in dist.batch_isend_irecv(ops):
             w.wait()
         return torch.cat(out)
 

@@ -125,6 +125,8 @@ class PipelineStageRunner:
         self.dp = make_dp_sync(L.dp_sync, [L.stage_group(j) for j in range(L.d_pp)],
                                self.stage_idx, self.replica)
         self.order = ORDERS[L.schedule](self.n_local, self.stage_idx, L.d_pp)
+        self.next_backward_order = [k for op, k in ORDERS[L.schedule](self.n_local, self.stage_idx + 1, L.d_pp)
+                                    if op == "B"]
         self.comm_dtype = spec.torch_dtype
         self.autocast = spec.dtype != "fp32"
         self.loss_scale = FP16_LOSS_SCALE if spec.dtype == "fp16" else 1.0
@@ -156,7 +158,9 @@ class PipelineStageRunner:
     def _post_grads(self, it: int, posted: dict) -> None:
         if self.last:
             return
-        for k in range(self.n_local):
+        # In the order the next stage runs its backwards: NCCL ignores tags and matches a
+        # pair's messages by order alone.
+        for k in self.next_backward_order:
             buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=self.ctx.device)
             posted["grad"][k] = (buf, dist.irecv(buf, src=self.next, tag=tag(it, KIND_GRAD, k)))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..launch import RankFailure
 from ..results import atomic_write_json, atomic_write_text
 from ..scenario import Topology
-from .runner import IterationStats, RunSpec
+from .runner import PROGRESS_PREFIX, IterationStats, RunSpec
 
 TAIL_CHARS = 2000
 
@@ -36,7 +36,7 @@ def run_in_emulated_cluster(spec: RunSpec, topo: Topology, *, timeout_s: float, 
         env.pop("HARNESS_CLUSTER", None)
         cmd = [sys.executable, "-m", "harness.train.cluster_worker", str(spec_path), str(out_path)]
         res = run_emulated(topo, cmd, mode="launcher", bandwidth_scale=spec.bandwidth_scale, kernel=kernel,
-                           timeout_s=timeout_s + 30, env=env)
+                           timeout_s=timeout_s + 30, env=env, stream=_ProgressLines(sys.stderr))
         if log_path is not None:
             atomic_write_text(log_path, "".join(res.outputs))
         outcome = json.loads(out_path.read_text()) if out_path.exists() else None
@@ -53,6 +53,21 @@ def run_in_emulated_cluster(spec: RunSpec, topo: Topology, *, timeout_s: float, 
                                             "startup_breakdown_s": outcome.get("startup_breakdown_s"), "readback": res.readback}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+class _ProgressLines:
+    """A stream for run_emulated's log tailer that passes on only the ranks' progress lines."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, text: str) -> None:
+        for line in text.splitlines(keepends=True):
+            if line.startswith(PROGRESS_PREFIX):
+                self.out.write(line)
+
+    def flush(self) -> None:
+        self.out.flush()
 
 
 def _tail(res) -> str:

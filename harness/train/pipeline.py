@@ -30,7 +30,7 @@ from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
 from .gpt import GPT, lm_loss, synthetic_batch
 from .layout import PipelineLayout
 from .reference import make_optimizer, micro_batches
-from .runner import IterationStats, RankContext, RunSpec, register_system
+from .runner import IterationStats, RankContext, RunSpec, progress, register_system
 
 KIND_ACT, KIND_GRAD = 1, 2
 FP16_LOSS_SCALE = 1024.0  # static loss scale so fp16 activation gradients do not underflow
@@ -266,6 +266,9 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         if it >= spec.warmup:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
                                         exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss))
+        if ctx.rank == 0:
+            progress(f"iteration {it + 1}/{steps}{' (warm-up)' if it < spec.warmup else ''}: "
+                     f"{t - t_prev:.2f} s on rank 0")
         t_prev = t
     ctx.save_state(runner.state())
     return stats

@@ -19,6 +19,7 @@ import os
 import pkgutil
 import signal
 import socket
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -273,6 +274,14 @@ def _arm_fault(rank: int) -> None:
     t = threading.Timer(float(opts.get("after", 0)), fire)
     t.daemon = True
     t.start()
+
+
+PROGRESS_PREFIX = "harness: "
+
+
+def progress(line: str) -> None:
+    """One progress line on stderr (the emulated launcher forwards lines with this prefix)."""
+    print(f"{PROGRESS_PREFIX}{line}", file=sys.stderr, flush=True)
 
 
 def free_port(addr: str = "127.0.0.1") -> int:

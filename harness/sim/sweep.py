@@ -10,6 +10,7 @@ placement), as the paper reports each baseline's best grid point.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -32,8 +33,10 @@ DEGREES = (1, 2, 4, 8)
 PLACEMENTS = ("default", "random")
 
 
+@functools.lru_cache(maxsize=None)
 def _scheduler_source_digest() -> bytes:
-    """Digest of the scheduler and cost-model sources: a changed scheduler never reuses old cached schedules."""
+    """Digest of the scheduler and cost-model sources: a changed scheduler never reuses old cached schedules.
+    Taken once per process, as the code a process runs is the code it imported."""
     root = Path(__file__).resolve().parent.parent
     files = sorted((root / "scheduler").glob("*.py")) + [root / "cost.py"]
     return hashlib.sha1(b"".join(f.read_bytes() for f in files if f.exists())).digest()

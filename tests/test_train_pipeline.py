@@ -132,3 +132,11 @@ def test_dp_sync_modes_give_the_group_sum_on_every_member():
     for r in range(3):
         for mode in ("ps", "batched", "allreduce"):
             torch.testing.assert_close(state[f"{r}/{mode}"], expected, msg=f"{r}/{mode}")
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_mixed_precision_path_trains_close_to_reference(dtype, reference):
+    """The GPU path's autocast, 2-byte activations/gradients on the wire and fp16 loss scaling,
+    exercised on CPU: losses stay within mixed-precision tolerance of the fp32 reference."""
+    run = run_local(spec(identity_layout(2, 2), dtype=dtype), timeout_s=90)
+    assert [s.loss for s in run.stats] == pytest.approx(reference[0], rel=1e-3)

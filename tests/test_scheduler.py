@@ -29,6 +29,7 @@ INSTANCES = [  # (topology, d_pp, d_dp): 8 to 12 devices, heterogeneous
     (lambda: load_scenario("5", devices=8), 4, 2),
     (lambda: load_scenario("4", devices=8), 2, 4),
     (lambda: random_topology(10, 7), 5, 2),
+    (lambda: random_topology(12, 11), 3, 4),
     (lambda: random_topology(12, 12), 4, 3),
 ]
 
@@ -76,7 +77,7 @@ def test_ga_beats_random_on_the_worldwide_case():
     ga = schedule(*args, scheduler="ga", seed=0).cost["total"]
     kl = schedule(*args, scheduler="ga-kl", seed=0).cost["total"]
     rnd = schedule(*args, scheduler="random", seed=0).cost["total"]
-    assert ga < kl < rnd and ga < 0.9 * rnd
+    assert ga < 0.9 * min(kl, rnd)
 
 
 def test_bad_requests():

@@ -14,7 +14,8 @@ GA (after Bui & Moon): a population of random partitions; two random parents; th
 child keeps whole groups of one parent and takes the other's labels elsewhere (after
 aligning the parents' group labels by overlap), is rebalanced and mutated by one
 random swap at times (a random immigrant replaces a child that copies a member);
-local search from the child; the child replaces the worst member when better and new. Every full COMM-COST evaluation
+local search from the child; the child replaces the worst member when better and new.
+After STAGNATION candidates without a new best, all but the best member are re-seeded. Every full COMM-COST evaluation
 costs one candidate of the budget.
 """
 from __future__ import annotations
@@ -26,9 +27,10 @@ from . import register
 from .search import BudgetExhausted, Evaluator, random_labels
 
 POPULATION = 8
-PATIENCE = 12  # local search stops after this many rejected moves in a row
+PATIENCE = 24  # local search stops after this many rejected moves in a row
 MUTATION = 0.5  # chance of one random swap in a child
-EXTRA_SWAPS = 2  # random swaps tried after the two fastest-link swaps with the best gain
+STAGNATION = 1000  # candidates without a new best before the population is re-seeded
+EXTRA_SWAPS = 3  # random swaps tried after the two fastest-link swaps with the best gain
 
 
 @register("ga")
@@ -51,7 +53,18 @@ def _genetic(model, rng, budget, progress, move):
             labels = random_labels(rng, d_pp, d_dp)
             pop.append(labels)
             costs.append(ev(labels))
+        last_best = (ev.evaluated, ev.best_score)
         while True:
+            if ev.best_score < last_best[1]:
+                last_best = (ev.evaluated, ev.best_score)
+            elif ev.evaluated - last_best[0] > STAGNATION:
+                # Converged: keep the best member, re-seed the rest at random.
+                keep = min(range(len(costs)), key=costs.__getitem__)
+                for k in range(len(pop)):
+                    if k != keep:
+                        pop[k] = random_labels(rng, d_pp, d_dp)
+                        costs[k] = ev(pop[k])
+                last_best = (ev.evaluated, ev.best_score)
             i, j = rng.choice(len(pop), 2, replace=False)
             child = _crossover(pop[i], pop[j], d_pp, d_dp, rng)
             if any(np.array_equal(child, p) for p in pop):

@@ -90,7 +90,7 @@ def _measured(tmp_path, cli, scale: float, compute_share: float = 0.5) -> list[d
     path = tmp_path / "measured" / "records.csv"
     write_records(path, recs)
     # the run manifest says what precision went over the wire (the simulator predicted fp16)
-    (path.parent / "manifest.json").write_text(json.dumps({"spec": {"dtype": "fp16"}}))
+    (path.parent / "manifest.json").write_text(json.dumps({"spec": {"dtype": "fp16", "device_type": "cuda"}}))
     return path.parent
 
 
@@ -112,6 +112,11 @@ def test_compare_puts_sim_and_measured_side_by_side(cli, tmp_path):
     rows32 = {r["system"]: float(r["simulated_s"]) for r in csv.DictReader(open(tmp_path / "cmp32.csv"))}
     rows16 = {r["system"]: float(r["simulated_s"]) for r in rows}
     assert all(rows32[k] > rows16[k] for k in rows16)
+    # the same runs on CPU processes go through gloo, whose rendezvous costs a delay per message
+    (path / "manifest.json").write_text(json.dumps({"spec": {"dtype": "fp16", "device_type": "cpu"}}))
+    rc, out, err = cli("sim", "compare", path, "--csv", tmp_path / "gloo.csv")
+    gloo = {r["system"]: float(r["simulated_s"]) for r in csv.DictReader(open(tmp_path / "gloo.csv"))}
+    assert gloo["megatron"] > rows16["megatron"] and gloo["deepspeed"] > rows16["deepspeed"]
 
 
 def test_compare_ignores_sim_records_and_rejects_empty(tmp_path):

@@ -22,6 +22,14 @@ def test_ring_allreduce_uniform_ring_matches_closed_form():
     np.testing.assert_allclose(end, expected, rtol=1e-12)
 
 
+def test_gloo_ring_waits_for_the_receivers_ready_notice_every_step():
+    n, delay_ms, gbps, nbytes = 5, 10.0, 2.0, 20e6
+    links = Links.from_topology(uniform(n, delay_ms, gbps), "gloo")
+    end = network.ring_allreduce(links, np.arange(n)[None, :], nbytes)
+    alpha, rate = delay_ms / 1e3, gbps * 1e9 / 8
+    np.testing.assert_allclose(end, 2 * (n - 1) * (2 * alpha + nbytes / n / rate), rtol=1e-12)
+
+
 def test_ring_allgather_is_half_an_allreduce_and_respects_start_times():
     links = Links.from_topology(uniform(4, 2.0, 10.0))
     g = np.array([[0, 1, 2, 3]])

@@ -20,6 +20,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="baseline placements to try, comma-separated: default (rank order), random (seeds "
                         "2022-2024, averaged); default both")
     p.add_argument("--no-cache", action="store_true", help="do not read or write results/sim/schedules/")
+    p.add_argument("--protocol", choices=["nccl", "gloo"], default="nccl",
+                   help="communication library's handshakes (default nccl, as the paper's GPUs)")
 
 
 def register(sub) -> None:
@@ -82,7 +84,7 @@ def _sim_kwargs(args) -> dict:
 
     placements = tuple(p.strip() for p in args.placement.split(",") if p.strip())
     return {"profile_overrides": _overrides(args), "budget": args.budget, "schedule_seed": args.schedule_seed,
-            "ps_mode": args.ps_mode, "placements": placements,
+            "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol,
             "cache_dir": None if args.no_cache else RESULTS_DIR / "sim" / "schedules"}
 
 

@@ -3,7 +3,8 @@
 Measured records (backend emu, local or cluster; from `harness run`) are grouped by
 run configuration; the measured time of a group is the median of its iterations.
 The simulator runs the same scenario (scaled to the record's devices), model,
-batch, layout and wire precision (the run manifest's dtype): ours uses the
+batch, layout, wire precision and library (the run manifest's dtype and device:
+CPU runs use gloo, GPU runs NCCL; network.PROTOCOLS): ours uses the
 pipelines the run recorded in `config`, baselines their grid point and rank
 order. Compute speed comes from the device profile: calibrate it from the same
 records first (`harness sim calibrate`), since emulated devices are CPU processes.
@@ -27,10 +28,12 @@ from .sweep import Simulator, random_placement
 
 TARGET_ERROR = 0.15
 BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
-# What a run trained in when its manifest does not say: the trainer's defaults (CPU fp32, GPU bf16).
+# What a run trained in when its manifest does not say: the trainer's defaults (CPU fp32 over gloo,
+# GPU bf16 over NCCL).
 DEFAULT_DTYPE = {"emu": "fp32", "local": "fp32", "cluster": "bf16"}
+DEFAULT_DEVICE = {"emu": "cpu", "local": "cpu", "cluster": "cuda"}
 GROUP_KEYS = ("scenario", "system", "backend", "devices", "model", "layers", "batch", "micro_batch",
-              "bandwidth_scale", "seed", "config", "dtype")
+              "bandwidth_scale", "seed", "config", "dtype", "device_type")
 
 
 @dataclass
@@ -72,15 +75,16 @@ def load_measured(path: Path) -> list[dict]:
     files = sorted(path.rglob("records.csv")) if path.is_dir() else [path]
     out = []
     for f in files:
-        dtype = None
+        spec = {}
         man = f.parent / "manifest.json"
         if man.exists():
             try:
-                dtype = (json.loads(man.read_text()).get("spec") or {}).get("dtype")
+                spec = json.loads(man.read_text()).get("spec") or {}
             except (json.JSONDecodeError, AttributeError):
-                dtype = None
+                spec = {}
         for r in read_records(f):
-            r.setdefault("dtype", dtype)
+            r.setdefault("dtype", spec.get("dtype"))
+            r.setdefault("device_type", spec.get("device_type"))
             out.append(r)
     return out
 
@@ -98,8 +102,10 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
     if dtype not in BYTES_PER_VALUE:
         raise HarnessError(f"records: dtype: unknown {dtype!r} (known: {', '.join(BYTES_PER_VALUE)})")
     bpv = BYTES_PER_VALUE[dtype]
+    device = rec.get("device_type") or DEFAULT_DEVICE.get(rec.get("backend"), "cuda")
+    protocol = "gloo" if device == "cpu" else "nccl"  # torch.distributed's backend for the device
     d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
-    sim = Simulator(topo, overrides, d_pp=d_pp if system.startswith("ours") else 1, micro_batch=mb)
+    sim = Simulator(topo, overrides, d_pp=d_pp if system.startswith("ours") else 1, micro_batch=mb, protocol=protocol)
     L, prof = sim.links, sim.profiles
     placement = np.asarray(conf.get("rank_order") or range(topo.n), dtype=int)
     if system in ("ours", "ours-random"):

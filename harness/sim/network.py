@@ -25,6 +25,12 @@ Collectives (the algorithm NCCL uses for these sizes, and the paper's own for ou
   round k device p sends bytes/D to p+k and receives from p-k, each exchange a
   rendezvous (it starts when both ends reached the round, and the send completes
   when the receiver has the data, as a blocking NCCL send/recv pair).
+Protocols. Before data flows, a library may wait for the receiver's "ready" notice,
+one more one-way delay (receiver -> sender). NCCL posts receive buffers ahead
+through its proxy FIFO, so in steady state neither a point-to-point message nor a
+ring step waits for one (`nccl`: 0, 0). Gloo's unbound-buffer send/recv is a
+rendezvous: the receiver notifies it is ready, then the sender sends, for blocking
+point-to-point and for every ring step (`gloo`: 1, 1); the emulated cluster runs gloo.
 Every function is vectorised over concurrent groups: arrays (G, D) of device ids.
 """
 from __future__ import annotations
@@ -37,16 +43,29 @@ from ..scenario import Topology
 
 
 @dataclass(frozen=True)
+class Protocol:
+    """Extra one-way delays (the receiver's ready notice) a library pays before data flows."""
+
+    name: str
+    p2p_handshake: int  # per blocking point-to-point message
+    step_handshake: int  # per ring step / all-to-all exchange
+
+
+PROTOCOLS = {"nccl": Protocol("nccl", 0, 0), "gloo": Protocol("gloo", 1, 1)}
+
+
+@dataclass(frozen=True)
 class Links:
-    """Delay (s) and rate (bytes/s) of every ordered device pair, with per-device link capacities."""
+    """Delay (s) and rate (bytes/s) of every ordered device pair, per-device link capacities, and the protocol."""
 
     delay_s: np.ndarray
     rate_Bps: np.ndarray  # diagonal inf
     egress_Bps: np.ndarray
     ingress_Bps: np.ndarray
+    protocol: Protocol = PROTOCOLS["nccl"]
 
     @classmethod
-    def from_topology(cls, topo: Topology) -> "Links":
+    def from_topology(cls, topo: Topology, protocol: Protocol | str = "nccl") -> "Links":
         rate = np.asarray(topo.bandwidth_gbps, dtype=float) * 1e9 / 8
         rate = rate.copy()
         np.fill_diagonal(rate, np.inf)
@@ -58,7 +77,11 @@ class Links:
         delay = np.asarray(topo.delay_ms, dtype=float) / 1e3
         delay = delay.copy()
         np.fill_diagonal(delay, 0.0)
-        return cls(delay, rate, egress, ingress)
+        if isinstance(protocol, str):
+            if protocol not in PROTOCOLS:
+                raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
+            protocol = PROTOCOLS[protocol]
+        return cls(delay, rate, egress, ingress, protocol)
 
     def fair_rates(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Max-min fair rate of every concurrent transfer src[k] -> dst[k] (bytes/s)."""
@@ -121,8 +144,10 @@ def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start
         return ready
     succ = np.roll(groups, -1, axis=1)
     ser, delay = step_times(links, groups, succ, chunk_bytes)
+    notice = links.protocol.step_handshake * links.delay_s[succ, groups]  # receiver's ready notice
     for _ in range(steps):
-        sent = ready + ser
+        begin = np.maximum(ready, np.roll(ready, -1, axis=1) + notice) if notice.any() else ready
+        sent = begin + ser
         arrive = np.roll(sent + delay, 1, axis=1)  # position p receives from p-1
         ready = np.maximum(sent, arrive)
     return ready
@@ -158,7 +183,8 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
         for k in range(1, D):
             to = (pos + k) % D
             ser, delay = step_times(links, groups, groups[:, to], shard)
-            begin = np.maximum(ready, ready[:, to])  # rendezvous with the receiver
+            notice = links.protocol.step_handshake * links.delay_s[groups[:, to], groups]
+            begin = np.maximum(ready, ready[:, to] + notice)  # rendezvous with the receiver
             arrive = begin + ser + delay  # at device `to`; the send completes on delivery
             recv_end = np.empty_like(arrive)
             recv_end[:, to] = arrive
@@ -172,7 +198,8 @@ def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: float, ready: n
     dst = np.repeat(groups[:, None, :], D, axis=1)
     off = ~np.eye(D, dtype=bool)[None].repeat(G, 0)
     rate = links.rate_Bps[src, dst]
-    pair = np.where(off, links.delay_s[src, dst] + shard / np.where(off, rate, 1.0), 0.0).max((1, 2))
+    notice = links.protocol.step_handshake * links.delay_s[dst, src]
+    pair = np.where(off, notice + links.delay_s[src, dst] + shard / np.where(off, rate, 1.0), 0.0).max((1, 2))
     out_load = (D - 1) * shard / links.egress_Bps[groups]  # (G, D)
     in_load = (D - 1) * shard / links.ingress_Bps[groups]
     min_delay = np.where(off, links.delay_s[src, dst], np.inf)

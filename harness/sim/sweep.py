@@ -24,7 +24,7 @@ from ..profiles import ComputeProfile, device_profiles
 from ..results import IterationRecord, atomic_write_json
 from ..scenario import Topology
 from . import systems
-from .network import Links
+from .network import PROTOCOLS, Links
 from .systems import SimError, SimResult
 
 SYSTEMS = ("ours", "ours-random", "megatron", "deepspeed")
@@ -68,14 +68,16 @@ class Simulator:
     def __init__(self, topo: Topology, profile_overrides: dict[str, ComputeProfile] | None = None, *,
                  d_pp: int = 8, scheduler: str = "ga", schedule_seed: int = 0, budget: int = 5000,
                  cache_dir: Path | None = None, ps_mode: str = "grouped",
-                 placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1):
+                 placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1, protocol: str = "nccl"):
         if topo.n % d_pp:
             raise SimError(f"--d-pp: {d_pp} does not divide the {topo.n} devices of {topo.name}")
         for p in placements:
             if p not in PLACEMENTS:
                 raise SimError(f"--placement: unknown placement {p!r} (known: {', '.join(PLACEMENTS)})")
         self.topo = topo
-        self.links = Links.from_topology(topo)
+        if protocol not in PROTOCOLS:
+            raise SimError(f"--protocol: unknown {protocol!r} (known: {', '.join(PROTOCOLS)})")
+        self.links = Links.from_topology(topo, protocol)
         self.profiles = device_profiles(topo, profile_overrides)
         self.d_pp, self.d_dp = d_pp, topo.n // d_pp
         self.scheduler, self.schedule_seed, self.budget = scheduler, schedule_seed, budget

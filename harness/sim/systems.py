@@ -132,9 +132,11 @@ def _pipeline_1f1b(links: Links, profiles, cfg, batch, dev: np.ndarray, micro_ba
         src, dst = dev[:-1], dev[1:]  # (pp-1, dp, tp)
         fser, fdel = network.step_times(links, src, dst, act / tp)
         bser, bdel = network.step_times(links, dst, src, act / tp)
-        # blocking runtime: only delivery time matters; the receiving stage all-gathers the slices
-        f_link = (fser + fdel).max(-1) + (ag[1:] if tp > 1 else 0.0)
-        b_link = (bser + bdel).max(-1) + (ag[:-1] if tp > 1 else 0.0)
+        # blocking runtime: only delivery time matters (after the receiver's ready notice, if the
+        # library waits for one); the receiving stage all-gathers the slices
+        h = links.protocol.p2p_handshake
+        f_link = (fser + fdel + h * bdel).max(-1) + (ag[1:] if tp > 1 else 0.0)
+        b_link = (bser + bdel + h * fdel).max(-1) + (ag[:-1] if tp > 1 else 0.0)
     else:
         f_link = b_link = np.zeros((0, dp))
     zeros = np.zeros_like(f_link)

@@ -50,6 +50,7 @@ LAYOUTS = {
     "pp2xdp2-allreduce-gpipe": lambda: identity_layout(2, 2, dp_sync="allreduce"),
     "scheduled-2x2": scheduled_layout,
     "permuted-4x1-1f1b": lambda: PipelineLayout(4, 1, ((2, 0, 3, 1),), schedule="1f1b"),
+    "pp2xdp2-recompute": lambda: identity_layout(2, 2, recompute=True),
 }
 
 

@@ -1,6 +1,7 @@
 """`harness run`: train one system on a scenario (emulated cluster, loopback, or real nodes)."""
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -43,6 +44,8 @@ def register(sub) -> None:
     p.add_argument("--zero", type=int, choices=(1, 3), help="deepspeed: ZeRO stage (1 with pipeline, 3 alone)")
     p.add_argument("--rank-order", default="default",
                    help="baselines: default, or a seed of a random layout (the permutation ours-random uses)")
+    p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
+                   help="ours: recompute activations per block in backward (default: on for cuda)")
     p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
                    help="default fp32 on cpu, bf16 on cuda")
@@ -64,7 +67,7 @@ def _run(args) -> int:
         bandwidth_scale=args.bandwidth_scale, network=args.network, seed=args.seed, scheduler=args.scheduler,
         d_pp=args.d_pp, d_dp=args.d_dp, dp_sync=args.dp_sync, schedule=args.schedule, lr=args.lr,
         dtype=dtype, device_type=args.device, budget=args.budget, timeout_s=args.timeout,
-        results_root=args.out, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, rank_order=args.rank_order,
+        results_root=args.out, recompute=args.recompute, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, rank_order=args.rank_order,
     )
     if args.inventory:
         from ..train.cluster import run_under_torchrun

@@ -52,6 +52,7 @@ class RunRequest:
     d_pp: int | None = None
     d_dp: int | None = None
     dp_sync: str = "sharded-ps"
+    recompute: bool | None = None  # ours: activation recomputation; default on for cuda, off for cpu
     schedule: str | None = None  # ours: gpipe (default) | 1f1b; baselines: their default (1f1b)
     lr: float = 0.1
     dtype: str = "fp32"
@@ -114,7 +115,8 @@ def place(topo: Topology, cfg: GPTConfig, req: RunRequest, d_pp: int, d_dp: int)
     total = model.pipeline_cost(pipelines)
     dp = model.datap_cost(pipelines.T)
     layout = PipelineLayout(d_pp, d_dp, tuple(tuple(int(x) for x in p) for p in pipelines),
-                            dp_sync=req.dp_sync, schedule=req.schedule or "gpipe")
+                            dp_sync=req.dp_sync, schedule=req.schedule or "gpipe",
+                            recompute=req.recompute if req.recompute is not None else req.device_type == "cuda")
     bound = comm_lower_bound(topo, layout, cfg, req.batch, req.micro_batch, 1.0, bpv)
     return Placement(layout, scheduler, {"dp": dp, "pp": total - dp, "total": total}, c_pp, c_dp,
                      {"pipeline": bound.pipeline_s, "dp": bound.dp_s, "total": bound.total_s})

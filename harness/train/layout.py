@@ -22,6 +22,7 @@ class PipelineLayout:
     pipelines: tuple[tuple[int, ...], ...]  # [replica i][stage j] -> device
     dp_sync: str = "sharded-ps"
     schedule: str = "gpipe"
+    recompute: bool = False  # activation recomputation per block (GPipe keeps every micro-batch's graph)
 
     def __post_init__(self):
         if len(self.pipelines) != self.d_dp or any(len(p) != self.d_pp for p in self.pipelines):
@@ -53,13 +54,14 @@ class PipelineLayout:
 
     def to_json(self) -> dict:
         return {"d_pp": self.d_pp, "d_dp": self.d_dp, "pipelines": [list(p) for p in self.pipelines],
-                "dp_sync": self.dp_sync, "schedule": self.schedule}
+                "dp_sync": self.dp_sync, "schedule": self.schedule, "recompute": self.recompute}
 
     @classmethod
     def from_json(cls, d: dict) -> "PipelineLayout":
         try:
             return cls(int(d["d_pp"]), int(d["d_dp"]), tuple(tuple(int(x) for x in p) for p in d["pipelines"]),
-                       d.get("dp_sync", "sharded-ps"), d.get("schedule", "gpipe"))
+                       d.get("dp_sync", "sharded-ps"), d.get("schedule", "gpipe"),
+                       bool(d.get("recompute", False)))
         except (KeyError, TypeError, ValueError) as e:
             raise HarnessError(f"layout: malformed ({type(e).__name__}: {e})") from None
 

@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import HarnessError
 from ..model import stage_layers
@@ -137,8 +138,19 @@ class PipelineStageRunner:
     def _forward(self, x):
         if self.autocast:
             with torch.autocast(self.ctx.device.type, dtype=self.spec.torch_dtype):
-                return self.module(x)
-        return self.module(x)
+                return self._stage_forward(x)
+        return self._stage_forward(x)
+
+    def _stage_forward(self, x):
+        if not self.layout.recompute:
+            return self.module(x)
+        # Keep only block inputs; recompute each block in backward (what the FLOP formula assumes).
+        m = self.module
+        if m.embed is not None:
+            x = m.embed(x)
+        for b in m.blocks:
+            x = checkpoint(b, x, use_reentrant=False)
+        return m.head(x) if m.head is not None else x
 
     def post_receives(self, it: int) -> dict:
         """The receiving slot: post every receive of iteration `it` (activations, their gradients,

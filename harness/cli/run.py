@@ -29,6 +29,8 @@ def register(sub) -> None:
                    help="multiply every link's bandwidth (default 1)")
     p.add_argument("--network", choices=("emulated", "none"), default="emulated",
                    help="emulated: namespaces with shaping; none: loopback, no shaping (default emulated)")
+    p.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto",
+                   help="emulated: the host kernel (needs sch_netem) or user-mode Linux (default auto)")
     p.add_argument("--seed", type=int, default=0, help="data, init and random-assignment seed (default 0)")
     p.add_argument("--scheduler", help="ours: ga (default) | ga-kl | random | exhaustive | identity; "
                                        "ours-random: random-assignment (default)")
@@ -64,7 +66,7 @@ def _run(args) -> int:
     req = RunRequest(
         scenario=args.scenario, system=args.system, devices=args.devices, model=args.model, layers=args.layers,
         batch=args.batch, micro_batch=args.micro_batch, iters=args.iters, warmup=args.warmup,
-        bandwidth_scale=args.bandwidth_scale, network=args.network, seed=args.seed, scheduler=args.scheduler,
+        bandwidth_scale=args.bandwidth_scale, network=args.network, kernel=args.kernel, seed=args.seed, scheduler=args.scheduler,
         d_pp=args.d_pp, d_dp=args.d_dp, dp_sync=args.dp_sync, schedule=args.schedule, lr=args.lr,
         dtype=dtype, device_type=args.device, budget=args.budget, timeout_s=args.timeout,
         results_root=args.out, recompute=args.recompute, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, rank_order=args.rank_order,

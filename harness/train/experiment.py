@@ -47,6 +47,7 @@ class RunRequest:
     warmup: int = 1
     bandwidth_scale: float = 1.0
     network: str = "emulated"  # emulated | none
+    kernel: str = "auto"  # emulated: auto | host | uml (network/kernel.py)
     seed: int = 0
     scheduler: str | None = None  # ours: ga (default) | ga-kl | random | exhaustive | identity
     d_pp: int | None = None
@@ -213,7 +214,8 @@ def _launch(spec: RunSpec, topo: Topology, req: RunRequest, out: Path) -> tuple[
         return "none", [r.stats for r in run.ranks], {}
     from .emulated import run_in_emulated_cluster
 
-    return run_in_emulated_cluster(spec, topo, timeout_s=req.timeout_s, log_path=out / "ranks.log")
+    return run_in_emulated_cluster(spec, topo, timeout_s=req.timeout_s, kernel=req.kernel,
+                                   log_path=out / "ranks.log")
 
 
 class _Interrupted(BaseException):

@@ -51,7 +51,7 @@ def test_dry_run_prints_namespaces_and_shaping(capsys):
     assert out.count(" htb rate ") == 12 and out.count(" netem delay ") == 12
     assert "rate 20000000bit ceil 20000000bit" in out  # 2 Gbps x 0.01, device 0 -> 1
     assert main(["emulate", "--scenario", NET4, "--dry-run"]) == 0
-    assert "netem delay 5000us" in capsys.readouterr().out
+    assert "netem delay 15000us" in capsys.readouterr().out
 
 
 def test_kernel_choice_is_explicit():

@@ -45,9 +45,11 @@ def clear_device(ipr: IPRoute, idx: int) -> None:
             raise
 
 
-def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan) -> None:
-    """Install `dev`'s egress tree on interface `idx` (replacing any tree there)."""
-    clear_device(ipr, idx)
+def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan, *, fresh: bool = False) -> None:
+    """Install `dev`'s egress tree on interface `idx` (replacing any tree there, unless the
+    caller just created the interface)."""
+    if not fresh:
+        clear_device(ipr, idx)
     step = "htb root"
     try:
         ipr.tc("add", "htb", index=idx, handle=0x10000, default=0, r2q=10)

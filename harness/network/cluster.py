@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from pyroute2 import IPRoute, netns
+from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from tqdm import tqdm
 
@@ -68,7 +68,6 @@ class Cluster:
         self._entry.save()
         try:
             self._create()
-            self._shape()
         except BaseException:
             self.teardown()
             raise
@@ -82,32 +81,39 @@ class Cluster:
 
     # -- steps -----------------------------------------------------------------
     def _create(self) -> None:
+        """Namespaces, veths into the bridge, addresses, TCP buffers, then the shaping (with one
+        netlink socket per namespace, opened from inside it: no helper processes)."""
         rid = self.run_id
-        bar = tqdm(total=len(self.devices), desc="namespaces", disable=not self.progress, leave=False)
+        tcp_max = self._tcp_buffer_bytes()
+        problems = []
+        bar = tqdm(total=len(self.devices), desc="namespaces + shaping", disable=not self.progress, leave=False)
         with IPRoute() as ipr:
             ipr.link("add", ifname=self.bridge, kind="bridge")
             br = ipr.link_lookup(ifname=self.bridge)[0]
             ipr.link("set", index=br, state="up")
-            for dev in self.devices:
-                netns.create(dev.netns)
+            for dev, dplan in zip(self.devices, self.plan.devices):
+                harness_netns.create(dev.netns_path)
                 host_if = registry.host_veth_name(rid, dev.index)
                 ipr.link("add", ifname=host_if, kind="veth", peer=dev.ifname)
                 h = ipr.link_lookup(ifname=host_if)[0]
                 p = ipr.link_lookup(ifname=dev.ifname)[0]
                 ipr.link("set", index=p, net_ns_fd=dev.netns)
-                ipr.link("set", index=h, master=br)
-                ipr.link("set", index=h, state="up")
-                with IPRoute(netns=dev.netns) as nsr:
-                    i = nsr.link_lookup(ifname=dev.ifname)[0]
-                    nsr.addr("add", index=i, address=dev.addr, prefixlen=self.plan.prefix_len)
-                    nsr.link("set", index=i, state="up")
-                    lo = nsr.link_lookup(ifname="lo")[0]
-                    nsr.link("set", index=lo, state="up")
+                ipr.link("set", index=h, master=br, state="up")
+                with harness_netns.inside(dev.netns_path):
+                    _set_tcp_buffers(tcp_max)
+                    with IPRoute() as nsr:
+                        i = nsr.link_lookup(ifname=dev.ifname)[0]
+                        nsr.addr("add", index=i, address=dev.addr, prefixlen=self.plan.prefix_len)
+                        nsr.link("set", index=i, state="up")
+                        nsr.link("set", index=nsr.link_lookup(ifname="lo")[0], state="up")
+                        apply_device(nsr, i, dplan, fresh=True)
+                        rb = readback(nsr, i)
+                self.readback[str(dev.index)] = rb
+                problems += compare(dplan, rb)
                 bar.update()
         bar.close()
-        tcp_max = self._tcp_buffer_bytes()
-        for dev in self.devices:
-            harness_netns.run_in(dev.netns_path, lambda: _set_tcp_buffers(tcp_max))
+        if problems:
+            raise ShapingError(f"kernel state differs from the plan: {problems[0]} ({len(problems)} differences)")
 
     def _tcp_buffer_bytes(self) -> int:
         bdp = 0.0
@@ -115,21 +121,6 @@ class Cluster:
             for link in dev.links:
                 bdp = max(bdp, link.rate_bps / 8 * 2 * (link.delay_us + link.jitter_us) / 1e6)
         return int(min(TCP_MEM_CAP_BYTES, max(TCP_MEM_MIN_MAX_BYTES, 4 * bdp)))
-
-    def _shape(self) -> None:
-        bar = tqdm(total=len(self.devices), desc="shaping", disable=not self.progress, leave=False)
-        problems = []
-        for dev, dplan in zip(self.devices, self.plan.devices):
-            with IPRoute(netns=dev.netns) as nsr:
-                idx = nsr.link_lookup(ifname=dev.ifname)[0]
-                apply_device(nsr, idx, dplan)
-                rb = readback(nsr, idx)
-            self.readback[str(dev.index)] = rb
-            problems += compare(dplan, rb)
-            bar.update()
-        bar.close()
-        if problems:
-            raise ShapingError(f"kernel state differs from the plan: {problems[0]} ({len(problems)} differences)")
 
     def describe(self, kernel: str) -> dict:
         """The HARNESS_CLUSTER document for launcher-mode programs."""

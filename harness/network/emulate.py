@@ -151,6 +151,12 @@ class _SignalExit(KeyboardInterrupt):
     """SIGTERM turned into an exception, so `finally` blocks tear down."""
 
 
+def _stop_flag():
+    from . import runner
+
+    return runner.stop_requested
+
+
 @contextmanager
 def _signals_as_exceptions():
     if threading.current_thread() is not threading.main_thread():
@@ -158,8 +164,10 @@ def _signals_as_exceptions():
         return
 
     def handler(signum, frame):
+        _stop_flag().set()
         raise _SignalExit(f"signal {signum}")
 
+    _stop_flag().clear()
     old = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield

@@ -1,4 +1,4 @@
-"""Entering a network namespace from a forked child (Python 3.11 has no os.setns).
+"""Entering and creating network namespaces without forking (Python 3.11 has no os.setns).
 
 Launcher-mode programs (one Python process that imports torch once and forks one
 child per device) call `enter(netns_path)` in each child before opening sockets.
@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+from contextlib import contextmanager
 
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -39,3 +40,48 @@ def run_in(netns_path: str, fn) -> None:
     _, status = os.waitpid(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise OSError(f"netns.run_in({netns_path}) failed")
+
+
+MS_BIND = 0x1000
+CLONE_NEWNET_FLAG = CLONE_NEWNET
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+
+
+def _check(rc: int, what: str) -> None:
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+@contextmanager
+def inside(netns_path: str):
+    """Run the calling thread inside the namespace for the block (sockets opened there stay
+    bound to it), then return it to the namespace it came from."""
+    back = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        enter(netns_path)
+        try:
+            yield
+        finally:
+            _check(_libc.setns(back, CLONE_NEWNET), "setns(back)")
+    finally:
+        os.close(back)
+
+
+def create(netns_path: str) -> None:
+    """`ip netns add` without forking: a new namespace bind-mounted at `netns_path`."""
+    os.makedirs(os.path.dirname(netns_path), exist_ok=True)
+    os.close(os.open(netns_path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o444))
+    back = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        try:
+            _check(_libc.mount(b"/proc/thread-self/ns/net", netns_path.encode(), b"none", MS_BIND, None),
+                   f"mount --bind {netns_path}")
+        finally:
+            _check(_libc.setns(back, CLONE_NEWNET), "setns(back)")
+    except BaseException:
+        os.unlink(netns_path)
+        raise
+    finally:
+        os.close(back)

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,13 @@ from .cluster import Cluster
 #: (a distributed job whose peer died would otherwise wait for its own timeout).
 FAIL_GRACE_S = 5.0
 TIMEOUT_RC = 124
+#: Set by the caller's signal handler: an exception raised from a handler can be swallowed
+#: (e.g. inside fork's at-fork hooks), so the wait loop also checks this flag.
+stop_requested = threading.Event()
+
+
+class Stopped(KeyboardInterrupt):
+    """The run was asked to stop (SIGTERM/SIGINT/SIGHUP): tear down and leave."""
 
 
 def log_path(job_dir: Path, i: int) -> Path:
@@ -93,6 +101,8 @@ def _wait(procs: list[subprocess.Popen], timeout_s: float) -> tuple[list[int], b
     deadline = time.monotonic() + timeout_s
     failed_at = None
     while True:
+        if stop_requested.is_set():
+            raise Stopped("stop requested")
         codes = [p.poll() for p in procs]
         if all(c is not None for c in codes):
             return [int(c) for c in codes], False

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from ..errors import HarnessError
-from . import registry
+from . import registry, runner
 from .kernel import UML_BINARY, UML_MODULES
 
 MODULES = ("sch_netem", "sch_htb", "cls_u32", "veth", "bridge")
@@ -122,6 +122,8 @@ def boot(job_dir: Path, entry: registry.Entry, *, cwd: str, wall_timeout_s: floa
     deadline = time.monotonic() + wall_timeout_s
     try:
         while proc.poll() is None:
+            if runner.stop_requested.is_set():
+                raise runner.Stopped("stop requested")
             if time.monotonic() > deadline:
                 registry.kill_uml(proc.pid, rid)
                 proc.wait()

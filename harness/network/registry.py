@@ -54,7 +54,7 @@ def umid(rid: str) -> str:
 class Entry:
     run_id: str
     pid: int  # owner; the entry is stale once it is gone
-    kind: str  # "cluster" (namespaces in this kernel) | "uml" (a user-mode Linux kernel)
+    kind: str  # "cluster" (namespaces here) | "uml" (a UML kernel) | "job" (a job dir) | "node" (net apply)
     netns: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     uml_pid: int = 0
@@ -147,6 +147,8 @@ def clean(*, include_live: bool = False) -> list[Entry]:
     """Tear down the entries of runs that are gone (or all, with include_live); return them."""
     done = []
     for e in entries():
+        if e.kind == "node" and not include_live:
+            continue  # real-node shaping stays until `net clear`
         if include_live or not pid_alive(e.pid):
             teardown(e)
             done.append(e)

@@ -1,0 +1,166 @@
+"""Real nodes: inventory parsing, dry-run commands (the physical-NIC part), and the namespace
+wiring + shaping of `net apply`/`net clear` run for real inside user-mode Linux (macvlan on
+a dummy NIC, and veth on a bridge)."""
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.network import kernel
+from harness.network.emulate import run_emulated
+from harness.network.node import InventoryError, load_inventory, node_commands
+from harness.scenario import load_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+NET4 = str(ROOT / "tests/data/net-4dev.yaml")
+
+
+def _inventory(tmp_path, text: str) -> Path:
+    p = tmp_path / "cluster.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+# case 1 scaled to 16 devices: 8 nodes x 2 GPUs, NVLink inside a node, 25 Gbps between
+CASE1 = """
+    scenario: 1
+    devices: 16
+    subnet: 10.214.0.0/16
+    nodes:
+      - {name: gpu-a, nic: eth0, devices: [0, 1]}
+      - {name: gpu-b, nic: ens5, devices: [2, 3]}
+      - {name: gpu-c, nic: ens5, devices: [4, 5]}
+      - {name: gpu-d, nic: ens5, devices: [6, 7]}
+      - {name: gpu-e, nic: ens5, devices: [8, 9]}
+      - {name: gpu-f, nic: ens5, devices: [10, 11]}
+      - {name: gpu-g, nic: ens5, devices: [12, 13]}
+      - {name: gpu-h, nic: ens5, devices: [14, 15]}
+"""
+
+
+def test_dry_run_shapes_only_pairs_between_nodes(tmp_path, capsys):
+    inv = _inventory(tmp_path, CASE1)
+    assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run",
+                 "--bandwidth-scale", "0.5"]) == 0
+    out = capsys.readouterr().out
+    topo = load_scenario("1", devices=16)
+    assert topo.device_region[0] == topo.device_region[1] != topo.device_region[2]
+    assert out.count("ip netns add harness-") == 2
+    assert out.count("link eth0 type macvlan mode bridge") == 2 and "ens5" not in out
+    # NVLink between devices 0 and 1 stays unshaped: 2 devices x 14 destinations on other nodes
+    assert out.count(" htb rate ") == 28
+    assert "rate 12500000000bit ceil 12500000000bit" in out  # 25 Gbps x 0.5
+    assert "match ip dst 10.214.0.3/32" in out and "match ip dst 10.214.0.2/32" not in out
+    assert "10.214.0.1/16 dev hnp-" in out and "NCCL_NET=Socket" in out
+    assert main(["net", "clear", "--inventory", str(inv), "--node", "gpu-h", "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("ip netns del harness-") == 2
+
+
+@pytest.mark.parametrize("text, needle", [
+    (CASE1.replace("[14, 15]", "[14]"), "devices [15] of the scenario are on no node"),
+    (CASE1.replace("[2, 3]", "[1, 3]"), "device 1 is already on node 'gpu-a'"),
+    (CASE1.replace("subnet:", "sub_net:"), "sub_net: unknown key"),
+    (CASE1.replace("10.214.0.0/16", "8.8.0.0/16"), "private"),
+    (CASE1.replace("nic: ens5, ", ""), "nodes[1].nic: missing"),
+    (CASE1.replace("devices: 16", "devices: 12"), "--devices: 12"),
+])
+def test_bad_inventories_are_one_line_errors(tmp_path, capsys, text, needle):
+    inv = _inventory(tmp_path, text)
+    assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert needle in err and len(err.splitlines()) == 1
+
+
+def test_unknown_node(tmp_path):
+    inv = load_inventory(_inventory(tmp_path, CASE1))
+    with pytest.raises(InventoryError, match="no node named 'gpu-z'"):
+        node_commands(inv, "gpu-z")
+
+
+GUEST = textwrap.dedent("""
+    # Inside UML (root, netem): a dummy NIC for macvlan, a bridge for veth; apply, measure, clear.
+    import json, os, socket, sys, time
+    from pyroute2 import IPRoute
+    from harness.network import registry
+    from harness.network.netns import enter
+    from harness.network.node import apply_node, clear_node, load_inventory, node_run_id
+    inv_path = sys.argv[1]
+    with IPRoute() as ipr:
+        ipr.link("add", ifname="nic0", kind="dummy")
+        ipr.link("set", index=ipr.link_lookup(ifname="nic0")[0], state="up")
+        ipr.link("add", ifname="brt0", kind="bridge")
+        ipr.link("set", index=ipr.link_lookup(ifname="brt0")[0], state="up")
+    before = registry.leftovers()["netns"]
+    print("\\n".join(apply_node(inv_path, "a")))
+    print("\\n".join(apply_node(inv_path, "a")))  # idempotent
+    print("\\n".join(apply_node(inv_path, "b", link_kind="veth")))
+    inv = load_inventory(inv_path)
+    ns = lambda node, d: f"/var/run/netns/harness-{node_run_id(node)}-{d}"
+    addr = lambda d: f"10.214.0.{d + 1}"
+
+    def rtt(src_ns, dst_ns, dst_addr):
+        r, w = os.pipe()
+        if os.fork() == 0:
+            enter(dst_ns)
+            srv = socket.create_server((dst_addr, 7100))
+            os.write(w, b"R")
+            c, _ = srv.accept()
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while (b := c.recv(1)):
+                c.sendall(b)
+            os._exit(0)
+        os.read(r, 1)
+        r2, w2 = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            enter(src_ns)
+            s = socket.create_connection((dst_addr, 7100), timeout=10)
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            xs = []
+            for _ in range(5):
+                t = time.perf_counter(); s.sendall(b"x"); s.recv(1); xs.append((time.perf_counter() - t) * 1e3)
+            os.write(w2, json.dumps(sorted(xs)[2]).encode()); os._exit(0)
+        os.waitpid(pid, 0)
+        return json.loads(os.read(r2, 100))
+
+    a = rtt(ns("a", 0), ns("a", 1), addr(1))   # macvlan, same node
+    b = rtt(ns("b", 2), ns("b", 3), addr(3))   # veth on a bridge
+    topo = inv.topo
+    print("rtt", a, b, flush=True)
+    assert abs(a - (topo.delay_ms[0][1] + topo.delay_ms[1][0])) < 3, a
+    assert abs(b - (topo.delay_ms[2][3] + topo.delay_ms[3][2])) < 3, b
+    assert len(registry.leftovers()["netns"]) == len(before) + 4
+    registry.clean()  # `net clean` leaves node shaping alone
+    assert len(registry.leftovers()["netns"]) == len(before) + 4
+    print("\\n".join(clear_node(inv_path, "a")))
+    print("\\n".join(clear_node(inv_path, "b")))
+    assert registry.leftovers()["netns"] == before, registry.leftovers()
+    assert not [e for e in registry.entries() if e.kind == "node"]
+    print("NODE-CHECKS OK", flush=True)
+""")
+
+_missing = kernel.uml_missing() + ([] if os.geteuid() == 0 else ["root"])
+
+
+@pytest.mark.skipif(bool(_missing), reason=f"user-mode Linux unavailable: {', '.join(_missing)}")
+@pytest.mark.timeout(150)
+def test_apply_and_clear_wire_and_shape_namespaces_in_a_kernel(tmp_path):
+    inv = _inventory(tmp_path, f"""
+        scenario: {NET4}
+        bandwidth_scale: 0.01
+        subnet: 10.214.0.0/16
+        nodes:
+          - {{name: a, nic: nic0, devices: [0, 1]}}
+          - {{name: b, nic: brt0, devices: [2, 3]}}
+    """)
+    script = tmp_path / "node_checks.py"
+    script.write_text(GUEST)
+    res = run_emulated(load_scenario(NET4).subset([0, 1]), [sys.executable, str(script), str(inv)],
+                       mode="launcher", kernel="uml", timeout_s=120)
+    assert res.returncodes == [0], res.outputs[0][-3000:]
+    assert "NODE-CHECKS OK" in res.outputs[0]

@@ -13,7 +13,6 @@ import os
 from dataclasses import dataclass
 
 from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
 from tqdm import tqdm
 
 from . import netns as harness_netns
@@ -137,5 +136,3 @@ def _set_tcp_buffers(max_bytes: int) -> None:
         with open(f"/proc/sys/net/ipv4/{name}", "w") as f:
             f.write(f"4096 {default} {max_bytes}")
 
-
-__all__ = ["Cluster", "Device", "NetlinkError"]

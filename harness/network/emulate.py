@@ -30,7 +30,6 @@ import pickle
 import shutil
 import signal
 import threading
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ from ..errors import HarnessError
 from . import registry, uml
 from .kernel import choose
 from .plan import PlanError
-from .runner import TIMEOUT_RC, log_path, read_result, run_job, write_result
+from .runner import TIMEOUT_RC, log_path, read_result, run_job
 
 MODES = ("per-device", "launcher")
 #: Wall-clock allowance on top of the command's timeout for booting UML and set-up/teardown.

@@ -24,26 +24,7 @@ def enter(netns_path: str) -> None:
         os.close(fd)
 
 
-def run_in(netns_path: str, fn) -> None:
-    """Run `fn()` in a forked child inside the namespace; raise if it fails."""
-    pid = os.fork()
-    if pid == 0:  # child
-        code = 1
-        try:
-            enter(netns_path)
-            fn()
-            code = 0
-        except BaseException as e:  # noqa: BLE001 - reported through the exit code
-            os.write(2, f"netns.run_in({netns_path}): {e}\n".encode())
-        finally:
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise OSError(f"netns.run_in({netns_path}) failed")
-
-
 MS_BIND = 0x1000
-CLONE_NEWNET_FLAG = CLONE_NEWNET
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
 
 

@@ -20,7 +20,18 @@ from pathlib import Path
 
 from ..results import atomic_write_json
 
-REGISTRY_DIR = Path(os.environ.get("HARNESS_NET_REGISTRY", "/run/harness-net"))
+def _registry_dir() -> Path:
+    """/run/harness-net for root (gone at reboot, like namespaces); per user otherwise
+    (a user-mode Linux run needs no root)."""
+    if "HARNESS_NET_REGISTRY" in os.environ:
+        return Path(os.environ["HARNESS_NET_REGISTRY"])
+    if os.geteuid() == 0:
+        return Path("/run/harness-net")
+    base = os.environ.get("XDG_RUNTIME_DIR") or f"/tmp/harness-net-{os.geteuid()}"
+    return Path(base) / "harness-net"
+
+
+REGISTRY_DIR = _registry_dir()
 RUN_ID_RE = re.compile(r"^[0-9a-f]{6}$")
 NETNS_RE = re.compile(r"^harness-[0-9a-f]{6}-\d+$")
 LINK_RE = re.compile(r"^hn[bvp]-[0-9a-f]{6}(-\d+)?$")
@@ -133,9 +144,9 @@ def teardown(entry: Entry) -> None:
     if entry.kind == "uml":
         kill_uml(entry.uml_pid, entry.run_id)
         remove_uml_leftovers(entry.run_id)
-        if entry.job_dir:
-            shutil.rmtree(entry.job_dir, ignore_errors=True)
-    else:
+    if entry.job_dir:
+        shutil.rmtree(entry.job_dir, ignore_errors=True)
+    if entry.netns or entry.links:
         from .apply import delete_links, delete_netns
 
         delete_netns([n for n in entry.netns if NETNS_RE.match(n)])

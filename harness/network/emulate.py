@@ -133,7 +133,12 @@ def _run_in_uml(job: dict, topo, job_dir: Path, entry: registry.Entry) -> dict:
         n = topo.n if job["mode"] == "per-device" else 1
         if not halted:
             return {"kernel": "uml", "returncodes": [TIMEOUT_RC] * n, "timed_out": True, "readback": {}}
-        raise EmulationError(f"user-mode Linux halted without a result; console: {uml.console_tail(job_dir)}")
+        tail = uml.console_tail(job_dir)
+        if "set fp regs failed" in tail:
+            raise EmulationError("user-mode Linux cannot restore FP registers on this CPU (AVX-512/AMX XSAVE "
+                                 "area): it needs harness/network/uml_xstate_shim.c built with a C compiler "
+                                 "(apt-get install gcc libc6-dev)")
+        raise EmulationError(f"user-mode Linux halted without a result; console: {tail}")
     if result.get("traceback"):
         (job_dir / "guest-traceback.txt").write_text(result["traceback"])
     return result

@@ -134,7 +134,7 @@ def _run_in_uml(job: dict, topo, job_dir: Path, entry: registry.Entry) -> dict:
         if not halted:
             return {"kernel": "uml", "returncodes": [TIMEOUT_RC] * n, "timed_out": True, "readback": {}}
         tail = uml.console_tail(job_dir)
-        if "set fp regs failed" in tail:
+        if "set fp regs failed" in _read(job_dir / "console.log"):
             raise EmulationError("user-mode Linux cannot restore FP registers on this CPU (AVX-512/AMX XSAVE "
                                  "area): it needs harness/network/uml_xstate_shim.c built with a C compiler "
                                  "(apt-get install gcc libc6-dev)")

@@ -147,6 +147,7 @@ GUEST = textwrap.dedent("""
 _missing = kernel.uml_missing() + ([] if os.geteuid() == 0 else ["root"])
 
 
+@pytest.mark.net
 @pytest.mark.skipif(bool(_missing), reason=f"user-mode Linux unavailable: {', '.join(_missing)}")
 @pytest.mark.timeout(150)
 def test_apply_and_clear_wire_and_shape_namespaces_in_a_kernel(tmp_path):

@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parent.parent
 NET4 = str(ROOT / "tests/data/net-4dev.yaml")
 
 _missing = kernel.uml_missing() + ([] if os.geteuid() == 0 else ["root"])
-pytestmark = pytest.mark.skipif(bool(_missing), reason=f"user-mode Linux unavailable: {', '.join(_missing)}")
+pytestmark = [pytest.mark.net,
+              pytest.mark.skipif(bool(_missing), reason=f"user-mode Linux unavailable: {', '.join(_missing)}")]
 
 
 def _no_leftovers_of(rid: str) -> None:

@@ -24,14 +24,18 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # iproute2 + kmod for namespaces and modules; user-mode-linux boots a 6.1 kernel with
-# sch_netem as a process when the host kernel lacks it (see harness/network/kernel.py).
+# sch_netem as a process when the host kernel lacks it (see harness/network/kernel.py);
+# gcc builds the small register-state shim UML needs on CPUs with AVX-512/AMX
+# (harness/network/uml_xstate_shim.c).
+SYSTEM_PACKAGES := user-mode-linux kmod iproute2 gcc libc6-dev
 system-deps:
-	@if command -v linux.uml >/dev/null && command -v ip >/dev/null && command -v modprobe >/dev/null; then \
-	  echo "system packages present (user-mode-linux, iproute2, kmod)"; \
+	@if command -v linux.uml >/dev/null && command -v ip >/dev/null && command -v modprobe >/dev/null \
+	    && command -v cc >/dev/null; then \
+	  echo "system packages present ($(SYSTEM_PACKAGES))"; \
 	elif [ "$$(id -u)" = 0 ]; then \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq user-mode-linux kmod iproute2 >/dev/null; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \
 	else \
-	  echo "system-deps: run as root (apt-get install user-mode-linux kmod iproute2)"; exit 1; \
+	  echo "system-deps: run as root (apt-get install $(SYSTEM_PACKAGES))"; exit 1; \
 	fi
 
 test: $(STAMP) system-deps
@@ -40,12 +44,26 @@ test: $(STAMP) system-deps
 bench: $(STAMP) system-deps
 	$(PY) -m pytest tests/bench --benchmark-only --benchmark-columns=min,median,max,rounds -q
 
-# The world-wide case: scenario summary and heatmaps, a scheduled assignment, the
-# scheduler comparison (Fig. 4). Later stages extend this target.
+# The world-wide case (case 5). Paper scale: scenario heatmaps, the GA assignment, the
+# scheduler comparison (Fig. 4) and the simulator. Emulated (8 devices = one per region,
+# tiny GPT, links at 1/100 of the paper's bandwidth so communication dominates as in the
+# paper): ours, ours-random (the paper's seeds) and the baselines, then one table of all
+# runs and the simulator's prediction for each of them.
+EMU5 := --scenario 5 --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 \
+        --bandwidth-scale 0.01 --iters 3 --warmup 3 --out $(SCENARIO5_OUT)/emu
 scenario-5: $(STAMP) system-deps
-	$(HARNESS) scenario show 5 --out $(SCENARIO5_OUT)
+	$(HARNESS) scenario show 5 --out $(SCENARIO5_OUT)/scenario
 	$(HARNESS) schedule --scenario 5 --scheduler ga --json $(SCENARIO5_OUT)/schedule-ga.json
-	$(HARNESS) schedule compare --scenario 5 --out $(SCENARIO5_OUT)
+	$(HARNESS) schedule compare --scenario 5 --out $(SCENARIO5_OUT)/compare
+	$(HARNESS) sim --scenario 5 --json $(SCENARIO5_OUT)/sim.json --out $(SCENARIO5_OUT)/sim
+	$(HARNESS) run $(EMU5) --system ours
+	for s in 2022 2023 2024; do $(HARNESS) run $(EMU5) --system ours-random --seed $$s || exit 1; done
+	$(HARNESS) run $(EMU5) --system megatron --tp 1 --pp 4 --dp 2
+	$(HARNESS) run $(EMU5) --system megatron --tp 1 --pp 4 --dp 2 --rank-order 2022
+	$(HARNESS) run $(EMU5) --system deepspeed --zero 1 --pp 4 --dp 2
+	$(HARNESS) run $(EMU5) --system deepspeed --zero 3
+	$(HARNESS) report runs $(SCENARIO5_OUT)/emu
+	$(HARNESS) sim compare $(SCENARIO5_OUT)/emu --csv $(SCENARIO5_OUT)/sim-vs-emu.csv
 
 net-clean: $(STAMP)
 	$(HARNESS) net clean

@@ -86,7 +86,7 @@ def grid(system: str, request) -> list[Layout]:
             f"--system {system}: no layout of {devices} devices fits model {cfg.name} "
             f"({cfg.layers} layers, {cfg.heads} heads) with batch {request.batch} / micro-batch {request.micro_batch}"
         )
-    return [replace(lay, schedule=request.schedule) for lay in layouts]
+    return [replace(lay, schedule=request.schedule or "1f1b") for lay in layouts]
 
 
 def tune(request, system: str, rank_order: str = "default", progress: bool = True, execute=None) -> TuneResult:

@@ -8,6 +8,28 @@ from pathlib import Path
 from . import positive_float, positive_int
 
 
+def add_training_arguments(p: argparse.ArgumentParser) -> None:
+    """Scenario, model, data and runtime flags shared by `harness run` and `harness tune`."""
+    p.add_argument("--scenario", required=True, help="case number, name or path of a scenario file")
+    p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
+    p.add_argument("--model", default="tiny", help="tiny | small | medium | gpt3-xl | ... (default tiny)")
+    p.add_argument("--layers", type=positive_int)
+    p.add_argument("--batch", type=positive_int, default=8, help="global batch, samples (default 8)")
+    p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (default 1)")
+    p.add_argument("--bandwidth-scale", type=positive_float, default=1.0,
+                   help="multiply every link's bandwidth (default 1)")
+    p.add_argument("--network", choices=("emulated", "none"), default="emulated",
+                   help="emulated: namespaces with shaping; none: loopback, no shaping (default emulated)")
+    p.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto",
+                   help="emulated: the host kernel (needs sch_netem) or user-mode Linux (default auto)")
+    p.add_argument("--lr", type=positive_float, default=0.1)
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
+                   help="default fp32 on cpu, bf16 on cuda")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--out", type=Path, help="results root (default results/)")
+
+
 def register(sub) -> None:
     p = sub.add_parser(
         "run",
@@ -16,21 +38,9 @@ def register(sub) -> None:
                     "--network none), train, and write results/<scenario>/<run-id>/{manifest.json,records.csv}. "
                     "Under torchrun on real nodes pass --inventory.",
     )
-    p.add_argument("--scenario", required=True, help="case number, name or path of a scenario file")
+    add_training_arguments(p)
     p.add_argument("--system", default="ours", help="ours | ours-random | megatron | deepspeed (default ours)")
-    p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
-    p.add_argument("--model", default="tiny", help="tiny | small | medium | gpt3-xl | ... (default tiny)")
-    p.add_argument("--layers", type=positive_int)
-    p.add_argument("--batch", type=positive_int, default=8, help="global batch, samples (default 8)")
-    p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (default 1)")
-    p.add_argument("--bandwidth-scale", type=positive_float, default=1.0,
-                   help="multiply every link's bandwidth (default 1)")
-    p.add_argument("--network", choices=("emulated", "none"), default="emulated",
-                   help="emulated: namespaces with shaping; none: loopback, no shaping (default emulated)")
-    p.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto",
-                   help="emulated: the host kernel (needs sch_netem) or user-mode Linux (default auto)")
     p.add_argument("--seed", type=int, default=0, help="data, init and random-assignment seed (default 0)")
     p.add_argument("--scheduler", help="ours: ga (default) | ga-kl | random | exhaustive | identity; "
                                        "ours-random: random-assignment (default)")
@@ -48,12 +58,7 @@ def register(sub) -> None:
                    help="baselines: default, or a seed of a random layout (the permutation ours-random uses)")
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                    help="ours: recompute activations per block in backward (default: on for cuda)")
-    p.add_argument("--lr", type=positive_float, default=0.1)
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
-                   help="default fp32 on cpu, bf16 on cuda")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before the run is failed")
-    p.add_argument("--out", type=Path, help="results root (default results/)")
     p.add_argument("--inventory", type=Path,
                    help="real nodes: run under torchrun with this cluster.yaml (see README)")
     p.set_defaults(func=_run)

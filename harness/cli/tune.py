@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import positive_float, positive_int
+from .run import add_training_arguments
 
 
 def register(sub) -> None:
@@ -14,30 +15,15 @@ def register(sub) -> None:
                     "deepspeed: ZeRO-3 and ZeRO-1 + pipeline. Each point is a `harness run` (records kept under "
                     "results/<scenario>/<run-id>/); the summary goes to results/<scenario>/tune-<system>-<stamp>/.",
     )
-    p.add_argument("--scenario", required=True, help="case number, name or path of a scenario file")
+    add_training_arguments(p)
     p.add_argument("--system", required=True, choices=("megatron", "deepspeed"))
-    p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
-    p.add_argument("--model", default="tiny", help="tiny | small | medium | gpt3-xl | ... (default tiny)")
-    p.add_argument("--layers", type=positive_int)
-    p.add_argument("--batch", type=positive_int, default=8, help="global batch, samples (default 8)")
-    p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations per point (default 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (default 1)")
-    p.add_argument("--bandwidth-scale", type=positive_float, default=1.0,
-                   help="multiply every link's bandwidth (default 1)")
-    p.add_argument("--network", choices=("emulated", "none"), default="emulated",
-                   help="emulated: namespaces with shaping; none: loopback, no shaping (default emulated)")
     p.add_argument("--seed", type=int, default=0, help="data and init seed (default 0)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b",
                    help="pipeline schedule of every point (default 1f1b, as Megatron and DeepSpeed)")
     p.add_argument("--rank-order", default="default",
                    help="default (rank order) or a seed of a random layout, e.g. 2022 (default: default)")
-    p.add_argument("--lr", type=positive_float, default=0.1)
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
-                   help="default fp32 on cpu, bf16 on cuda")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before a point is failed")
-    p.add_argument("--out", type=Path, help="results root (default results/)")
     p.set_defaults(func=_tune)
 
 
@@ -48,7 +34,7 @@ def _tune(args) -> int:
     req = RunRequest(
         scenario=args.scenario, system=args.system, devices=args.devices, model=args.model, layers=args.layers,
         batch=args.batch, micro_batch=args.micro_batch, iters=args.iters, warmup=args.warmup,
-        bandwidth_scale=args.bandwidth_scale, network=args.network, seed=args.seed, schedule=args.schedule,
+        bandwidth_scale=args.bandwidth_scale, network=args.network, kernel=args.kernel, seed=args.seed, schedule=args.schedule,
         lr=args.lr, dtype=args.dtype or ("bf16" if args.device == "cuda" else "fp32"), device_type=args.device,
         timeout_s=args.timeout, results_root=args.out,
     )

@@ -25,11 +25,14 @@ def test_runs_table_groups_by_system_and_layout_and_skips_failed_runs(tmp_path, 
     run(tmp_path, "b", "ok", [6.0])
     run(tmp_path, "c", "failed", [100.0])
     run(tmp_path, "d", "ok", [1.0], system="megatron", config=json.dumps({"tp": 1, "pp": 4, "dp": 2}))
+    run(tmp_path, "e", "ok", [8.0], system="megatron",
+        config=json.dumps({"tp": 1, "pp": 4, "dp": 2, "rank_order": [1, 0, 2, 3]}))
     rc, out, _ = cli("report", "runs", tmp_path)
     assert rc == 0
     table = pd.read_csv(tmp_path / "runs.csv")
-    assert list(table.system) == ["megatron", "ours"]  # fastest first
+    assert list(table.system) == ["megatron", "ours", "megatron"]  # fastest first
     assert table.layout[0] == "tp=1,pp=4,dp=2" and table.layout[1] == "tp=1,pp=4,dp=2"
+    assert table.layout[2] == "tp=1,pp=4,dp=2,rank_order=[...]"  # a permuted layout is its own row
     ours = table.iloc[1]
     assert ours.runs == 2 and ours.seconds == pytest.approx((3.0 + 6.0) / 2)  # failed run c left out
     assert ours.seconds_min == pytest.approx(3.0) and ours.seconds_max == pytest.approx(6.0)

@@ -38,7 +38,10 @@ def _layout(r) -> str:
     cfg = r.get("config") or ""
     if cfg:
         try:
-            return ",".join(f"{k}={v}" for k, v in json.loads(cfg).items() if not isinstance(v, (list, dict)))
+            # list values (pipelines, a permuted rank order) are marked, not spelled out: runs of
+            # one system with and without a permutation stay apart, seeds of one kind together
+            return ",".join(f"{k}=[...]" if isinstance(v, (list, dict)) else f"{k}={v}"
+                            for k, v in json.loads(cfg).items())
         except (json.JSONDecodeError, AttributeError):
             return str(cfg)
     return f"tp={r['d_tp']},pp={r['d_pp']},dp={r['d_dp']}"

@@ -12,7 +12,7 @@ from harness.model import get_model
 from harness.profiles import load_profiles
 from harness.results import IterationRecord, read_records, write_records
 from harness.scenario import load_scenario
-from harness.sim.compare import compare
+from harness.sim.compare import compare, simulate_record
 
 SMALL = ["--scenario", "5", "--devices", "8", "--layers", "8", "--batch", "64", "--budget", "200", "--no-cache"]
 
@@ -63,7 +63,7 @@ def test_sim_report_writes_tables_and_figures(cli, tmp_path):
 
 
 def _measured(tmp_path, cli, scale: float, compute_share: float = 0.5) -> list[dict]:
-    """Fabricated 'measured' records: the simulator's own predictions x scale, relabelled as emu runs."""
+    """Fabricated 'measured' records: what compare predicts for each run x scale, relabelled as emu runs."""
     rc, out, err = cli("sim", *SMALL, "--json", tmp_path / "s.json", "--out", tmp_path / "run")
     assert rc == 0, err
     docs = {}
@@ -82,10 +82,14 @@ def _measured(tmp_path, cli, scale: float, compute_share: float = 0.5) -> list[d
             sim = Simulator(topo, d_pp=conf["pp"], budget=200)
             conf["pipelines"] = sim.assignment(get_model("gpt3-xl", 8), 64).tolist()
             conf["d_pp"] = conf["pp"]
+        fields = {k: d[k] for k in IterationRecord.__dataclass_fields__ if k in d}
+        fields.update(backend="emu", config=json.dumps(conf), loss=2.0)
+        # what compare will simulate for this run (the baselines as the harness runs them, not the
+        # paper-scale model that wrote s.json), then "measured" = that x scale
+        predicted = simulate_record({**fields, "dtype": "fp16", "device_type": "cuda"})
         for it in range(3):
-            fields = {k: d[k] for k in IterationRecord.__dataclass_fields__ if k in d}
-            fields.update(backend="emu", iteration=it, seconds=d["seconds"] * scale * (1 + 0.01 * it),
-                          compute_seconds=d["seconds"] * compute_share, config=json.dumps(conf), loss=2.0)
+            fields.update(iteration=it, seconds=predicted * scale * (1 + 0.01 * it),
+                          compute_seconds=predicted * compute_share)
             recs.append(IterationRecord(**fields))
     path = tmp_path / "measured" / "records.csv"
     write_records(path, recs)

@@ -23,7 +23,7 @@ from ..model import get_model
 from ..profiles import ComputeProfile
 from ..results import read_records
 from ..scenario import load_scenario
-from . import systems
+from . import systems, torch_runtime
 from .sweep import Simulator, random_placement
 
 TARGET_ERROR = 0.15
@@ -105,7 +105,10 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
     device = rec.get("device_type") or DEFAULT_DEVICE.get(rec.get("backend"), "cuda")
     protocol = "gloo" if device == "cpu" else "nccl"  # torch.distributed's backend for the device
     d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
-    sim = Simulator(topo, overrides, d_pp=d_pp if system.startswith("ours") else 1, micro_batch=mb, protocol=protocol)
+    # the emulator shapes every pair on its own (network.Links, nic="per-pair"); real clusters share NICs
+    nic = "per-pair" if rec.get("backend") == "emu" else "shared"
+    sim = Simulator(topo, overrides, d_pp=d_pp if system.startswith("ours") else 1, micro_batch=mb, protocol=protocol,
+                    nic=nic)
     L, prof = sim.links, sim.profiles
     placement = np.asarray(conf.get("rank_order") or range(topo.n), dtype=int)
     if system in ("ours", "ours-random"):
@@ -118,18 +121,19 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
         r = systems.simulate_ours(L, prof, cfg, batch, pipes, mb, system=system,
                                   schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"),
                                   bytes_per_value=bpv)
-    elif system == "megatron":
-        r = systems.simulate_megatron(L, prof, cfg, batch, int(conf.get("tp", 1)), int(conf.get("pp", 1)),
-                                      int(conf.get("dp", topo.n)), placement, mb, bpv)
-    elif system == "deepspeed":
-        if int(conf.get("zero", 3)) == 3:
-            r = systems.simulate_zero3(L, prof, cfg, batch, placement, mb, bpv)
-        else:
-            r = systems.simulate_zero1_pp(L, prof, cfg, batch, int(conf.get("pp", 1)), int(conf.get("dp", topo.n)),
-                                          placement, mb, bpv)
-    else:
+        return r.seconds
+    if system not in ("megatron", "deepspeed"):
         raise HarnessError(f"records: system: unknown {system!r} (known: ours, ours-random, megatron, deepspeed)")
-    return r.seconds
+    tp, zero = int(conf.get("tp", 1)), int(conf.get("zero", 0 if system == "megatron" else 3))
+    if zero == 3:
+        return systems.simulate_zero3(L, prof, cfg, batch, placement, mb, bpv).seconds
+    pp, dp = int(conf.get("pp", 1)), int(conf.get("dp", topo.n))
+    if tp > 1:  # the torch-runtime model has no tensor parallelism: Megatron-LM's model
+        return systems.simulate_megatron(L, prof, cfg, batch, tp, pp, dp, placement, mb, bpv).seconds
+    # the baselines run torch.distributed.pipelining + DDP (+ ZeRO-1): simulate that runtime
+    dev = systems.megatron_layout(placement, 1, pp, dp)[:, :, 0]
+    seconds, _ = torch_runtime.simulate(L, prof, cfg, batch, dev, mb, conf.get("schedule", "1f1b"), zero, bpv)
+    return seconds
 
 
 def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = None,

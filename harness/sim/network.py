@@ -5,9 +5,12 @@ b / rate. The rate is the max-min fair share of three capacities the transfer
 crosses: the pair path d->e (bandwidth_gbps[d][e]), the sender's egress and the
 receiver's ingress. A device's egress (ingress) capacity is its fastest outgoing
 (incoming) pair: its network interface can at least do that, and nothing in a
-scenario says more. So transfers that share a sender's or receiver's link share
-its bandwidth; a pattern in which every device sends to one peer and receives
-from one (a ring step, a pipeline hop) runs every pair at its own rate.
+scenario says more (`nic="shared"`, the paper-scale model). So transfers that
+share a sender's or receiver's link share its bandwidth; a pattern in which every
+device sends to one peer and receives from one (a ring step, a pipeline hop) runs
+every pair at its own rate. The emulated cluster shapes every destination in its
+own HTB class with rate = ceil and no common parent (harness/network/plan.py), so
+there pairs never share (`nic="per-pair"`: egress and ingress unlimited).
 
 Collectives (the algorithm NCCL uses for these sizes, and the paper's own for ours):
 - ring all-reduce = reduce-scatter + all-gather, 2(D-1) steps of bytes/D;
@@ -65,15 +68,20 @@ class Links:
     protocol: Protocol = PROTOCOLS["nccl"]
 
     @classmethod
-    def from_topology(cls, topo: Topology, protocol: Protocol | str = "nccl") -> "Links":
+    def from_topology(cls, topo: Topology, protocol: Protocol | str = "nccl", nic: str = "shared") -> "Links":
         rate = np.asarray(topo.bandwidth_gbps, dtype=float) * 1e9 / 8
         rate = rate.copy()
         np.fill_diagonal(rate, np.inf)
         off = rate.copy()
         np.fill_diagonal(off, 0.0)
         n = rate.shape[0]
-        egress = off.max(1) if n > 1 else np.full(n, np.inf)
-        ingress = off.max(0) if n > 1 else np.full(n, np.inf)
+        if nic == "shared":
+            egress = off.max(1) if n > 1 else np.full(n, np.inf)
+            ingress = off.max(0) if n > 1 else np.full(n, np.inf)
+        elif nic == "per-pair":
+            egress = ingress = np.full(n, np.inf)
+        else:
+            raise ValueError(f"unknown nic model {nic!r} (known: shared, per-pair)")
         delay = np.asarray(topo.delay_ms, dtype=float) / 1e3
         delay = delay.copy()
         np.fill_diagonal(delay, 0.0)
@@ -166,16 +174,21 @@ def ring_allgather(links: Links, groups, nbytes: float, start=None) -> np.ndarra
     return ring(links, groups, nbytes / D, D - 1, start)
 
 
-def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "grouped") -> np.ndarray:
-    """Finish times of the sharded parameter-server exchange of nbytes per device (groups: (G, D))."""
+def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "grouped",
+               preposted: bool = False) -> np.ndarray:
+    """Finish times of the sharded parameter-server exchange of nbytes per device (groups: (G, D)).
+
+    preposted: every receive was posted before the exchange (ours' runtime posts an iteration's
+    receives up front), so no transfer waits for a ready notice whatever the protocol."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
     ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
     if D == 1 or nbytes <= 0:
         return ready
     shard = nbytes / D
+    handshake = 0 if preposted else links.protocol.step_handshake
     if mode == "grouped":
-        return _grouped_all_to_all(links, groups, shard, ready, exchanges=2)
+        return _grouped_all_to_all(links, groups, shard, ready, exchanges=2, handshake=handshake)
     if mode != "rounds":
         raise ValueError(f"unknown sharded-PS mode {mode!r}")
     pos = np.arange(D)
@@ -183,7 +196,7 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
         for k in range(1, D):
             to = (pos + k) % D
             ser, delay = step_times(links, groups, groups[:, to], shard)
-            notice = links.protocol.step_handshake * links.delay_s[groups[:, to], groups]
+            notice = handshake * links.delay_s[groups[:, to], groups]
             begin = np.maximum(ready, ready[:, to] + notice)  # rendezvous with the receiver
             arrive = begin + ser + delay  # at device `to`; the send completes on delivery
             recv_end = np.empty_like(arrive)
@@ -192,13 +205,14 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
     return ready
 
 
-def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: float, ready: np.ndarray, exchanges: int) -> np.ndarray:
+def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: float, ready: np.ndarray, exchanges: int,
+                        handshake: int) -> np.ndarray:
     G, D = groups.shape
     src = np.repeat(groups[:, :, None], D, axis=2)  # (G, D, D): src[g, p, q] = groups[g, p]
     dst = np.repeat(groups[:, None, :], D, axis=1)
     off = ~np.eye(D, dtype=bool)[None].repeat(G, 0)
     rate = links.rate_Bps[src, dst]
-    notice = links.protocol.step_handshake * links.delay_s[dst, src]
+    notice = handshake * links.delay_s[dst, src]
     pair = np.where(off, notice + links.delay_s[src, dst] + shard / np.where(off, rate, 1.0), 0.0).max((1, 2))
     out_load = (D - 1) * shard / links.egress_Bps[groups]  # (G, D)
     in_load = (D - 1) * shard / links.ingress_Bps[groups]

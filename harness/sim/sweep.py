@@ -68,7 +68,8 @@ class Simulator:
     def __init__(self, topo: Topology, profile_overrides: dict[str, ComputeProfile] | None = None, *,
                  d_pp: int = 8, scheduler: str = "ga", schedule_seed: int = 0, budget: int = 5000,
                  cache_dir: Path | None = None, ps_mode: str = "grouped",
-                 placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1, protocol: str = "nccl"):
+                 placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1, protocol: str = "nccl",
+                 nic: str = "shared"):
         if topo.n % d_pp:
             raise SimError(f"--d-pp: {d_pp} does not divide the {topo.n} devices of {topo.name}")
         for p in placements:
@@ -77,7 +78,7 @@ class Simulator:
         self.topo = topo
         if protocol not in PROTOCOLS:
             raise SimError(f"--protocol: unknown {protocol!r} (known: {', '.join(PROTOCOLS)})")
-        self.links = Links.from_topology(topo, protocol)
+        self.links = Links.from_topology(topo, protocol, nic)
         self.profiles = device_profiles(topo, profile_overrides)
         self.d_pp, self.d_dp = d_pp, topo.n // d_pp
         self.scheduler, self.schedule_seed, self.budget = scheduler, schedule_seed, budget

@@ -80,7 +80,9 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     end = np.empty_like(tl.finish)
     for j in range(P):
         if dp_sync == "sharded-ps":
-            end[j] = network.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :], mode=ps_mode)[0]
+            # the runtime posts every receive of the iteration up front (harness/train/dp_sync.py)
+            end[j] = network.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :], mode=ps_mode,
+                                        preposted=True)[0]
         elif dp_sync == "allreduce":
             end[j] = network.ring_allreduce(links, S[j][None, :], grads[j], start=tl.finish[j][None, :])[0]
         else:

@@ -48,7 +48,8 @@ bench: $(STAMP) system-deps
 # scheduler comparison (Fig. 4) and the simulator. Emulated (8 devices = one per region,
 # tiny GPT, links at 1/100 of the paper's bandwidth so communication dominates as in the
 # paper): ours, ours-random (the paper's seeds) and the baselines, then one table of all
-# runs and the simulator's prediction for each of them.
+# runs and the simulator's prediction for each of them (compute speed calibrated from the
+# runs' own compute timings, since emulated devices are CPU processes).
 EMU5 := --scenario 5 --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 \
         --bandwidth-scale 0.01 --iters 3 --warmup 3 --out $(SCENARIO5_OUT)/emu
 scenario-5: $(STAMP) system-deps
@@ -62,7 +63,9 @@ scenario-5: $(STAMP) system-deps
 	$(HARNESS) run $(EMU5) --system megatron --tp 1 --pp 4 --dp 2 --rank-order 2022
 	$(HARNESS) run $(EMU5) --system deepspeed --zero 1 --pp 4 --dp 2
 	$(HARNESS) report runs $(SCENARIO5_OUT)/emu
-	$(HARNESS) sim compare $(SCENARIO5_OUT)/emu --csv $(SCENARIO5_OUT)/sim-vs-emu.csv
+	$(HARNESS) sim calibrate $(SCENARIO5_OUT)/emu --out $(SCENARIO5_OUT)/emu-profile.json
+	$(HARNESS) sim compare $(SCENARIO5_OUT)/emu --profile $(SCENARIO5_OUT)/emu-profile.json \
+	    --csv $(SCENARIO5_OUT)/sim-vs-emu.csv
 
 net-clean: $(STAMP)
 	$(HARNESS) net clean

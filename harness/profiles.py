@@ -2,9 +2,10 @@
 
 The peak is data from the scenario (DeviceProfile.peak_tflops); what a device
 achieves is peak x efficiency, with one efficiency per operation class. Defaults
-are published measurements, each with its source; `calibrate` replaces them
-with what measured records show (achieved FLOP/s = FLOP the device ran /
-its compute seconds), so the simulator can be checked against real runs.
+are published measurements, each with its source; `harness sim calibrate`
+(harness.sim.compare.calibrate_records) replaces them with what measured records
+show (the efficiency at which the simulator's busiest device computes as long
+as the measured one did), so the simulator can be checked against real runs.
 
 Operation classes:
   transformer  the dense GEMM-heavy transformer blocks (forward, backward, recompute)
@@ -108,37 +109,4 @@ def load_profiles(path: Path) -> dict[str, ComputeProfile]:
             if not isinstance(v, (int, float)) or not 0 < v <= 1:
                 raise ProfileError(f"{path}: profiles.{name}.efficiency.{k}: must be in (0, 1] (got {v!r})")
         out[name] = ComputeProfile(str(p.get("gpu", name)), float(p.get("peak_tflops", 0) or 0), dict(eff), str(p.get("source", "")))
-    return out
-
-
-def calibrate(records: list[dict], device_peaks: dict[str, tuple[str, float]]) -> dict[str, ComputeProfile]:
-    """Efficiency per GPU type from measured records.
-
-    A record's device ran pflop/devices of the iteration's FLOP (every layout splits the
-    work evenly) in `compute_seconds`; achieved = that / compute_seconds, efficiency =
-    achieved / peak. `device_peaks` maps a record's scenario to (gpu, peak_tflops). The
-    median over records is used (robust to a slow first iteration).
-    """
-    by_gpu: dict[str, list[float]] = {}
-    peaks: dict[str, float] = {}
-    for r in records:
-        if r.get("backend") == "sim":
-            continue
-        if r["scenario"] not in device_peaks:
-            raise ProfileError(f"records: scenario: {r['scenario']!r} unknown (cannot find its device peak)")
-        gpu, peak = device_peaks[r["scenario"]]
-        if not r.get("compute_seconds") or r["compute_seconds"] <= 0 or r["devices"] < 1:
-            continue
-        achieved = r["pflop"] * 1e15 / r["devices"] / r["compute_seconds"]
-        by_gpu.setdefault(gpu, []).append(achieved / (peak * 1e12))
-        peaks[gpu] = peak
-    if not by_gpu:
-        raise ProfileError("records: no measured record with compute_seconds > 0 (backend emu/local/cluster)")
-    out = {}
-    for gpu, effs in by_gpu.items():
-        effs.sort()
-        med = effs[len(effs) // 2] if len(effs) % 2 else 0.5 * (effs[len(effs) // 2 - 1] + effs[len(effs) // 2])
-        med = min(med, 1.0)
-        out[gpu] = ComputeProfile(gpu, peaks[gpu], {c: med for c in OP_CLASSES},
-                                  f"calibrated: median of {len(effs)} measured records")
     return out

@@ -41,9 +41,9 @@ def test_gpipe_two_stages_one_micro_batch_closed_form():
     links = Links.from_topology(topo, "gloo", "per-pair")
     prof = device_profiles(topo)
     s = workload.activation_bytes(TINY, 1, 4) / (gbps * 1e9 / 8)
-    fwd, bwd = workload.stage_compute(TINY, 2, 1, prof, np.array([0, 1]))
+    fwd, bwd = workload.stage_compute(TINY, 2, 1, prof, np.array([0, 1]), recompute=False)
     f0, f1, b0, b1 = fwd[0], fwd[1], bwd[0], bwd[1]
-    seconds, _ = torch_runtime.simulate(links, prof, TINY, 1, np.array([[0], [1]]), schedule="gpipe",
+    seconds, _, _ = torch_runtime.simulate(links, prof, TINY, 1, np.array([[0], [1]]), schedule="gpipe",
                                         bytes_per_value=4)
     # stage 1 posts its receive at 0; its notice reaches stage 0 at d; the activation leaves at
     # max(f0, d) and arrives s + d later; stage 1 computes and posts the gradient; stage 0, done
@@ -53,7 +53,7 @@ def test_gpipe_two_stages_one_micro_batch_closed_form():
     grad_arrive = max(grad_post, act_sent + d) + s + d
     assert seconds == pytest.approx(grad_arrive + b0, rel=1e-9)
     # with NCCL's model (no ready notice) the same run is faster by the notices on the critical path
-    fast, _ = torch_runtime.simulate(Links.from_topology(topo, "nccl"), prof, TINY, 1, np.array([[0], [1]]),
+    fast, _, _ = torch_runtime.simulate(Links.from_topology(topo, "nccl"), prof, TINY, 1, np.array([[0], [1]]),
                                      schedule="gpipe", bytes_per_value=4)
     assert fast < seconds
 
@@ -95,7 +95,7 @@ def test_ddp_reduce_inside_the_last_backward_serialises_the_stages():
     links = Links.from_topology(topo, "gloo", "per-pair")
     cfg = GPTConfig("t", layers=4, hidden=64, heads=4, seq=32, vocab=256)
     prof = device_profiles(topo)
-    seconds, det = torch_runtime.simulate(links, prof, cfg, 8, dev, bytes_per_value=4)
+    seconds, _, det = torch_runtime.simulate(links, prof, cfg, 8, dev, bytes_per_value=4)
     grads = workload.stage_param_bytes(cfg, P, 4)
     per_stage = [float(network.ring_allreduce(links, dev[j][None, :], grads[j]).max()) for j in range(P)]
     assert seconds >= sum(per_stage)

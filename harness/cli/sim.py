@@ -181,17 +181,10 @@ def cmd_report(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from ..profiles import calibrate, save_profiles
-    from ..results import read_records
-    from ..scenario import load_scenario
+    from ..profiles import save_profiles
+    from ..sim.compare import calibrate_records, load_measured
 
-    records = _read(args.records, read_records)
-    peaks = {}
-    for r in records:
-        if r["scenario"] not in peaks:
-            prof = load_scenario(r["scenario"]).profiles[0]
-            peaks[r["scenario"]] = (prof.gpu, prof.peak_tflops)
-    profiles = calibrate(records, peaks)
+    profiles = calibrate_records(_read(args.records, load_measured))
     save_profiles(args.out, profiles)
     for gpu, p in profiles.items():
         print(f"{gpu}: efficiency {p.efficiency['transformer']:.4g} of {p.peak_tflops:g} TFLOPS ({p.source})")

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import HarnessError
 from ..model import get_model
-from ..profiles import ComputeProfile
+from ..profiles import OP_CLASSES, ComputeProfile
 from ..results import read_records
 from ..scenario import load_scenario
 from . import systems, torch_runtime
@@ -91,6 +91,11 @@ def load_measured(path: Path) -> list[dict]:
 
 def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> float:
     """Simulated seconds of one iteration of the run a record describes."""
+    return simulate_run(rec, overrides)[0]
+
+
+def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> tuple[float, float]:
+    """(iteration seconds, busiest device's compute seconds) of the run a record describes."""
     topo = load_scenario(rec["scenario"], devices=int(rec["devices"]))
     scale = float(rec.get("bandwidth_scale") or 1.0)
     if scale != 1.0:
@@ -120,20 +125,58 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
             pipes = random_placement(topo.n, int(rec["seed"])).reshape(sim.d_pp, sim.d_dp).T
         r = systems.simulate_ours(L, prof, cfg, batch, pipes, mb, system=system,
                                   schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"),
-                                  bytes_per_value=bpv)
-        return r.seconds
+                                  bytes_per_value=bpv, recompute=bool(conf.get("recompute", device == "cuda")))
+        return r.seconds, r.compute_seconds
     if system not in ("megatron", "deepspeed"):
         raise HarnessError(f"records: system: unknown {system!r} (known: ours, ours-random, megatron, deepspeed)")
     tp, zero = int(conf.get("tp", 1)), int(conf.get("zero", 0 if system == "megatron" else 3))
     if zero == 3:
-        return systems.simulate_zero3(L, prof, cfg, batch, placement, mb, bpv).seconds
+        r = systems.simulate_zero3(L, prof, cfg, batch, placement, mb, bpv)
+        return r.seconds, r.compute_seconds
     pp, dp = int(conf.get("pp", 1)), int(conf.get("dp", topo.n))
     if tp > 1:  # the torch-runtime model has no tensor parallelism: Megatron-LM's model
-        return systems.simulate_megatron(L, prof, cfg, batch, tp, pp, dp, placement, mb, bpv).seconds
+        r = systems.simulate_megatron(L, prof, cfg, batch, tp, pp, dp, placement, mb, bpv)
+        return r.seconds, r.compute_seconds
     # the baselines run torch.distributed.pipelining + DDP (+ ZeRO-1): simulate that runtime
     dev = systems.megatron_layout(placement, 1, pp, dp)[:, :, 0]
-    seconds, _ = torch_runtime.simulate(L, prof, cfg, batch, dev, mb, conf.get("schedule", "1f1b"), zero, bpv)
-    return seconds
+    seconds, compute, _ = torch_runtime.simulate(L, prof, cfg, batch, dev, mb, conf.get("schedule", "1f1b"), zero, bpv)
+    return seconds, compute
+
+
+# Systems whose records' compute_seconds is observed inside the timed iteration (ours' runtime
+# times its compute sections). The baselines' is a start-up measurement taken while every rank
+# measures at once (harness/train/baselines/train.py), inflated when ranks share cores.
+COMPUTE_OBSERVED = ("ours", "ours-random")
+
+
+def calibrate_records(records: list[dict]) -> dict[str, ComputeProfile]:
+    """Efficiency per GPU type such that the simulator's busiest-device compute equals the measured one.
+
+    For each measured record, the run is simulated at efficiency 1 (compute scales as 1 /
+    efficiency), so efficiency = simulated compute at 1 / measured compute_seconds; this counts
+    exactly the work the busiest device did (its stage, the LM head, recomputation or not). The
+    median over records is used; records of COMPUTE_OBSERVED systems are preferred when present.
+    """
+    measured = [r for r in records if r.get("backend") != "sim" and (r.get("compute_seconds") or 0) > 0]
+    if not measured:
+        raise HarnessError("records: no measured record with compute_seconds > 0 (backend emu, local or cluster)")
+    observed = [r for r in measured if r["system"] in COMPUTE_OBSERVED]
+    use = observed or measured
+    by_gpu: dict[str, list[float]] = {}
+    peaks: dict[str, float] = {}
+    sims: dict[tuple, float] = {}
+    for r in use:
+        dev = load_scenario(r["scenario"]).profiles[0]
+        unit = {dev.gpu: ComputeProfile(dev.gpu, 0.0, {c: 1.0 for c in OP_CLASSES}, "unit")}
+        key = tuple(str(r.get(k)) for k in GROUP_KEYS)
+        if key not in sims:
+            sims[key] = simulate_run(r, unit)[1]
+        by_gpu.setdefault(dev.gpu, []).append(min(sims[key] / float(r["compute_seconds"]), 1.0))
+        peaks[dev.gpu] = dev.peak_tflops
+    what = "in-iteration" if observed else "start-up"
+    return {gpu: ComputeProfile(gpu, peaks[gpu], {c: float(np.median(e)) for c in OP_CLASSES},
+                                f"calibrated: median of {len(e)} measured records ({what} compute timings)")
+            for gpu, e in by_gpu.items()}
 
 
 def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = None,

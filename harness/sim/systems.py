@@ -61,15 +61,16 @@ def _check_layers(cfg: GPTConfig, pp: int):
 def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, batch: int,
                   pipelines: np.ndarray, micro_batch: int = 1, system: str = "ours",
                   dp_bytes: np.ndarray | None = None, ps_mode: str = "grouped", schedule: str = "gpipe",
-                  dp_sync: str = "sharded-ps", bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
+                  dp_sync: str = "sharded-ps", bytes_per_value: int = workload.BYTES_PER_VALUE,
+                  recompute: bool = True) -> SimResult:
     """pipelines: (D_DP, D_PP) device of stage j of replica i. dp_bytes overrides the per-stage gradient
     bytes; ps_mode "grouped" or "rounds" (network.sharded_ps); schedule gpipe (the paper) or 1f1b;
-    dp_sync sharded-ps (the paper) or allreduce (ring), as the trainer's options."""
+    dp_sync sharded-ps (the paper) or allreduce (ring), recompute (the paper) or not, as the trainer's options."""
     pipelines = np.asarray(pipelines, dtype=int)
     R, P = pipelines.shape
     _check_layers(cfg, P)
     M = _micro_batches(batch, R, micro_batch, "pipelines")
-    fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, pipelines)  # (R, P)
+    fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, pipelines, recompute=recompute)  # (R, P)
     act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
     S = pipelines.T  # (P, R)
     fser, fdel = network.step_times(links, S[:-1], S[1:], act)

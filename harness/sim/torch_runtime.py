@@ -183,17 +183,18 @@ def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: li
 
 def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, dev: np.ndarray, micro_batch: int = 1,
              schedule: str = "1f1b", zero: int = 0,
-             bytes_per_value: int = workload.BYTES_PER_VALUE) -> tuple[float, dict]:
+             bytes_per_value: int = workload.BYTES_PER_VALUE) -> tuple[float, float, dict]:
     """Seconds of one iteration of the torch-pipelining baseline on layout dev (pp, dp) of device ids.
 
-    Returns (seconds, details). Tensor parallelism is not modelled here (the emulated runs that
-    `sim compare` checks use D_TP = 1)."""
+    Returns (seconds, busiest device's compute seconds, details). The baselines keep activations
+    (no recompute). Tensor parallelism is not modelled here (the emulated runs that `sim compare`
+    checks use D_TP = 1)."""
     dev = np.asarray(dev, dtype=int)
     P, R = dev.shape
     if batch % (R * micro_batch):
         raise ValueError(f"batch {batch} does not split into {R} replicas x micro-batch {micro_batch}")
     M = batch // (R * micro_batch)
-    fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, dev.T)  # (R, P)
+    fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, dev.T, recompute=False)  # (R, P)
     act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
     grads = workload.stage_param_bytes(cfg, P, bytes_per_value)
     programs = [schedule_program(schedule, P, M, j) for j in range(P)]
@@ -271,5 +272,5 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, dev: np.ndarray
         for j, tensors in enumerate(stage_tensor_bytes(cfg, P, bytes_per_value)):
             t[j] = broadcasts(links, dev[j], t[j], tensors, zero1_owner(tensors, R))
     dp_seconds = float(max((reduce_end[j] - reduce_at[j]).max() for j in reduce_end)) if reduce_end else 0.0
-    return float(t.max()), {"micro_batches": M, "pipeline_seconds": float(pipeline_end.max()),
+    return float(t.max()), float((M * (fwd + bwd)).max()), {"micro_batches": M, "pipeline_seconds": float(pipeline_end.max()),
                             "dp_seconds": dp_seconds, "zero1_broadcast_seconds": float((t - pipeline_end).max())}

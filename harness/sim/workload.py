@@ -35,11 +35,12 @@ def stage_param_bytes(cfg: GPTConfig, d_pp: int, bytes_per_value: int = BYTES_PE
 
 
 def stage_compute(cfg: GPTConfig, d_pp: int, micro_batch: int, profiles: list[ComputeProfile],
-                  devices: np.ndarray, tp: int = 1) -> tuple[np.ndarray, np.ndarray]:
+                  devices: np.ndarray, tp: int = 1, recompute: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward incl. recompute) seconds per micro-batch of the stage each device runs.
 
     devices: int array (..., d_pp) of device ids in stage order (the last axis is the stage);
-    with tensor parallelism every device does 1/tp of its stage's work.
+    with tensor parallelism every device does 1/tp of its stage's work. recompute=False: the
+    blocks' backward is 2 forwards (the harness's CPU runs and its baselines keep activations).
     """
     layers = np.asarray(stage_layers(cfg, d_pp), dtype=float)
     devices = np.asarray(devices)
@@ -49,5 +50,5 @@ def stage_compute(cfg: GPTConfig, d_pp: int, micro_batch: int, profiles: list[Co
     head = np.zeros(d_pp)
     head[-1] = head_fwd_flop(cfg, micro_batch) / tp
     fwd = f_block / rate_t + head / rate_h
-    bwd = 3 * f_block / rate_t + 2 * head / rate_h  # backward (2x) + recomputed forward (1x); head: 2x
+    bwd = (3 if recompute else 2) * f_block / rate_t + 2 * head / rate_h  # backward (2x) + recomputed forward (1x); head: 2x
     return fwd, bwd

@@ -105,7 +105,7 @@ def test_compare_puts_sim_and_measured_side_by_side(cli, tmp_path):
     rows = list(csv.DictReader(open(tmp_path / "cmp.csv")))
     assert {r["system"] for r in rows} >= {"ours", "megatron", "deepspeed"}
     for r in rows:
-        # measured = sim x 1.1 x (1.01 median) -> error about -10%, inside the 15% target
+        # measured = sim x 1.1 x (1.01 mean) -> error about -10%, inside the 15% target
         assert float(r["error"]) == pytest.approx(1 / (1.1 * 1.01) - 1, abs=1e-3)
     assert "MISS" not in out
     bad = _measured(tmp_path / "b", cli, scale=2.0)

@@ -101,3 +101,27 @@ def test_reference_micro_batching_does_not_change_the_math():
     assert l1[2] < l1[0]  # it trains
     for k in s1:
         torch.testing.assert_close(s2[k], s1[k], rtol=1e-5, atol=1e-6)
+
+
+def test_merge_stats_on_one_clock_sums_to_the_wall_time_not_the_ranks_worst_noise():
+    from harness.train.runner import merge_stats
+
+    # two ranks with a common period of 1.2 s, alternating 1.0 / 1.4 s out of phase
+    a_dur, b_dur = [1.0, 1.4, 1.0, 1.4], [1.4, 1.0, 1.4, 1.0]
+
+    def ranks(durations, start):
+        out, t = [], start
+        for d in durations:
+            t += d
+            out.append(IterationStats(d, 0.1, d - 0.1, math.nan, end=t))
+        return out
+
+    per_rank = [ranks(a_dur, 10.0), ranks(b_dur, 9.8)]
+    merged = merge_stats(per_rank, shared_clock=True)
+    wall = max(r[-1].end for r in per_rank) - max(r[0].end - r[0].seconds for r in per_rank)
+    assert sum(m.seconds for m in merged) == pytest.approx(wall)
+    assert sum(m.seconds for m in merged) < sum(max(a, b) for a, b in zip(a_dur, b_dur))
+    # different hosts (or no timestamps): the slowest rank's own duration
+    assert [m.seconds for m in merge_stats(per_rank)] == [1.4] * 4
+    no_end = [[IterationStats(d, 0.1, 0.0, math.nan) for d in a_dur], [IterationStats(d, 0.1, 0.0, math.nan) for d in b_dur]]
+    assert [m.seconds for m in merge_stats(no_end, shared_clock=True)] == [1.4] * 4

@@ -388,6 +388,11 @@ MODEL_TEXT = """\
   parameter ring all-gather.
 - Not modelled: optimizer step (memory-bound, tens of ms), memory limits, kernel launch and framework overheads,
   jitter and loss, TCP slow start.
+- Checked against emulated runs with `harness sim compare`, which simulates what the harness ran: ours with its
+  pre-posted receives, and the baselines as torch.distributed.pipelining + DDP (+ ZeRO-1) over gloo run them
+  (harness/sim/torch_runtime.py: rendezvous sends posted when the schedule reaches them, DDP's all-reduce inside
+  the last backward, one broadcast per parameter tensor). Those are library behaviours of the emulated baselines,
+  not assumptions about the Megatron-LM / DeepSpeed runs of the paper, so this report does not apply them.
 """
 
 

@@ -1,7 +1,9 @@
 """Simulated vs measured iteration times, per system and scenario, from records of the shared schema.
 
 Measured records (backend emu, local or cluster; from `harness run`) are grouped by
-run configuration; the measured time of a group is the median of its iterations.
+run configuration; the measured time of a group is the mean of its iterations (on one
+clock the iterations add up to the run's wall time, so the mean is its throughput;
+runner.merge_stats).
 The simulator runs the same scenario (scaled to the record's devices), model,
 batch, layout, wire precision and library (the run manifest's dtype and device:
 CPU runs use gloo, GPU runs NCCL; network.PROTOCOLS): ours uses the
@@ -194,7 +196,7 @@ def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = N
     out = []
     for recs in groups.values():
         first = recs[0]
-        measured = float(np.median([r["seconds"] for r in recs]))
+        measured = float(np.mean([r["seconds"] for r in recs]))
         out.append(Comparison(first["scenario"], first["system"], first["backend"], int(first["devices"]),
                               first["model"], int(first["layers"]), int(first["batch"]), str(first.get("config", "")),
                               len(recs), measured, simulate_record(first, overrides)))

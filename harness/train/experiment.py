@@ -252,7 +252,7 @@ def record_run(req: RunRequest, plan: Plan, launch) -> Path:
     try:
         kernel, per_rank, extra = launch(spec, topo, out)
         spec = replace(spec, kernel=kernel)
-        stats = merge_stats(per_rank)
+        stats = merge_stats(per_rank, shared_clock=spec.backend != "cluster")  # cluster: one clock per host
         records = to_records(spec, stats, d_pp, d_dp, d_tp)
         write_records(out / "records.csv", records)
         atomic_write_json(out / "manifest.json", manifest(

@@ -265,19 +265,19 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     # No start barrier: the pipeline and the DP exchange synchronise the ranks; the first
     # (warm-up) iterations absorb connection set-up.
     ctx.mark("training")
-    t_prev = time.perf_counter()
+    t_prev = time.monotonic()  # one clock for every rank of a host (runner.merge_stats)
     for it in range(steps):
         def post_next(nxt=it + 1):
             if nxt < steps:
                 posted[nxt] = runner.post_receives(nxt)
 
         compute, loss = runner.iteration(it, posted.pop(it), post_next)
-        t = time.perf_counter()
+        t = time.monotonic()
         if it == 0:
             ctx.mark("first_iteration")
         if it >= spec.warmup:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
-                                        exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss))
+                                        exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss, end=t))
         if ctx.rank == 0:
             progress(f"iteration {it + 1}/{steps}{' (warm-up)' if it < spec.warmup else ''}: "
                      f"{t - t_prev:.2f} s on rank 0")

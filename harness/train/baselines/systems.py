@@ -20,7 +20,7 @@ def _train(system: str, ctx: RankContext, spec: RunSpec) -> list[IterationStats]
     )
     if state is not None:
         ctx.save_state(state)
-    return [IterationStats(t.seconds, t.compute_seconds, t.exposed_comm_seconds, t.loss) for t in timings]
+    return [IterationStats(t.seconds, t.compute_seconds, t.exposed_comm_seconds, t.loss, t.end) for t in timings]
 
 
 @register_system("megatron")

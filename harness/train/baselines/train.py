@@ -47,6 +47,7 @@ class StepTiming:
     compute_seconds: float
     exposed_comm_seconds: float
     loss: float  # mean loss of this replica's micro-batches on the last stage, nan elsewhere
+    end: float = math.nan  # time.monotonic() at the end of the step
 
 
 @dataclass
@@ -146,9 +147,10 @@ def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, see
     br.optimizer.step()
     _sync(br.device)
     seconds = time.perf_counter() - t0
+    end = time.monotonic()
     loss = float(torch.stack(losses).detach().mean()) if last else math.nan
     compute = min(br.compute_seconds, seconds)
-    return StepTiming(seconds, compute, seconds - compute, loss)
+    return StepTiming(seconds, compute, seconds - compute, loss, end)
 
 
 def train_baseline(

@@ -338,18 +338,18 @@ def disagreements(rows, c51, fs) -> list[str]:
                    "charge, as nothing at paper scale measures it.")
     if c51:
         out.append(f"- Case 5 ours vs case 1 baselines: simulated {_rng(c51['megatron'])} (Megatron) and "
-                   f"{_rng(c51['deepspeed'])} (DeepSpeed), paper 1.7-3.5x. The simulator is optimistic for ours "
-                   "in case 5: it streams 8 MB micro-batch activations at the NCCL-measured rate with perfect "
-                   "compute/communication overlap, whereas a real NCCL send over 50-240 ms round trips "
-                   "synchronises per message and rarely keeps the link full. It may also be optimistic for the "
-                   "case-1 baselines: the scenario has no per-node NIC, so concurrent inter-node flows of one "
-                   "node (e.g. the data-parallel rings of several tensor ranks) each get 25 Gbps instead of "
-                   "sharing it.")
+                   f"{_rng(c51['deepspeed'])} (DeepSpeed), paper 1.7-3.5x. The simulator streams ours' 8 MB "
+                   "micro-batch activations at the NCCL-measured rate with compute/communication overlap; "
+                   "`make scenario-5` checks that model against emulated runs of ours' runtime "
+                   "(`sim-vs-emu.csv`), so what it leaves out is below the link model: TCP slow start after "
+                   "idle on 50-240 ms round trips, kernel launches, the optimizer step. It may also be "
+                   "optimistic for the case-1 baselines: the scenario has no per-node NIC, so concurrent "
+                   "inter-node flows of one node (e.g. the data-parallel rings of several tensor ranks) each get "
+                   "25 Gbps instead of sharing it.")
     sched = max(r["vs_random"].max() for r in rows)
     out.append(f"- Scheduler vs random: simulated up to {sched:.2f}x (paper up to {PAPER['scheduler_max']}x). The "
                "random layouts are the same three seeds for every case, averaged; the paper's random layouts were "
-               "drawn by its own generator, and with per-message synchronisation on slow links (above) a "
-               "scheduled pipeline gains less than the ideal streaming model credits.")
+               "drawn by its own generator, so the simulated ratio depends on which three layouts were drawn.")
     if fs:
         xl = fluidstack_rows(fs)[0]
         out.append(f"- FluidStack: ours {xl['ours']:.1f}% of peak for GPT3-XL L{xl['layers']} B{xl['batch']} "

@@ -5,5 +5,6 @@ pipeline.py  event timeline of GPipe / 1F1B stages, overlapped or blocking point
 workload.py  FLOP per task and bytes per message from the model config
 systems.py   ours, ours-random, Megatron (TP x PP x DP), DeepSpeed (ZeRO-3, ZeRO-1 + PP)
 sweep.py     every layout and placement of a scenario, the best of each system, records (backend=sim)
-compare.py   simulated vs measured iteration times from records of the shared schema
+torch_runtime.py  the baselines as the harness runs them (torch pipelining + DDP/ZeRO-1 over gloo), for compare
+compare.py   simulated vs measured iteration times from records of the shared schema; calibration
 """

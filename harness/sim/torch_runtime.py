@@ -159,7 +159,8 @@ def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: li
     """End time of every member after one gloo broadcast per tensor (root = its owner), in order.
 
     A member runs broadcast k on the first of its `threads` workers to free up; the root sends to
-    every other member once that member's worker has started k and its ready notice arrived."""
+    every other member once that member's worker has started k and its ready notice arrived (a
+    flat tree: exact for the two-member groups the emulated runs use)."""
     D = len(members)
     free = np.repeat(np.asarray(start, dtype=float)[:, None], threads, axis=1)  # (D, threads)
     pair_free = np.zeros((D, D))

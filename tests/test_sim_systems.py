@@ -105,3 +105,22 @@ def test_cost_model_is_a_lower_bound_of_simulated_communication(case, devices, d
     assert pp_cost <= r.pp_comm_seconds * (1 + 1e-9)
     # the bound is not loose by orders of magnitude: the sim pays the modelled bytes on the modelled links
     assert r.pp_comm_seconds < 3 * pp_cost
+
+
+def test_ours_steady_state_overlaps_a_sync_tail_with_the_next_iteration(monkeypatch):
+    """Stage 1's replicas are far apart (a long sharded-PS tail), stage 0's close: in the steady state
+    stage 0 already runs the next iteration's forwards while stage 1 synchronises, so the period is
+    shorter than one iteration from a common start, and never longer."""
+    delay = np.full((4, 4), 1.0)
+    bw = np.full((4, 4), 100.0)
+    delay[1, 3] = delay[3, 1] = 80.0  # devices 1 and 3 hold stage 1 of the two replicas
+    bw[1, 3] = bw[3, 1] = 0.2
+    topo = make_topology(delay, bw)
+    links, prof = Links.from_topology(topo), device_profiles(topo)
+    pipelines = np.array([[0, 1], [2, 3]])
+    steady = systems.simulate_ours(links, prof, CFG, 16, pipelines)
+    assert steady.seconds < steady.details["first_iteration_seconds"]
+    monkeypatch.setattr(systems, "STEADY_ITERATIONS", 1)
+    single = systems.simulate_ours(links, prof, CFG, 16, pipelines)
+    assert single.seconds == pytest.approx(steady.details["first_iteration_seconds"])
+    assert steady.dp_comm_seconds == pytest.approx(single.dp_comm_seconds)

@@ -69,14 +69,15 @@ class Timeline:
 def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None) -> Timeline:
     """The exact event timeline of one iteration."""
     P, R = times.fwd.shape
-    t0 = np.zeros(R) if start is None else np.asarray(start, dtype=float)
+    # start: when each stage (P, R) -- or each replica (R,), every stage alike -- may begin
+    t0 = np.zeros((P, R)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (P, R)).copy()
     act = np.full((P, M, R), np.nan)  # arrival of the activation of m at stage j
     grad = np.full((P, M, R), np.nan)  # arrival of the gradient of m at stage j
-    act[0] = t0
+    act[0] = t0[0]
     grad[P - 1] = -np.inf  # the last stage makes its own gradient after F(m)
-    free = np.tile(t0, (P, 1))  # compute stream (the whole process when blocking)
-    send_f = np.tile(t0, (P, 1))  # send stream towards j+1 (overlap)
-    send_b = np.tile(t0, (P, 1))  # send stream towards j-1 (overlap)
+    free = t0.copy()  # compute stream (the whole process when blocking)
+    send_f = t0.copy()  # send stream towards j+1 (overlap)
+    send_b = t0.copy()  # send stream towards j-1 (overlap)
     fwd_done_last = np.full((M, R), np.nan)
     first_f = np.full((max(P - 1, 0), R), np.inf)
     first_b = np.full((max(P - 1, 0), R), np.inf)

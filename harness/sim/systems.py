@@ -58,6 +58,9 @@ def _check_layers(cfg: GPTConfig, pp: int):
 
 
 # --------------------------------------------------------------------------- ours
+STEADY_ITERATIONS = 3  # ours: iterations chained to reach the steady-state period (simulate_ours)
+
+
 def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, batch: int,
                   pipelines: np.ndarray, micro_batch: int = 1, system: str = "ours",
                   dp_bytes: np.ndarray | None = None, ps_mode: str = "grouped", schedule: str = "gpipe",
@@ -76,24 +79,35 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     fser, fdel = network.step_times(links, S[:-1], S[1:], act)
     bser, bdel = network.step_times(links, S[1:], S[:-1], act)
     times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel)
-    tl = pipeline.timeline(times, M, schedule, overlap=True)
     grads = workload.stage_param_bytes(cfg, P, bytes_per_value) if dp_bytes is None else np.asarray(dp_bytes, dtype=float)
-    end = np.empty_like(tl.finish)
-    for j in range(P):
-        if dp_sync == "sharded-ps":
-            # the runtime posts every receive of the iteration up front (harness/train/dp_sync.py)
-            end[j] = network.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :], mode=ps_mode,
-                                        preposted=True)[0]
-        elif dp_sync == "allreduce":
-            end[j] = network.ring_allreduce(links, S[j][None, :], grads[j], start=tl.finish[j][None, :])[0]
-        else:
-            raise SimError(f"dp_sync: unknown {dp_sync!r} (known: sharded-ps, allreduce)")
+    # No barrier between iterations: a stage starts the next one when its own sync is done, so a
+    # long sync tail of one stage overlaps the next iteration's fill on the others. One iteration
+    # from a common start, then STEADY_ITERATIONS - 1 more; the last interval is the period.
+    start, ends = None, []
+    for _ in range(STEADY_ITERATIONS):
+        tl = pipeline.timeline(times, M, schedule, overlap=True, start=start)
+        end = np.empty_like(tl.finish)
+        for j in range(P):
+            if dp_sync == "sharded-ps":
+                # the runtime posts every receive of the iteration up front (harness/train/dp_sync.py)
+                end[j] = network.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :],
+                                            mode=ps_mode, preposted=True)[0]
+            elif dp_sync == "allreduce":
+                end[j] = network.ring_allreduce(links, S[j][None, :], grads[j], start=tl.finish[j][None, :])[0]
+            else:
+                raise SimError(f"dp_sync: unknown {dp_sync!r} (known: sharded-ps, allreduce)")
+        if start is None:  # the first iteration, from a common start: its spans are reported
+            first = (tl, end)
+        ends.append(float(end.max()))
+        start = end
+    seconds = ends[-1] - ends[-2] if len(ends) > 1 else ends[0]
     compute = float((M * (fwd + bwd)).max())
+    tl, end = first
     return SimResult(
-        system, {"pp": P, "dp": R}, float(end.max()), compute,
+        system, {"pp": P, "dp": R}, seconds, compute,
         pp_comm_seconds=float((tl.fwd_span + tl.bwd_span).max(1).sum()) if P > 1 else 0.0,
         dp_comm_seconds=float((end - tl.finish).max()),
-        details={"pipeline_seconds": float(tl.finish.max()), "micro_batches": M},
+        details={"pipeline_seconds": float(tl.finish.max()), "micro_batches": M, "first_iteration_seconds": ends[0]},
     )
 
 

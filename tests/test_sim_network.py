@@ -30,6 +30,25 @@ def test_gloo_ring_waits_for_the_receivers_ready_notice_every_step():
     np.testing.assert_allclose(end, 2 * (n - 1) * (2 * alpha + nbytes / n / rate), rtol=1e-12)
 
 
+def test_preposted_receives_pay_no_ready_notice_and_per_pair_links_do_not_share():
+    topo = uniform(4, 30.0, 1.0)
+    g = np.arange(4)[None, :]
+    gloo, nccl = Links.from_topology(topo, "gloo", "per-pair"), Links.from_topology(topo, "nccl", "per-pair")
+    for mode in ("grouped", "rounds"):
+        waits = network.sharded_ps(gloo, g, 8e6, mode=mode)
+        posted = network.sharded_ps(gloo, g, 8e6, mode=mode, preposted=True)
+        np.testing.assert_allclose(posted, network.sharded_ps(nccl, g, 8e6, mode=mode), rtol=1e-12)
+        assert (posted < waits).all()
+    # one device sending to three: a shared NIC splits its rate, per-pair shaping (the emulator) does not
+    src, dst = np.zeros(3, dtype=int), np.array([1, 2, 3])
+    shared = Links.from_topology(topo).fair_rates(src, dst)
+    per_pair = Links.from_topology(topo, nic="per-pair").fair_rates(src, dst)
+    np.testing.assert_allclose(shared, 1e9 / 8 / 3)
+    np.testing.assert_allclose(per_pair, 1e9 / 8)
+    with pytest.raises(ValueError, match="nic"):
+        Links.from_topology(topo, nic="bogus")
+
+
 def test_ring_allgather_is_half_an_allreduce_and_respects_start_times():
     links = Links.from_topology(uniform(4, 2.0, 10.0))
     g = np.array([[0, 1, 2, 3]])

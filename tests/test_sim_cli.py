@@ -94,7 +94,8 @@ def _measured(tmp_path, cli, scale: float, compute_share: float = 0.5) -> list[d
     path = tmp_path / "measured" / "records.csv"
     write_records(path, recs)
     # the run manifest says what precision went over the wire (the simulator predicted fp16)
-    (path.parent / "manifest.json").write_text(json.dumps({"spec": {"dtype": "fp16", "device_type": "cuda"}}))
+    (path.parent / "manifest.json").write_text(json.dumps({"spec": {"dtype": "fp16", "device_type": "cuda"},
+                                                           "host_cpus": 16}))
     return path.parent
 
 
@@ -108,6 +109,12 @@ def test_compare_puts_sim_and_measured_side_by_side(cli, tmp_path):
         # measured = sim x 1.1 x (1.01 mean) -> error about -10%, inside the 15% target
         assert float(r["error"]) == pytest.approx(1 / (1.1 * 1.01) - 1, abs=1e-3)
     assert "MISS" not in out
+    for r in rows:  # ours times its compute in the iteration: 8 ranks x 0.5 / (1.1 x 1.01) on 16 cores
+        if r["system"] == "ours":
+            assert float(r["host_load"]) == pytest.approx(8 * 0.5 / (1.1 * 1.01 * 16), rel=1e-3)
+        else:
+            assert r["host_load"] == "nan"
+    assert "cpu >=" not in out  # 0.22: not a busy host
     bad = _measured(tmp_path / "b", cli, scale=2.0)
     rc, out, err = cli("sim", "compare", bad)
     assert rc == 0 and "MISS" in out
@@ -170,3 +177,14 @@ def test_calibrate_makes_the_simulated_compute_equal_the_measured(cli, tmp_path)
     assert cal["compute_seconds"] == pytest.approx(dflt["compute_seconds"] * 0.30 / cal_eff, rel=1e-9)
     rc, out, err = cli("sim", "calibrate", tmp_path / "missing.csv")
     assert rc == 2 and "missing.csv" in err
+
+
+def test_compare_table_flags_runs_that_kept_the_host_busy():
+    from harness.sim.compare import Comparison, format_table
+
+    row = dict(scenario="4-regional", system="ours", backend="emu", devices=8, model="tiny", layers=8, batch=16,
+               config="{}", iterations=3, measured_s=1.6, simulated_s=1.26)
+    busy = format_table([Comparison(**row, host_load=1.13)])
+    assert "1.13" in busy and "MISS" in busy and "cpu >= 0.5: 1 run(s)" in busy
+    quiet = format_table([Comparison(**row, host_load=0.05), Comparison(**{**row, "system": "megatron"})])
+    assert "cpu >=" not in quiet and "    -  MISS" in quiet

@@ -199,9 +199,10 @@ def cmd_compare(args) -> int:
     rows = compare(_read(args.records, load_measured), _overrides(args), args.dtype)
     print(format_table(rows))
     if args.csv:
-        head = "scenario,system,backend,devices,model,layers,batch,iterations,measured_s,simulated_s,error\n"
+        head = "scenario,system,backend,devices,model,layers,batch,iterations,measured_s,simulated_s,error,host_load\n"
         body = "".join(f"{c.scenario},{c.system},{c.backend},{c.devices},{c.model},{c.layers},{c.batch},"
-                       f"{c.iterations},{c.measured_s:.6g},{c.simulated_s:.6g},{c.error:.4f}\n" for c in rows)
+                       f"{c.iterations},{c.measured_s:.6g},{c.simulated_s:.6g},{c.error:.4f},{c.host_load:.3g}\n"
+                       for c in rows)
         atomic_write_text(args.csv, head + body)
         print(f"wrote {args.csv}")
     return 0

@@ -29,6 +29,9 @@ from . import systems, torch_runtime
 from .sweep import Simulator, random_placement
 
 TARGET_ERROR = 0.15
+# Backends whose ranks share one host's cores, and the load above which they visibly slow each other.
+SHARED_HOST = ("emu", "local")
+BUSY_HOST = 0.5
 BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
 # What a run trained in when its manifest does not say: the trainer's defaults (CPU fp32 over gloo,
 # GPU bf16 over NCCL).
@@ -51,6 +54,9 @@ class Comparison:
     iterations: int
     measured_s: float
     simulated_s: float
+    # busiest rank's compute x ranks / (seconds x host cores), for runs that time compute in the
+    # iteration (COMPUTE_OBSERVED) on a shared host; nan: unknown
+    host_load: float = float("nan")
 
     @property
     def error(self) -> float:
@@ -72,19 +78,22 @@ def _config(rec: dict) -> dict:
 
 
 def load_measured(path: Path) -> list[dict]:
-    """Records under `path` (a records.csv or a directory), each with `dtype` from its run's manifest.json."""
+    """Records under `path` (a records.csv or a directory), each with `dtype`, `device_type` and
+    `host_cpus` from its run's manifest.json."""
     path = Path(path)
     files = sorted(path.rglob("records.csv")) if path.is_dir() else [path]
     out = []
     for f in files:
-        spec = {}
-        man = f.parent / "manifest.json"
+        doc, man = {}, f.parent / "manifest.json"
         if man.exists():
             try:
-                spec = json.loads(man.read_text()).get("spec") or {}
-            except (json.JSONDecodeError, AttributeError):
-                spec = {}
+                doc = json.loads(man.read_text())
+            except json.JSONDecodeError:
+                doc = {}
+        doc = doc if isinstance(doc, dict) else {}
+        spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
         for r in read_records(f):
+            r.setdefault("host_cpus", doc.get("host_cpus"))
             r.setdefault("dtype", spec.get("dtype"))
             r.setdefault("device_type", spec.get("device_type"))
             out.append(r)
@@ -197,20 +206,30 @@ def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = N
     for recs in groups.values():
         first = recs[0]
         measured = float(np.mean([r["seconds"] for r in recs]))
+        load = float("nan")
+        if first.get("backend") in SHARED_HOST and first.get("host_cpus") and first["system"] in COMPUTE_OBSERVED:
+            compute = float(np.mean([float(r.get("compute_seconds") or 0) for r in recs]))
+            load = int(first["devices"]) * compute / (measured * int(first["host_cpus"]))
         out.append(Comparison(first["scenario"], first["system"], first["backend"], int(first["devices"]),
                               first["model"], int(first["layers"]), int(first["batch"]), str(first.get("config", "")),
-                              len(recs), measured, simulate_record(first, overrides)))
+                              len(recs), measured, simulate_record(first, overrides), load))
     return sorted(out, key=lambda c: (c.scenario, c.system, c.model, c.layers, c.batch, c.config))
 
 
 def format_table(rows: list[Comparison]) -> str:
     head = f"{'scenario':<14} {'system':<12} {'backend':<7} {'dev':>3} {'model':<8} {'L':>3} {'batch':>6} " \
-           f"{'iters':>5} {'measured_s':>11} {'sim_s':>10} {'error':>8}  target"
+           f"{'iters':>5} {'measured_s':>11} {'sim_s':>10} {'error':>8} {'cpu':>5}  target"
     lines = [head]
     for c in rows:
+        cpu = "-" if c.host_load != c.host_load else f"{c.host_load:.2f}"
         lines.append(f"{c.scenario:<14} {c.system:<12} {c.backend:<7} {c.devices:>3} {c.model:<8} {c.layers:>3} "
                      f"{c.batch:>6} {c.iterations:>5} {c.measured_s:>11.4f} {c.simulated_s:>10.4f} "
-                     f"{100 * c.error:>+7.1f}%  {'ok' if c.within_target else 'MISS'}")
+                     f"{100 * c.error:>+7.1f}% {cpu:>5}  {'ok' if c.within_target else 'MISS'}")
     ok = sum(c.within_target for c in rows)
     lines.append(f"{ok}/{len(rows)} within {100 * TARGET_ERROR:.0f}%")
+    busy = [c for c in rows if c.host_load >= BUSY_HOST]
+    if busy:
+        lines.append(f"cpu >= {BUSY_HOST}: {len(busy)} run(s) kept the host's cores busy (ranks x busiest compute / "
+                     "(seconds x cores)); the ranks slowed each other, which the simulator (a processor per device) "
+                     "does not model")
     return "\n".join(lines)

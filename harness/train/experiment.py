@@ -235,6 +235,7 @@ def record_run(req: RunRequest, plan: Plan, launch) -> Path:
     out = run_dir(spec.scenario, spec.run_id, req.results_root)
     info = {
         "spec": spec.to_json(),
+        "host_cpus": os.cpu_count(),  # emulated ranks share them (sim compare's cpu load)
         "network": req.network,
         "placement": None if placement is None else {
             "scheduler": placement.scheduler, "pipelines": [list(p) for p in placement.layout.pipelines],

@@ -31,6 +31,7 @@ import numpy as np
 from ..model import GPTConfig, stage_layers
 from . import network, workload
 from .network import Links
+from .systems import _check_layers, _micro_batches
 
 #: ProcessGroupGloo's worker threads (torch's default Options: 2): collectives in flight per process.
 GLOO_THREADS = 2
@@ -192,9 +193,8 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, dev: np.ndarray
     checks use D_TP = 1)."""
     dev = np.asarray(dev, dtype=int)
     P, R = dev.shape
-    if batch % (R * micro_batch):
-        raise ValueError(f"batch {batch} does not split into {R} replicas x micro-batch {micro_batch}")
-    M = batch // (R * micro_batch)
+    M = _micro_batches(batch, R, micro_batch, "data-parallel replicas")
+    _check_layers(cfg, P)
     fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, dev.T, recompute=False)  # (R, P)
     act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
     grads = workload.stage_param_bytes(cfg, P, bytes_per_value)

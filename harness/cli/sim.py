@@ -56,13 +56,20 @@ def register(sub) -> None:
     _common(r)
     r.set_defaults(func=cmd_report)
 
-    c = ss.add_parser("calibrate", help="fit the compute efficiency of each GPU type from measured records")
+    c = ss.add_parser("calibrate", help="fit the compute efficiency of each GPU type from measured records",
+                      description="Efficiency per GPU type such that the simulator's busiest device computes as "
+                      "long as the measured runs' did (median; ours' in-iteration timings preferred over the "
+                      "baselines' start-up ones).")
     c.add_argument("records", type=Path, help="records.csv, or a directory searched for records.csv")
     c.add_argument("--out", type=Path, default=Path("results/sim/profile.json"),
                    help="profile JSON to write (default results/sim/profile.json)")
     c.set_defaults(func=cmd_calibrate)
 
-    m = ss.add_parser("compare", help="simulated vs measured iteration time per system and scenario")
+    m = ss.add_parser("compare", help="simulated vs measured iteration time per system and scenario",
+                      description="Simulates each measured run as the harness ran it (ours with pre-posted "
+                      "receives; the baselines as torch pipelining + DDP/ZeRO-1 over gloo or NCCL) and prints "
+                      "measured (mean of the iterations) vs simulated seconds, the error (target 15%%) and, "
+                      "for ours on a shared host, the CPU load of the ranks.")
     m.add_argument("records", type=Path, help="records.csv, or a directory searched for records.csv")
     m.add_argument("--profile", type=Path, help="compute profile JSON (e.g. from `harness sim calibrate`)")
     m.add_argument("--csv", type=Path, help="also write the comparison as CSV")

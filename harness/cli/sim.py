@@ -68,7 +68,7 @@ def register(sub) -> None:
     m = ss.add_parser("compare", help="simulated vs measured iteration time per system and scenario",
                       description="Simulates each measured run as the harness ran it (ours with pre-posted "
                       "receives; the baselines as torch pipelining + DDP/ZeRO-1 over gloo or NCCL) and prints "
-                      "measured (mean of the iterations) vs simulated seconds, the error (target 15%%) and, "
+                      "measured (mean of the iterations) vs simulated seconds, the error (target 15%) and, "
                       "for ours on a shared host, the CPU load of the ranks.")
     m.add_argument("records", type=Path, help="records.csv, or a directory searched for records.csv")
     m.add_argument("--profile", type=Path, help="compute profile JSON (e.g. from `harness sim calibrate`)")

@@ -155,8 +155,9 @@ def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) 
 
 
 # Systems whose records' compute_seconds is observed inside the timed iteration (ours' runtime
-# times its compute sections). The baselines' is a start-up measurement taken while every rank
-# measures at once (harness/train/baselines/train.py), inflated when ranks share cores.
+# times its compute sections). The baselines' is a start-up estimate (harness/train/baselines/
+# train.py: one micro-batch through a copy of the stage, times the micro-batches), which misses
+# how the run's ranks share the host's cores.
 COMPUTE_OBSERVED = ("ours", "ours-random")
 
 

@@ -9,7 +9,8 @@ compute_seconds is calibrated, not observed inside the distributed step (PyTorch
 collectives run inside the modules' forward/backward, where a hook cannot separate
 them): before training, the rank times forward+backward of one micro-batch through its
 unsharded part, and an iteration's compute is that time x its micro-batches, divided by
-D_TP (each shard runs 1/D_TP of every block). exposed_comm_seconds = seconds - compute.
+D_TP (each shard runs 1/D_TP of every block); CPU ranks take turns, so each times an
+idle host. exposed_comm_seconds = seconds - compute.
 """
 from __future__ import annotations
 
@@ -82,7 +83,16 @@ def build_rank(
 
     model = GPT(cfg, seed)
     part = model_part(model, layout.pp, stage).to(device=device, dtype=dtype)
-    compute = _calibrate(part, cfg, micro_batch, seed, stage == 0, device, dtype) * n_local_mb / layout.tp
+    if device.type == "cpu":
+        # CPU ranks share the host's cores: calibrate one rank at a time, so that no rank times
+        # its compute while the others run theirs (8 ranks on 2 cores read about 5x slow)
+        for turn in range(dist.get_world_size()):
+            if turn == rank:
+                one = _calibrate(part, cfg, micro_batch, seed, stage == 0, device, dtype)
+            dist.barrier()
+    else:
+        one = _calibrate(part, cfg, micro_batch, seed, stage == 0, device, dtype)
+    compute = one * n_local_mb / layout.tp
 
     part = apply_tp(part, mesh["tp"])
     if layout.zero == 3:
@@ -107,8 +117,7 @@ def _calibrate(
 ) -> float:
     """Seconds of forward+backward of one micro-batch through an unsharded copy of `part`.
 
-    Best of 3: ranks sharing cores calibrate at the same time, and the minimum drops the
-    moments another rank held the core."""
+    Best of 3: the minimum drops the moments something else held the core."""
     probe = copy.deepcopy(part)
     tokens, targets = synthetic_batch(cfg, micro_batch, 0, seed)
     tokens, targets = tokens.to(device), targets.to(device)

@@ -62,10 +62,10 @@ scenario-5: $(STAMP) system-deps
 	$(HARNESS) run $(EMU5) --system megatron --tp 1 --pp 4 --dp 2
 	$(HARNESS) run $(EMU5) --system megatron --tp 1 --pp 4 --dp 2 --rank-order 2022
 	$(HARNESS) run $(EMU5) --system deepspeed --zero 1 --pp 4 --dp 2
-	$(HARNESS) report runs $(SCENARIO5_OUT)/emu
 	$(HARNESS) sim calibrate $(SCENARIO5_OUT)/emu --out $(SCENARIO5_OUT)/emu-profile.json
 	$(HARNESS) sim compare $(SCENARIO5_OUT)/emu --profile $(SCENARIO5_OUT)/emu-profile.json \
 	    --csv $(SCENARIO5_OUT)/sim-vs-emu.csv
+	$(HARNESS) report runs $(SCENARIO5_OUT)/emu
 
 net-clean: $(STAMP)
 	$(HARNESS) net clean

@@ -45,3 +45,101 @@ def test_runs_table_needs_successful_runs(tmp_path, cli):
     assert rc == 2 and "no records.csv of a successful run" in err
     rc, _, err = cli("report", "runs", tmp_path / "missing")
     assert rc == 2 and "no such directory" in err
+
+
+MEGATRON = json.dumps({"dp": 2, "pp": 4, "schedule": "1f1b", "tp": 1}, sort_keys=True)
+MEGATRON_RANKS = json.dumps({"dp": 2, "pp": 4, "rank_order": [1, 0, 2, 3, 4, 5, 6, 7], "schedule": "1f1b", "tp": 1},
+                            sort_keys=True)
+
+
+def fake_runs(root):
+    """ours x2 (PFLOPS 1e-5/2 and 1e-5/4), two megatron layouts, a failed run, a failed run without records."""
+    run(root, "a", "ok", [2.0, 2.0])
+    run(root, "b", "ok", [4.0, 4.0])
+    run(root, "c", "failed", [100.0])
+    run(root, "m", "ok", [1.0, 1.5], system="megatron", config=MEGATRON)
+    run(root, "r", "ok", [5.0], system="megatron", config=MEGATRON_RANKS)
+    atomic_write_json(root / "dead" / "manifest.json", {"status": "failed", "reason": "boom"})
+
+
+def sim_csv(path, with_config=True):
+    """`sim compare --csv` rows: ours predicted 2.5 s, megatron 0.5 s, megatron with the rank order 10 s."""
+    rows = [("ours", "", 2.5), ("megatron", MEGATRON, 0.5), ("megatron", MEGATRON_RANKS, 10.0)]
+    df = pd.DataFrame([dict(scenario="5-worldwide", system=s, backend="emu", devices=8, config=c, measured_s=1.0,
+                            simulated_s=t) for s, c, t in rows])
+    df.drop(columns=[] if with_config else ["config"]).to_csv(path, index=False)
+    return path
+
+
+def _row(table, label):
+    return table.set_index("label").loc[label]
+
+
+def test_pflops_rows_come_from_the_records_without_sim(tmp_path):
+    from harness.report.runs import runs_table
+
+    fake_runs(tmp_path)
+    table = runs_table(tmp_path)
+    assert list(table.label) == ["megatron tp1 pp4 dp2", "ours tp1 pp4 dp2", "megatron tp1 pp4 dp2 rank order"]
+    ours = _row(table, "ours tp1 pp4 dp2")
+    assert ours.runs == 2  # the failed runs are left out
+    assert ours.pflops == pytest.approx((1e-5 / 2 + 1e-5 / 4) / 2)
+    assert ours.pflops_min == pytest.approx(1e-5 / 4) and ours.pflops_max == pytest.approx(1e-5 / 2)
+    assert "sim_pflops" not in table
+
+
+def test_simulated_pflops_matched_by_system_and_config(tmp_path):
+    from harness.report.runs import runs_table
+
+    fake_runs(tmp_path / "emu")
+    table = runs_table(tmp_path / "emu", sim_csv(tmp_path / "sim-vs-emu.csv"))
+    assert _row(table, "ours tp1 pp4 dp2").sim_pflops == pytest.approx(1e-5 / 2.5)  # record pflop / simulated s
+    assert _row(table, "megatron tp1 pp4 dp2").sim_pflops == pytest.approx(1e-5 / 0.5)
+    assert _row(table, "megatron tp1 pp4 dp2 rank order").sim_pflops == pytest.approx(1e-5 / 10.0)
+
+
+def test_sim_csv_without_config_matches_only_unambiguous_systems(tmp_path):
+    from harness.report.runs import runs_table
+
+    fake_runs(tmp_path / "emu")
+    table = runs_table(tmp_path / "emu", sim_csv(tmp_path / "sim.csv", with_config=False))
+    assert _row(table, "ours tp1 pp4 dp2").sim_pflops == pytest.approx(1e-5 / 2.5)
+    assert table[table.system == "megatron"].sim_pflops.isna().all()  # two megatron layouts: no guess
+
+
+def _is_png(path):
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("with_sim", [False, True])
+def test_report_runs_writes_both_plots(tmp_path, cli, with_sim):
+    fake_runs(tmp_path / "emu")
+    if with_sim:
+        sim_csv(tmp_path / "sim-vs-emu.csv")  # found beside DIR without an option
+    rc, out, err = cli("report", "runs", tmp_path / "emu")
+    assert rc == 0, err
+    for name in ("runs.csv", "pflops.png", "iterations.png"):
+        assert f"wrote {tmp_path / 'emu' / name}" in out
+    assert _is_png(tmp_path / "emu" / "pflops.png") and _is_png(tmp_path / "emu" / "iterations.png")
+    assert ("sim_pflops" in pd.read_csv(tmp_path / "emu" / "runs.csv")) == with_sim
+    assert not list((tmp_path / "emu").glob(".*"))  # no temporary files left
+
+
+def test_report_runs_sim_csv_option(tmp_path, cli):
+    fake_runs(tmp_path / "emu")
+    rc, _, err = cli("report", "runs", tmp_path / "emu", "--sim-csv", tmp_path / "missing.csv")
+    assert rc == 2 and "no such file" in err
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    rc, _, err = cli("report", "runs", tmp_path / "emu", "--sim-csv", tmp_path / "bad.csv")
+    assert rc == 2 and "not a `sim compare --csv` file" in err
+    rc, _, _ = cli("report", "runs", tmp_path / "emu", "--sim-csv", sim_csv(tmp_path / "x.csv"), "--out", tmp_path / "o")
+    assert rc == 0 and (tmp_path / "o" / "pflops.png").exists()
+
+
+def test_colliding_labels_get_the_layout(tmp_path):
+    from harness.report.runs import runs_table
+
+    run(tmp_path, "a", "ok", [1.0], config=json.dumps({"d_pp": 4, "d_dp": 2, "schedule": "gpipe"}))
+    run(tmp_path, "b", "ok", [2.0], config=json.dumps({"d_pp": 4, "d_dp": 2, "schedule": "1f1b"}))
+    labels = list(runs_table(tmp_path).label)
+    assert labels == ["ours pp4 dp2 d_pp=4,d_dp=2,schedule=gpipe emu/uml", "ours pp4 dp2 d_pp=4,d_dp=2,schedule=1f1b emu/uml"]

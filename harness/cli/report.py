@@ -1,24 +1,33 @@
-"""`harness report runs DIR`: measured runs side by side."""
+"""`harness report runs DIR`: measured runs side by side, as a table and plots."""
 from __future__ import annotations
 
 from pathlib import Path
 
 
 def register(sub) -> None:
-    p = sub.add_parser("report", help="tables over measured runs")
+    p = sub.add_parser("report", help="tables and plots over measured runs")
     ss = p.add_subparsers(dest="report_command", metavar="ACTION", required=True)
     r = ss.add_parser("runs", help="one row per system and layout: iteration seconds and PFLOPS over all runs "
-                      "below DIR (failed runs left out); writes DIR/runs.csv")
-    r.add_argument("dir", type=Path, help="e.g. results/5-worldwide")
-    r.add_argument("--out", type=Path, help="directory for runs.csv (default DIR)")
+                      "below DIR (failed runs left out); writes DIR/runs.csv, pflops.png (with the simulator's "
+                      "prediction when a `sim compare --csv` file is found) and iterations.png")
+    r.add_argument("dir", type=Path, help="e.g. results/5-worldwide/emu")
+    r.add_argument("--out", type=Path, help="directory for runs.csv and the plots (default DIR)")
+    r.add_argument("--sim-csv", type=Path, help="`harness sim compare --csv` output to plot beside the measurements "
+                   "(default DIR/../sim-vs-emu.csv when it exists)")
     r.set_defaults(func=cmd_runs)
 
 
 def cmd_runs(args) -> int:
-    from ..report.runs import write_runs_table
+    from ..errors import HarnessError
+    from ..report.runs import default_sim_csv, write_runs_table
 
-    text, paths = write_runs_table(args.dir, args.out)
+    sim_csv = args.sim_csv
+    if sim_csv is not None and not sim_csv.exists():
+        raise HarnessError(f"--sim-csv: {sim_csv}: no such file")
+    sim_csv = sim_csv or default_sim_csv(args.dir)
+    text, paths = write_runs_table(args.dir, args.out, sim_csv)
     print(text)
+    print(f"simulated PFLOPS from {sim_csv}" if sim_csv else "no sim compare CSV: measured PFLOPS only")
     for p in paths:
         print(f"wrote {p}")
     return 0

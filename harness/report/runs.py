@@ -1,17 +1,24 @@
-"""Measured runs side by side: one row per (system, layout), mean over runs and iterations."""
+"""Measured runs side by side: one row per (system, layout), mean over runs and iterations, with the
+simulator's prediction beside it when `sim compare --csv` output is given; runs.csv, pflops.png, iterations.png."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ..errors import HarnessError
 from ..results import atomic_write_text, read_records
+from . import plots
+from .figures import save_figure
+
+ROW = ["system", "layout", "backend", "kernel"]  # one row of the runs table, one bar of pflops.png
+SIM_CSV = "sim-vs-emu.csv"  # where `make scenario-5` puts `sim compare --csv`: beside the runs directory
 
 
-def runs_table(root: Path) -> pd.DataFrame:
-    """Every records.csv below `root` (ok runs only) summarised per system and layout."""
+def load_runs(root: Path) -> pd.DataFrame:
+    """Records of every ok run below `root` (a run without manifest counts as ok), with its layout and label."""
     root = Path(root)
     if not root.exists():
         raise HarnessError(f"{root}: no such directory")
@@ -25,13 +32,53 @@ def runs_table(root: Path) -> pd.DataFrame:
     if not rows:
         raise HarnessError(f"{root}: no records.csv of a successful run below it")
     df = pd.DataFrame(rows)
+    df["config"] = df["config"].fillna("").astype(str)
     df["layout"] = df.apply(_layout, axis=1)
-    per_run = df.groupby(["system", "layout", "backend", "kernel", "run_id"], as_index=False).agg(
-        seconds=("seconds", "mean"), pflops=("pflops", "mean"), seed=("seed", "first"))
-    table = per_run.groupby(["system", "layout", "backend", "kernel"], as_index=False).agg(
+    df["label"] = df.apply(_label, axis=1)
+    return df
+
+
+def runs_table(root: Path | pd.DataFrame, sim_csv: Path | None = None) -> pd.DataFrame:
+    """One row per system and layout: seconds and PFLOPS (mean, min and max over the runs' means) and,
+    given a `sim compare` CSV, the simulated PFLOPS of the row's runs (mean, min, max; nan when unmatched)."""
+    df = root if isinstance(root, pd.DataFrame) else load_runs(root)
+    per_run = df.groupby(ROW + ["run_id"], as_index=False).agg(
+        seconds=("seconds", "mean"), pflops=("pflops", "mean"), label=("label", "first"))
+    table = per_run.groupby(ROW, as_index=False).agg(
         runs=("run_id", "count"), seconds=("seconds", "mean"), seconds_min=("seconds", "min"),
-        seconds_max=("seconds", "max"), pflops=("pflops", "mean"))
+        seconds_max=("seconds", "max"), pflops=("pflops", "mean"), pflops_min=("pflops", "min"),
+        pflops_max=("pflops", "max"), label=("label", "first"))
+    dup = table.label.duplicated(keep=False)  # short labels that collide get the full layout
+    t = table[dup]
+    table.loc[dup, "label"] = t.label + " " + t.layout + " " + t.backend + "/" + t.kernel
+    if sim_csv is not None:
+        table = table.merge(_simulated(df, read_sim_csv(sim_csv)), on=ROW, how="left")
     return table.sort_values("seconds").reset_index(drop=True)
+
+
+def read_sim_csv(path: Path) -> pd.DataFrame:
+    path = Path(path)
+    try:
+        sim = pd.read_csv(path, dtype={"config": str}, keep_default_na=False, na_values={"simulated_s": ["", "nan"]})
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as e:
+        raise HarnessError(f"{path}: cannot read the sim compare CSV ({e})") from None
+    missing = {"system", "simulated_s"} - set(sim.columns)
+    if missing:
+        raise HarnessError(f"{path}: not a `sim compare --csv` file (no {', '.join(sorted(missing))} column)")
+    return sim
+
+
+def _simulated(df: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
+    """Simulated PFLOPS per table row: the run's PFLOP per iteration / simulated seconds, the sim rows
+    matched by (system, backend, config). A CSV without a config column is matched by system and backend
+    only, and only where that names a single row (megatron with and without a rank order cannot be told apart)."""
+    keys = [k for k in ("system", "backend", "config") if k in sim.columns]
+    per = df.groupby(ROW + [k for k in keys if k not in ROW], as_index=False).agg(pflop=("pflop", "mean"))
+    per = per[~per.duplicated(keys, keep=False)]
+    m = per.merge(sim[keys + ["simulated_s"]], on=keys)
+    m["sim_pflops"] = m.pflop / m.simulated_s
+    return m.groupby(ROW, as_index=False).agg(sim_pflops=("sim_pflops", "mean"), sim_pflops_min=("sim_pflops", "min"),
+                                              sim_pflops_max=("sim_pflops", "max"))
 
 
 def _layout(r) -> str:
@@ -47,10 +94,74 @@ def _layout(r) -> str:
     return f"tp={r['d_tp']},pp={r['d_pp']},dp={r['d_dp']}"
 
 
-def write_runs_table(root: Path, out_dir: Path | None = None) -> tuple[str, list[Path]]:
-    table = runs_table(root)
+SHORT = {"zero": "zero", "tp": "tp", "pp": "pp", "dp": "dp", "d_pp": "pp", "d_dp": "dp"}
+
+
+def _label(r) -> str:
+    """A tick label a reader can hold: "megatron tp1 pp4 dp2 rank order", "ours pp4 dp2"."""
+    try:
+        c = json.loads(r["config"]) if r["config"] else {"tp": r["d_tp"], "pp": r["d_pp"], "dp": r["d_dp"]}
+        parts = [f"{short}{c[k]}" for k, short in SHORT.items() if k in c]
+        return " ".join([r["system"], *parts] + (["rank order"] if c.get("rank_order") else []))
+    except (json.JSONDecodeError, AttributeError, TypeError):
+        return f"{r['system']} {r['config']}"
+
+
+def pflops_figure(table: pd.DataFrame):
+    """Bars: measured PFLOPS (mean of the runs, whiskers min-max); beside them the simulated ones, if any."""
+    import matplotlib.pyplot as plt
+
+    series = {"measured (mean of runs)": table.pflops.to_numpy()}
+    errors = {"measured (mean of runs)": np.vstack([table.pflops - table.pflops_min, table.pflops_max - table.pflops])}
+    if "sim_pflops" in table and table.sim_pflops.notna().any():
+        series["simulated (sim compare)"] = table.sim_pflops.to_numpy()
+        errors["simulated (sim compare)"] = np.nan_to_num(np.vstack(
+            [table.sim_pflops - table.sim_pflops_min, table.sim_pflops_max - table.sim_pflops]))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.0 * len(table) + 2), 4.5))
+    plots.grouped_bars(ax, list(table.label), series, "PFLOPS",
+                       "PFLOPS per system and layout (whiskers: min-max over runs)", errors=errors)
+    return fig
+
+
+def iterations_figure(df: pd.DataFrame):
+    """Seconds of every timed iteration (warm-up excluded, as recorded), one line per run."""
+    import matplotlib.pyplot as plt
+
+    its = sorted(df.iteration.unique())
+    series = {}
+    for (label, run_id), g in df.groupby(["label", "run_id"]):
+        series[f"{label} ({run_id})"] = g.groupby("iteration").seconds.mean().reindex(its).to_numpy()
+    fig, ax = plt.subplots(figsize=(min(12.0, max(6.0, 0.25 * len(its) + 3)), 4.5))
+    plots.lines(ax, [str(i) for i in its], series, "seconds", "iteration time per run")
+    ax.set_xlabel("iteration", fontsize=8)
+    step = max(1, len(its) // 20)  # keep the tick labels apart on long runs
+    for i, t in enumerate(ax.get_xticklabels()):
+        t.set_visible(i % step == 0)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
+
+
+def default_sim_csv(root: Path) -> Path | None:
+    p = Path(root).resolve().parent / SIM_CSV
+    return p if p.exists() else None
+
+
+def write_runs_table(root: Path, out_dir: Path | None = None, sim_csv: Path | None = None) -> tuple[str, list[Path]]:
+    """runs.csv, pflops.png and iterations.png in `out_dir` (default `root`); each file is written whole."""
+    import matplotlib.pyplot as plt
+
+    df = load_runs(root)
+    table = runs_table(df, sim_csv)
     out_dir = Path(out_dir or root)
-    text = table.to_string(index=False, float_format=lambda x: f"{x:.4g}")
+    text = table.drop(columns="label").to_string(index=False, float_format=lambda x: f"{x:.4g}")
+    figs = {"pflops.png": pflops_figure(table), "iterations.png": iterations_figure(df)}
     csv = out_dir / "runs.csv"
     atomic_write_text(csv, table.to_csv(index=False))
-    return text, [csv]
+    paths = [csv]
+    try:
+        for name, fig in figs.items():
+            paths.append(save_figure(fig, out_dir / name))
+    finally:
+        for fig in figs.values():
+            plt.close(fig)
+    return text, paths

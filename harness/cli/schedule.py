@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -121,14 +120,3 @@ def cmd_compare(args) -> int:
         print(f"wrote {p}")
     return 0
 
-
-def load_assignment(path: Path):
-    """Read an assignment JSON written by `harness schedule --json` (for other commands)."""
-    from ..scheduler import Assignment, SchedulerError
-
-    try:
-        return Assignment.from_json(json.loads(Path(path).read_text()))
-    except FileNotFoundError:
-        raise SchedulerError(f"{path}: file not found") from None
-    except json.JSONDecodeError as e:
-        raise SchedulerError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None

@@ -30,13 +30,6 @@ def _addr_key(addr: str) -> str:
     return "0x" + socket.inet_aton(addr).hex() + "/0xffffffff+16"
 
 
-def ifindex(ipr: IPRoute, name: str) -> int:
-    idx = ipr.link_lookup(ifname=name)
-    if not idx:
-        raise ShapingError(f"interface {name}: not found")
-    return idx[0]
-
-
 def clear_device(ipr: IPRoute, idx: int) -> None:
     try:
         ipr.tc("del", index=idx, handle=0x10000, parent=0xFFFFFFFF)

@@ -6,7 +6,9 @@ bandwidth-delay product), none is a fixed constant that silently caps a link.
 The same plan is applied through netlink (`apply.py`) or printed as `tc`/`ip`
 commands (`render_commands`) for people to read and paste.
 
-Layout on every device's interface (DESIGN.md, "Key decisions"):
+Layout on every device's interface: one class per destination, so peers never share a
+rate by accident, and the delay is one-way on the sender's egress, so RTT(d, d') =
+A[d][d'] + A[d'][d] and asymmetric scenarios are exact:
   HTB root 1: (default 0: unclassified traffic such as ARP leaves unshaped)
     class 1:<dst+1>  rate = ceil = B[d][dst] * bandwidth_scale, burst = cburst from the rate
       netem <0x100+dst>:  delay = A[d][dst] (one-way), optional jitter/loss,

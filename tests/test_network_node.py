@@ -1,4 +1,4 @@
-"""Real nodes: inventory parsing, dry-run commands (the physical-NIC part), and the namespace
+"""Real nodes: inventory parsing (harness/inventory.py), dry-run commands (the physical-NIC part), and the namespace
 wiring + shaping of `net apply`/`net clear` run for real inside user-mode Linux (macvlan on
 a dummy NIC, and veth on a bridge)."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ import pytest
 from harness.cli import main
 from harness.network import kernel
 from harness.network.emulate import run_emulated
-from harness.network.node import InventoryError, load_inventory, node_commands
+from harness.inventory import InventoryError, load_inventory
+from harness.network.node import node_commands
 from harness.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,19 +62,43 @@ def test_dry_run_shapes_only_pairs_between_nodes(tmp_path, capsys):
     assert capsys.readouterr().out.count("ip netns del harness-") == 2
 
 
+def test_bandwidth_scale_comes_from_the_inventory_unless_given(tmp_path, capsys):
+    inv = _inventory(tmp_path, CASE1.replace("devices: 16\n", "devices: 16\n    bandwidth_scale: 0.5\n"))
+    assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run"]) == 0
+    assert "rate 12500000000bit" in capsys.readouterr().out  # 25 Gbps x 0.5 (inventory)
+    assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run", "--bandwidth-scale", "1"]) == 0
+    assert "rate 25000000000bit" in capsys.readouterr().out  # the flag wins
+
+
 @pytest.mark.parametrize("text, needle", [
-    (CASE1.replace("[14, 15]", "[14]"), "devices [15] of the scenario are on no node"),
-    (CASE1.replace("[2, 3]", "[1, 3]"), "device 1 is already on node 'gpu-a'"),
+    (CASE1.replace("[14, 15]", "[14]"), "nodes: devices [15] of the scenario are on no node"),
+    (CASE1.replace("[2, 3]", "[1, 3]"), "nodes[1].devices: device 1 is already on node 'gpu-a'"),
+    (CASE1.replace("[2, 3]", "[2, 33]"), "nodes[1].devices: device 33 is not in the scenario"),
+    (CASE1.replace("[2, 3]", "[2, true]"), "nodes[1].devices: must be a non-empty list of device ids (got [2, True])"),
     (CASE1.replace("subnet:", "sub_net:"), "sub_net: unknown key"),
-    (CASE1.replace("10.214.0.0/16", "8.8.0.0/16"), "private"),
+    (CASE1.replace("{name: gpu-b,", "{name: gpu-b, gpus: 2,"), "nodes[1].gpus: unknown key"),
+    (CASE1.replace("10.214.0.0/16", "8.8.0.0/16"), "subnet: must be a private range (got '8.8.0.0/16')"),
+    (CASE1.replace("10.214.0.0/16", "10.214.0.0/29"), "subnet: has room for 6 devices, need 16 (got '10.214.0.0/29')"),
     (CASE1.replace("nic: ens5, ", ""), "nodes[1].nic: missing"),
-    (CASE1.replace("devices: 16", "devices: 12"), "--devices: 12"),
+    (CASE1.replace("nic: ens5, devices: [2", "nic: averyveryverylongnic, devices: [2"),
+     "nodes[1].nic: must be a name of letters, digits and . _ : -, at most 15 characters (got 'averyveryverylongnic')"),
+    (CASE1.replace("{name: gpu-b, nic: ens5,", "{name: gpu-b, nic: ens5, host: 'a b',"), "nodes[1].host: must be a name"),
+    (CASE1.replace("name: gpu-c", "name: gpu-b"), "nodes: two nodes have the same name (got 'gpu-b')"),
+    (CASE1.replace("devices: 16", "devices: 16\n    bandwidth_scale: -1"), "bandwidth_scale: must be a number > 0 (got -1)"),
+    (CASE1.replace("devices: 16", "devices: 12"), "scenario 1, devices 12: "),
+    ("- just a list\n", "(top level): must be a mapping (got ['just a list'])"),
+    ("nodes: [\n", "YAML syntax error"),
 ])
 def test_bad_inventories_are_one_line_errors(tmp_path, capsys, text, needle):
     inv = _inventory(tmp_path, text)
     assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run"]) == 2
     err = capsys.readouterr().err.strip()
-    assert needle in err and len(err.splitlines()) == 1
+    assert err.startswith(f"harness: error: {inv}: ") and needle in err and len(err.splitlines()) == 1, err
+
+
+def test_missing_inventory_file(tmp_path):
+    with pytest.raises(InventoryError, match=r"nope.yaml: cannot read \(No such file"):
+        load_inventory(tmp_path / "nope.yaml")
 
 
 def test_unknown_node(tmp_path):
@@ -88,7 +113,8 @@ GUEST = textwrap.dedent("""
     from pyroute2 import IPRoute
     from harness.network import registry
     from harness.network.netns import enter
-    from harness.network.node import apply_node, clear_node, load_inventory, node_run_id
+    from harness.inventory import load_inventory
+    from harness.network.node import apply_node, clear_node, node_run_id
     inv_path = sys.argv[1]
     with IPRoute() as ipr:
         ipr.link("add", ifname="nic0", kind="dummy")

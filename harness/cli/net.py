@@ -40,7 +40,8 @@ def register(sub) -> None:
         a.add_argument("--inventory", type=Path, required=True, help="cluster inventory YAML (see README)")
         a.add_argument("--node", required=True, help="this node's name in the inventory")
         if name == "apply":
-            a.add_argument("--bandwidth-scale", type=positive_float, default=1.0)
+            a.add_argument("--bandwidth-scale", type=positive_float,
+                           help="multiply every rate by s (default: the inventory's bandwidth_scale, else 1)")
         a.add_argument("--dry-run", action="store_true", help="print the ip/tc commands, change nothing")
         a.set_defaults(func=cmd_apply if name == "apply" else cmd_clear)
 

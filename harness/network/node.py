@@ -5,123 +5,77 @@ NIC through a macvlan (bridge mode) with its own IP, shaped exactly like the loc
 emulated cluster (plan.py). Pairs the scenario leaves unshaped (NVLink inside a node)
 get no class. The shaping stays until `net clear` (it is not a run: `net clean` leaves it).
 
-Inventory (YAML):
-    scenario: 5                # case number, name or path; its device ids are used below
-    devices: 16                # optional: scale the scenario down first
-    bandwidth_scale: 1.0       # optional, default 1 (the --bandwidth-scale flag overrides it)
-    subnet: 10.214.0.0/16      # device i gets the (i+1)-th address; must be free on the NICs' L2 segment
-    nodes:
-      - {name: gpu-a, nic: eth0, devices: [0, 1, 2, 3, 4, 5, 6, 7]}
-      - {name: gpu-b, nic: ens5, devices: [8, 9, 10, 11, 12, 13, 14, 15]}
-Every scenario device must appear on exactly one node. Namespaces are named
-`harness-<id>-<device>` where <id> is derived from the node name, so `clear` finds them.
+The inventory (`cluster.yaml`, harness/inventory.py) says which devices each node holds and
+on which NIC. Namespaces are named `harness-<id>-<device>` and interfaces `hnp-<id>-<device>`,
+where <id> is derived from the node name, so `clear` finds them and the trainer and
+`harness cluster sbatch` name them the same way (`device_names`, `rank_network`).
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
-from ..errors import HarnessError
-from ..scenario import load_scenario
+from ..inventory import Inventory, InventoryError, load_inventory
 from . import registry
 from .plan import build_plan, device_addresses, render_commands
 
 NETNS_DIR = "/var/run/netns"
-_TOP = {"scenario", "devices", "bandwidth_scale", "subnet", "nodes"}
-_NODE = {"name", "nic", "devices"}
-
-
-class InventoryError(HarnessError, ValueError):
-    """The inventory file is invalid (one line: file: field: problem)."""
-
-
-@dataclass(frozen=True)
-class NodeSpec:
-    name: str
-    nic: str
-    devices: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class Inventory:
-    path: Path
-    topo: object
-    bandwidth_scale: float
-    subnet: str
-    nodes: tuple[NodeSpec, ...]
-
-    def node(self, name: str) -> NodeSpec:
-        for n in self.nodes:
-            if n.name == name:
-                return n
-        raise InventoryError(f"{self.path}: nodes: no node named {name!r} "
-                             f"(known: {', '.join(n.name for n in self.nodes)})")
-
-
-def _fail(path, field, problem):
-    raise InventoryError(f"{path}: {field}: {problem}")
-
-
-def load_inventory(path: Path) -> Inventory:
-    path = Path(path)
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise InventoryError(f"{path}: cannot read ({e.strerror})") from None
-    except yaml.YAMLError as e:
-        raise InventoryError(f"{path}: YAML syntax error: {getattr(e, 'problem', e)}") from None
-    if not isinstance(doc, dict):
-        _fail(path, "(top level)", "must be a mapping")
-    unknown = sorted(set(doc) - _TOP)
-    if unknown:
-        _fail(path, unknown[0], f"unknown key (allowed: {', '.join(sorted(_TOP))})")
-    for k in ("scenario", "nodes"):
-        if k not in doc:
-            _fail(path, k, "missing")
-    topo = load_scenario(str(doc["scenario"]), doc.get("devices"))
-    scale = doc.get("bandwidth_scale", 1.0)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        _fail(path, "bandwidth_scale", f"must be a number > 0 (got {scale!r})")
-    subnet = str(doc.get("subnet", "10.214.0.0/16"))
-    if not isinstance(doc["nodes"], list) or not doc["nodes"]:
-        _fail(path, "nodes", "must be a non-empty list")
-    nodes, seen = [], {}
-    for k, n in enumerate(doc["nodes"]):
-        f = f"nodes[{k}]"
-        if not isinstance(n, dict):
-            _fail(path, f, "must be a mapping")
-        bad = sorted(set(n) - _NODE)
-        if bad:
-            _fail(path, f"{f}.{bad[0]}", f"unknown key (allowed: {', '.join(sorted(_NODE))})")
-        for key in _NODE:
-            if key not in n:
-                _fail(path, f"{f}.{key}", "missing")
-        devs = n["devices"]
-        if not isinstance(devs, list) or not devs or not all(isinstance(d, int) and not isinstance(d, bool)
-                                                             for d in devs):
-            _fail(path, f"{f}.devices", f"must be a non-empty list of device ids (got {devs!r})")
-        for d in devs:
-            if not 0 <= d < topo.n:
-                _fail(path, f"{f}.devices", f"device {d} is not in the scenario (0..{topo.n - 1})")
-            if d in seen:
-                _fail(path, f"{f}.devices", f"device {d} is already on node {seen[d]!r}")
-            seen[d] = n["name"]
-        if len(str(n["nic"])) > 15:
-            _fail(path, f"{f}.nic", f"not an interface name (got {n['nic']!r})")
-        nodes.append(NodeSpec(str(n["name"]), str(n["nic"]), tuple(devs)))
-    missing = sorted(set(range(topo.n)) - set(seen))
-    if missing:
-        _fail(path, "nodes", f"devices {missing} of the scenario are on no node")
-    device_addresses(topo.n, subnet)  # validates the subnet
-    return Inventory(path, topo, float(scale), subnet, tuple(nodes))
 
 
 def node_run_id(node: str) -> str:
     return hashlib.sha256(node.encode()).hexdigest()[:6]
+
+
+def device_names(node: str, device: int) -> tuple[str, str]:
+    """(namespace, interface) of `device`'s GPU process on `node`, as `apply` creates them."""
+    rid = node_run_id(node)
+    return registry.netns_name(rid, device), registry.device_ifname(rid, device)
+
+
+@dataclass(frozen=True)
+class RankNetwork:
+    """How one GPU process of a real-node run reaches the others."""
+
+    device: int  # the scenario device it plays; also its process-group rank
+    netns: str  # its namespace on the node (there once `net apply` ran)
+    ifname: str  # the interface gloo/NCCL must use (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME)
+    addr: str  # its own address on that interface's network
+    master_addr: str  # where device 0's process hosts the rendezvous store
+    shaped: bool
+
+
+def rank_network(inv: Inventory, node: str, local_rank: int, *, shaped: bool) -> RankNetwork:
+    """The one rule for a rank's network: local rank k on `node` plays the node's k-th device.
+
+    Shaped (the process runs in its device's namespace): it talks over the namespace's
+    macvlan interface with the device's subnet address, and device 0's namespace address
+    hosts the store (the namespaces see only the subnet: neither the node's own address
+    nor torchrun's agent store is reachable from them). Unshaped: the node's NIC, and the
+    store on the address of the node holding device 0."""
+    device = inv.device_of(node, local_rank)
+    netns, ifname = device_names(node, device)
+    if shaped:
+        addrs, _ = device_addresses(inv.topo.n, inv.subnet)
+        return RankNetwork(device, netns, ifname, addrs[device], addrs[0], True)
+    spec = inv.node(node)
+    return RankNetwork(device, netns, spec.nic, spec.address, inv.node_of(0).address, False)
+
+
+def this_rank_network(inv: Inventory, local_rank: int, *, node: str | None = None,
+                      interfaces: set[str] | None = None) -> RankNetwork:
+    """This process's `rank_network`: its node is HARNESS_NODE (else the host name), and it is
+    shaped iff its device's interface is in its namespace (it was started inside it)."""
+    node = node or os.environ.get("HARNESS_NODE") or socket.gethostname().split(".")[0]
+    if node not in {n.name for n in inv.nodes}:
+        raise InventoryError(f"{inv.path}: nodes: this node {node!r} (HARNESS_NODE, else the host name) is not in "
+                             f"the inventory (known: {', '.join(n.name for n in inv.nodes)})")
+    if interfaces is None:
+        interfaces = {name for _, name in socket.if_nameindex()}
+    _, ifname = device_names(node, inv.device_of(node, local_rank))
+    return rank_network(inv, node, local_rank, shaped=ifname in interfaces)
 
 
 def node_plan(inv: Inventory, node: str, bandwidth_scale: float | None = None):
@@ -140,11 +94,9 @@ def node_commands(inv: Inventory, node: str, bandwidth_scale: float | None = Non
     spec, rid, plan = node_plan(inv, node, bandwidth_scale)
     out = [f"# node {spec.name}: devices {list(spec.devices)} on {spec.nic} (macvlan, bridge mode), "
            f"scenario {inv.topo.name}, bandwidth scale {plan.bandwidth_scale:g}"]
-    ns = {}
     for d in spec.devices:
         dev = plan.devices[d]
         name = registry.netns_name(rid, d)
-        ns[d] = name
         out += [
             f"ip netns add {name}",
             f"ip link add {dev.ifname} link {spec.nic} type macvlan mode bridge",
@@ -155,9 +107,12 @@ def node_commands(inv: Inventory, node: str, bandwidth_scale: float | None = Non
         ]
     sub = type(plan)(plan.scenario, plan.bandwidth_scale, plan.mtu, plan.prefix_len,
                      tuple(plan.devices[d] for d in spec.devices))
-    out += render_commands(sub, [ns[d] for d in spec.devices])
-    out.append("# NCCL over sockets for shaped pairs: NCCL_NET=Socket NCCL_SOCKET_IFNAME=<device ifname> "
-               "(run each GPU process with `ip netns exec <namespace>`)")
+    out += render_commands(sub, [registry.netns_name(rid, i) for i in range(inv.topo.n)])  # indexed by device id
+    out.append("# start each GPU process in its device's namespace, gloo/NCCL on sockets over its interface:")
+    for k, d in enumerate(spec.devices):
+        net = rank_network(inv, spec.name, k, shaped=True)
+        out.append(f"#   local rank {k} (device {d}): ip netns exec {net.netns} env HARNESS_NODE={spec.name} "
+                   f"NCCL_NET=Socket NCCL_SOCKET_IFNAME={net.ifname} GLOO_SOCKET_IFNAME={net.ifname} ...")
     return out
 
 

@@ -1,0 +1,37 @@
+"""`harness cluster sbatch`: the Slurm job of a shaped real-node training run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def register(sub) -> None:
+    p = sub.add_parser("cluster", help="real nodes: write the Slurm job that shapes, trains and clears")
+    ss = p.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
+    s = ss.add_parser(
+        "sbatch", help="write a Slurm batch script: net apply on every node, torchrun in namespaces, net clear",
+        description="Write a Slurm batch script for the inventory's nodes: `harness net apply` on every node, "
+                    "torchrun with each GPU process in its device's namespace running `harness run --inventory "
+                    "... ARGS`, and `harness net clear` on exit. Example: harness cluster sbatch --inventory "
+                    "cluster.yaml --out job.sbatch -- --scenario 5 --devices 16 --system ours --device cuda")
+    s.add_argument("--inventory", type=Path, required=True, help="cluster inventory YAML (see README)")
+    s.add_argument("--out", type=Path, help="write the script here (default: print it)")
+    s.add_argument("--partition", help="Slurm partition")
+    s.add_argument("--time", help="Slurm time limit, e.g. 01:00:00")
+    s.add_argument("run_args", nargs="*", metavar="-- ARGS", help="the `harness run` arguments")
+    s.set_defaults(func=cmd_sbatch)
+
+
+def cmd_sbatch(args) -> int:
+    from ..cluster_batch import sbatch_script
+    from ..inventory import load_inventory
+    from ..results import atomic_write_text
+
+    inv = load_inventory(args.inventory.resolve())
+    text = sbatch_script(inv, args.run_args, partition=args.partition, time=args.time)
+    if args.out is None:
+        print(text, end="")
+    else:
+        atomic_write_text(args.out, text)
+        args.out.chmod(0o755)
+        print(f"wrote {args.out} ({len(inv.nodes)} nodes): sbatch {args.out}")
+    return 0

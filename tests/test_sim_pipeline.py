@@ -63,3 +63,27 @@ def test_1f1b_task_order_runs_every_task_once_with_warmup():
         assert order[: P - 1 - j] == [("F", m) for m in range(P - 1 - j)]
         # a backward never comes before its forward
         assert all(order.index(("F", m)) < order.index(("B", m)) for m in range(M))
+
+
+def test_trainer_and_simulator_take_their_order_from_schedule_order(monkeypatch):
+    from harness import schedule_order
+    from harness.train import pipeline as trainer
+
+    real, calls = schedule_order.stage_order, []
+
+    def stage0_backwards_in_forward_order(schedule, stages, stage, micro_batches):
+        calls.append((schedule, stages, stage, micro_batches))
+        order = real(schedule, stages, stage, micro_batches)
+        return sorted(order, key=lambda t: (t[0] == "B", t[1])) if stage == 0 else order
+
+    monkeypatch.setattr(schedule_order, "stage_order", stage0_backwards_in_forward_order)
+    M, (f, b, ser, delay) = 7, (1.0, 2.0, 3.0, 0.5)
+    tl = pipeline.simulate(two_stage(f, f, b, b, ser, delay), M, "gpipe", overlap=True)
+    assert calls == [("gpipe", 2, 0, M), ("gpipe", 2, 1, M)]
+    # Stage 1 sends gradients M-1, ..., 0 (one per `ser`, the bottleneck); stage 0, now asking for
+    # gradient 0 first, waits for the last of them, then runs all M backwards.
+    t_fwd = f + ser + delay + f + (M - 1) * ser
+    last_grad = t_fwd + b + ser + delay + (M - 1) * ser
+    np.testing.assert_allclose(tl.finish[:, 0], [last_grad + M * b, t_fwd + M * b])
+    assert trainer.ORDERS["gpipe"](M, 0, 2) == [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
+    assert trainer.ORDERS["1f1b"](M, 1, 3) == real("1f1b", 3, 1, M)

@@ -1,8 +1,9 @@
 """Event-driven timeline of one pipelined iteration, vectorised over data-parallel replicas.
 
-Each stage runs an ordered list of tasks, F(m) and B(m) for micro-batch m: GPipe
-(all forwards, then all backwards) or 1F1B (P-1-j warm-up forwards, then one
-forward / one backward, then the remaining backwards; Narayanan et al. 2021).
+Each stage runs an ordered list of tasks, F(m) and B(m) for micro-batch m, in the
+trainer's order (harness/schedule_order.py): GPipe (all forwards, then all backwards
+in reverse) or 1F1B (P-1-j warm-up forwards, then one forward / one backward, then
+the remaining backwards; Narayanan et al. 2021).
 F(m) on stage j > 0 waits for the activation of m from j-1; B(m) on j < P-1 for
 its gradient from j+1. Every time is an array over the R replicas, which share
 the task structure and differ in device speeds and links.
@@ -23,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from .. import schedule_order
 
 
 @dataclass(frozen=True)
@@ -45,15 +48,8 @@ class StageTimes:
 
 
 def task_order(schedule: str, P: int, M: int, j: int) -> list[tuple[str, int]]:
-    if schedule == "gpipe":
-        return [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
-    if schedule == "1f1b":
-        w = min(P - 1 - j, M)
-        tasks = [("F", m) for m in range(w)]
-        for k in range(M - w):
-            tasks += [("F", w + k), ("B", k)]
-        return tasks + [("B", m) for m in range(M - w, M)]
-    raise ValueError(f"unknown pipeline schedule {schedule!r}")
+    """Stage j's tasks: the order the trainer runs (harness/schedule_order.py)."""
+    return schedule_order.stage_order(schedule, P, j, M)
 
 
 @dataclass(frozen=True)

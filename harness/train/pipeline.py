@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
+from .. import schedule_order
 from ..errors import HarnessError
 from ..model import stage_layers
 from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
@@ -37,23 +38,13 @@ KIND_ACT, KIND_GRAD = 1, 2
 FP16_LOSS_SCALE = 1024.0  # static loss scale so fp16 activation gradients do not underflow
 
 
+# The orders are defined once, in harness/schedule_order.py, for this runtime and the simulator.
 def gpipe_order(n: int, stage: int, d_pp: int) -> list[tuple[str, int]]:
-    """All forwards, then all backwards (in reverse, as activations are freed LIFO)."""
-    return [("F", k) for k in range(n)] + [("B", k) for k in reversed(range(n))]
+    return schedule_order.stage_order("gpipe", d_pp, stage, n)
 
 
 def one_f_one_b_order(n: int, stage: int, d_pp: int) -> list[tuple[str, int]]:
-    """d_pp - stage - 1 warm-up forwards, then one forward / one backward, then the rest of the backwards."""
-    warm = min(d_pp - stage - 1, n)
-    order = [("F", k) for k in range(warm)]
-    f = b = 0
-    f = warm
-    while f < n:
-        order += [("F", f), ("B", b)]
-        f += 1
-        b += 1
-    order += [("B", k) for k in range(b, n)]
-    return order
+    return schedule_order.stage_order("1f1b", d_pp, stage, n)
 
 
 ORDERS = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}

@@ -23,14 +23,12 @@ from functools import lru_cache
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from .errors import HarnessError
+from .layout import LayoutError  # D_PP x D_DP does not match the devices, or a partition is malformed
 from .scenario import Topology
 
 EXACT_TSP_MAX = 16
 
 
-class LayoutError(HarnessError, ValueError):
-    """D_PP x D_DP does not match the devices, or a partition is malformed."""
 
 
 @dataclass(frozen=True)

@@ -79,17 +79,23 @@ def pflop_per_iteration(cfg: GPTConfig, batch: int) -> float:
     return 96 * B * s * l * h * h * (1 + s / (6 * h)) / 1e15
 
 
-def stage_layers(cfg: GPTConfig, d_pp: int) -> list[int]:
-    """Contiguous split of the blocks over d_pp stages (earlier stages take the remainder)."""
-    if d_pp < 1 or d_pp > cfg.layers:
-        raise ModelError(f"d_pp: {d_pp} stages cannot split {cfg.layers} layers")
-    base, extra = divmod(cfg.layers, d_pp)
+def even_split(layers: int, d_pp: int) -> list[int]:
+    """Contiguous split of `layers` blocks over d_pp stages (earlier stages take the remainder)."""
+    if d_pp < 1 or d_pp > layers:
+        raise ModelError(f"d_pp: {d_pp} stages cannot split {layers} layers")
+    base, extra = divmod(layers, d_pp)
     return [base + (1 if j < extra else 0) for j in range(d_pp)]
 
 
-def stage_params(cfg: GPTConfig, d_pp: int) -> list[int]:
-    """Parameters of every stage: blocks, plus embeddings on the first, head on the last."""
-    counts = [n * cfg.block_params for n in stage_layers(cfg, d_pp)]
+def stage_layers(cfg: GPTConfig, d_pp: int) -> list[int]:
+    """The even split of the model's blocks over d_pp stages."""
+    return even_split(cfg.layers, d_pp)
+
+
+def stage_params(cfg: GPTConfig, split: int | list[int]) -> list[int]:
+    """Parameters of every stage: blocks, plus embeddings on the first, head on the last.
+    split: the number of stages (even split) or the blocks of every stage (Layout.layers_per_stage)."""
+    counts = [n * cfg.block_params for n in (stage_layers(cfg, split) if isinstance(split, int) else split)]
     counts[0] += cfg.embedding_params
     counts[-1] += cfg.head_params
     return counts

@@ -51,7 +51,7 @@ def register(sub) -> None:
 
 def resolve_layout(args):
     """(topology, d_pp, d_dp, c_pp_bytes, c_dp_bytes) from the shared flags."""
-    from ..cost import LayoutError
+    from ..layout import LayoutError
     from ..model import c_dp_bytes, c_pp_bytes, get_model
     from ..scenario import load_scenario
 

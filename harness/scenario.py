@@ -63,11 +63,22 @@ class Topology:
     regions: tuple[Region, ...]
     device_region: tuple[int, ...]  # region index of every device
     delay_ms: np.ndarray
-    bandwidth_gbps: np.ndarray
+    bandwidth_gbps: np.ndarray  # already multiplied by bandwidth_scale
+    bandwidth_scale: float = 1.0  # the factor applied to the scenario file's bandwidths (scaled())
 
     @property
     def n(self) -> int:
         return len(self.device_region)
+
+    def scaled(self, bandwidth_scale: float) -> "Topology":
+        """Every bandwidth multiplied by `bandwidth_scale` (delays unchanged), applied once where a run is
+        planned: every consumer (shaping plan, scheduler, bounds, simulator) then reads the link as one value."""
+        s = bandwidth_scale
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not (0 < s < math.inf):
+            raise ScenarioError(f"{self.source}: bandwidth_scale: must be a finite number > 0 (got {s!r})")
+        if s == 1.0:
+            return self
+        return replace(self, bandwidth_gbps=self.bandwidth_gbps * s, bandwidth_scale=self.bandwidth_scale * s)
 
     def region_of(self, device: int) -> Region:
         return self.regions[self.device_region[device]]
@@ -114,6 +125,7 @@ class Topology:
             device_region=tuple(remap[self.device_region[d]] for d in devices),
             delay_ms=self.delay_ms[np.ix_(idx, idx)].copy(),
             bandwidth_gbps=self.bandwidth_gbps[np.ix_(idx, idx)].copy(),
+            bandwidth_scale=self.bandwidth_scale,
         )
 
 

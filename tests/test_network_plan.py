@@ -16,8 +16,7 @@ NET4 = "tests/data/net-4dev.yaml"
 
 def _plan(topo, scale=1.0, **kw):
     addrs, prefix = device_addresses(topo.n)
-    return build_plan(topo, addrs, [f"eth{i}" for i in range(topo.n)], prefix_len=prefix,
-                      bandwidth_scale=scale, **kw)
+    return build_plan(topo.scaled(scale), addrs, [f"eth{i}" for i in range(topo.n)], prefix_len=prefix, **kw)
 
 
 def test_every_ordered_pair_gets_its_own_class_rate_delay_and_filter():
@@ -67,10 +66,21 @@ def test_bandwidth_scale_scales_rates_only():
     assert small.bandwidth_scale == 0.25
 
 
-@pytest.mark.parametrize("scale", [0, -1, float("inf"), float("nan")])
+@pytest.mark.parametrize("scale", [0, -1, float("inf"), float("nan"), True])
 def test_bad_scale_is_a_clear_error(scale):
-    with pytest.raises(PlanError, match="bandwidth_scale"):
+    from harness.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match="bandwidth_scale: must be a finite number > 0"):
         _plan(load_scenario(NET4), scale)
+
+
+def test_a_scaled_topology_is_one_value_scaled_once():
+    topo = load_scenario(NET4)
+    twice = topo.scaled(0.5).scaled(0.5)
+    assert twice.bandwidth_scale == 0.25
+    assert twice.bandwidth_gbps[0, 1] == pytest.approx(topo.bandwidth_gbps[0, 1] / 4)
+    assert topo.scaled(1.0) is topo and (twice.delay_ms == topo.delay_ms).all()
+    assert topo.scaled(0.5).subset([0, 1]).bandwidth_scale == 0.5
 
 
 def test_node_internal_links_stay_unshaped():

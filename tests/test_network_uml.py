@@ -167,14 +167,14 @@ GUEST_CHECKS = textwrap.dedent("""
     assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
 
     # normal exit and exception both remove exactly the inner cluster
-    with Cluster(topo, bandwidth_scale=0.01) as c:
+    with Cluster(topo.scaled(0.01)) as c:
         now = registry.leftovers()
         assert set(now["netns"]) == set(outer["netns"]) | {d.netns for d in c.devices}
         assert sum(len(rb["classes"]) for rb in c.readback.values()) == 2
         assert sum(q["kind"] == "netem" for rb in c.readback.values() for q in rb["qdiscs"]) == 2
     assert registry.leftovers() == outer, registry.leftovers()
     try:
-        with Cluster(topo, bandwidth_scale=0.01) as c:
+        with Cluster(topo.scaled(0.01)) as c:
             raise RuntimeError("boom")
     except RuntimeError:
         pass
@@ -201,8 +201,8 @@ GUEST_CHECKS = textwrap.dedent("""
 def test_launcher_mode_and_teardown_inside_the_guest(tmp_path):
     script = tmp_path / "guest_checks.py"
     script.write_text(GUEST_CHECKS)
-    res = run_emulated(load_scenario(NET4), [sys.executable, str(script), NET4], mode="launcher",
-                       kernel="uml", timeout_s=120, bandwidth_scale=0.01)
+    res = run_emulated(load_scenario(NET4).scaled(0.01), [sys.executable, str(script), NET4], mode="launcher",
+                       kernel="uml", timeout_s=120)
     assert res.kernel == "uml"
     assert res.returncodes == [0], res.outputs[0][-3000:]
     assert "GUEST-CHECKS OK" in res.outputs[0]

@@ -32,16 +32,16 @@ def cmd_emulate(args) -> int:
     from ..network.emulate import run_emulated
     from ..scenario import load_scenario
 
-    topo = load_scenario(args.scenario, args.devices)
+    topo = load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale)
     if args.dry_run:
         from ..network.dryrun import local_cluster_commands
 
-        print("\n".join(local_cluster_commands(topo, bandwidth_scale=args.bandwidth_scale)))
+        print("\n".join(local_cluster_commands(topo)))
         return 0
     if not args.cmd:
         raise HarnessError("emulate: no command given (harness emulate --scenario N -- CMD ARGS...)")
     res = run_emulated(topo, args.cmd, mode="launcher" if args.launcher else "per-device",
-                       bandwidth_scale=args.bandwidth_scale, kernel=args.kernel, timeout_s=args.timeout,
+                       kernel=args.kernel, timeout_s=args.timeout,
                        stream=sys.stdout)
     codes = ", ".join(str(c) for c in res.returncodes)
     print(f"harness emulate: kernel {res.kernel}, bandwidth scale {res.bandwidth_scale:g}, "

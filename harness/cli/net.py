@@ -57,8 +57,8 @@ def cmd_verify(args) -> int:
     from ..network.verify import verify
     from ..scenario import load_scenario
 
-    topo = load_scenario(args.scenario, args.devices)
-    rep = verify(topo, bandwidth_scale=args.bandwidth_scale, pairs=args.pairs, kernel=args.kernel,
+    topo = load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale)
+    rep = verify(topo, pairs=args.pairs, kernel=args.kernel,
                  measure_s=args.measure_s, retries=max(0, args.retries), timeout_s=args.timeout,
                  stream=sys.stderr)
     print(rep.table())
@@ -103,8 +103,8 @@ def cmd_plan(args) -> int:
     from ..network.dryrun import local_cluster_commands
     from ..scenario import load_scenario
 
-    topo = load_scenario(args.scenario, args.devices)
-    print("\n".join(local_cluster_commands(topo, bandwidth_scale=args.bandwidth_scale)))
+    topo = load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale)
+    print("\n".join(local_cluster_commands(topo)))
     return 0
 
 

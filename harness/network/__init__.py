@@ -11,6 +11,6 @@ guest.py     entry point inside UML
 emulate.py   run_emulated(): the launcher used by trainers, baselines and `harness emulate`
 registry.py  what each run created; `net clean` / `net show`
 probe.py     in-cluster RTT + goodput measurements; verify.py: targets, pass rules, report
-node.py      real nodes: inventory, macvlan namespaces per GPU process (`net apply|clear`)
+node.py      real nodes: macvlan namespaces per GPU process from the inventory (`net apply|clear`), a rank's network
 dryrun.py    the local cluster as ip/tc commands
 """

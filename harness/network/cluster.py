@@ -37,7 +37,7 @@ class Device:
 
 
 class Cluster:
-    def __init__(self, topo, *, bandwidth_scale: float = 1.0, run_id: str | None = None,
+    def __init__(self, topo, *, run_id: str | None = None,
                  subnet: str = SUBNET, jitter_ms: float = 0.0, loss_pct: float = 0.0,
                  progress: bool = False):
         self.run_id = run_id or registry.new_run_id()
@@ -45,8 +45,7 @@ class Cluster:
         addrs, prefix = device_addresses(topo.n, subnet)
         ifnames = [registry.device_ifname(rid, i) for i in range(topo.n)]
         # Built (and validated) before anything touches the kernel.
-        self.plan: NetworkPlan = build_plan(topo, addrs, ifnames, prefix_len=prefix,
-                                            bandwidth_scale=bandwidth_scale, jitter_ms=jitter_ms,
+        self.plan: NetworkPlan = build_plan(topo, addrs, ifnames, prefix_len=prefix, jitter_ms=jitter_ms,
                                             loss_pct=loss_pct)
         self.devices = [
             Device(i, registry.netns_name(rid, i), f"{NETNS_DIR}/{registry.netns_name(rid, i)}",

@@ -37,7 +37,6 @@ from pathlib import Path
 from ..errors import HarnessError
 from . import registry, uml
 from .kernel import choose
-from .plan import PlanError
 from .runner import TIMEOUT_RC, log_path, read_result, run_job
 
 MODES = ("per-device", "launcher")
@@ -78,25 +77,24 @@ class EmulationError(HarnessError, RuntimeError):
     """The emulated cluster could not be set up or did not report back (one line)."""
 
 
-def run_emulated(topo, command: list[str], *, mode: str = "per-device", bandwidth_scale: float = 1.0,
+def run_emulated(topo, command: list[str], *, mode: str = "per-device",
                  kernel: str = "auto", timeout_s: float = 600.0, env: dict[str, str] | None = None,
                  stream=None) -> EmulationResult:
-    """Run `command` in the emulated cluster of `topo`; see the module docstring."""
+    """Run `command` in the emulated cluster of `topo` (Topology.scaled: its links are shaped as they are);
+    see the module docstring."""
     if mode not in MODES:
         raise EmulationError(f"mode: must be one of {', '.join(MODES)} (got {mode!r})")
     if not command:
         raise EmulationError("command: empty (give the program to run after --)")
     if not (timeout_s > 0):
         raise EmulationError(f"timeout: must be > 0 (got {timeout_s})")
-    if not (isinstance(bandwidth_scale, (int, float)) and 0 < bandwidth_scale < float("inf")):
-        raise PlanError(f"bandwidth_scale: must be a finite number > 0 (got {bandwidth_scale!r})")
     which = choose(kernel)
     rid = registry.new_run_id()
     job_dir = uml.new_job_dir(rid)
     n_logs = topo.n if mode == "per-device" else 1
     job = {
         "run_id": rid, "job_dir": str(job_dir), "mode": mode, "command": list(command),
-        "bandwidth_scale": float(bandwidth_scale), "timeout_s": float(timeout_s),
+        "timeout_s": float(timeout_s),
         "env": {**os.environ, **(env or {})}, "cwd": os.getcwd(),
     }
     tailer = _Tailer([log_path(job_dir, i) for i in range(n_logs)], stream, n_logs > 1)
@@ -120,7 +118,7 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device", bandwidt
     rcs = result["returncodes"]
     return EmulationResult(kernel=result["kernel"], returncodes=rcs, outputs=outputs,
                            readback=result["readback"], timed_out=result["timed_out"], run_id=rid,
-                           bandwidth_scale=float(bandwidth_scale), setup_s=result.get("setup_s"),
+                           bandwidth_scale=float(topo.bandwidth_scale), setup_s=result.get("setup_s"),
                            plan=result.get("plan"))
 
 

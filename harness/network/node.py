@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..inventory import Inventory, InventoryError, load_inventory
 from . import registry
-from .plan import build_plan, device_addresses, render_commands
+from .plan import build_plan, device_addresses, namespace_commands, render_commands
 
 NETNS_DIR = "/var/run/netns"
 
@@ -84,8 +84,8 @@ def node_plan(inv: Inventory, node: str, bandwidth_scale: float | None = None):
     rid = node_run_id(spec.name)
     addrs, prefix = device_addresses(inv.topo.n, inv.subnet)
     ifnames = [registry.device_ifname(rid, i) for i in range(inv.topo.n)]
-    plan = build_plan(inv.topo, addrs, ifnames, prefix_len=prefix,
-                      bandwidth_scale=bandwidth_scale if bandwidth_scale is not None else inv.bandwidth_scale)
+    topo = inv.topo.scaled(bandwidth_scale if bandwidth_scale is not None else inv.bandwidth_scale)
+    plan = build_plan(topo, addrs, ifnames, prefix_len=prefix)
     return spec, rid, plan
 
 
@@ -97,14 +97,8 @@ def node_commands(inv: Inventory, node: str, bandwidth_scale: float | None = Non
     for d in spec.devices:
         dev = plan.devices[d]
         name = registry.netns_name(rid, d)
-        out += [
-            f"ip netns add {name}",
-            f"ip link add {dev.ifname} link {spec.nic} type macvlan mode bridge",
-            f"ip link set {dev.ifname} netns {name}",
-            f"ip -n {name} addr add {dev.addr}/{plan.prefix_len} dev {dev.ifname}",
-            f"ip -n {name} link set {dev.ifname} up",
-            f"ip -n {name} link set lo up",
-        ]
+        out += namespace_commands(name, dev.ifname, f"ip link add {dev.ifname} link {spec.nic} type macvlan mode bridge",
+                                  dev.addr, plan.prefix_len)
     sub = type(plan)(plan.scenario, plan.bandwidth_scale, plan.mtu, plan.prefix_len,
                      tuple(plan.devices[d] for d in spec.devices))
     out += render_commands(sub, [registry.netns_name(rid, i) for i in range(inv.topo.n)])  # indexed by device id

@@ -10,7 +10,7 @@ Layout on every device's interface: one class per destination, so peers never sh
 rate by accident, and the delay is one-way on the sender's egress, so RTT(d, d') =
 A[d][d'] + A[d'][d] and asymmetric scenarios are exact:
   HTB root 1: (default 0: unclassified traffic such as ARP leaves unshaped)
-    class 1:<dst+1>  rate = ceil = B[d][dst] * bandwidth_scale, burst = cburst from the rate
+    class 1:<dst+1>  rate = ceil = B[d][dst] of the (scaled) topology, burst = cburst from the rate
       netem <0x100+dst>:  delay = A[d][dst] (one-way), optional jitter/loss,
                         limit = in-flight packets + 2 round-trip BDPs of queue (>= 64)
     u32 filter: ip dst <addr of dst>/32 -> 1:<dst+1>
@@ -122,16 +122,14 @@ def build_plan(
     ifnames: list[str],
     *,
     prefix_len: int = 16,
-    bandwidth_scale: float = 1.0,
     mtu: int = 1500,
     jitter_ms: float = 0.0,
     loss_pct: float = 0.0,
     unshaped_min_gbps: float = UNSHAPED_MIN_GBPS,
 ) -> NetworkPlan:
-    """Per-device egress plans for `topo`; rates scaled by `bandwidth_scale`, delays real."""
+    """Per-device egress plans for `topo` as the run sees it (Topology.scaled: its bandwidths already carry
+    the run's bandwidth_scale). The one place where Gbps becomes the bit/s that HTB is given."""
     n = topo.n
-    if not (isinstance(bandwidth_scale, (int, float)) and math.isfinite(bandwidth_scale) and bandwidth_scale > 0):
-        raise PlanError(f"bandwidth_scale: must be a finite number > 0 (got {bandwidth_scale!r})")
     if len(addrs) != n or len(ifnames) != n:
         raise PlanError(f"devices: {n} in the scenario but {len(addrs)} addresses and {len(ifnames)} interfaces")
     if not (68 <= mtu <= 65535):
@@ -156,10 +154,10 @@ def build_plan(
             if delay_ms == 0 and gbps >= unshaped_min_gbps:
                 unshaped.append(e)
                 continue
-            rate_bps = int(round(gbps * 1e9 * bandwidth_scale))
+            rate_bps = int(round(gbps * 1e9))
             if rate_bps < 8 * frame:
                 raise PlanError(
-                    f"{topo.source}: bandwidth_gbps[{d}][{e}] x bandwidth_scale = {rate_bps} bit/s: "
+                    f"{topo.source}: bandwidth_gbps[{d}][{e}] x bandwidth_scale {topo.bandwidth_scale:g} = {rate_bps} bit/s: "
                     f"below one {frame}-byte frame per second"
                 )
             rate_Bps = rate_bps / 8
@@ -179,7 +177,7 @@ def build_plan(
                 limit_packets=limit,
             ))
         devices.append(DevicePlan(d, addrs[d], ifnames[d], tuple(links), tuple(unshaped)))
-    return NetworkPlan(topo.name, float(bandwidth_scale), mtu, prefix_len, tuple(devices))
+    return NetworkPlan(topo.name, float(topo.bandwidth_scale), mtu, prefix_len, tuple(devices))
 
 
 def target_matrices(plan: NetworkPlan) -> tuple[np.ndarray, np.ndarray]:
@@ -199,6 +197,18 @@ def target_matrices(plan: NetworkPlan) -> tuple[np.ndarray, np.ndarray]:
 
 def _hex(v: int) -> str:
     return format(v, "x")
+
+
+def namespace_commands(netns: str, ifname: str, link_add: str, addr: str, prefix_len: int) -> list[str]:
+    """`ip` commands that give a device namespace its interface (created by `link_add`) and address."""
+    return [
+        f"ip netns add {netns}",
+        link_add,
+        f"ip link set {ifname} netns {netns}",
+        f"ip -n {netns} addr add {addr}/{prefix_len} dev {ifname}",
+        f"ip -n {netns} link set {ifname} up",
+        f"ip -n {netns} link set lo up",
+    ]
 
 
 def render_commands(plan: NetworkPlan, netns: list[str] | None = None) -> list[str]:

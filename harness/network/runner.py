@@ -44,7 +44,7 @@ def run_job(job: dict, topo, kernel: str) -> dict:
     t0 = time.monotonic()
     result = {"kernel": kernel, "returncodes": [], "timed_out": False, "readback": {}, "error": "",
               "plan": None, "setup_s": None}
-    with Cluster(topo, bandwidth_scale=job["bandwidth_scale"], run_id=job["run_id"],
+    with Cluster(topo, run_id=job["run_id"],
                  progress=job.get("progress", False)) as cluster:
         result["setup_s"] = time.monotonic() - t0
         result["readback"] = cluster.readback

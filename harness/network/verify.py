@@ -170,13 +170,13 @@ def warmup_s(rate_bps: float, rtt_ms: float, mtu: int) -> float:
     return (math.log2(max(bdp_packets, 10) / 10) + 5) * rtt + 0.5
 
 
-def verify(topo, *, bandwidth_scale: float = 1.0, pairs: str = "all", kernel: str = "auto",
+def verify(topo, *, pairs: str = "all", kernel: str = "auto",
            measure_s: float = 2.0, pings: int = 5, retries: int = 1, timeout_s: float = 600.0, stream=None) -> VerifyReport:
-    """Measure every selected ordered pair in the emulated cluster of `topo`; see module docstring."""
+    """Measure every selected ordered pair in the emulated cluster of `topo` (scaled: Topology.scaled);
+    see module docstring."""
     n = topo.n
     addrs, prefix = device_addresses(n)
-    plan = build_plan(topo, addrs, [f"if{i}" for i in range(n)], prefix_len=prefix,
-                      bandwidth_scale=bandwidth_scale)  # validates before booting anything
+    plan = build_plan(topo, addrs, [f"if{i}" for i in range(n)], prefix_len=prefix)  # validates before booting
     rtt_t, gp_t = target_matrices(plan)
     shaped = {(dev.index, link.dst) for dev in plan.devices for link in dev.links}
     chosen = select_pairs(n, pairs, lambda s, d: (s, d) in shaped and (d, s) in shaped)
@@ -190,7 +190,7 @@ def verify(topo, *, bandwidth_scale: float = 1.0, pairs: str = "all", kernel: st
         spec.write_text(json.dumps({"pings": pings, "rounds": rounds, "retries": retries}))
         t0 = time.monotonic()
         res = run_emulated(topo, [sys.executable, "-m", "harness.network.probe", str(spec), str(out)],
-                           mode="launcher", bandwidth_scale=bandwidth_scale, kernel=kernel,
+                           mode="launcher", kernel=kernel,
                            timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"}, stream=stream)
         duration = time.monotonic() - t0
         if not res.ok or not out.exists():
@@ -214,6 +214,6 @@ def verify(topo, *, bandwidth_scale: float = 1.0, pairs: str = "all", kernel: st
             error=r.get("error", ""), attempts=int(r.get("attempts", 1)),
             rtt_samples_ms=[round(x, 3) for x in r.get("rtt_samples_ms", [])],
         ))
-    return VerifyReport(scenario=topo.name, devices=n, bandwidth_scale=float(bandwidth_scale), kernel=res.kernel,
+    return VerifyReport(scenario=topo.name, devices=n, bandwidth_scale=float(topo.bandwidth_scale), kernel=res.kernel,
                         pairs=results, duration_s=duration, tcp_efficiency=tcp_efficiency(plan.mtu),
                         readback=res.readback)

@@ -12,25 +12,24 @@ import time
 import pytest
 
 from harness.launch import RankFailure
+from harness import layout as layouts
+from harness.layout import Layout
 from harness.train.baselines.systems import train_deepspeed, train_megatron
-from harness.train.runner import RunSpec, register_system, run_local
+from harness.train.config import RunSpec
+from harness.train.local import local_spec, run_local
+from harness.train.registry import register_system
 
 pytestmark = pytest.mark.timeout(90)
 
 
-def spec(system: str, devices: int, layout: dict, timeout_s: float = 30) -> RunSpec:
-    return RunSpec(
-        run_id="fail", scenario="none", system=system, backend="local", kernel="none", devices=devices,
-        model="tiny", layers=2, batch=8, micro_batch=1, iters=200, warmup=0, seed=0,
-        bandwidth_scale=1.0, lr=0.1, dtype="fp32", device_type="cpu", layout=layout, timeout_s=timeout_s,
-    )
+def spec(system: str, layout: Layout, timeout_s: float = 30, **debug) -> RunSpec:
+    return local_spec(layout, system, batch=8, micro_batch=1, iters=200, timeout_s=timeout_s, **debug)
 
 
-def test_killed_pipeline_peer_fails_the_run_naming_it(monkeypatch):
-    monkeypatch.setenv("HARNESS_FAULT", "rank=1,after=3.0,mode=kill")
+def test_killed_pipeline_peer_fails_the_run_naming_it():
     t0 = time.monotonic()
     with pytest.raises(RankFailure) as e:
-        run_local(spec("megatron", 4, {"tp": 1, "pp": 2, "dp": 2}), 4, timeout_s=60)
+        run_local(spec("megatron", layouts.in_rank_order(1, 2, 2, 2), fault_rank=1, fault_after_s=3.0), timeout_s=60)
     assert time.monotonic() - t0 < 45
     assert str(e.value).startswith("rank 1 was killed by signal SIGKILL")
 
@@ -64,13 +63,13 @@ def _stalled_zero3(ctx, s):
 
 
 @pytest.mark.parametrize("system, layout", [
-    ("test-megatron-stalled-rank", {"tp": 1, "pp": 2, "dp": 1, "schedule": "1f1b"}),
-    ("test-zero3-stalled-rank", {"zero": 3}),
+    ("test-megatron-stalled-rank", layouts.in_rank_order(1, 2, 1, 2)),
+    ("test-zero3-stalled-rank", layouts.in_rank_order(1, 1, 2, 2, zero=3)),
 ])
 def test_stalled_peer_becomes_a_timeout_error_not_a_hang(system, layout):
     t0 = time.monotonic()
     with pytest.raises(RankFailure) as e:
-        run_local(spec(system, 2, layout, timeout_s=4), 2, timeout_s=60)
+        run_local(spec(system, layout, timeout_s=4), timeout_s=60)
     assert time.monotonic() - t0 < 40
     # The waiting rank reports gloo's timeout; the stalled one is stopped by the launcher.
     assert str(e.value).startswith("rank ") and "Timed out" in str(e.value)

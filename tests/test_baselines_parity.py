@@ -10,10 +10,12 @@ import math
 import pytest
 import torch
 
+from harness import layout as layouts
+from harness.layout import Layout
+from harness.train.config import RunSpec
 from harness.train.gpt import GPT
+from harness.train.local import local_spec, run_local
 from harness.train.reference import reference_train
-from harness.train.baselines.layout import random_rank_order
-from harness.train.runner import RunSpec, run_local
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -28,12 +30,13 @@ def reference():
     return reference_train(get_model(MODEL, LAYERS), BATCH, MICRO, STEPS, SEED, LR)
 
 
-def spec(system: str, devices: int, layout: dict) -> RunSpec:
-    return RunSpec(
-        run_id="parity", scenario="none", system=system, backend="local", kernel="none", devices=devices,
-        model=MODEL, layers=LAYERS, batch=BATCH, micro_batch=MICRO, iters=STEPS, warmup=0, seed=SEED,
-        bandwidth_scale=1.0, lr=LR, dtype="fp32", device_type="cpu", layout=layout, timeout_s=60,
-    )
+def spec(system: str, layout: Layout) -> RunSpec:
+    return local_spec(layout, system, name=MODEL, batch=BATCH, micro_batch=MICRO, iters=STEPS, seed=SEED, lr=LR,
+                      timeout_s=60)
+
+
+def rank_order(tp, pp, dp, order, **opts) -> Layout:
+    return layouts.with_rank_order(layouts.in_rank_order(tp, pp, dp, LAYERS, **opts), order)
 
 
 def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
@@ -64,21 +67,21 @@ def run_cfg():
 
 
 LAYOUTS = {
-    "megatron-tp2": ("megatron", 2, {"tp": 2, "pp": 1, "dp": 1}),
-    "megatron-pp2-gpipe": ("megatron", 2, {"tp": 1, "pp": 2, "dp": 1, "schedule": "gpipe"}),
-    "megatron-dp2": ("megatron", 2, {"tp": 1, "pp": 1, "dp": 2}),
-    "megatron-tp2xpp2-1f1b": ("megatron", 4, {"tp": 2, "pp": 2, "dp": 1, "schedule": "1f1b"}),
-    "megatron-tp2xdp2-permuted": ("megatron", 4, {"tp": 2, "pp": 1, "dp": 2, "rank_order": [2, 0, 3, 1]}),
-    "megatron-tp2xpp2xdp2-seed2022": (
-        "megatron", 8, {"tp": 2, "pp": 2, "dp": 2, "schedule": "gpipe", "rank_order": list(random_rank_order(8, 2022))}),
-    "deepspeed-zero3-4": ("deepspeed", 4, {"zero": 3}),
-    "deepspeed-zero1-pp2xdp2-permuted": (
-        "deepspeed", 4, {"zero": 1, "pp": 2, "dp": 2, "schedule": "1f1b", "rank_order": [3, 1, 0, 2]}),
+    "megatron-tp2": ("megatron", lambda: layouts.in_rank_order(2, 1, 1, LAYERS)),
+    "megatron-pp2-gpipe": ("megatron", lambda: layouts.in_rank_order(1, 2, 1, LAYERS, schedule="gpipe")),
+    "megatron-dp2": ("megatron", lambda: layouts.in_rank_order(1, 1, 2, LAYERS)),
+    "megatron-tp2xpp2-1f1b": ("megatron", lambda: layouts.in_rank_order(2, 2, 1, LAYERS)),
+    "megatron-tp2xdp2-permuted": ("megatron", lambda: rank_order(2, 1, 2, [2, 0, 3, 1])),
+    "megatron-tp2xpp2xdp2-seed2022": ("megatron", lambda: layouts.seeded(2, 2, 2, LAYERS, 2022, schedule="gpipe")),
+    "megatron-pp2-uneven": ("megatron", lambda: layouts.from_pipelines([[1, 0]], LAYERS, "test", stages=((0, 1), (1, 2)))),
+    "deepspeed-zero3-4": ("deepspeed", lambda: layouts.in_rank_order(1, 1, 4, LAYERS, zero=3)),
+    "deepspeed-zero1-pp2xdp2-permuted": ("deepspeed", lambda: rank_order(1, 2, 2, [3, 1, 0, 2], zero=1)),
 }
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_layout_matches_reference(name, reference):
-    system, devices, layout = LAYOUTS[name]
-    run = run_local(spec(system, devices, layout), devices, collect_state=True, timeout_s=80)
+    system, build = LAYOUTS[name]
+    layout = build()
+    run = run_local(spec(system, layout), collect_state=True, timeout_s=80)
     assert_matches_reference(run, reference)

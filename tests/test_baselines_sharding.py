@@ -6,20 +6,19 @@ import pytest
 import torch
 from torch.distributed.tensor import DTensor
 
-from harness.train.baselines.layout import from_json, validate
+from harness import layout as layouts
 from harness.train.baselines.train import build_rank, train_step
-from harness.train.runner import RunSpec, register_system, run_local
+from harness.train.local import local_spec, run_local
+from harness.train.registry import register_system
 
 pytestmark = pytest.mark.timeout(90)
 
 
 @register_system("test-baseline-inspect")
 def _inspect(ctx, s):
-    system = s.layout["system"]
-    layout = validate(from_json(system, {k: v for k, v in s.layout.items() if k != "system"}, ctx.world_size),
-                      s.cfg, ctx.world_size, s.batch, s.micro_batch)
-    br = build_rank(layout, s.cfg, s.batch, s.micro_batch, s.seed, s.lr)
-    train_step(br, s.cfg, s.batch, 0, s.seed)
+    m = s.model
+    br = build_rank(s.layout, s.cfg, m.batch, m.micro_batch, m.seed, m.lr)
+    train_step(br, s.cfg, m.batch, 0, m.seed)
     local = sum(_numel(p) for p in br.schedule._stage.submod.parameters())
     opt = getattr(br.optimizer, "optim", br.optimizer)  # ZeroRedundancyOptimizer wraps the local one
     with_state = sum(_numel(p) for p in opt.state if opt.state[p])
@@ -32,11 +31,11 @@ def _numel(p: torch.Tensor) -> int:
     return (p.to_local() if isinstance(p, DTensor) else p).numel()
 
 
-def inspect(devices: int, layout: dict) -> dict[int, tuple[int, int]]:
-    spec = RunSpec(run_id="inspect", scenario="none", system="test-baseline-inspect", backend="local", kernel="none",
-                   devices=devices, model="tiny", layers=2, batch=8, micro_batch=2, iters=1, warmup=0, seed=0,
-                   bandwidth_scale=1.0, lr=0.1, dtype="fp32", device_type="cpu", layout=layout, timeout_s=60)
-    state = run_local(spec, devices, collect_state=True, timeout_s=80).state_dict()
+def inspect(tp: int, pp: int, dp: int, zero: int = 0) -> dict[int, tuple[int, int]]:
+    devices = tp * pp * dp
+    spec = local_spec(layouts.in_rank_order(tp, pp, dp, 2, zero=zero), "test-baseline-inspect",
+                      batch=8, micro_batch=2, iters=1, timeout_s=60)
+    state = run_local(spec, collect_state=True, timeout_s=80).state_dict()
     return {r: (int(state[f"r{r}.local"]), int(state[f"r{r}.state"])) for r in range(devices)}
 
 
@@ -47,14 +46,14 @@ def full_params() -> int:
 
 
 def test_zero3_shards_parameters_and_state():
-    got = inspect(4, {"system": "deepspeed", "zero": 3})
+    got = inspect(1, 1, 4, zero=3)
     total = full_params()
     assert sum(local for local, _ in got.values()) == pytest.approx(total, rel=0.01)
     assert all(local < total / 3 and state == local for local, state in got.values())
 
 
 def test_zero1_shards_optimizer_state_not_parameters():
-    got = inspect(2, {"system": "deepspeed", "zero": 1, "pp": 1, "dp": 2})
+    got = inspect(1, 1, 2, zero=1)
     total = full_params()
     assert all(local == total for local, _ in got.values())  # every replica holds the whole model
     states = [state for _, state in got.values()]
@@ -63,9 +62,9 @@ def test_zero1_shards_optimizer_state_not_parameters():
 
 def test_ddp_keeps_everything_and_tp_halves_the_blocks():
     total = full_params()
-    ddp = inspect(2, {"system": "megatron", "tp": 1, "pp": 1, "dp": 2})
+    ddp = inspect(1, 1, 2)
     assert all(local == total and state == total for local, state in ddp.values())
-    tp = inspect(2, {"system": "megatron", "tp": 2, "pp": 1, "dp": 1})
+    tp = inspect(2, 1, 1)
     from harness.model import get_model
 
     cfg = get_model("tiny", 2)

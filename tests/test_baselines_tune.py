@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from harness import layout as layouts
 from harness.errors import HarnessError
+from harness.layout import Layout
 from harness.model import get_model
 from harness.results import read_records
-from harness.train.baselines.layout import deepspeed_grid, megatron_grid, random_rank_order
 from harness.train.baselines.tune import tune
-from harness.train.experiment import RunRequest
+from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -21,11 +22,17 @@ ARGS = ["--scenario", "3", "--devices", "4", "--network", "none", "--model", "ti
         "--batch", "4", "--micro-batch", "1", "--iters", "2", "--warmup", "0"]
 
 
-@pytest.mark.parametrize("system, grid", [("megatron", megatron_grid), ("deepspeed", deepspeed_grid)])
-def test_tune_runs_every_point_and_reports_the_best(cli, tmp_path, system, grid):
+def request(tmp_path, schedule=None) -> RunRequest:
+    return RunRequest(network=NetworkSection("3", devices=4, mode="none"),
+                      model=ModelSection("tiny", layers=2, batch=4, micro_batch=1),
+                      layout=LayoutRequest(schedule=schedule), run=RunSection(iters=1, warmup=0, results_root=str(tmp_path)))
+
+
+@pytest.mark.parametrize("system", ["megatron", "deepspeed"])
+def test_tune_runs_every_point_and_reports_the_best(cli, tmp_path, system):
     rc, out, err = cli("tune", "--system", system, *ARGS, "--out", tmp_path)
     assert rc == 0, err
-    expected = [lay.label() for lay in grid(get_model("tiny", 2), 4, 4, 1)]
+    expected = [lay.label() for lay in layouts.baseline_grid(system, get_model("tiny", 2), 4, 4, 1)]
     summary = json.loads(next(tmp_path.rglob("tune.json")).read_text())
     assert [p["label"] for p in summary["points"]] == expected
     assert all(p["status"] == "ok" for p in summary["points"])
@@ -42,15 +49,14 @@ def test_tune_runs_every_point_and_reports_the_best(cli, tmp_path, system, grid)
 
 
 def test_failed_point_is_recorded_and_the_search_goes_on(tmp_path):
-    req = RunRequest(scenario="3", devices=4, model="tiny", layers=2, batch=4, micro_batch=1, iters=1,
-                     warmup=0, network="none", schedule="gpipe", results_root=tmp_path)
+    req = request(tmp_path, schedule="gpipe")
     seen = []
 
     def fake_execute(r):
         seen.append(r)
-        if r.extra_layout.get("tp") == 2:
+        if r.layout.explicit.tp == 2:
             raise HarnessError("run failed: rank 1 failed: out of memory")
-        out = tmp_path / r.run_id
+        out = tmp_path / r.run.run_id
         out.mkdir()
         secs = 1.0 + len(seen)
         (out / "records.csv").write_text(
@@ -58,8 +64,8 @@ def test_failed_point_is_recorded_and_the_search_goes_on(tmp_path):
         return out
 
     result = tune(req, "megatron", progress=False, execute=fake_execute)
-    assert len(seen) == len(result.points) == len(megatron_grid(get_model("tiny", 2), 4, 4, 1))
-    assert all(r.system == "megatron" and r.extra_layout["schedule"] == "gpipe" for r in seen)
+    assert len(seen) == len(result.points) == len(layouts.baseline_grid("megatron", get_model("tiny", 2), 4, 4, 1))
+    assert all(r.run.system == "megatron" and r.layout.explicit.schedule == "gpipe" for r in seen)
     failed = [p for p in result.points if p.status == "failed"]
     assert failed and all(p.d_tp == 2 and "out of memory" in p.reason for p in failed)
     assert result.best.seconds == 2.0 and result.best.status == "ok"
@@ -68,18 +74,16 @@ def test_failed_point_is_recorded_and_the_search_goes_on(tmp_path):
 
 
 def test_rank_order_seed_applies_one_permutation_to_every_point(tmp_path):
-    req = RunRequest(scenario="3", devices=4, model="tiny", layers=2, batch=4, micro_batch=1, results_root=tmp_path)
     orders = []
 
     def fake_execute(r):
-        orders.append(r.extra_layout.get("rank_order"))
+        orders.append(r.layout.explicit)
         raise HarnessError("not run")
 
-    result = tune(req, "megatron", rank_order="2022", progress=False, execute=fake_execute)
+    result = tune(request(tmp_path), "megatron", rank_order="2022", progress=False, execute=fake_execute)
     assert result.best is None and all(result.points[k].status == "failed" for k in range(len(orders)))
-    for p, order in zip(result.points, orders):
-        expected = list(random_rank_order(4, 2022, p.d_tp, p.d_pp))
-        assert order == (None if expected == list(range(4)) else expected)
+    for p, lay in zip(result.points, orders):
+        assert lay.mesh == layouts.seeded(p.d_tp, p.d_pp, p.d_dp, 2, 2022).mesh and lay.placement == "seed-2022"
 
 
 def test_tune_user_errors_are_one_line(cli, tmp_path):

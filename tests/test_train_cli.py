@@ -7,6 +7,7 @@ import time
 import pytest
 
 from harness.cli import main
+from harness.layout import Layout
 from harness.results import RECORD_FIELDS, read_records
 
 pytestmark = pytest.mark.timeout(180)
@@ -28,7 +29,7 @@ def test_run_writes_records_and_manifest(tmp_path, capsys, system, scheduler):
     assert capsys.readouterr().out.strip() == str(d)
     m = json.loads((d / "manifest.json").read_text())
     assert m["status"] == "ok" and m["placement"]["scheduler"] == scheduler
-    assert m["spec"]["layout"]["d_pp"] * m["spec"]["layout"]["d_dp"] == 8
+    assert m["spec"]["layout"]["pp"] * m["spec"]["layout"]["dp"] == 8 and m["spec"]["layout"]["tp"] == 1
     recs = read_records(d / "records.csv")
     assert [r["iteration"] for r in recs] == [1, 2]
     r = recs[0]
@@ -37,13 +38,13 @@ def test_run_writes_records_and_manifest(tmp_path, capsys, system, scheduler):
     assert r["seconds"] > 0 and r["compute_seconds"] > 0 and 5 < r["loss"] < 8
     assert r["pflops"] == pytest.approx(r["pflop"] / r["seconds"])
     assert r["tokens_per_s"] == pytest.approx(8 * 128 / r["seconds"])
-    assert json.loads(r["config"])["pipelines"] == m["placement"]["pipelines"]
+    assert [list(p) for p in Layout.from_json(json.loads(r["config"])).pipelines] == m["placement"]["pipelines"]
 
 
-def test_killed_rank_fails_the_run_in_bounded_time(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HARNESS_FAULT", "rank=3,after=2.5,mode=kill")
+def test_killed_rank_fails_the_run_in_bounded_time(tmp_path, capsys):
     t0 = time.monotonic()
-    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120"])
+    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120",
+                           "--debug", "fault_rank=3", "--debug", "fault_after_s=2.5"])
     assert time.monotonic() - t0 < 40
     err = capsys.readouterr().err
     assert rc == 2 and "rank 3 was killed by signal SIGKILL" in err and "Traceback" not in err.splitlines()[-1]
@@ -53,9 +54,9 @@ def test_killed_rank_fails_the_run_in_bounded_time(tmp_path, capsys, monkeypatch
     assert not (d / "records.csv").exists()
 
 
-def test_crashing_rank_fails_the_run(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HARNESS_FAULT", "rank=0,after=2.5,mode=exit")
-    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120"])
+def test_crashing_rank_fails_the_run(tmp_path, capsys):
+    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120",
+                           "--debug", "fault_rank=0", "--debug", "fault_after_s=2.5", "--debug", "fault_mode=exit"])
     assert rc == 2 and "rank 0 exited with status 17" in capsys.readouterr().err
     assert json.loads((only_run(tmp_path) / "manifest.json").read_text())["status"] == "failed"
 
@@ -75,12 +76,16 @@ def test_real_nodes_path_under_torchrun(tmp_path):
     from pathlib import Path
 
     inv = tmp_path / "cluster.yaml"
-    inv.write_text("ifname: lo\nnodes:\n  - {host: 127.0.0.1, gpus: 2}\n")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    inv.write_text("scenario: 3\ndevices: 2\nnodes:\n  - {name: local, nic: lo, host: 127.0.0.1, devices: [0, 1]}\n")
+    ports = []
+    for _ in range(2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            ports.append(s.getsockname()[1])
+    port, store_port = ports
     torchrun = Path(sys.executable).with_name("torchrun")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HARNESS_RESULTS": str(tmp_path)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HARNESS_RESULTS": str(tmp_path), "HARNESS_NODE": "local",
+           "HARNESS_STORE_PORT": str(store_port)}
     r = subprocess.run([str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                         "--master-port", str(port), "-m", "harness", "run", "--inventory", str(inv),
                         "--scenario", "3", "--devices", "2", "--model", "tiny", "--layers", "2", "--batch", "4",
@@ -96,6 +101,6 @@ def test_inventory_outside_torchrun_is_a_user_error(tmp_path, capsys, monkeypatc
     for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
     inv = tmp_path / "cluster.yaml"
-    inv.write_text("nodes:\n  - {host: 127.0.0.1, gpus: 2}\n")
+    inv.write_text("scenario: 3\ndevices: 2\nnodes:\n  - {name: local, nic: lo, devices: [0, 1]}\n")
     assert main(["run", "--inventory", str(inv), "--scenario", "3", "--devices", "2"]) == 2
     assert "run under torchrun" in capsys.readouterr().err

@@ -46,9 +46,9 @@ def test_trains_in_the_emulated_cluster(tmp_path, capsys):
     assert (d / "ranks.log").exists()
 
 
-def test_killed_rank_in_the_emulated_cluster_fails_the_run(tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("HARNESS_FAULT", "rank=2,after=3,mode=kill")
-    rc = main(ARGS + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120"])
+def test_killed_rank_in_the_emulated_cluster_fails_the_run(tmp_path, capsys):
+    rc = main(ARGS + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120",
+                      "--debug", "fault_rank=2", "--debug", "fault_after_s=3"])
     err = capsys.readouterr().err
     assert rc == 2 and "rank 2 (device 2, " in err and "killed by signal SIGKILL" in err
     m = json.loads((only_run(tmp_path) / "manifest.json").read_text())

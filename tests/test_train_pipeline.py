@@ -6,24 +6,28 @@ import torch
 
 from harness.model import c_dp_bytes, c_pp_bytes, get_model
 from harness.scenario import load_scenario
+from harness import layout as layouts
+from harness.layout import Layout
+from harness.train.config import RunSpec
 from harness.train.gpt import GPT
-from harness.train.layout import PipelineLayout, identity_layout
+from harness.train.local import local_spec, run_local
 from harness.train.pipeline import gpipe_order, one_f_one_b_order
 from harness.train.reference import reference_train
-from harness.train.runner import RunSpec, run_local
 
 pytestmark = pytest.mark.timeout(120)
 
 BATCH, MICRO, STEPS, SEED, LR = 8, 2, 3, 3, 0.1
 
 
-def spec(layout: PipelineLayout, **kw) -> RunSpec:
-    base = dict(run_id="t", scenario="none", system="ours", backend="local", kernel="none",
-                devices=layout.world_size, model="tiny", layers=4, batch=BATCH, micro_batch=MICRO, iters=STEPS,
-                warmup=0, seed=SEED, bandwidth_scale=1.0, lr=LR, dtype="fp32", device_type="cpu",
-                layout=layout.to_json(), timeout_s=60)
-    base.update(kw)
-    return RunSpec(**base)
+def spec(layout: Layout, **kw) -> RunSpec:
+    base = dict(name="tiny", batch=BATCH, micro_batch=MICRO, iters=STEPS, seed=SEED, lr=LR, timeout_s=60)
+    return local_spec(layout, **{**base, **kw})
+
+
+def identity_layout(d_pp: int, d_dp: int, **opts) -> Layout:
+    """Replica i on devices i*d_pp .. i*d_pp + d_pp - 1, in stage order."""
+    opts = {"schedule": "gpipe", "dp_sync": "sharded-ps", **opts}
+    return layouts.from_pipelines([[i * d_pp + j for j in range(d_pp)] for i in range(d_dp)], 4, "identity", **opts)
 
 
 @pytest.fixture(scope="module")
@@ -33,14 +37,14 @@ def reference():
     return losses, state, GPT(cfg, SEED).state_dict()
 
 
-def scheduled_layout() -> PipelineLayout:
+def scheduled_layout() -> Layout:
     """A GA-scheduled placement on 4 devices of case 5 (Oregon, Virginia, Tokyo, London)."""
     from harness.scheduler import schedule
 
     topo = load_scenario("5", devices=8).subset([0, 1, 3, 5])
     cfg = get_model("tiny", 4)
     a = schedule(topo, 2, 2, c_pp_bytes(cfg, BATCH, 2, 4), c_dp_bytes(cfg, 2, 4), scheduler="ga", seed=0, budget=200)
-    return PipelineLayout(2, 2, tuple(tuple(p) for p in a.pipelines), dp_sync="sharded-ps", schedule="1f1b")
+    return layouts.from_pipelines(a.pipelines, 4, "ga", dp_sync="sharded-ps", schedule="1f1b")
 
 
 LAYOUTS = {
@@ -49,7 +53,8 @@ LAYOUTS = {
     "pp2xdp2-sharded-ps-1f1b": lambda: identity_layout(2, 2, schedule="1f1b"),
     "pp2xdp2-allreduce-gpipe": lambda: identity_layout(2, 2, dp_sync="allreduce"),
     "scheduled-2x2": scheduled_layout,
-    "permuted-4x1-1f1b": lambda: PipelineLayout(4, 1, ((2, 0, 3, 1),), schedule="1f1b"),
+    "permuted-4x1-1f1b": lambda: layouts.from_pipelines([[2, 0, 3, 1]], 4, "test", schedule="1f1b"),
+    "uneven-3-1": lambda: layouts.from_pipelines([[1, 0]], 4, "test", stages=((0, 3), (3, 4))),
     "pp2xdp2-recompute": lambda: identity_layout(2, 2, recompute=True),
 }
 
@@ -72,7 +77,7 @@ def test_matches_single_process_reference(name, reference):
     assert den > 0 and num / den < 1e-5
     # Every replica holds identical parameters after the DP sync.
     by_rank = {r.rank: r.state for r in run.ranks}
-    for j in range(layout.d_pp):
+    for j in range(layout.pp):
         group = layout.stage_group(j)
         for d in group[1:]:
             for k, v in by_rank[group[0]].items():
@@ -99,11 +104,12 @@ def test_schedules_run_every_micro_batch_once_in_dependency_order():
 def test_bad_layout_is_one_line_error():
     from harness.errors import HarnessError
 
-    with pytest.raises(HarnessError, match="layout.pipelines: must use every device"):
-        PipelineLayout(2, 1, ((0, 0),))
+    with pytest.raises(HarnessError, match="layout.mesh: must place every device"):
+        layouts.from_pipelines([[0, 0]], 4, "test")
 
 
-from harness.train.runner import IterationStats, register_system  # noqa: E402
+from harness.train.registry import register_system  # noqa: E402
+from harness.train.stats import IterationStats  # noqa: E402
 
 
 @register_system("test-dp-sync")
@@ -125,9 +131,7 @@ def _dp_sync_modes(ctx, s):
 
 
 def test_dp_sync_modes_give_the_group_sum_on_every_member():
-    s = RunSpec(run_id="t", scenario="none", system="test-dp-sync", backend="local", kernel="none", devices=3,
-                model="tiny", layers=2, batch=3, micro_batch=1, iters=1, warmup=0, seed=0, bandwidth_scale=1.0,
-                lr=0.1, dtype="fp32", device_type="cpu", layout={}, timeout_s=30)
+    s = local_spec(layouts.in_rank_order(1, 1, 3, 2), "test-dp-sync", batch=3, iters=1, timeout_s=30)
     state = run_local(s, collect_state=True).state_dict()
     expected = torch.arange(10, dtype=torch.float32) * 6 + 1.5
     for r in range(3):

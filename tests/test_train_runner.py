@@ -11,24 +11,25 @@ import torch.distributed as dist
 
 from harness.launch import RankFailure
 from harness.model import get_model
+from harness import layout as layouts
+from harness.train.config import RunSpec
+from harness.train.local import local_spec, run_local
 from harness.train.reference import reference_train
-from harness.train.runner import IterationStats, RunSpec, register_system, run_local
+from harness.train.registry import register_system
+from harness.train.stats import IterationStats, merge_stats
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def spec(system: str, devices: int = 2, **kw) -> RunSpec:
-    base = dict(run_id="t", scenario="none", system=system, backend="local", kernel="none", devices=devices,
-                model="tiny", layers=2, batch=4, micro_batch=2, iters=2, warmup=0, seed=0,
-                bandwidth_scale=1.0, lr=0.1, dtype="fp32", device_type="cpu", layout={}, timeout_s=30)
-    base.update(kw)
-    return RunSpec(**base)
+    base = dict(batch=4 * devices, micro_batch=2, iters=2, timeout_s=30)
+    return local_spec(layouts.in_rank_order(1, 1, devices, 2), system, **{**base, **kw})
 
 
 @register_system("test-allreduce")
 def _allreduce(ctx, s):
     out = []
-    for i in range(s.iters):
+    for i in range(s.run.iters):
         t = torch.full((4,), float(ctx.rank + 1))
         dist.all_reduce(t)
         out.append(IterationStats(seconds=0.1 * (ctx.rank + 1), compute_seconds=0.05, exposed_comm_seconds=0.0,
@@ -47,7 +48,7 @@ def _raise(ctx, s):
 
 @register_system("test-block")
 def _block(ctx, s):
-    for _ in range(10_000):  # the victim is killed by HARNESS_FAULT while everyone is in collectives
+    for _ in range(10_000):  # the victim is killed by the debug fault while everyone is in collectives
         dist.all_reduce(torch.ones(1))
         time.sleep(0.01)
     return []
@@ -74,11 +75,10 @@ def test_raising_rank_fails_run_naming_it():
     assert e.value.rank == 1
 
 
-def test_killed_rank_stops_all_ranks_in_bounded_time(monkeypatch):
-    monkeypatch.setenv("HARNESS_FAULT", "rank=2,after=1.0,mode=kill")
+def test_killed_rank_stops_all_ranks_in_bounded_time():
     t0 = time.monotonic()
     with pytest.raises(RankFailure) as e:
-        run_local(spec("test-block", devices=3), timeout_s=60)
+        run_local(spec("test-block", devices=3, fault_rank=2, fault_after_s=1.0), timeout_s=60)
     assert time.monotonic() - t0 < 30
     assert str(e.value).startswith("rank 2 was killed by signal SIGKILL")
 
@@ -104,8 +104,6 @@ def test_reference_micro_batching_does_not_change_the_math():
 
 
 def test_merge_stats_on_one_clock_sums_to_the_wall_time_not_the_ranks_worst_noise():
-    from harness.train.runner import merge_stats
-
     # two ranks with a common period of 1.2 s, alternating 1.0 / 1.4 s out of phase
     a_dur, b_dur = [1.0, 1.4, 1.0, 1.4], [1.4, 1.0, 1.4, 1.0]
 

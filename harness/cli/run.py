@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from . import positive_float, positive_int
@@ -28,6 +27,26 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
                    help="default fp32 on cpu, bf16 on cuda")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--out", type=Path, help="results root (default results/)")
+    p.add_argument("--debug", action="append", metavar="KEY=VALUE",
+                   help="debug options carried to every rank (repeatable): fault_rank=R, fault_after_s=S, "
+                        "fault_mode=kill|exit, trace=1 (harness/train/config.py: DebugSection)")
+
+
+def request_from_args(args, layout):
+    """The typed run request (harness/train/config.py) of the flags shared by run and tune."""
+    from ..train.config import DebugSection, ModelSection, NetworkSection, RunRequest, RunSection
+
+    return RunRequest(
+        model=ModelSection(name=args.model, layers=args.layers, batch=args.batch, micro_batch=args.micro_batch,
+                           dtype=args.dtype or ("bf16" if args.device == "cuda" else "fp32"), lr=args.lr,
+                           seed=args.seed),
+        layout=layout,
+        network=NetworkSection(scenario=args.scenario, devices=args.devices, bandwidth_scale=args.bandwidth_scale,
+                               mode=args.network, kernel=args.kernel),
+        run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
+                       timeout_s=args.timeout, results_root=str(args.out) if args.out else None),
+        debug=DebugSection.parse(args.debug),
+    )
 
 
 def register(sub) -> None:
@@ -65,17 +84,23 @@ def register(sub) -> None:
 
 
 def _run(args) -> int:
-    from ..train.experiment import RunRequest, execute
+    from ..errors import HarnessError
+    from ..train.config import LayoutRequest
+    from ..train.experiment import execute
 
-    dtype = args.dtype or ("bf16" if args.device == "cuda" else "fp32")
-    req = RunRequest(
-        scenario=args.scenario, system=args.system, devices=args.devices, model=args.model, layers=args.layers,
-        batch=args.batch, micro_batch=args.micro_batch, iters=args.iters, warmup=args.warmup,
-        bandwidth_scale=args.bandwidth_scale, network=args.network, kernel=args.kernel, seed=args.seed, scheduler=args.scheduler,
-        d_pp=args.d_pp, d_dp=args.d_dp, dp_sync=args.dp_sync, schedule=args.schedule, lr=args.lr,
-        dtype=dtype, device_type=args.device, budget=args.budget, timeout_s=args.timeout,
-        results_root=args.out, recompute=args.recompute, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero, rank_order=args.rank_order,
+    ours = args.system in ("ours", "ours-random")
+    given = [f for f, v in (("--d-pp", args.d_pp), ("--d-dp", args.d_dp), ("--scheduler", args.scheduler))
+             if v is not None] if not ours else \
+        [f for f, v in (("--tp", args.tp), ("--pp", args.pp), ("--dp", args.dp), ("--zero", args.zero)) if v is not None]
+    if given:
+        what = "a baseline flag; ours takes --d-pp/--d-dp" if ours else "an option of ours; baselines take --tp/--pp/--dp"
+        raise HarnessError(f"{given[0]}: {what}")
+    layout = LayoutRequest(
+        tp=args.tp, pp=args.d_pp if ours else args.pp, dp=args.d_dp if ours else args.dp, zero=args.zero,
+        placement=args.scheduler if ours else args.rank_order, schedule=args.schedule, dp_sync=args.dp_sync,
+        recompute=args.recompute, budget=args.budget,
     )
+    req = request_from_args(args, layout)
     if args.inventory:
         from ..train.cluster import run_under_torchrun
 

@@ -1,10 +1,9 @@
 """`harness tune`: grid-search a baseline's parallel layout on a scenario (paper appendix D.2)."""
 from __future__ import annotations
 
-from pathlib import Path
 
 from . import positive_float, positive_int
-from .run import add_training_arguments
+from .run import add_training_arguments, request_from_args
 
 
 def register(sub) -> None:
@@ -29,15 +28,9 @@ def register(sub) -> None:
 
 def _tune(args) -> int:
     from ..train.baselines.tune import tune
-    from ..train.experiment import RunRequest
+    from ..train.config import LayoutRequest
 
-    req = RunRequest(
-        scenario=args.scenario, system=args.system, devices=args.devices, model=args.model, layers=args.layers,
-        batch=args.batch, micro_batch=args.micro_batch, iters=args.iters, warmup=args.warmup,
-        bandwidth_scale=args.bandwidth_scale, network=args.network, kernel=args.kernel, seed=args.seed, schedule=args.schedule,
-        lr=args.lr, dtype=args.dtype or ("bf16" if args.device == "cuda" else "fp32"), device_type=args.device,
-        timeout_s=args.timeout, results_root=args.out,
-    )
+    req = request_from_args(args, LayoutRequest(schedule=args.schedule))
     result = tune(req, args.system, rank_order=args.rank_order)
     print(result.table())
     print(f"summary: {result.summary_dir}")

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..layout import Layout
 from ..model import GPTConfig, c_pp_bytes, stage_params
 from ..scenario import Topology
-from .layout import PipelineLayout
 
 
 @dataclass(frozen=True)
@@ -30,12 +30,13 @@ class CommBound:
     total_s: float
 
 
-def comm_lower_bound(topo: Topology, layout: PipelineLayout, cfg: GPTConfig, batch: int, micro_batch: int,
-                     bandwidth_scale: float = 1.0, bytes_per_value: int = 4) -> CommBound:
+def comm_lower_bound(topo: Topology, layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int,
+                     bytes_per_value: int = 4) -> CommBound:
+    """`topo` as the run sees it (Topology.scaled)."""
     delay = np.asarray(topo.delay_ms, dtype=float) / 1e3
-    rate = np.asarray(topo.bandwidth_gbps, dtype=float) * 1e9 * bandwidth_scale / 8  # bytes/s
-    n = batch // (layout.d_dp * micro_batch)
-    msg = c_pp_bytes(cfg, batch, layout.d_dp, bytes_per_value) / n
+    rate = np.asarray(topo.bandwidth_gbps, dtype=float) * 1e9 / 8  # bytes/s
+    n = batch // (layout.dp * micro_batch)
+    msg = c_pp_bytes(cfg, batch, layout.dp, bytes_per_value) / n
     worst_pp = 0.0
     for pipe in layout.pipelines:
         t = 0.0
@@ -45,7 +46,7 @@ def comm_lower_bound(topo: Topology, layout: PipelineLayout, cfg: GPTConfig, bat
             per = [msg / rate[a, b] for a, b in links]
             t += sum(delay[a, b] for a, b in links) + sum(per) + (n - 1) * max(per)
         worst_pp = max(worst_pp, t)
-    shard = stage_params(cfg, layout.d_pp)[0] * bytes_per_value / layout.d_dp
+    shard = stage_params(cfg, layout.layers_per_stage)[0] * bytes_per_value / layout.dp
     group = layout.stage_group(0)
     dp = 0.0
     if len(group) > 1:

@@ -13,7 +13,7 @@ so which interface gloo/NCCL use, follows one rule (network/node.py `rank_networ
 process that finds its device's namespace interface is shaped.
 
 Every process plans the run identically (the scheduler is seeded) and trains
-(runner.rank_main); rank 0 gathers the per-iteration figures and writes
+(rank.rank_main); rank 0 gathers the per-iteration figures and writes
 results/<scenario>/<run-id>/ (backend "cluster", kernel "host"). torchrun's agent stops
 every process when one fails; rank 0 then writes a `failed` manifest with the error it saw.
 """
@@ -25,8 +25,10 @@ from pathlib import Path
 
 from ..inventory import InventoryError, load_inventory
 from ..network.node import this_rank_network
-from .experiment import RunRequest, plan_run, record_run
-from .runner import RankEnv, rank_main
+from .config import RunRequest
+from .experiment import record_run
+from .plan import plan_run
+from .rank import RankEnv, rank_main
 
 STORE_PORT = 29401  # device 0's store (HARNESS_STORE_PORT overrides); 29400 is torchrun's rendezvous
 
@@ -45,10 +47,10 @@ def run_under_torchrun(req: RunRequest, inventory: Path) -> Path | None:
                       NCCL_SOCKET_IFNAME=net.ifname)
     if net.shaped:  # NCCL on sockets, so that the shaping applies to it
         os.environ["NCCL_NET"] = "Socket"
-    plan = plan_run(replace(req, network="none"))
-    if plan.spec.devices != world:
-        raise InventoryError(f"--scenario: {plan.spec.devices} devices, torchrun world is {world}")
-    plan.spec = replace(plan.spec, backend="cluster", kernel="host")
+    plan = plan_run(replace(req, network=replace(req.network, mode="none")))
+    if plan.spec.layout.devices != world:
+        raise InventoryError(f"--scenario: {plan.spec.layout.devices} devices, torchrun world is {world}")
+    plan = replace(plan, spec=plan.spec.with_run(backend="cluster", kernel="host"))
     env = RankEnv(rank=rank, world_size=world, master_addr=net.master_addr,
                   master_port=int(os.environ.get("HARNESS_STORE_PORT", STORE_PORT)), addr=net.addr,
                   ifname=net.ifname, local_rank=local)
@@ -60,4 +62,4 @@ def run_under_torchrun(req: RunRequest, inventory: Path) -> Path | None:
         result = rank_main(spec, env, gather=True)
         return "host", result.gathered, {"inventory": inv.summary()}
 
-    return record_run(req, plan, launch)
+    return record_run(plan, launch)

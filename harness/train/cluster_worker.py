@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 
@@ -44,20 +44,22 @@ def main(spec_path: str, out_path: str) -> int:
     from ..launch import RankFailure, fork_ranks
     from ..network import netns
     from ..results import atomic_write_json
-    from .runner import RankEnv, RunSpec, get_system, rank_main, warm_up_parent
+    from .config import RunSpec
+    from .rank import RankEnv, rank_main, warm_up_parent
+    from .registry import get_system
 
     out = Path(out_path)
     try:
         cluster = json.loads(Path(os.environ["HARNESS_CLUSTER"]).read_text())
         spec = RunSpec.from_json(json.loads(Path(spec_path).read_text()))
-        spec = replace(spec, kernel=cluster.get("kernel", spec.kernel))
+        spec = spec.with_run(kernel=cluster.get("kernel", spec.run.kernel))
         devs = sorted(cluster["devices"], key=lambda d: d["index"])
-        if len(devs) != spec.devices:
-            raise RuntimeError(f"cluster has {len(devs)} devices, the run needs {spec.devices}")
+        if len(devs) != spec.layout.devices:
+            raise RuntimeError(f"cluster has {len(devs)} devices, the run needs {spec.layout.devices}")
         master = devs[0]["addr"]
-        get_system(spec.system)  # import the system once, before forking
+        get_system(spec.run.system)  # import the system once, before forking
         t_imported = time.time()
-        if spec.device_type == "cpu":
+        if spec.run.device_type == "cpu":
             warm_up_parent(spec)
         t_warm = time.time()
         # Connect gloo pairs on first use: a pipeline rank talks to its neighbours and its
@@ -73,7 +75,7 @@ def main(spec_path: str, out_path: str) -> int:
             return rank_main(spec, env)
 
         label = lambda r: f"rank {r} (device {devs[r]['index']}, {devs[r]['addr']})"  # noqa: E731
-        results = fork_ranks(len(devs), target, timeout_s=float(os.environ.get("HARNESS_RUN_TIMEOUT", 600)),
+        results = fork_ranks(len(devs), target, timeout_s=spec.run.timeout_s,
                              label=label)
         ready = [r.marks["training"] for r in results if "training" in r.marks]
         atomic_write_json(out, {

@@ -17,25 +17,29 @@ from pathlib import Path
 from ..launch import RankFailure
 from ..results import atomic_write_json, atomic_write_text
 from ..scenario import Topology
-from .runner import PROGRESS_PREFIX, IterationStats, RunSpec
+from .config import RunSpec
+from .rank import PROGRESS_PREFIX
+from .stats import IterationStats
 
 TAIL_CHARS = 2000
 
 
-def run_in_emulated_cluster(spec: RunSpec, topo: Topology, *, timeout_s: float, kernel: str = "auto",
+def run_in_emulated_cluster(spec: RunSpec, topo: Topology, *,
                             log_path: Path | None = None) -> tuple[str, list[list[IterationStats]], dict]:
-    """Train `spec` in the emulated cluster of `topo`; the launcher's output goes to `log_path`."""
+    """Train `spec` in the emulated cluster of `topo` (scaled: its links are shaped as they are);
+    the launcher's output goes to `log_path`."""
     from ..network.emulate import run_emulated
 
-    work = Path(tempfile.mkdtemp(prefix=f"harness-run-{spec.run_id}-", dir=_shared_tmp()))
+    timeout_s = spec.run.timeout_s
+    work = Path(tempfile.mkdtemp(prefix=f"harness-run-{spec.run.run_id}-", dir=_shared_tmp()))
     try:
         spec_path, out_path = work / "spec.json", work / "ranks.json"
         atomic_write_json(spec_path, spec.to_json())
-        env = {**os.environ, "OMP_NUM_THREADS": str(spec.threads), "HARNESS_RUN_TIMEOUT": str(timeout_s),
+        env = {**os.environ, "OMP_NUM_THREADS": str(spec.run.threads),
                "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         env.pop("HARNESS_CLUSTER", None)
         cmd = [sys.executable, "-m", "harness.train.cluster_worker", str(spec_path), str(out_path)]
-        res = run_emulated(topo, cmd, mode="launcher", bandwidth_scale=spec.bandwidth_scale, kernel=kernel,
+        res = run_emulated(topo, cmd, mode="launcher", kernel=spec.network.kernel,
                            timeout_s=timeout_s + 30, env=env, stream=_ProgressLines(sys.stderr))
         if log_path is not None:
             atomic_write_text(log_path, "".join(res.outputs))

@@ -1,7 +1,7 @@
 """A GPT decoder a reader holds in their head (after nanoGPT), splittable into stages.
 
 This file imports nothing from torch.distributed: pipeline, data-parallel and
-baseline layouts are applied from outside (harness/train/*). `GPT.stage(a, b, ...)`
+baseline layouts are applied from outside (harness/train/*). `GPT.stage(a, b)`
 returns the contiguous piece that one pipeline stage runs.
 """
 from __future__ import annotations
@@ -112,7 +112,7 @@ class GPT(nn.Module):
             x = b(x)
         return self.head(x)
 
-    def stage(self, first: int, last: int, d_pp: int) -> "Stage":
+    def stage(self, first: int, last: int) -> "Stage":
         """Blocks [first, last) as stage module; embeddings on stage 0, head on the last."""
         return Stage(
             embed=self.embed if first == 0 else None,

@@ -1,7 +1,7 @@
 """The system under test ("ours"): pipeline x data parallel GPT training placed by the scheduler.
 
 Each rank runs tasklet t(i, j): stage j of replica i, as given by
-`spec.layout["pipelines"]` (see layout.py). Replica i trains on samples
+`spec.layout` (harness/layout.py), with the blocks of the layout's stage range. Replica i trains on samples
 [i*B/D_DP, (i+1)*B/D_DP) of the shared synthetic batch, in micro-batches.
 
 The paper's three slots (section 3.5): a receiving slot, a computation slot and
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
 import sys
 import time
 
@@ -27,12 +26,13 @@ from torch.utils.checkpoint import checkpoint
 
 from .. import schedule_order
 from ..errors import HarnessError
-from ..model import stage_layers
 from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
 from .gpt import GPT, lm_loss, synthetic_batch
-from .layout import PipelineLayout
+from .config import RunSpec
+from .rank import RankContext, progress, torch_dtype
 from .reference import make_optimizer, micro_batches
-from .runner import IterationStats, RankContext, RunSpec, progress, register_system
+from .registry import register_system
+from .stats import IterationStats
 
 KIND_ACT, KIND_GRAD = 1, 2
 FP16_LOSS_SCALE = 1024.0  # static loss scale so fp16 activation gradients do not underflow
@@ -83,52 +83,50 @@ class PipelineStageRunner:
 
     def __init__(self, ctx: RankContext, spec: RunSpec):
         self.ctx, self.spec = ctx, spec
-        self.layout = PipelineLayout.from_json(spec.layout)
-        if self.layout.world_size != ctx.world_size:
-            raise HarnessError(f"layout: {self.layout.d_pp} x {self.layout.d_dp} stages x replicas "
-                               f"!= {ctx.world_size} ranks")
-        if spec.device_type == "cuda" and self.layout.schedule == "1f1b":
+        self.layout = L = spec.layout
+        if L.devices != ctx.world_size or L.tp != 1:
+            raise HarnessError(f"layout: ours runs {L.pp} x {L.dp} stages x replicas without tensor parallelism "
+                               f"on {ctx.world_size} ranks (got tp={L.tp})")
+        if spec.run.device_type == "cuda" and L.schedule == "1f1b":
             # NCCL runs a pair's sends and receives on one stream in issue order; 1F1B's
             # interleaving needs batched send/recv pairs, which this runtime does not do yet.
             raise HarnessError("layout.schedule: 1f1b is CPU (gloo) only; use gpipe on cuda")
         cfg = self.cfg = spec.cfg
-        L = self.layout
-        self.replica, self.stage_idx = L.position(ctx.rank)
-        self.first, self.last = self.stage_idx == 0, self.stage_idx == L.d_pp - 1
+        self.stage_idx, self.replica, _ = L.coords(ctx.rank)
+        self.first, self.last = self.stage_idx == 0, self.stage_idx == L.pp - 1
         self.prev = L.pipelines[self.replica][self.stage_idx - 1] if not self.first else None
         self.next = L.pipelines[self.replica][self.stage_idx + 1] if not self.last else None
 
-        if spec.batch % L.d_dp:
-            raise HarnessError(f"--batch: {spec.batch} does not split over D_DP = {L.d_dp} replicas")
-        self.local_batch = spec.batch // L.d_dp
-        self.n_local = micro_batches(self.local_batch, spec.micro_batch)
-        self.n_total = micro_batches(spec.batch, spec.micro_batch)
+        m = spec.model
+        if m.batch % L.dp:
+            raise HarnessError(f"--batch: {m.batch} does not split over D_DP = {L.dp} replicas")
+        self.local_batch = m.batch // L.dp
+        self.n_local = micro_batches(self.local_batch, m.micro_batch)
+        self.n_total = micro_batches(m.batch, m.micro_batch)
 
-        split = stage_layers(cfg, L.d_pp)
-        a = sum(split[: self.stage_idx])
-        full = GPT(cfg, spec.seed)  # identical weights everywhere; keep only this stage
+        full = GPT(cfg, m.seed)  # identical weights everywhere; keep only this stage
         names = {id(p): n for n, p in full.named_parameters()}
-        self.module = full.stage(a, a + split[self.stage_idx], L.d_pp).to(ctx.device)
+        self.module = full.stage(*L.stages[self.stage_idx]).to(ctx.device)
         self.params = list(self.module.parameters())
         self.numel = sum(p.numel() for p in self.params)
         self.param_names = [names[id(p)] for p in self.module.parameters()]
         del full
-        self.opt = make_optimizer(self.params, spec.lr)
-        self.dp = make_dp_sync(L.dp_sync, [L.stage_group(j) for j in range(L.d_pp)],
+        self.opt = make_optimizer(self.params, m.lr)
+        self.dp = make_dp_sync(L.dp_sync, [L.stage_group(j) for j in range(L.pp)],
                                self.stage_idx, self.replica)
-        self.order = ORDERS[L.schedule](self.n_local, self.stage_idx, L.d_pp)
-        self.next_backward_order = [k for op, k in ORDERS[L.schedule](self.n_local, self.stage_idx + 1, L.d_pp)
+        self.order = ORDERS[L.schedule](self.n_local, self.stage_idx, L.pp)
+        self.next_backward_order = [k for op, k in ORDERS[L.schedule](self.n_local, self.stage_idx + 1, L.pp)
                                     if op == "B"]
-        self.comm_dtype = spec.torch_dtype
-        self.autocast = spec.dtype != "fp32"
-        self.loss_scale = FP16_LOSS_SCALE if spec.dtype == "fp16" else 1.0
-        self.act_shape = (spec.micro_batch, cfg.seq, cfg.hidden)
-        self.trace = bool(os.environ.get("HARNESS_TRACE"))  # per-iteration phase times on stderr
+        self.comm_dtype = torch_dtype(spec)
+        self.autocast = m.dtype != "fp32"
+        self.loss_scale = FP16_LOSS_SCALE if m.dtype == "fp16" else 1.0
+        self.act_shape = (m.micro_batch, cfg.seq, cfg.hidden)
+        self.trace = spec.debug.trace  # per-iteration phase times on stderr
 
     # -- one iteration ---------------------------------------------------------
     def _forward(self, x):
         if self.autocast:
-            with torch.autocast(self.ctx.device.type, dtype=self.spec.torch_dtype):
+            with torch.autocast(self.ctx.device.type, dtype=self.comm_dtype):
                 return self._stage_forward(x)
         return self._stage_forward(x)
 
@@ -174,10 +172,10 @@ class PipelineStageRunner:
         spec, dev = self.spec, self.ctx.device
         clock = _Clock(dev)
         lo = self.replica * self.local_batch
-        tokens, targets = synthetic_batch(self.cfg, spec.batch, it, spec.seed)
+        tokens, targets = synthetic_batch(self.cfg, spec.model.batch, it, spec.model.seed)
         tokens = tokens[lo:lo + self.local_batch].to(dev)
         targets = targets[lo:lo + self.local_batch].to(dev)
-        m = spec.micro_batch
+        m = spec.model.micro_batch
         act_in, grad_in = posted["act"], posted["grad"]
         sends, saved, losses = [], {}, []
         trace = self.trace
@@ -250,7 +248,8 @@ class PipelineStageRunner:
 def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     runner = PipelineStageRunner(ctx, spec)
     ctx.mark("model")
-    steps = spec.warmup + spec.iters
+    warmup = spec.run.warmup
+    steps = warmup + spec.run.iters
     posted = {0: runner.post_receives(0)}
     stats = []
     # No start barrier: the pipeline and the DP exchange synchronise the ranks; the first
@@ -266,11 +265,11 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         t = time.monotonic()
         if it == 0:
             ctx.mark("first_iteration")
-        if it >= spec.warmup:
+        if it >= warmup:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
                                         exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss, end=t))
         if ctx.rank == 0:
-            progress(f"iteration {it + 1}/{steps}{' (warm-up)' if it < spec.warmup else ''}: "
+            progress(f"iteration {it + 1}/{steps}{' (warm-up)' if it < warmup else ''}: "
                      f"{t - t_prev:.2f} s on rank 0")
         t_prev = t
     ctx.save_state(runner.state())

@@ -15,22 +15,30 @@ import json
 import os
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from harness import layout as layouts
+from harness.layout import RANDOM_SEEDS, Layout
 from harness.network import kernel
 from harness.results import RESULTS_DIR, atomic_write_json, atomic_write_text, read_records
-from harness.train.baselines.layout import RANDOM_LAYOUT_SEEDS, random_rank_order
 from harness.train.baselines.tune import tune
-from harness.train.experiment import RunRequest, execute
+from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+from harness.train.experiment import execute
 
 _missing = kernel.uml_missing() + ([] if os.geteuid() == 0 else ["root"])
 
-BASE = dict(scenario="5", devices=8, model="tiny", batch=16, micro_batch=1, bandwidth_scale=1.0,
-            network="emulated", seed=0, timeout_s=900.0)
 TUNE_ITERS, ITERS, WARMUP = 1, 2, 1
+
+
+def request(root: Path, system: str = "ours", *, layout: Layout | None = None, seed: int = 0, iters: int = ITERS,
+            timeout_s: float = 900.0, schedule: str | None = None) -> RunRequest:
+    return RunRequest(network=NetworkSection("5", devices=8, bandwidth_scale=1.0),
+                      model=ModelSection("tiny", batch=16, micro_batch=1, seed=seed),
+                      layout=LayoutRequest(explicit=layout, schedule=schedule),
+                      run=RunSection(system=system, iters=iters, warmup=WARMUP, timeout_s=timeout_s,
+                                     results_root=str(root)))
 # A grid point whose run (start-up, warm-up and timed iteration) exceeds this is recorded as
 # failed ("timed out") and pruned: tensor parallel over the world-wide links takes minutes per
 # iteration, an order of magnitude slower than the pipeline layouts, and cannot be the best.
@@ -44,20 +52,16 @@ def _mean(run_dir: Path) -> tuple[float, float]:
 
 def compare(root: Path) -> dict:
     """Tune both baselines, then run every row 3 times; returns the table as data."""
-    tune_req = RunRequest(**{**BASE, "timeout_s": TUNE_POINT_LIMIT_S}, iters=TUNE_ITERS, warmup=WARMUP,
-                          schedule="1f1b", results_root=root)
+    tune_req = request(root, iters=TUNE_ITERS, timeout_s=TUNE_POINT_LIMIT_S, schedule="1f1b")
     tuned = {system: tune(tune_req, system, progress=False) for system in ("megatron", "deepspeed")}
-    req = RunRequest(**BASE, iters=ITERS, warmup=WARMUP, results_root=root)
-    mega, deep = tuned["megatron"].best, tuned["deepspeed"].best
+    mega, deep = (Layout.from_json(tuned[s].best.layout) for s in ("megatron", "deepspeed"))
+    seeded = [layouts.seeded(mega.tp, mega.pp, mega.dp, mega.layers, s, schedule=mega.schedule) for s in RANDOM_SEEDS]
     rows: dict[str, list[RunRequest]] = {
-        "ours (ga)": [replace(req, system="ours", scheduler="ga") for _ in range(3)],
-        "ours-random": [replace(req, system="ours-random", seed=s) for s in RANDOM_LAYOUT_SEEDS],
-        f"megatron best ({mega.label}), default rank order": [
-            replace(req, system="megatron", extra_layout=mega.layout) for _ in range(3)],
-        f"megatron best ({mega.label}), random layouts": [
-            replace(req, system="megatron", extra_layout={**mega.layout, "rank_order": list(random_rank_order(8, s, mega.d_tp, mega.d_pp))})
-            for s in RANDOM_LAYOUT_SEEDS],
-        f"deepspeed best ({deep.label})": [replace(req, system="deepspeed", extra_layout=deep.layout) for _ in range(3)],
+        "ours (ga)": [request(root) for _ in range(3)],
+        "ours-random": [request(root, "ours-random", seed=s) for s in RANDOM_SEEDS],
+        f"megatron best ({mega.label()}), default rank order": [request(root, "megatron", layout=mega) for _ in range(3)],
+        f"megatron best ({mega.label()}), random layouts": [request(root, "megatron", layout=lay) for lay in seeded],
+        f"deepspeed best ({deep.label()})": [request(root, "deepspeed", layout=deep) for _ in range(3)],
     }
     table = {}
     for name, reqs in rows.items():

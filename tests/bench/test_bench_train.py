@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
+from harness import layout as layouts
 from harness.model import get_model
-from harness.train.layout import identity_layout
+from harness.train.local import local_spec, run_local
 from harness.train.reference import reference_train
-from harness.train.runner import RunSpec, run_local
 
 pytestmark = pytest.mark.bench
 
@@ -41,13 +41,10 @@ STARTUP_MAX_S = 20.0
 
 def test_pipeline_overhead_over_compute_loopback(benchmark):
     n, d_pp, iters = 8, 2, 6
-    layout = identity_layout(d_pp, 1)
-    spec = RunSpec(run_id="bench", scenario="none", system="ours", backend="local", kernel="none", devices=d_pp,
-                   model="small", layers=4, batch=n, micro_batch=1, iters=iters, warmup=2, seed=0,
-                   bandwidth_scale=1.0, lr=0.1, dtype="fp32", device_type="cpu", layout=layout.to_json(),
-                   timeout_s=300)
+    layout = layouts.from_pipelines([list(range(d_pp))], 4, "identity", schedule="gpipe", dp_sync="sharded-ps")
+    spec = local_spec(layout, name="small", batch=n, micro_batch=1, iters=iters, warmup=2, timeout_s=300)
     run = benchmark.pedantic(lambda: run_local(spec, timeout_s=600), rounds=1, iterations=1)
-    per_stage = [r.stats for r in sorted(run.ranks, key=lambda r: layout.position(r.rank)[1])]
+    per_stage = [r.stats for r in sorted(run.ranks, key=lambda r: layout.coords(r.rank)[0])]
     ratios = []
     for i in range(iters):
         c = [s[i].compute_seconds for s in per_stage]
@@ -83,8 +80,15 @@ def _emulation_missing() -> str:
     return "" if os.geteuid() == 0 else "needs root for namespaces"
 
 
-CASE5 = dict(scenario="5", devices=8, model="tiny", layers=4, batch=8, micro_batch=1, iters=3, warmup=3,
-             bandwidth_scale=0.01, network="emulated", d_pp=4, d_dp=2, timeout_s=600.0)
+def case5(system: str, seed: int, root: Path):
+    from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+
+    return RunRequest(network=NetworkSection("5", devices=8, bandwidth_scale=0.01),
+                      model=ModelSection("tiny", layers=4, batch=8, micro_batch=1, seed=seed),
+                      layout=LayoutRequest(pp=4, dp=2),
+                      run=RunSection(system=system, iters=3, warmup=3, timeout_s=600.0, results_root=str(root)))
+
+
 RANDOM_SEEDS = (2022, 2023, 2024)
 
 
@@ -93,10 +97,10 @@ def test_case5_scheduled_vs_random_and_lower_bound(benchmark, tmp_path):
     if missing:
         pytest.skip(f"emulated cluster unavailable: {missing}")
     from harness.results import read_records
-    from harness.train.experiment import RunRequest, execute
+    from harness.train.experiment import execute
 
     def one(system: str, seed: int) -> dict:
-        out = execute(RunRequest(**CASE5, system=system, seed=seed, results_root=tmp_path))
+        out = execute(case5(system, seed, tmp_path))
         m = json.loads((Path(out) / "manifest.json").read_text())
         secs = [r["seconds"] for r in read_records(Path(out) / "records.csv")]
         return {"median_s": statistics.median(secs), "each_s": secs, "startup_s": m.get("startup_s"),

@@ -36,7 +36,6 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
-from ...model import GPTConfig, stage_layers
 from ..gpt import GPT, Block, Stage, lm_loss
 from ..reference import make_optimizer
 
@@ -53,17 +52,10 @@ TP_PLAN = {
 }
 
 
-def stage_bounds(cfg: GPTConfig, d_pp: int, stage: int) -> tuple[int, int]:
-    """[first, last) blocks of `stage`, from the one split rule of harness/model.py."""
-    sizes = stage_layers(cfg, d_pp)
-    first = sum(sizes[:stage])
-    return first, first + sizes[stage]
-
-
-def model_part(model: GPT, d_pp: int, stage: int) -> Stage:
-    """The contiguous piece of `model` that pipeline stage `stage` runs (shares its modules)."""
-    first, last = stage_bounds(model.cfg, d_pp, stage)
-    return model.stage(first, last, d_pp)
+def model_part(model: GPT, blocks: tuple[int, int]) -> Stage:
+    """The contiguous piece of `model` that a pipeline stage runs: blocks [first, last) of the
+    layout's stage range (shares its modules)."""
+    return model.stage(*blocks)
 
 
 def apply_tp(part: nn.Module, tp_mesh: DeviceMesh) -> nn.Module:

@@ -1,26 +1,28 @@
 """The `megatron` and `deepspeed` systems, registered with the trainer's rank interface.
 
-`harness.train.runner.get_system` imports every module of this package, which registers
-both names. Each rank parses `RunSpec.layout`, trains with `train.train_baseline` and
+`harness.train.registry.get_system` imports every module of this package, which registers
+both names. Each rank checks `RunSpec.layout`, trains with `train.train_baseline` and
 hands back one IterationStats per timed iteration (and, for parity tests, its parameters).
 """
 from __future__ import annotations
 
-from ..runner import IterationStats, RankContext, RunSpec, register_system
-from .layout import from_json, validate
+from ..config import RunSpec
+from ..rank import RankContext, torch_dtype
+from ..registry import register_system
+from ..stats import IterationStats
 from .train import train_baseline
 
 
 def _train(system: str, ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
-    cfg = spec.cfg
-    layout = validate(from_json(system, spec.layout, ctx.world_size), cfg, ctx.world_size, spec.batch, spec.micro_batch)
+    cfg, m = spec.cfg, spec.model
+    layout = spec.layout.check(cfg, m.batch, m.micro_batch, ctx.world_size)
     timings, state = train_baseline(
-        layout, cfg, spec.batch, spec.micro_batch, spec.iters, spec.seed, spec.lr,
-        warmup=spec.warmup, want_state=ctx.collect_state, device=ctx.device, dtype=spec.torch_dtype,
+        layout, cfg, m.batch, m.micro_batch, spec.run.iters, m.seed, m.lr,
+        warmup=spec.run.warmup, want_state=ctx.collect_state, device=ctx.device, dtype=torch_dtype(spec),
     )
     if state is not None:
         ctx.save_state(state)
-    return [IterationStats(t.seconds, t.compute_seconds, t.exposed_comm_seconds, t.loss, t.end) for t in timings]
+    return timings
 
 
 @register_system("megatron")

@@ -19,14 +19,17 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from ...layout import Layout
 from ...model import GPTConfig
 from ..gpt import GPT, lm_loss, synthetic_batch
 from ..reference import make_optimizer, micro_batches
-from .layout import Layout
+from ..stats import IterationStats
 from .parallelize import (
     apply_ddp,
     apply_fsdp,
@@ -35,20 +38,18 @@ from .parallelize import (
     model_part,
     pipeline_schedule,
     pipeline_stage,
-    stage_bounds,
     zero1_optimizer,
 )
 
 
-@dataclass
-class StepTiming:
-    """What one rank measured in one iteration (the runner turns it into IterationStats)."""
+def torch_mesh(layout: Layout) -> np.ndarray:
+    """The layout's (pp, dp, tp) device mesh with each tensor-parallel group's ranks ascending.
 
-    seconds: float
-    compute_seconds: float
-    exposed_comm_seconds: float
-    loss: float  # mean loss of this replica's micro-batches on the last stage, nan elsewhere
-    end: float = math.nan  # time.monotonic() at the end of the step
+    A process group numbers its members by global rank and DTensor gives shard i to member i,
+    whatever the mesh says; sorting inside each TP group makes the mesh coordinate equal that
+    shard index, so data-parallel and pipeline peers hold the same shard. Which devices form a
+    group (what a layout decides) is unchanged."""
+    return np.sort(layout.array(), axis=2)
 
 
 @dataclass
@@ -76,13 +77,13 @@ def build_rank(
     Collective: every rank of the default group calls it with the same layout.
     """
     rank = dist.get_rank()
-    stage, replica, shard = layout.coords(rank)
-    ranks = layout.mesh_ranks()
+    ranks = torch_mesh(layout)
+    stage, replica, shard = (int(x) for x in np.argwhere(ranks == rank)[0])
     mesh = DeviceMesh(device.type, torch.as_tensor(ranks), mesh_dim_names=("pp", "dp", "tp"))
     n_local_mb = micro_batches(batch // layout.dp, micro_batch)
 
     model = GPT(cfg, seed)
-    part = model_part(model, layout.pp, stage).to(device=device, dtype=dtype)
+    part = model_part(model, layout.stages[stage]).to(device=device, dtype=dtype)
     if device.type == "cpu":
         # CPU ranks share the host's cores: calibrate one rank at a time, so that no rank times
         # its compute while the others run theirs (8 ranks on 2 cores read about 5x slow)
@@ -139,7 +140,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, seed: int) -> StepTiming:
+def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, seed: int) -> IterationStats:
     """One iteration: the replica's slice of the global batch through the pipeline, then the update."""
     lay = br.layout
     tokens, targets = synthetic_batch(cfg, batch, iteration, seed)
@@ -159,14 +160,14 @@ def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, see
     end = time.monotonic()
     loss = float(torch.stack(losses).detach().mean()) if last else math.nan
     compute = min(br.compute_seconds, seconds)
-    return StepTiming(seconds, compute, seconds - compute, loss, end)
+    return IterationStats(seconds, compute, seconds - compute, loss, end)
 
 
 def train_baseline(
     layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, iters: int, seed: int, lr: float,
     warmup: int = 0, want_state: bool = False,
     device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress=None,
-) -> tuple[list[StepTiming], dict[str, torch.Tensor] | None]:
+) -> tuple[list[IterationStats], dict[str, torch.Tensor] | None]:
     """Run `warmup + iters` iterations on this rank; returns the timed ones (and, if asked, the
     rank's parameters under reference names, restricted to its own stage)."""
     br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype)
@@ -197,7 +198,7 @@ def root_message(e: BaseException) -> str:
 
 def _owned(br: BaselineRank, name: str) -> bool:
     """Whether parameter `name` (reference naming) lives in this rank's pipeline stage."""
-    first, last = stage_bounds(br.model.cfg, br.layout.pp, br.stage)
+    first, last = br.layout.stages[br.stage]
     if name.startswith("embed."):
         return br.stage == 0
     if name.startswith("head."):

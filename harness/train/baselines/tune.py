@@ -16,11 +16,11 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ... import layout as layouts
 from ...errors import HarnessError
-from ...model import get_model
+from ...layout import Layout
 from ...results import RESULTS_DIR, atomic_write_json, atomic_write_text, read_records
 from ...scenario import load_scenario
-from .layout import Layout, deepspeed_grid, megatron_grid, random_rank_order
 
 TUNED_SYSTEMS = ("megatron", "deepspeed")
 
@@ -73,45 +73,48 @@ class TuneResult:
         return "\n".join(lines)
 
 
-def grid(system: str, request) -> list[Layout]:
-    """The layouts `system` is tuned over for this request (scenario devices, model, batch)."""
+def grid(system: str, request, rank_order: str = "default") -> list[Layout]:
+    """The layouts `system` is tuned over for this request (scenario devices, model, batch): in rank
+    order, or on the seeded placement of `rank_order` (a seed, the permutation ours-random uses)."""
     if system not in TUNED_SYSTEMS:
         raise HarnessError(f"--system: tune runs megatron or deepspeed (got {system!r})")
-    devices = load_scenario(request.scenario, devices=request.devices).n
-    cfg = get_model(request.model, request.layers)
-    build = megatron_grid if system == "megatron" else deepspeed_grid
-    layouts = build(cfg, devices, request.batch, request.micro_batch)
-    if not layouts:
+    devices = load_scenario(request.network.scenario, devices=request.network.devices).n
+    m = request.model
+    cfg = m.cfg
+    grid = layouts.baseline_grid(system, cfg, devices, m.batch, m.micro_batch, request.layout.schedule or "1f1b")
+    if not grid:
         raise HarnessError(
             f"--system {system}: no layout of {devices} devices fits model {cfg.name} "
-            f"({cfg.layers} layers, {cfg.heads} heads) with batch {request.batch} / micro-batch {request.micro_batch}"
+            f"({cfg.layers} layers, {cfg.heads} heads) with batch {m.batch} / micro-batch {m.micro_batch}"
         )
-    return [replace(lay, schedule=request.schedule or "1f1b") for lay in layouts]
+    if rank_order == "default":
+        return grid
+    try:
+        seed = int(rank_order)
+    except ValueError:
+        raise HarnessError(f"--rank-order: must be default or an integer seed (got {rank_order!r})") from None
+    return [layouts.seeded(lay.tp, lay.pp, lay.dp, cfg.layers, seed, zero=lay.zero, schedule=lay.schedule)
+            for lay in grid]
 
 
 def tune(request, system: str, rank_order: str = "default", progress: bool = True, execute=None) -> TuneResult:
     """Run every grid point of `system` with `request`'s scenario/model/batch; returns all points.
 
-    `request` is an `experiment.RunRequest`; rank_order is "default" or a seed of a random
-    layout (`layout.random_rank_order`, the permutation ours-random uses with that seed). A failing point is recorded as failed and
-    the search goes on; every point's run directory is kept.
+    `request` is a `config.RunRequest`; rank_order is "default" or a seed of the seeded placement
+    (harness/layout.py). A failing point is recorded as failed and the search goes on; every
+    point's run directory is kept.
     """
     if execute is None:
         from ..experiment import execute
-    layouts = grid(system, request)
-    devices = layouts[0].devices
-    if rank_order != "default":
-        try:
-            seed = int(rank_order)
-        except ValueError:
-            raise HarnessError(f"--rank-order: must be default or an integer seed (got {rank_order!r})") from None
-        layouts = [replace(lay, rank_order=random_rank_order(devices, seed, lay.tp, lay.pp)) for lay in layouts]
+    grid_layouts = grid(system, request, rank_order)
+    devices = grid_layouts[0].devices
     stamp = time.strftime("%Y%m%d-%H%M%S")
     points = []
-    bar = _progress(layouts, system, progress)
+    bar = _progress(grid_layouts, system, progress)
     for lay in bar:
         run_id = f"{stamp}-{system}-{_slug(lay)}"
-        req = replace(request, system=system, extra_layout=lay.to_json(), run_id=run_id)
+        req = replace(request, run=replace(request.run, system=system, run_id=run_id),
+                      layout=replace(request.layout, explicit=lay))
         try:
             out = Path(execute(req))
             recs = read_records(out / "records.csv")
@@ -121,8 +124,8 @@ def tune(request, system: str, rank_order: str = "default", progress: bool = Tru
         except HarnessError as e:
             points.append(TunePoint(lay.label(), lay.to_json(), lay.tp, lay.pp, lay.dp, "failed",
                                     str(_run_dir(request, run_id)), math.nan, math.nan, reason=str(e)))
-    scenario = load_scenario(request.scenario, devices=request.devices).name
-    summary = Path(request.results_root or RESULTS_DIR) / scenario / f"tune-{system}-{stamp}"
+    scenario = load_scenario(request.network.scenario, devices=request.network.devices).name
+    summary = Path(request.run.results_root or RESULTS_DIR) / scenario / f"tune-{system}-{stamp}"
     result = TuneResult(system, scenario, devices, points, summary)
     atomic_write_json(summary / "tune.json", result.to_json())
     atomic_write_text(summary / "tune.csv", _csv(points))
@@ -132,7 +135,8 @@ def tune(request, system: str, rank_order: str = "default", progress: bool = Tru
 def _run_dir(request, run_id: str) -> Path:
     from ...results import run_dir
 
-    return run_dir(load_scenario(request.scenario, devices=request.devices).name, run_id, request.results_root)
+    return run_dir(load_scenario(request.network.scenario, devices=request.network.devices).name, run_id,
+                   request.run.results_root)
 
 
 def _slug(lay: Layout) -> str:

@@ -1,0 +1,171 @@
+"""One rank under any launcher (loopback fork, emulated cluster, torchrun): bootstrap, train, leave.
+
+`rank_main` initialises the default process group, arms the spec's debug faults,
+runs the registered system and tears the group down. `RankContext` is what a system
+sees of where it runs; `progress` lines are what the emulated launcher forwards.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .config import DebugSection, RunSpec
+from .registry import get_system
+from .stats import IterationStats
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PROGRESS_PREFIX = "harness: "
+
+
+def progress(line: str) -> None:
+    """One progress line on stderr (the emulated launcher forwards lines with this prefix)."""
+    print(f"{PROGRESS_PREFIX}{line}", file=sys.stderr, flush=True)
+
+
+def torch_dtype(spec: RunSpec) -> torch.dtype:
+    return DTYPES[spec.model.dtype]
+
+
+@dataclass
+class RankContext:
+    """Where this rank runs; the default process group is already initialised."""
+
+    rank: int
+    world_size: int
+    device_index: int  # device id in the scenario (== rank under every launcher here)
+    device: torch.device
+    addr: str
+    ifname: str
+    collect_state: bool = False
+    state: dict = field(default_factory=dict)
+    marks: dict = field(default_factory=dict)  # wall-clock times of milestones (e.g. "training")
+
+    def mark(self, name: str) -> None:
+        """Note when a milestone was reached (start-up time of a run = first "training" mark)."""
+        self.marks.setdefault(name, time.time())
+
+    def save_state(self, named: dict[str, torch.Tensor]) -> None:
+        """Hand over parameters (full GPT names) for parity checks; no-op unless asked for."""
+        if self.collect_state:
+            self.state.update({k: v.detach().float().cpu().clone() for k, v in named.items()})
+
+
+@dataclass
+class RankResult:
+    rank: int
+    stats: list[IterationStats]
+    state: dict
+    marks: dict = field(default_factory=dict)
+    gathered: list | None = None  # rank 0 with rank_main(gather=True): every rank's stats
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    """How one rank reaches the others (filled by the launcher)."""
+
+    rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    addr: str = "127.0.0.1"
+    ifname: str = ""
+    device_index: int | None = None  # defaults to rank
+    local_rank: int | None = None  # GPU index on this host (cuda); defaults to rank
+
+
+def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: bool = False) -> RankResult:
+    """One rank: initialise the default group, run the system, tear the group down.
+
+    With `gather` (ranks that share no parent, e.g. under torchrun), rank 0's result holds
+    every rank's stats in `.gathered` (rank order)."""
+    torch.set_num_threads(spec.run.threads)
+    os.environ.update(
+        MASTER_ADDR=env.master_addr, MASTER_PORT=str(env.master_port),
+        RANK=str(env.rank), WORLD_SIZE=str(env.world_size),
+    )
+    if env.ifname:
+        os.environ["GLOO_SOCKET_IFNAME"] = env.ifname
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", env.ifname)
+    local = env.rank if env.local_rank is None else env.local_rank
+    if spec.run.device_type == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device = torch.device("cpu")
+        backend = "gloo"
+    fn = get_system(spec.run.system)
+    kwargs = {"device_id": device} if backend == "nccl" else {}
+    t_forked = time.time()
+    dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,
+                            timeout=timedelta(seconds=spec.run.group_timeout_s), **kwargs)
+    arm_fault(spec.debug, env.rank)
+    ctx = RankContext(rank=env.rank, world_size=env.world_size,
+                      device_index=env.rank if env.device_index is None else env.device_index,
+                      device=device, addr=env.addr, ifname=env.ifname, collect_state=collect_state)
+    ctx.marks["forked"] = t_forked
+    ctx.mark("process_group")
+    stats = fn(ctx, spec)
+    result = RankResult(env.rank, stats, ctx.state, ctx.marks)
+    if gather:
+        everyone = [None] * env.world_size if env.rank == 0 else None
+        dist.gather_object(stats, everyone, dst=0)
+        result.gathered = everyone
+    _leave_together(env.rank, env.world_size, spec.run.group_timeout_s)
+    dist.destroy_process_group()
+    return result
+
+
+def _leave_together(rank: int, world_size: int, timeout_s: float) -> None:
+    """Rank 0 hosts the store: it leaves only after every rank said it is done. (A gloo
+    barrier would not do: with lazily connected pairs, a rank done with its part of the
+    barrier can take the store down while others still need it to connect.)"""
+    store = dist.distributed_c10d._get_default_store()
+    store.add("harness/done", 1)
+    if rank == 0:
+        deadline = time.monotonic() + timeout_s
+        while store.add("harness/done", 0) < world_size:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ranks did not finish within {timeout_s:g} s of rank 0")
+            time.sleep(0.02)
+
+
+def arm_fault(debug: DebugSection, rank: int) -> None:
+    """The debug section's fault: rank `fault_rank` dies `fault_after_s` after joining the group
+    (SIGKILL, or exit code 17), so tests see how a run fails when a rank disappears."""
+    if debug.fault_rank is None or debug.fault_rank != rank:
+        return
+
+    def fire():
+        if debug.fault_mode == "exit":
+            os._exit(17)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    t = threading.Timer(debug.fault_after_s, fire)
+    t.daemon = True
+    t.start()
+
+
+def warm_up_parent(spec: RunSpec) -> None:
+    """Run one tiny CPU training step in the launcher before forking, so the children share
+    the already faulted-in kernel code instead of each loading it (slow on UML's hostfs).
+    Single-threaded (no OpenMP pool exists to break in the children); never touches CUDA."""
+    from dataclasses import replace
+
+    from .gpt import GPT, lm_loss, synthetic_batch
+
+    torch.set_num_threads(1)
+    cfg = replace(spec.cfg, layers=1, hidden=64, heads=4, seq=16, vocab=256)
+    model = GPT(cfg, 0)
+    tokens, targets = synthetic_batch(cfg, 2, 0, 0)
+    lm_loss(model(tokens), targets).backward()
+    torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).step()
+    torch.cat([p.grad.reshape(-1) for p in model.parameters()]).tensor_split(2)

@@ -1,0 +1,46 @@
+"""Iteration timing: what one rank measured in one iteration, and one iteration's figures over all ranks."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class IterationStats:
+    """One timed iteration as one rank saw it (every system's runtime returns these). loss is NaN on
+    ranks that compute none; end: time.monotonic() when the rank finished it (NaN when not taken)."""
+
+    seconds: float
+    compute_seconds: float
+    exposed_comm_seconds: float
+    loss: float
+    end: float = math.nan
+
+
+def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False) -> list[IterationStats]:
+    """One iteration's figures from all ranks: its time, the busiest rank's compute, the
+    rest exposed communication; loss = mean of the ranks that report one (every
+    replica's last stage holds an equal share of the batch).
+
+    Time: with one clock for all ranks (local and emulated runs share a kernel), the
+    interval between the iteration's last end over all ranks and the previous one's, so
+    the iterations add up to the run's wall time. The slowest rank's own duration
+    (the fallback, for ranks on different hosts) overstates it when ranks jitter: each
+    iteration takes the maximum of the ranks' noise while their mean period is shorter."""
+    n = min(len(s) for s in per_rank)
+    ends = None
+    if shared_clock and n and all(not math.isnan(s[i].end) for s in per_rank for i in range(n)):
+        ends = [max(s[i].end for s in per_rank) for i in range(n)]
+        ends.insert(0, max(s[0].end - s[0].seconds for s in per_rank))
+    out = []
+    for i in range(n):
+        its = [s[i] for s in per_rank]
+        seconds = ends[i + 1] - ends[i] if ends else max(it.seconds for it in its)
+        compute = max(it.compute_seconds for it in its)
+        losses = [it.loss for it in its if not math.isnan(it.loss)]
+        out.append(IterationStats(
+            seconds=seconds, compute_seconds=compute,
+            exposed_comm_seconds=max(0.0, seconds - compute),
+            loss=sum(losses) / len(losses) if losses else float("nan"),
+        ))
+    return out

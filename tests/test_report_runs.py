@@ -32,7 +32,7 @@ def test_runs_table_groups_by_system_and_layout_and_skips_failed_runs(tmp_path, 
     table = pd.read_csv(tmp_path / "runs.csv")
     assert list(table.system) == ["megatron", "ours", "megatron"]  # fastest first
     assert table.layout[0] == "tp=1,pp=4,dp=2" and table.layout[1] == "tp=1,pp=4,dp=2"
-    assert table.layout[2] == "tp=1,pp=4,dp=2,rank_order=[...]"  # a permuted layout is its own row
+    assert table.layout[2] == "tp=1,pp=4,dp=2,placement=seeded"  # a permuted layout is its own row
     ours = table.iloc[1]
     assert ours.runs == 2 and ours.seconds == pytest.approx((3.0 + 6.0) / 2)  # failed run c left out
     assert ours.seconds_min == pytest.approx(3.0) and ours.seconds_max == pytest.approx(6.0)
@@ -80,7 +80,7 @@ def test_pflops_rows_come_from_the_records_without_sim(tmp_path):
 
     fake_runs(tmp_path)
     table = runs_table(tmp_path)
-    assert list(table.label) == ["megatron tp1 pp4 dp2", "ours tp1 pp4 dp2", "megatron tp1 pp4 dp2 rank order"]
+    assert list(table.label) == ["megatron tp1 pp4 dp2", "ours tp1 pp4 dp2", "megatron tp1 pp4 dp2 seeded"]
     ours = _row(table, "ours tp1 pp4 dp2")
     assert ours.runs == 2  # the failed runs are left out
     assert ours.pflops == pytest.approx((1e-5 / 2 + 1e-5 / 4) / 2)
@@ -95,7 +95,7 @@ def test_simulated_pflops_matched_by_system_and_config(tmp_path):
     table = runs_table(tmp_path / "emu", sim_csv(tmp_path / "sim-vs-emu.csv"))
     assert _row(table, "ours tp1 pp4 dp2").sim_pflops == pytest.approx(1e-5 / 2.5)  # record pflop / simulated s
     assert _row(table, "megatron tp1 pp4 dp2").sim_pflops == pytest.approx(1e-5 / 0.5)
-    assert _row(table, "megatron tp1 pp4 dp2 rank order").sim_pflops == pytest.approx(1e-5 / 10.0)
+    assert _row(table, "megatron tp1 pp4 dp2 seeded").sim_pflops == pytest.approx(1e-5 / 10.0)
 
 
 def test_sim_csv_without_config_matches_only_unambiguous_systems(tmp_path):
@@ -143,3 +143,18 @@ def test_colliding_labels_get_the_layout(tmp_path):
     run(tmp_path, "b", "ok", [2.0], config=json.dumps({"d_pp": 4, "d_dp": 2, "schedule": "1f1b"}))
     labels = list(runs_table(tmp_path).label)
     assert labels == ["ours pp4 dp2 d_pp=4,d_dp=2,schedule=gpipe emu/uml", "ours pp4 dp2 d_pp=4,d_dp=2,schedule=1f1b emu/uml"]
+
+
+def test_layouts_of_the_layout_module_group_seeds_and_keep_rank_order_apart(tmp_path):
+    from harness import layout as layouts
+    from harness.report.runs import runs_table
+
+    for k, seed in enumerate((2022, 2023)):
+        lay = layouts.seeded(1, 4, 2, 4, seed, schedule="gpipe", dp_sync="sharded-ps")
+        run(tmp_path, f"r{k}", "ok", [2.0 + k], system="ours-random", config=json.dumps(lay.to_json()))
+    run(tmp_path, "m0", "ok", [5.0], system="megatron", config=json.dumps(layouts.in_rank_order(1, 4, 2, 4).to_json()))
+    run(tmp_path, "m1", "ok", [6.0], system="megatron", config=json.dumps(layouts.seeded(1, 4, 2, 4, 2022).to_json()))
+    table = runs_table(tmp_path)
+    assert sorted(table.label) == ["megatron tp1 pp4 dp2", "megatron tp1 pp4 dp2 seeded", "ours-random tp1 pp4 dp2 seeded"]
+    seeded = table[table.system == "ours-random"].iloc[0]
+    assert seeded.runs == 2 and seeded.seconds_min == pytest.approx(2.0) and seeded.seconds_max == pytest.approx(3.0)

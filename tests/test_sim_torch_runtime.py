@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.model import GPTConfig, get_model, stage_params
+from harness import layout as layouts
+from harness.model import GPTConfig, even_split, get_model, stage_params
 from harness.profiles import device_profiles
 from harness.sim import network, pipeline, torch_runtime, workload
 from harness.sim.network import Links
@@ -24,7 +25,9 @@ def test_program_runs_the_schedules_compute_order_and_posts_every_message_once(s
     for j in range(P):
         prog = torch_runtime.schedule_program(schedule, P, M, j)
         compute = [(op[0], op[1]) for op in prog if op[0] in ("F", "B")]
-        expected = pipeline.task_order(schedule, P, M, j)
+        # torch's ScheduleGPipe runs its backwards in forward order (ours reverses them); 1F1B is the same
+        expected = ([("F", m) for m in range(M)] + [("B", m) for m in range(M)] if schedule == "gpipe"
+                    else pipeline.task_order(schedule, P, M, j))
         assert compute == expected
         posted = [msg for op in prog if op[0] == "post" for msg in op[1]]
         waited = [msg for op in prog if op[0] == "wait" for msg in op[1]]
@@ -41,10 +44,11 @@ def test_gpipe_two_stages_one_micro_batch_closed_form():
     links = Links.from_topology(topo, "gloo", "per-pair")
     prof = device_profiles(topo)
     s = workload.activation_bytes(TINY, 1, 4) / (gbps * 1e9 / 8)
-    fwd, bwd = workload.stage_compute(TINY, 2, 1, prof, np.array([0, 1]), recompute=False)
+    fwd, bwd = workload.stage_compute(TINY, even_split(TINY.layers, 2), 1, prof, np.array([0, 1]),
+                                      recompute=False)
     f0, f1, b0, b1 = fwd[0], fwd[1], bwd[0], bwd[1]
-    seconds, _, _ = torch_runtime.simulate(links, prof, TINY, 1, np.array([[0], [1]]), schedule="gpipe",
-                                        bytes_per_value=4)
+    two_stages = layouts.in_rank_order(1, 2, 1, TINY.layers, schedule="gpipe")
+    seconds, _, _ = torch_runtime.simulate(links, prof, TINY, 1, two_stages, bytes_per_value=4)
     # stage 1 posts its receive at 0; its notice reaches stage 0 at d; the activation leaves at
     # max(f0, d) and arrives s + d later; stage 1 computes and posts the gradient; stage 0, done
     # waiting for its send, posts that receive at max(f0, d) + s, whose notice reaches stage 1 d later
@@ -53,8 +57,8 @@ def test_gpipe_two_stages_one_micro_batch_closed_form():
     grad_arrive = max(grad_post, act_sent + d) + s + d
     assert seconds == pytest.approx(grad_arrive + b0, rel=1e-9)
     # with NCCL's model (no ready notice) the same run is faster by the notices on the critical path
-    fast, _, _ = torch_runtime.simulate(Links.from_topology(topo, "nccl"), prof, TINY, 1, np.array([[0], [1]]),
-                                     schedule="gpipe", bytes_per_value=4)
+    fast, _, _ = torch_runtime.simulate(Links.from_topology(topo, "nccl"), prof, TINY, 1, two_stages,
+                                        bytes_per_value=4)
     assert fast < seconds
 
 
@@ -72,7 +76,7 @@ def test_zero1_broadcasts_closed_form():
 
 
 def test_zero1_partition_is_balanced_and_complete():
-    tensors = torch_runtime.stage_tensor_bytes(TINY, 4, 4)
+    tensors = torch_runtime.stage_tensor_bytes(TINY, even_split(TINY.layers, 4), 4)
     assert [sum(t) / 4 for t in tensors] == [float(x) for x in stage_params(TINY, 4)]
     owner = torch_runtime.zero1_owner(tensors[0], 2)
     loads = [sum(b for b, o in zip(tensors[0], owner) if o == r) for r in range(2)]
@@ -95,8 +99,9 @@ def test_ddp_reduce_inside_the_last_backward_serialises_the_stages():
     links = Links.from_topology(topo, "gloo", "per-pair")
     cfg = GPTConfig("t", layers=4, hidden=64, heads=4, seq=32, vocab=256)
     prof = device_profiles(topo)
-    seconds, _, det = torch_runtime.simulate(links, prof, cfg, 8, dev, bytes_per_value=4)
-    grads = workload.stage_param_bytes(cfg, P, 4)
+    lay = layouts.with_rank_order(layouts.in_rank_order(1, P, R, cfg.layers), dev.ravel())
+    seconds, _, det = torch_runtime.simulate(links, prof, cfg, 8, lay, bytes_per_value=4)
+    grads = workload.stage_param_bytes(cfg, lay.layers_per_stage, 4)
     per_stage = [float(network.ring_allreduce(links, dev[j][None, :], grads[j]).max()) for j in range(P)]
     assert seconds >= sum(per_stage)
     assert det["pipeline_seconds"] == pytest.approx(seconds)

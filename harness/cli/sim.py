@@ -37,8 +37,8 @@ def register(sub) -> None:
     p.add_argument("--layers", type=positive_int, help="override the model's layer count")
     p.add_argument("--batch", type=positive_int, default=1024, help="global batch in samples (default 1024)")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="micro-batch in samples (default 1)")
-    p.add_argument("--d-pp", type=positive_int, help="ours' pipeline stages (default 8 for 64 devices; in "
-                   "general the smallest divisor >= sqrt(devices))")
+    p.add_argument("--d-pp", type=positive_int, help="ours' pipeline stages (default as `harness run`: as square as "
+                   "possible with the pipeline on the longer side, 8 for 64 devices)")
     p.add_argument("--json", type=Path, help="write every simulated layout as a JSON list of records with `best`")
     p.add_argument("--out", type=Path, help="run directory for records.csv (default results/<scenario>/<run-id>)")
     _common(p)
@@ -97,6 +97,7 @@ def _sim_kwargs(args) -> dict:
 
 def cmd_sim(args) -> int:
     from ..errors import HarnessError
+    from ..layout import default_pipeline_degrees
     from ..model import get_model
     from ..results import atomic_write_json, manifest, new_run_id, run_dir, write_records
     from ..scenario import load_scenario
@@ -111,7 +112,7 @@ def cmd_sim(args) -> int:
         if s not in SYSTEMS:
             raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(SYSTEMS)})")
     n = topo.n
-    d_pp = args.d_pp or next(k for k in range(1, n + 1) if n % k == 0 and k * k >= n)
+    d_pp = args.d_pp or default_pipeline_degrees(n, cfg.layers)[0]  # the rule `harness run` uses
     sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, **_sim_kwargs(args))
     if "ours" in which and sim.missing(cfg, args.batch) is not None:
         from tqdm import tqdm
@@ -206,11 +207,18 @@ def cmd_compare(args) -> int:
     rows = compare(_read(args.records, load_measured), _overrides(args), args.dtype)
     print(format_table(rows))
     if args.csv:
-        head = "scenario,system,backend,devices,model,layers,batch,iterations,measured_s,simulated_s,error,host_load\n"
-        body = "".join(f"{c.scenario},{c.system},{c.backend},{c.devices},{c.model},{c.layers},{c.batch},"
-                       f"{c.iterations},{c.measured_s:.6g},{c.simulated_s:.6g},{c.error:.4f},{c.host_load:.3g}\n"
-                       for c in rows)
-        atomic_write_text(args.csv, head + body)
+        import csv
+        import io
+
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["scenario", "system", "backend", "devices", "model", "layers", "batch", "iterations",
+                    "measured_s", "simulated_s", "error", "host_load", "config"])
+        for c in rows:
+            w.writerow([c.scenario, c.system, c.backend, c.devices, c.model, c.layers, c.batch, c.iterations,
+                        f"{c.measured_s:.6g}", f"{c.simulated_s:.6g}", f"{c.error:.4f}", f"{c.host_load:.3g}",
+                        c.config])
+        atomic_write_text(args.csv, buf.getvalue())
         print(f"wrote {args.csv}")
     return 0
 

@@ -81,30 +81,41 @@ def _simulated(df: pd.DataFrame, sim: pd.DataFrame) -> pd.DataFrame:
                                               sim_pflops_max=("sim_pflops", "max"))
 
 
+def _config(r) -> dict | None:
+    try:
+        c = json.loads(r.get("config") or "")
+    except (json.JSONDecodeError, TypeError):
+        return None
+    return c if isinstance(c, dict) else None
+
+
+def _placement(c: dict) -> str:
+    """Seeded placements of one kind share a row (the paper's mean over random layouts)."""
+    p = str(c.get("placement", ""))
+    if p.startswith("seed-") or c.get("rank_order"):  # (records before harness/layout.py: rank_order)
+        return "seeded"
+    return p
+
+
 def _layout(r) -> str:
-    cfg = r.get("config") or ""
-    if cfg:
-        try:
-            # list values (pipelines, a permuted rank order) are marked, not spelled out: runs of
-            # one system with and without a permutation stay apart, seeds of one kind together
-            return ",".join(f"{k}=[...]" if isinstance(v, (list, dict)) else f"{k}={v}"
-                            for k, v in json.loads(cfg).items())
-        except (json.JSONDecodeError, AttributeError):
-            return str(cfg)
-    return f"tp={r['d_tp']},pp={r['d_pp']},dp={r['d_dp']}"
-
-
-SHORT = {"zero": "zero", "tp": "tp", "pp": "pp", "dp": "dp", "d_pp": "pp", "d_dp": "dp"}
+    """The row key of a run's layout: degrees, schedule, sync and kind of placement; device lists are
+    left out, so seeds of one kind stay together and a permuted run stays apart from rank order."""
+    c = _config(r)
+    if c is None:
+        return str(r.get("config") or f"tp={r['d_tp']},pp={r['d_pp']},dp={r['d_dp']}")
+    keep = {k: v for k, v in c.items() if not isinstance(v, (list, dict)) and k != "placement"}
+    placement = _placement(c)
+    return ",".join([f"{k}={v}" for k, v in keep.items()] + ([f"placement={placement}"] if placement else []))
 
 
 def _label(r) -> str:
-    """A tick label a reader can hold: "megatron tp1 pp4 dp2 rank order", "ours pp4 dp2"."""
-    try:
-        c = json.loads(r["config"]) if r["config"] else {"tp": r["d_tp"], "pp": r["d_pp"], "dp": r["d_dp"]}
-        parts = [f"{short}{c[k]}" for k, short in SHORT.items() if k in c]
-        return " ".join([r["system"], *parts] + (["rank order"] if c.get("rank_order") else []))
-    except (json.JSONDecodeError, AttributeError, TypeError):
-        return f"{r['system']} {r['config']}"
+    """A tick label a reader can hold: "megatron tp1 pp4 dp2 seeded", "ours pp4 dp2 ga"."""
+    c = _config(r) or {"tp": r["d_tp"], "pp": r["d_pp"], "dp": r["d_dp"]}
+    parts = [f"zero{c['zero']}"] if c.get("zero") else []
+    parts += [f"{short}{c[k]}" for k, short in (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("d_pp", "pp"), ("d_dp", "dp"))
+              if k in c and not (k == "tp" and c.get("zero"))]
+    placement = _placement(c)
+    return " ".join([r["system"], *parts] + ([placement] if placement not in ("", "rank-order") else []))
 
 
 def pflops_figure(table: pd.DataFrame):

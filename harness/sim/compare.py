@@ -15,18 +15,20 @@ Error = simulated / measured - 1.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .. import layout as layouts
 from ..errors import HarnessError
+from ..layout import Layout
 from ..model import get_model
 from ..profiles import OP_CLASSES, ComputeProfile
 from ..results import read_records
 from ..scenario import load_scenario
 from . import systems, torch_runtime
-from .sweep import Simulator, random_placement
+from .sweep import Simulator
 
 TARGET_ERROR = 0.15
 # Backends whose ranks share one host's cores, and the load above which they visibly slow each other.
@@ -107,12 +109,8 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
 
 def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> tuple[float, float]:
     """(iteration seconds, busiest device's compute seconds) of the run a record describes."""
-    topo = load_scenario(rec["scenario"], devices=int(rec["devices"]))
-    scale = float(rec.get("bandwidth_scale") or 1.0)
-    if scale != 1.0:
-        topo = replace(topo, bandwidth_gbps=topo.bandwidth_gbps * scale)
+    topo = load_scenario(rec["scenario"], devices=int(rec["devices"])).scaled(float(rec.get("bandwidth_scale") or 1.0))
     cfg = get_model(rec["model"], int(rec["layers"]))
-    conf = _config(rec)
     mb, batch, system = int(rec["micro_batch"]), int(rec["batch"]), rec["system"]
     dtype = rec.get("dtype") or DEFAULT_DTYPE.get(rec.get("backend"), "fp16")
     if dtype not in BYTES_PER_VALUE:
@@ -120,38 +118,48 @@ def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) 
     bpv = BYTES_PER_VALUE[dtype]
     device = rec.get("device_type") or DEFAULT_DEVICE.get(rec.get("backend"), "cuda")
     protocol = "gloo" if device == "cpu" else "nccl"  # torch.distributed's backend for the device
-    d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
+    if system not in ("ours", "ours-random", "megatron", "deepspeed"):
+        raise HarnessError(f"records: system: unknown {system!r} (known: ours, ours-random, megatron, deepspeed)")
+    conf = _config(rec)
+    d_pp = int(conf.get("pp", conf.get("d_pp", rec.get("d_pp") or 1)))
     # the emulator shapes every pair on its own (network.Links, nic="per-pair"); real clusters share NICs
     nic = "per-pair" if rec.get("backend") == "emu" else "shared"
-    sim = Simulator(topo, overrides, d_pp=d_pp if system.startswith("ours") else 1, micro_batch=mb, protocol=protocol,
-                    nic=nic)
+    sim = Simulator(topo, overrides, d_pp=d_pp, micro_batch=mb, protocol=protocol, nic=nic)
     L, prof = sim.links, sim.profiles
-    placement = np.asarray(conf.get("rank_order") or range(topo.n), dtype=int)
+    lay = record_layout(rec, cfg, topo.n, device, lambda: sim.assignment(cfg, batch))
     if system in ("ours", "ours-random"):
+        r = systems.simulate_ours(L, prof, cfg, batch, lay, mb, system=system, bytes_per_value=bpv)
+    elif lay.zero == 3:
+        r = systems.simulate_zero3(L, prof, cfg, batch, lay, mb, bpv)
+    elif lay.tp > 1:  # the torch-runtime model has no tensor parallelism: Megatron-LM's model
+        r = systems.simulate_megatron(L, prof, cfg, batch, lay, mb, bpv)
+    else:  # the baselines run torch.distributed.pipelining + DDP (+ ZeRO-1): simulate that runtime
+        seconds, compute, _ = torch_runtime.simulate(L, prof, cfg, batch, lay, mb, bpv)
+        return seconds, compute
+    return r.seconds, r.compute_seconds
+
+
+def record_layout(rec: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
+    """The layout a record ran on: its `config` (Layout.to_json), or for records written before the
+    layout module, their legacy keys (ours: pipelines; baselines: degrees and rank_order).
+    `schedule_ours()` gives the scheduler's pipelines for an ours record that names none."""
+    conf, system = _config(rec), rec["system"]
+    if "mesh" in conf:
+        return Layout.from_json(conf)
+    if system in ("ours", "ours-random"):
+        opts = dict(schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"),
+                    recompute=bool(conf.get("recompute", device == "cuda")))
+        d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
         if "pipelines" in conf:
-            pipes = np.asarray(conf["pipelines"], dtype=int)
-        elif system == "ours":
-            pipes = sim.assignment(cfg, batch)
-        else:
-            pipes = random_placement(topo.n, int(rec["seed"])).reshape(sim.d_pp, sim.d_dp).T
-        r = systems.simulate_ours(L, prof, cfg, batch, pipes, mb, system=system,
-                                  schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"),
-                                  bytes_per_value=bpv, recompute=bool(conf.get("recompute", device == "cuda")))
-        return r.seconds, r.compute_seconds
-    if system not in ("megatron", "deepspeed"):
-        raise HarnessError(f"records: system: unknown {system!r} (known: ours, ours-random, megatron, deepspeed)")
-    tp, zero = int(conf.get("tp", 1)), int(conf.get("zero", 0 if system == "megatron" else 3))
-    if zero == 3:
-        r = systems.simulate_zero3(L, prof, cfg, batch, placement, mb, bpv)
-        return r.seconds, r.compute_seconds
-    pp, dp = int(conf.get("pp", 1)), int(conf.get("dp", topo.n))
-    if tp > 1:  # the torch-runtime model has no tensor parallelism: Megatron-LM's model
-        r = systems.simulate_megatron(L, prof, cfg, batch, tp, pp, dp, placement, mb, bpv)
-        return r.seconds, r.compute_seconds
-    # the baselines run torch.distributed.pipelining + DDP (+ ZeRO-1): simulate that runtime
-    dev = systems.megatron_layout(placement, 1, pp, dp)[:, :, 0]
-    seconds, compute, _ = torch_runtime.simulate(L, prof, cfg, batch, dev, mb, conf.get("schedule", "1f1b"), zero, bpv)
-    return seconds, compute
+            return layouts.from_pipelines(conf["pipelines"], cfg.layers, "recorded", **opts)
+        if system == "ours-random":
+            return layouts.seeded(1, d_pp, n // d_pp, cfg.layers, int(rec["seed"]), **opts)
+        return layouts.from_pipelines(schedule_ours(), cfg.layers, "ga", **opts)
+    zero = int(conf.get("zero", 0 if system == "megatron" else 3))
+    tp, pp = int(conf.get("tp", 1)), int(conf.get("pp", 1))
+    dp = int(conf.get("dp", n // (tp * pp)))
+    lay = layouts.in_rank_order(tp, pp, dp, cfg.layers, zero=zero, schedule=conf.get("schedule", "1f1b"))
+    return layouts.with_rank_order(lay, conf["rank_order"]) if conf.get("rank_order") else lay
 
 
 # Systems whose records' compute_seconds is observed inside the timed iteration (ours' runtime

@@ -1,24 +1,25 @@
 """Every system, layout and placement for one scenario and setting; the best of each; records.
 
-Placements (rank -> device): `default` is rank order (device ids follow the scenario's
-regions), `random` the mean over the permutations seeded 2022, 2023, 2024 (the paper's
-random layouts, Yuan et al. App. D.1; it gives Megatron the same random layouts as
-ours without the scheduler, App. D.2, and so do we). Megatron's grid: T, P, D in
-{1, 2, 4, 8} with T*P*D = devices (App. D.2); DeepSpeed: ZeRO-3 over all devices and
-ZeRO-1 with P in {1, 2, 4, 8} (App. D.2). A system's best is its fastest (layout,
+Placements come from harness/layout.py: `default` is rank order (device ids follow the
+scenario's regions), `random` the mean over the seeded placements 2022, 2023, 2024 (the
+paper's random layouts, Yuan et al. App. D.1; the same rule and seeds as `harness run
+--system ours-random --seed S` and the baselines' `--rank-order S`, so a row here and an
+emulated run speak of the same assignment). Grids: layout.megatron_degrees and
+layout.deepspeed_degrees (App. D.2). A system's best is its fastest (layout,
 placement), as the paper reports each baseline's best grid point.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
-import itertools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
 
+from .. import layout as layouts
+from ..layout import RANDOM_SEEDS, Layout, LayoutError
 from ..model import GPTConfig, c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from ..profiles import ComputeProfile, device_profiles
 from ..results import IterationRecord, atomic_write_json
@@ -28,9 +29,8 @@ from .network import PROTOCOLS, Links
 from .systems import SimError, SimResult
 
 SYSTEMS = ("ours", "ours-random", "megatron", "deepspeed")
-RANDOM_SEEDS = (2022, 2023, 2024)
-DEGREES = (1, 2, 4, 8)
 PLACEMENTS = ("default", "random")
+PAPER_RUNTIME = dict(schedule="gpipe", dp_sync="sharded-ps", recompute=True)  # ours at paper scale (section 3.5)
 
 
 @functools.lru_cache(maxsize=None)
@@ -40,14 +40,6 @@ def _scheduler_source_digest() -> bytes:
     root = Path(__file__).resolve().parent.parent
     files = sorted((root / "scheduler").glob("*.py")) + [root / "cost.py"]
     return hashlib.sha1(b"".join(f.read_bytes() for f in files if f.exists())).digest()
-
-
-def random_placement(n: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).permutation(n)
-
-
-def megatron_grid(n: int) -> list[tuple[int, int, int]]:
-    return [(t, p, d) for t, p, d in itertools.product(DEGREES, repeat=3) if t * p * d == n]
 
 
 @dataclass
@@ -121,49 +113,62 @@ class Simulator:
             return self._store(key, path, json.loads(path.read_text()))
         return self._store(key, path, schedule_job(args, progress))
 
-    def _placements(self) -> list[tuple[str, list[np.ndarray], tuple[int, ...]]]:
+    def _placements(self, build) -> list[tuple[str, list[Layout], tuple[int, ...]]]:
+        """`build(seed)` -> Layout (seed None: rank order), for every placement asked for."""
         out = []
         if "default" in self.placements:
-            out.append(("default", [np.arange(self.topo.n)], ()))
+            out.append(("default", [build(None)], ()))
         if "random" in self.placements:
-            out.append(("random", [random_placement(self.topo.n, s) for s in RANDOM_SEEDS], RANDOM_SEEDS))
+            out.append(("random", [build(s) for s in RANDOM_SEEDS], RANDOM_SEEDS))
         return out
+
+    def random_layouts(self, cfg: GPTConfig) -> list[Layout]:
+        """ours-random's layouts: the seeded placement rule for each of RANDOM_SEEDS (harness/layout.py)."""
+        return [layouts.seeded(1, self.d_pp, self.d_dp, cfg.layers, s, **PAPER_RUNTIME) for s in RANDOM_SEEDS]
 
     # ---------------------------------------------------------------- systems
     def run(self, system: str, cfg: GPTConfig, batch: int) -> list[Candidate]:
         mb = self.micro_batch
-        L, prof = self.links, self.profiles
+        L, prof, n = self.links, self.profiles, self.topo.n
         if system == "ours":
             pipelines = self.assignment(cfg, batch)
-            r = systems.simulate_ours(L, prof, cfg, batch, pipelines, mb, ps_mode=self.ps_mode)
+            lay = layouts.from_pipelines(pipelines, cfg.layers, self.scheduler, **PAPER_RUNTIME)
+            r = systems.simulate_ours(L, prof, cfg, batch, lay, mb, ps_mode=self.ps_mode)
             return [Candidate("ours", {"pp": self.d_pp, "dp": self.d_dp, "scheduler": self.scheduler,
                                        "pipelines": pipelines.tolist()},
                               r.seconds, r.compute_seconds, (self.schedule_seed,))]
         if system == "ours-random":
-            runs = [systems.simulate_ours(L, prof, cfg, batch, random_placement(self.topo.n, s).reshape(self.d_pp, self.d_dp).T,
-                                          mb, system="ours-random", ps_mode=self.ps_mode) for s in RANDOM_SEEDS]
-            return [_mean("ours-random", {"pp": self.d_pp, "dp": self.d_dp, "placement": "random"}, runs, RANDOM_SEEDS)]
-        layouts = []
+            lays = self.random_layouts(cfg)
+            runs = [systems.simulate_ours(L, prof, cfg, batch, lay, mb, system="ours-random", ps_mode=self.ps_mode)
+                    for lay in lays]
+            return [_mean("ours-random", {"pp": self.d_pp, "dp": self.d_dp, "placement": "random",
+                                          "pipelines": [[list(p) for p in lay.pipelines] for lay in lays]},
+                          runs, RANDOM_SEEDS)]
+        grid = []  # (config, zero, tp, pp, dp, simulate)
         if system == "megatron":
-            for t, p, d in megatron_grid(self.topo.n):
-                layouts.append(({"tp": t, "pp": p, "dp": d},
-                                lambda pl, t=t, p=p, d=d: systems.simulate_megatron(L, prof, cfg, batch, t, p, d, pl, mb)))
+            for t, p, d in layouts.megatron_degrees(n):
+                grid.append(({"tp": t, "pp": p, "dp": d}, 0, t, p, d, systems.simulate_megatron))
         elif system == "deepspeed":
-            layouts.append(({"zero": 3, "dp": self.topo.n},
-                            lambda pl: systems.simulate_zero3(L, prof, cfg, batch, pl, mb)))
-            for p in DEGREES:
-                if self.topo.n % p == 0:
-                    d = self.topo.n // p
-                    layouts.append(({"zero": 1, "pp": p, "dp": d},
-                                    lambda pl, p=p, d=d: systems.simulate_zero1_pp(L, prof, cfg, batch, p, d, pl, mb)))
+            for zero, p, d in layouts.deepspeed_degrees(n):
+                config = {"zero": 3, "dp": d} if zero == 3 else {"zero": 1, "pp": p, "dp": d}
+                grid.append((config, zero, 1, p, d, systems.simulate_zero3 if zero == 3 else systems.simulate_zero1_pp))
         else:
             raise SimError(f"--system: unknown system {system!r} (known: {', '.join(SYSTEMS)}, all)")
         out = []
-        for config, fn in layouts:
-            for name, perms, seeds in self._placements():
+        for config, zero, t, p, d, simulate in grid:
+            def build(seed, t=t, p=p, d=d, zero=zero):
+                if seed is None:
+                    return layouts.in_rank_order(t, p, d, cfg.layers, zero=zero)
+                return layouts.seeded(t, p, d, cfg.layers, seed, zero=zero)
+
+            try:
+                placed = self._placements(build)
+            except LayoutError:
+                continue  # more stages than layers
+            for name, lays, seeds in placed:
                 try:
-                    runs = [fn(pl) for pl in perms]
-                except SimError:
+                    runs = [simulate(L, prof, cfg, batch, lay, mb) for lay in lays]
+                except (SimError, LayoutError):
                     break  # this layout does not fit the model/batch (e.g. batch not divisible)
                 out.append(_mean(system, {**config, "placement": name}, runs, seeds))
         return out

@@ -16,7 +16,8 @@
   prefetched, so a layer takes max(compute, communication).
 - deepspeed ZeRO-1 + pipeline: the pipeline engine as Megatron's with T = 1, then a
   ring all-reduce of the gradients and a ring all-gather of the updated parameters.
-All collectives are rings in rank order (network.py). `placement` maps ranks to devices.
+All collectives are rings in rank order (network.py). Every system takes its harness.layout.Layout:
+devices of every (stage, replica, tensor rank), the blocks of every stage, schedule and sync.
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import HarnessError
-from ..model import GPTConfig, stage_layers
+from ..layout import Layout
+from ..model import GPTConfig
 from ..profiles import ComputeProfile
 from . import network, pipeline, workload
 from .network import Links
@@ -62,24 +64,26 @@ STEADY_ITERATIONS = 3  # ours: iterations chained to reach the steady-state peri
 
 
 def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, batch: int,
-                  pipelines: np.ndarray, micro_batch: int = 1, system: str = "ours",
-                  dp_bytes: np.ndarray | None = None, ps_mode: str = "grouped", schedule: str = "gpipe",
-                  dp_sync: str = "sharded-ps", bytes_per_value: int = workload.BYTES_PER_VALUE,
-                  recompute: bool = True) -> SimResult:
-    """pipelines: (D_DP, D_PP) device of stage j of replica i. dp_bytes overrides the per-stage gradient
-    bytes; ps_mode "grouped" or "rounds" (network.sharded_ps); schedule gpipe (the paper) or 1f1b;
-    dp_sync sharded-ps (the paper) or allreduce (ring), recompute (the paper) or not, as the trainer's options."""
-    pipelines = np.asarray(pipelines, dtype=int)
+                  layout: Layout, micro_batch: int = 1, system: str = "ours",
+                  dp_bytes: np.ndarray | None = None, ps_mode: str = "grouped",
+                  bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
+    """The layout's pipelines (D_DP, D_PP), its schedule (gpipe, the paper, or 1f1b), dp_sync (sharded-ps,
+    the paper, or allreduce: ring) and recompute, as the trainer runs them. dp_bytes overrides the
+    per-stage gradient bytes; ps_mode "grouped" or "rounds" (network.sharded_ps)."""
+    pipelines = np.asarray(layout.pipelines, dtype=int)
     R, P = pipelines.shape
     _check_layers(cfg, P)
+    schedule, dp_sync = layout.schedule, layout.dp_sync
     M = _micro_batches(batch, R, micro_batch, "pipelines")
-    fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, pipelines, recompute=recompute)  # (R, P)
+    fwd, bwd = workload.stage_compute(cfg, layout.layers_per_stage, micro_batch, profiles, pipelines,
+                                      recompute=layout.recompute)  # (R, P)
     act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
     S = pipelines.T  # (P, R)
     fser, fdel = network.step_times(links, S[:-1], S[1:], act)
     bser, bdel = network.step_times(links, S[1:], S[:-1], act)
     times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel)
-    grads = workload.stage_param_bytes(cfg, P, bytes_per_value) if dp_bytes is None else np.asarray(dp_bytes, dtype=float)
+    grads = (workload.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) if dp_bytes is None
+             else np.asarray(dp_bytes, dtype=float))
     # No barrier between iterations: a stage starts the next one when its own sync is done, so a
     # long sync tail of one stage overlaps the next iteration's fill on the others. One iteration
     # from a common start, then STEADY_ITERATIONS - 1 more; the last interval is the period.
@@ -112,27 +116,21 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
 
 
 # --------------------------------------------------------------------------- Megatron
-def megatron_layout(placement: np.ndarray, tp: int, pp: int, dp: int) -> np.ndarray:
-    """Device of every (stage, replica, tensor rank): Megatron-LM's rank order over `placement`."""
-    placement = np.asarray(placement, dtype=int)
-    if placement.size != tp * pp * dp:
-        raise SimError(f"TP x PP x DP = {tp} x {pp} x {dp} must equal the {placement.size} devices")
-    return placement.reshape(pp, dp, tp)
-
-
-def _pipeline_1f1b(links: Links, profiles, cfg, batch, dev: np.ndarray, micro_batch: int, bytes_per_value: int):
-    """Timeline of Megatron's / DeepSpeed's 1F1B engine for layout dev (pp, dp, tp)."""
+def _pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_batch: int, bytes_per_value: int):
+    """Timeline of Megatron's / DeepSpeed's 1F1B engine on the layout's mesh (pp, dp, tp)."""
+    dev = layout.array()
     pp, dp, tp = dev.shape
     _check_layers(cfg, pp)
     if cfg.heads % tp:
         raise SimError(f"tensor parallel {tp} does not divide the {cfg.heads} attention heads")
     M = _micro_batches(batch, dp, micro_batch, "data-parallel replicas")
     # compute of each tensor rank; the stage runs at its slowest rank's pace
-    f_all, b_all = workload.stage_compute(cfg, pp, micro_batch, profiles, np.moveaxis(dev, 0, -1), tp)  # (dp, tp, pp)
+    f_all, b_all = workload.stage_compute(cfg, layout.layers_per_stage, micro_batch, profiles,
+                                          np.moveaxis(dev, 0, -1), tp)  # (dp, tp, pp)
     fwd = f_all.max(1).T  # (pp, dp)
     bwd = b_all.max(1).T
     act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
-    layers = np.asarray(stage_layers(cfg, pp))
+    layers = np.asarray(layout.layers_per_stage)
     if tp > 1:
         groups = dev.reshape(pp * dp, tp)
         ar = network.ring_allreduce(links, groups, act).max(1).reshape(pp, dp)
@@ -163,12 +161,12 @@ def _pipeline_1f1b(links: Links, profiles, cfg, batch, dev: np.ndarray, micro_ba
     return tl, M, compute
 
 
-def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, tp: int, pp: int, dp: int,
-                      placement: np.ndarray, micro_batch: int = 1,
+def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout, micro_batch: int = 1,
                       bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
-    dev = megatron_layout(placement, tp, pp, dp)
-    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, dev, micro_batch, bytes_per_value)
-    grads = workload.stage_param_bytes(cfg, pp, bytes_per_value) / tp
+    dev = layout.array()
+    tp, pp, dp = layout.tp, layout.pp, layout.dp
+    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
+    grads = workload.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) / tp
     end = np.empty((pp, dp, tp))
     for j in range(pp):
         groups = dev[j].T  # (tp, dp): one data-parallel ring per tensor rank
@@ -182,12 +180,12 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, tp: in
 
 
 # --------------------------------------------------------------------------- DeepSpeed
-def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, pp: int, dp: int,
-                      placement: np.ndarray, micro_batch: int = 1,
+def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout, micro_batch: int = 1,
                       bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
-    dev = megatron_layout(placement, 1, pp, dp)  # DeepSpeed's PipeDataParallelTopology: rank = pp*D + dp
-    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, dev, micro_batch, bytes_per_value)
-    grads = workload.stage_param_bytes(cfg, pp, bytes_per_value)
+    dev = layout.array()
+    pp, dp = layout.pp, layout.dp
+    tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
+    grads = workload.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value)
     end = np.empty((pp, dp))
     for j in range(pp):
         g = dev[j, :, 0][None, :]
@@ -199,9 +197,9 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, pp: in
                      details={"pipeline_seconds": float(tl.finish.max()), "micro_batches": M})
 
 
-def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, placement: np.ndarray,
+def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
                    micro_batch: int = 1, bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
-    ring = np.asarray(placement, dtype=int)[None, :]
+    ring = layout.array()[0, :, 0][None, :]  # ZeRO-3: one stage, every device a replica, in rank order
     N = ring.shape[1]
     M = _micro_batches(batch, N, micro_batch, "data-parallel devices")
     rate_t = min(p.flops_per_s("transformer") for p in profiles)  # synchronous collectives: slowest device paces

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..model import GPTConfig, stage_layers
+from ..layout import Layout
+from ..model import GPTConfig
 from . import network, workload
 from .network import Links
-from .systems import _check_layers, _micro_batches
+from .systems import SimError, _check_layers, _micro_batches
 
 #: ProcessGroupGloo's worker threads (torch's default Options: 2): collectives in flight per process.
 GLOO_THREADS = 2
@@ -133,12 +134,13 @@ class _Message:
     arrived: float | None = None
 
 
-def stage_tensor_bytes(cfg: GPTConfig, d_pp: int, bytes_per_value: int) -> list[list[float]]:
+def stage_tensor_bytes(cfg: GPTConfig, split: list[int], bytes_per_value: int) -> list[list[float]]:
     """Bytes of every parameter tensor of each stage, in module order (harness/train/gpt.py)."""
     h, f = cfg.hidden, cfg.ffn_mult * cfg.hidden
     block = [h, h, h * h, h, h * h, h, h * h, h, h * h, h, h, h, h * f, f, f * h, h]
     out = []
-    for j, n in enumerate(stage_layers(cfg, d_pp)):
+    d_pp = len(split)
+    for j, n in enumerate(split):
         t = ([cfg.vocab * h, cfg.seq * h] if j == 0 else []) + block * n + ([h, h, h * cfg.vocab] if j == d_pp - 1 else [])
         out.append([float(x * bytes_per_value) for x in t])
     return out
@@ -183,21 +185,24 @@ def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: li
     return free.max(1)
 
 
-def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, dev: np.ndarray, micro_batch: int = 1,
-             schedule: str = "1f1b", zero: int = 0,
+def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout, micro_batch: int = 1,
              bytes_per_value: int = workload.BYTES_PER_VALUE) -> tuple[float, float, dict]:
-    """Seconds of one iteration of the torch-pipelining baseline on layout dev (pp, dp) of device ids.
+    """Seconds of one iteration of the torch-pipelining baseline on the layout (tp = 1; its schedule
+    and ZeRO stage 0 or 1).
 
     Returns (seconds, busiest device's compute seconds, details). The baselines keep activations
     (no recompute). Tensor parallelism is not modelled here (the emulated runs that `sim compare`
     checks use D_TP = 1)."""
-    dev = np.asarray(dev, dtype=int)
+    if layout.tp != 1:
+        raise SimError(f"torch runtime model: tensor parallelism is not modelled (tp = {layout.tp})")
+    dev = layout.array()[:, :, 0]
     P, R = dev.shape
+    schedule, zero, split = layout.schedule, layout.zero, layout.layers_per_stage
     M = _micro_batches(batch, R, micro_batch, "data-parallel replicas")
     _check_layers(cfg, P)
-    fwd, bwd = workload.stage_compute(cfg, P, micro_batch, profiles, dev.T, recompute=False)  # (R, P)
+    fwd, bwd = workload.stage_compute(cfg, split, micro_batch, profiles, dev.T, recompute=False)  # (R, P)
     act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
-    grads = workload.stage_param_bytes(cfg, P, bytes_per_value)
+    grads = workload.stage_param_bytes(cfg, split, bytes_per_value)
     programs = [schedule_program(schedule, P, M, j) for j in range(P)]
     msgs: dict[tuple, _Message] = {}
     pair_free: dict[tuple[int, int], float] = {}
@@ -270,7 +275,7 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, dev: np.ndarray
             raise RuntimeError("torch pipeline schedule deadlocked")  # a bug, never a user error
     pipeline_end = t.copy()
     if zero == 1 and R > 1:
-        for j, tensors in enumerate(stage_tensor_bytes(cfg, P, bytes_per_value)):
+        for j, tensors in enumerate(stage_tensor_bytes(cfg, split, bytes_per_value)):
             t[j] = broadcasts(links, dev[j], t[j], tensors, zero1_owner(tensors, R))
     dp_seconds = float(max((reduce_end[j] - reduce_at[j]).max() for j in reduce_end)) if reduce_end else 0.0
     return float(t.max()), float((M * (fwd + bwd)).max()), {"micro_batches": M, "pipeline_seconds": float(pipeline_end.max()),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..model import GPTConfig, stage_layers, stage_params
+from ..model import GPTConfig, stage_params
 from ..profiles import ComputeProfile
 
 BYTES_PER_VALUE = 2  # fp16 activations, gradients and parameters on the wire
@@ -30,19 +30,22 @@ def activation_bytes(cfg: GPTConfig, samples: int, bytes_per_value: int = BYTES_
     return float(samples * cfg.seq * cfg.hidden * bytes_per_value)
 
 
-def stage_param_bytes(cfg: GPTConfig, d_pp: int, bytes_per_value: int = BYTES_PER_VALUE) -> np.ndarray:
-    return np.asarray(stage_params(cfg, d_pp), dtype=float) * bytes_per_value
+def stage_param_bytes(cfg: GPTConfig, split: list[int], bytes_per_value: int = BYTES_PER_VALUE) -> np.ndarray:
+    """split: blocks of every stage (Layout.layers_per_stage)."""
+    return np.asarray(stage_params(cfg, list(split)), dtype=float) * bytes_per_value
 
 
-def stage_compute(cfg: GPTConfig, d_pp: int, micro_batch: int, profiles: list[ComputeProfile],
+def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: list[ComputeProfile],
                   devices: np.ndarray, tp: int = 1, recompute: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward incl. recompute) seconds per micro-batch of the stage each device runs.
 
+    split: blocks of every stage (Layout.layers_per_stage, possibly uneven);
     devices: int array (..., d_pp) of device ids in stage order (the last axis is the stage);
     with tensor parallelism every device does 1/tp of its stage's work. recompute=False: the
     blocks' backward is 2 forwards (the harness's CPU runs and its baselines keep activations).
     """
-    layers = np.asarray(stage_layers(cfg, d_pp), dtype=float)
+    layers = np.asarray(split, dtype=float)
+    d_pp = len(split)
     devices = np.asarray(devices)
     rate_t = np.array([p.flops_per_s("transformer") for p in profiles])[devices]
     rate_h = np.array([p.flops_per_s("lm_head") for p in profiles])[devices]

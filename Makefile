@@ -47,9 +47,9 @@ bench: $(STAMP) system-deps
 # The world-wide case (case 5). Paper scale: scenario heatmaps, the GA assignment, the
 # scheduler comparison (Fig. 4) and the simulator. Emulated (8 devices = one per region,
 # tiny GPT, links at 1/100 of the paper's bandwidth so communication dominates as in the
-# paper): ours, ours-random (the paper's seeds) and the baselines, then one table of all
-# runs and the simulator's prediction for each of them (compute speed calibrated from the
-# runs' own compute timings, since emulated devices are CPU processes).
+# paper): ours, ours-random (the paper's seeds) and the baselines; then the simulator's
+# prediction for each run (compute speed calibrated from the runs' own compute timings, since
+# emulated devices are CPU processes), and one table + PFLOPS plots of all runs beside it.
 EMU5 := --scenario 5 --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 \
         --bandwidth-scale 0.01 --iters 3 --warmup 3 --out $(SCENARIO5_OUT)/emu
 scenario-5: $(STAMP) system-deps

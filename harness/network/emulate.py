@@ -24,7 +24,6 @@ SIGTERM; after a SIGKILL, `harness net clean` removes what is left.
 """
 from __future__ import annotations
 
-import json
 import os
 import pickle
 import shutil
@@ -37,7 +36,7 @@ from pathlib import Path
 from ..errors import HarnessError
 from . import registry, uml
 from .kernel import choose
-from .runner import TIMEOUT_RC, log_path, read_result, run_job
+from .runner import TIMEOUT_RC, Job, log_path, read_result, run_job
 
 MODES = ("per-device", "launcher")
 #: Wall-clock allowance on top of the command's timeout for booting UML and set-up/teardown.
@@ -92,11 +91,8 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
     rid = registry.new_run_id()
     job_dir = uml.new_job_dir(rid)
     n_logs = topo.n if mode == "per-device" else 1
-    job = {
-        "run_id": rid, "job_dir": str(job_dir), "mode": mode, "command": list(command),
-        "timeout_s": float(timeout_s),
-        "env": {**os.environ, **(env or {})}, "cwd": os.getcwd(),
-    }
+    job = Job(run_id=rid, job_dir=str(job_dir), mode=mode, command=tuple(command), timeout_s=float(timeout_s),
+              env={**os.environ, **(env or {})}, cwd=os.getcwd(), topo=topo)
     tailer = _Tailer([log_path(job_dir, i) for i in range(n_logs)], stream, n_logs > 1)
     entry = registry.Entry(run_id=rid, pid=os.getpid(), kind="uml" if which == "uml" else "job",
                            job_dir=str(job_dir))
@@ -105,9 +101,9 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
             entry.save()
             tailer.start()
             if which == "host":
-                result = run_job(job, topo, kernel="host")
+                result = run_job(job, kernel="host")
             else:
-                result = _run_in_uml(job, topo, job_dir, entry)
+                result = _run_in_uml(job, entry)
     finally:
         tailer.stop()
         outputs = [_read(log_path(job_dir, i)) for i in range(n_logs)]
@@ -122,13 +118,13 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
                            plan=result.get("plan"))
 
 
-def _run_in_uml(job: dict, topo, job_dir: Path, entry: registry.Entry) -> dict:
-    (job_dir / "job.json").write_text(json.dumps(job))
-    (job_dir / "topology.pickle").write_bytes(pickle.dumps(topo))
-    halted = uml.boot(job_dir, entry, cwd=job["cwd"], wall_timeout_s=job["timeout_s"] + UML_OVERHEAD_S)
+def _run_in_uml(job: Job, entry: registry.Entry) -> dict:
+    job_dir = Path(job.job_dir)
+    (job_dir / "job.pickle").write_bytes(pickle.dumps(job))
+    halted = uml.boot(job_dir, entry, cwd=job.cwd, wall_timeout_s=job.timeout_s + UML_OVERHEAD_S)
     result = read_result(job_dir)
     if result is None:
-        n = topo.n if job["mode"] == "per-device" else 1
+        n = job.topo.n if job.mode == "per-device" else 1
         if not halted:
             return {"kernel": "uml", "returncodes": [TIMEOUT_RC] * n, "timed_out": True, "readback": {}}
         tail = uml.console_tail(job_dir)

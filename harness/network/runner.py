@@ -1,8 +1,8 @@
 """Run a command in the emulated cluster of the *current* kernel (host, or inside UML).
 
 Used directly for the host kernel and by `guest.py` inside user-mode Linux, so both
-paths run the same code. A job is a plain dict (written as JSON/pickle to the job
-directory, which the UML guest sees through hostfs); each device's stdout+stderr go
+paths run the same code. A job is a `Job` (pickled to the job directory, which the UML
+guest sees through hostfs); each device's stdout+stderr go
 to `<job_dir>/dev<i>.log` (the caller tails them to stream), the outcome to
 `<job_dir>/result.json`.
 """
@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..results import atomic_write_json
@@ -37,21 +38,35 @@ def log_path(job_dir: Path, i: int) -> Path:
     return Path(job_dir) / f"dev{i}.log"
 
 
-def run_job(job: dict, topo, kernel: str) -> dict:
+@dataclass(frozen=True)
+class Job:
+    """One run of the emulated cluster: the topology as the run sees it (Topology.scaled) and what to
+    execute in it. The host runs it directly, or pickles it into the job directory for a UML guest."""
+
+    run_id: str
+    job_dir: str
+    mode: str  # per-device | launcher
+    command: tuple[str, ...]
+    timeout_s: float
+    env: dict
+    cwd: str
+    topo: object  # harness.scenario.Topology
+
+
+def run_job(job: Job, kernel: str) -> dict:
     """Create the cluster, run the command(s), tear down; return the result document."""
-    job_dir = Path(job["job_dir"])
-    mode = job["mode"]
+    job_dir = Path(job.job_dir)
+    mode = job.mode
     t0 = time.monotonic()
     result = {"kernel": kernel, "returncodes": [], "timed_out": False, "readback": {}, "error": "",
               "plan": None, "setup_s": None}
-    with Cluster(topo, run_id=job["run_id"],
-                 progress=job.get("progress", False)) as cluster:
+    with Cluster(job.topo, run_id=job.run_id) as cluster:
         result["setup_s"] = time.monotonic() - t0
         result["readback"] = cluster.readback
         result["plan"] = cluster.plan.to_json()
         peers = job_dir / "peers.json"
         atomic_write_json(peers, [d.addr for d in cluster.devices])
-        base_env = dict(job["env"])
+        base_env = dict(job.env)
         procs, logs = [], []
         try:
             if mode == "per-device":
@@ -71,7 +86,7 @@ def run_job(job: dict, topo, kernel: str) -> dict:
                 log = open(log_path(job_dir, 0), "wb")
                 logs.append(log)
                 procs.append(_spawn(job, env, log, None))
-            rcs, timed_out = _wait(procs, job["timeout_s"])
+            rcs, timed_out = _wait(procs, job.timeout_s)
             result["returncodes"], result["timed_out"] = rcs, timed_out
         finally:
             for p in procs:
@@ -83,7 +98,7 @@ def run_job(job: dict, topo, kernel: str) -> dict:
 
 def _spawn(job: dict, env: dict, log, netns_path: str | None) -> subprocess.Popen:
     pre = (lambda: harness_netns.enter(netns_path)) if netns_path else None
-    return subprocess.Popen(job["command"], cwd=job["cwd"], env=env, stdin=subprocess.DEVNULL,
+    return subprocess.Popen(list(job.command), cwd=job.cwd, env=env, stdin=subprocess.DEVNULL,
                             stdout=log, stderr=subprocess.STDOUT, preexec_fn=pre,
                             start_new_session=True)
 

@@ -79,7 +79,7 @@ def main(spec_path: str, out_path: str) -> int:
                              label=label)
         ready = [r.marks["training"] for r in results if "training" in r.marks]
         atomic_write_json(out, {
-            "status": "ok", "reason": "", "kernel": spec.kernel,
+            "status": "ok", "reason": "", "kernel": spec.run.kernel,
             "startup_s": (max(ready) - t_launch) if ready else None,
             "startup_breakdown_s": {"imports": t_imported - t_launch, "warm_up": t_warm - t_launch, **{
                 k: max(r.marks[k] for r in results) - t_launch for k in results[0].marks}},

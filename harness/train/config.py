@@ -158,7 +158,7 @@ class DebugSection:
             key, sep, text = item.partition("=")
             if not sep or key not in types:
                 raise ConfigError(f"--debug: expected KEY=VALUE with KEY one of {', '.join(types)} (got {item!r})")
-            t = types[key]
+            t = types[key].replace(" | None", "")
             try:
                 if "bool" in t:
                     if text.lower() not in ("1", "0", "true", "false", "yes", "no", "on", "off"):

@@ -1,0 +1,52 @@
+"""Planning a run: flags become one validated Layout (degrees filled in), or one line naming the flag."""
+from __future__ import annotations
+
+import pytest
+
+from harness.layout import LayoutError
+from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+from harness.train.plan import plan_run
+
+
+def plan(system: str, **layout):
+    return plan_run(RunRequest(network=NetworkSection("5", devices=8, bandwidth_scale=0.01, mode="none"),
+                               model=ModelSection("tiny", layers=4, batch=16),
+                               layout=LayoutRequest(**layout), run=RunSection(system=system)))
+
+
+@pytest.mark.parametrize("system, flags, degrees", [
+    ("megatron", dict(tp=2, pp=2), (2, 2, 2, 0)),
+    ("megatron", dict(dp=4), (1, 2, 4, 0)),
+    ("megatron", dict(), (1, 1, 8, 0)),
+    ("deepspeed", dict(zero=3), (1, 1, 8, 3)),
+    ("deepspeed", dict(zero=1, pp=4), (1, 4, 2, 1)),
+])
+def test_baseline_flags_fill_the_missing_degrees(system, flags, degrees):
+    spec = plan(system, **flags).spec
+    lay = spec.layout
+    assert (lay.tp, lay.pp, lay.dp, lay.zero) == degrees and lay.placement == "rank-order"
+    assert spec.network.scenario == "5-worldwide" and spec.run.backend == "local"
+
+
+def test_the_topology_is_scaled_once_where_the_run_is_planned():
+    p = plan("megatron")
+    assert p.topo.bandwidth_scale == 0.01 and p.spec.network.bandwidth_scale == 0.01
+
+
+@pytest.mark.parametrize("system, flags, message", [
+    ("megatron", dict(zero=1), "--zero: only for --system deepspeed"),
+    ("deepspeed", dict(zero=1, tp=2), "--tp: DeepSpeed-style runs have no tensor parallelism"),
+    ("deepspeed", dict(), "--zero: must be 1 or 3"),
+    ("deepspeed", dict(zero=3, pp=2), "--pp: ZeRO-3 runs without pipeline"),
+    ("megatron", dict(tp=2, pp=2, dp=4), "tp*pp*dp = 2*2*4 = 16 != 8 devices"),
+    ("megatron", dict(placement="shuffled"), "--rank-order: must be default or an integer seed"),
+    ("megatron", dict(tp=8), "layout.tp: 8 does not divide the 4 heads"),
+    ("ours", dict(tp=2), "--tp: a baseline flag"),
+    ("ours", dict(pp=3, dp=3), "--d-pp/--d-dp: 3 x 3 != 8 devices"),
+    ("ours", dict(pp=8), "--d-pp: 8 stages exceed the 4 layers"),
+    ("ours-random", dict(placement="ga"), "--scheduler: ours-random is the random assignment"),
+])
+def test_wrong_combinations_are_one_line_errors(system, flags, message):
+    with pytest.raises(LayoutError) as e:
+        plan(system, **flags)
+    assert message in str(e.value) and "\n" not in str(e.value)

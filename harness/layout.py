@@ -32,10 +32,10 @@ import numpy as np
 
 from .errors import HarnessError
 from .model import GPTConfig, ModelError, even_split
+from .schedule_order import SCHEDULES
 
 DEGREES = (1, 2, 4, 8)  # the paper's grid for the baselines (App. D.2)
 RANDOM_SEEDS = (2022, 2023, 2024)  # the paper's random layouts (App. D.1)
-SCHEDULES = ("gpipe", "1f1b")
 DP_SYNCS = ("sharded-ps", "allreduce")
 ZERO_STAGES = (0, 1, 3)
 

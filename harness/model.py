@@ -13,6 +13,8 @@ from .errors import HarnessError
 
 # The formula of the paper's tables (Narayanan et al. 2021 without the vocabulary term).
 FLOP_FORMULA = "96*B*s*l*h^2*(1+s/(6h))"
+# Bytes of one activation, gradient or parameter value per training precision.
+BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)

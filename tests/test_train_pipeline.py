@@ -11,7 +11,7 @@ from harness.layout import Layout
 from harness.train.config import RunSpec
 from harness.train.gpt import GPT
 from harness.train.local import local_spec, run_local
-from harness.train.pipeline import gpipe_order, one_f_one_b_order
+from harness.schedule_order import stage_order
 from harness.train.reference import reference_train
 
 pytestmark = pytest.mark.timeout(120)
@@ -85,15 +85,15 @@ def test_matches_single_process_reference(name, reference):
 
 
 def test_schedules_run_every_micro_batch_once_in_dependency_order():
-    for order_fn in (gpipe_order, one_f_one_b_order):
+    for schedule in ("gpipe", "1f1b"):
         for d_pp in (1, 2, 4):
             for j in range(d_pp):
-                order = order_fn(6, j, d_pp)
+                order = stage_order(schedule, d_pp, j, 6)
                 assert sorted(order) == sorted([("F", k) for k in range(6)] + [("B", k) for k in range(6)])
                 for k in range(6):
                     assert order.index(("F", k)) < order.index(("B", k))
     # 1F1B keeps at most d_pp - j micro-batches in flight
-    order = one_f_one_b_order(8, 0, 4)
+    order = stage_order("1f1b", 4, 0, 8)
     live = peak = 0
     for op, _ in order:
         live += 1 if op == "F" else -1

@@ -23,7 +23,7 @@ import numpy as np
 from .. import layout as layouts
 from ..errors import HarnessError
 from ..layout import Layout
-from ..model import get_model
+from ..model import BYTES_PER_VALUE, get_model
 from ..profiles import OP_CLASSES, ComputeProfile
 from ..results import read_records
 from ..scenario import load_scenario
@@ -34,7 +34,6 @@ TARGET_ERROR = 0.15
 # Backends whose ranks share one host's cores, and the load above which they visibly slow each other.
 SHARED_HOST = ("emu", "local")
 BUSY_HOST = 0.5
-BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
 # What a run trained in when its manifest does not say: the trainer's defaults (CPU fp32 over gloo,
 # GPU bf16 over NCCL).
 DEFAULT_DTYPE = {"emu": "fp32", "local": "fp32", "cluster": "bf16"}

@@ -17,10 +17,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import HarnessError
 from ..layout import DP_SYNCS, SCHEDULES, Layout
-from ..model import GPTConfig, get_model
+from ..model import BYTES_PER_VALUE, GPTConfig, get_model
 
-DTYPE_NAMES = ("fp32", "bf16", "fp16")
-BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
+DTYPE_NAMES = tuple(BYTES_PER_VALUE)
 NETWORK_MODES = ("emulated", "none")
 KERNELS = ("auto", "host", "uml")
 FAULT_MODES = ("kill", "exit")

@@ -38,16 +38,6 @@ KIND_ACT, KIND_GRAD = 1, 2
 FP16_LOSS_SCALE = 1024.0  # static loss scale so fp16 activation gradients do not underflow
 
 
-# The orders are defined once, in harness/schedule_order.py, for this runtime and the simulator.
-def gpipe_order(n: int, stage: int, d_pp: int) -> list[tuple[str, int]]:
-    return schedule_order.stage_order("gpipe", d_pp, stage, n)
-
-
-def one_f_one_b_order(n: int, stage: int, d_pp: int) -> list[tuple[str, int]]:
-    return schedule_order.stage_order("1f1b", d_pp, stage, n)
-
-
-ORDERS = {"gpipe": gpipe_order, "1f1b": one_f_one_b_order}
 
 
 class _Clock:
@@ -114,8 +104,10 @@ class PipelineStageRunner:
         self.opt = make_optimizer(self.params, m.lr)
         self.dp = make_dp_sync(L.dp_sync, [L.stage_group(j) for j in range(L.pp)],
                                self.stage_idx, self.replica)
-        self.order = ORDERS[L.schedule](self.n_local, self.stage_idx, L.pp)
-        self.next_backward_order = [k for op, k in ORDERS[L.schedule](self.n_local, self.stage_idx + 1, L.pp)
+        # one order for this runtime and the simulator (harness/schedule_order.py)
+        self.order = schedule_order.stage_order(L.schedule, L.pp, self.stage_idx, self.n_local)
+        self.next_backward_order = [k for op, k in schedule_order.stage_order(L.schedule, L.pp, self.stage_idx + 1,
+                                                                              self.n_local)
                                     if op == "B"]
         self.comm_dtype = torch_dtype(spec)
         self.autocast = m.dtype != "fp32"

@@ -158,3 +158,33 @@ def test_layouts_of_the_layout_module_group_seeds_and_keep_rank_order_apart(tmp_
     assert sorted(table.label) == ["megatron tp1 pp4 dp2", "megatron tp1 pp4 dp2 seeded", "ours-random tp1 pp4 dp2 seeded"]
     seeded = table[table.system == "ours-random"].iloc[0]
     assert seeded.runs == 2 and seeded.seconds_min == pytest.approx(2.0) and seeded.seconds_max == pytest.approx(3.0)
+
+
+@pytest.mark.parametrize("pflops,unit,scaled", [(3e-7, "MFLOPS", 300.0), (0.5, "TFLOPS", 500.0),
+                                                (2000.0, "PFLOPS", 2000.0), (1.0, "PFLOPS", 1.0),
+                                                (1e-16, "kFLOPS", 1e-4)])
+def test_flop_rate_unit_reads_between_1_and_1000(pflops, unit, scaled):
+    from harness.report.plots import flop_rate_unit
+
+    got, factor = flop_rate_unit([pflops / 10, pflops, float("nan")])  # the largest finite value decides
+    assert got == unit and pflops * factor == pytest.approx(scaled)
+
+
+def test_pflops_figure_is_in_the_unit_that_fits_and_the_csv_stays_in_pflops(tmp_path, cli):
+    import matplotlib.pyplot as plt
+
+    from harness.report.runs import pflops_figure, runs_table
+
+    fake_runs(tmp_path / "emu")  # 2.5e-6 .. 1e-5 PFLOPS: GFLOPS
+    table = runs_table(tmp_path / "emu")
+    fig = pflops_figure(table)
+    try:
+        ax = fig.axes[0]
+        assert ax.get_ylabel() == "GFLOPS" and ax.get_title().startswith("GFLOPS ")
+        heights = sorted(p.get_height() for p in ax.patches)
+        assert heights == pytest.approx(sorted(table.pflops * 1e6))
+        assert 1 <= max(heights) < 1000 and ax.yaxis.get_offset_text().get_text() == ""
+    finally:
+        plt.close(fig)
+    assert cli("report", "runs", tmp_path / "emu")[0] == 0
+    assert sorted(pd.read_csv(tmp_path / "emu" / "runs.csv").pflops) == pytest.approx(sorted(table.pflops))

@@ -41,6 +41,44 @@ def test_run_writes_records_and_manifest(tmp_path, capsys, system, scheduler):
     assert [list(p) for p in Layout.from_json(json.loads(r["config"])).pipelines] == m["placement"]["pipelines"]
 
 
+BASELINE_WARNINGS = ("find_unused_parameters=True was specified", "broadcast_buffers` is deprecated")
+
+
+@pytest.mark.parametrize("system,layout", [("megatron", ["--tp", "1", "--pp", "4", "--dp", "2"]),
+                                           ("deepspeed", ["--zero", "1", "--pp", "4", "--dp", "2"])])
+def test_baseline_prints_one_progress_line_per_iteration_and_no_known_warnings(tmp_path, capfd, system, layout):
+    """The ranks are forked: their stderr is fd 2, hence capfd. Every layout here wraps stages in DDP."""
+    args = ARGS[:-4] + ["--iters", "1", "--warmup", "1", "--system", system, *layout, "--out", str(tmp_path)]
+    assert main(args) == 0
+    err = capfd.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.startswith("harness: iteration")]
+    assert [ln.split(":")[1] for ln in lines] == [" iteration 1/2 (warm-up)", " iteration 2/2"]
+    assert all(ln.endswith(" s on rank 0") for ln in lines)
+    assert not [w for w in BASELINE_WARNINGS if w in err], err
+
+
+def test_the_ddp_note_filter_keeps_everything_else_on_stderr(capfd):
+    """Only the first forward runs with fd 2 captured; other lines of that window reach stderr."""
+    import os
+
+    import torch
+
+    from harness.train.baselines.parallelize import _drop_unused_parameter_note
+
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            os.write(2, b"[W reducer.cpp] Warning: find_unused_parameters=True was specified in DDP constructor, "
+                        b"but did not find any unused parameters in the forward pass.\nreal warning\n")
+            return x
+
+    m = Noisy()
+    _drop_unused_parameter_note(m)
+    m(torch.zeros(1))
+    assert capfd.readouterr().err == "real warning\n"
+    m(torch.zeros(1))  # hooks are gone after the first forward
+    assert "find_unused_parameters" in capfd.readouterr().err
+
+
 def test_killed_rank_fails_the_run_in_bounded_time(tmp_path, capsys):
     t0 = time.monotonic()
     rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120",

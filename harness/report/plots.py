@@ -15,6 +15,22 @@ SYSTEM_STYLE = {  # one colour per system across every figure
 }
 
 
+# Records, CSV and JSON keep PFLOPS; figures show a FLOP rate in the unit where it reads 1-1000.
+FLOP_RATE_UNITS = (("PFLOPS", 1.0), ("TFLOPS", 1e3), ("GFLOPS", 1e6), ("MFLOPS", 1e9), ("kFLOPS", 1e12))
+
+
+def flop_rate_unit(pflops) -> tuple[str, float]:
+    """(unit, factor): the largest unit of FLOP_RATE_UNITS in which the largest finite value of
+    `pflops` is at least 1 (PFLOPS above 1000, kFLOPS below 1); plot `pflops * factor`."""
+    v = np.abs(np.asarray(pflops, dtype=float).ravel())
+    v = v[np.isfinite(v)]
+    top = v.max() if v.size else 0.0
+    for unit, factor in FLOP_RATE_UNITS:
+        if top * factor >= 1.0:
+            return unit, factor
+    return FLOP_RATE_UNITS[-1]
+
+
 def heatmap(ax, matrix: np.ndarray, title: str, label: str, cmap: str = "viridis"):
     """Device x device matrix, sender on rows; inf (the unused diagonal) is left blank."""
     m = np.where(np.isinf(matrix), np.nan, np.asarray(matrix, dtype=float))

@@ -119,7 +119,8 @@ def _label(r) -> str:
 
 
 def pflops_figure(table: pd.DataFrame):
-    """Bars: measured PFLOPS (mean of the runs, whiskers min-max); beside them the simulated ones, if any."""
+    """Bars: measured FLOP rate (mean of the runs, whiskers min-max); beside them the simulated one, if
+    any; in the unit where the bars read 1-1000 (tiny emulated runs are MFLOPS, paper scale PFLOPS)."""
     import matplotlib.pyplot as plt
 
     series = {"measured (mean of runs)": table.pflops.to_numpy()}
@@ -128,9 +129,11 @@ def pflops_figure(table: pd.DataFrame):
         series["simulated (sim compare)"] = table.sim_pflops.to_numpy()
         errors["simulated (sim compare)"] = np.nan_to_num(np.vstack(
             [table.sim_pflops - table.sim_pflops_min, table.sim_pflops_max - table.sim_pflops]))
+    unit, factor = plots.flop_rate_unit(np.concatenate([table.pflops_max, *series.values()]))
     fig, ax = plt.subplots(figsize=(max(6.0, 1.0 * len(table) + 2), 4.5))
-    plots.grouped_bars(ax, list(table.label), series, "PFLOPS",
-                       "PFLOPS per system and layout (whiskers: min-max over runs)", errors=errors)
+    plots.grouped_bars(ax, list(table.label), {k: v * factor for k, v in series.items()}, unit,
+                       f"{unit} per system and layout (whiskers: min-max over runs)",
+                       errors={k: v * factor for k, v in errors.items()})
     return fig
 
 

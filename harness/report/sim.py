@@ -154,9 +154,11 @@ def figure3(cs: CaseSweep, out: Path, model: str = "gpt3-xl") -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), gridspec_kw={"width_ratios": [1, 1, 1.5]})
     plots.heatmap(axes[0], cs.topo.delay_ms, f"{cs.topo.name}: (a) delay", "one-way delay (ms)", "viridis")
     plots.heatmap(axes[1], cs.topo.bandwidth_gbps, f"{cs.topo.name}: (b) bandwidth", "Gbps", "magma")
-    series = {sys_: [pflop_per_iteration(get_model(model, s[0]), s[1]) / cs.best(s, sys_).seconds
-                     for s in cs.settings] for sys_ in SYSTEMS}
-    plots.lines(axes[2], [_label(s) for s in cs.settings], series, "PFLOPS (simulated)", "(c) throughput")
+    series = {sys_: np.array([pflop_per_iteration(get_model(model, s[0]), s[1]) / cs.best(s, sys_).seconds
+                              for s in cs.settings]) for sys_ in SYSTEMS}
+    unit, factor = plots.flop_rate_unit(list(series.values()))
+    plots.lines(axes[2], [_label(s) for s in cs.settings], {k: v * factor for k, v in series.items()},
+                f"{unit} (simulated)", "(c) throughput")
     path = save_figure(fig, out)
     plt.close(fig)
     return path
@@ -198,10 +200,12 @@ def figure7(fs: CaseSweep, out: Path) -> Path:
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     labels = [f"{s[2]} L{s[0]} B{s[1]}" for s in fs.settings]
     systems_ = ("ours", "ours-random", "megatron")
-    pflops = {k: [pflop_per_iteration(get_model(s[2], s[0]), s[1]) / fs.best(s, k).seconds for s in fs.settings]
-              for k in systems_}
+    pflops = {k: np.array([pflop_per_iteration(get_model(s[2], s[0]), s[1]) / fs.best(s, k).seconds
+                           for s in fs.settings]) for k in systems_}
     secs = {k: [fs.best(s, k).seconds for s in fs.settings] for k in systems_}
-    plots.grouped_bars(axes[0], labels, pflops, "PFLOPS (simulated)", "(a) cluster PFLOPS")
+    unit, factor = plots.flop_rate_unit(list(pflops.values()))
+    plots.grouped_bars(axes[0], labels, {k: v * factor for k, v in pflops.items()}, f"{unit} (simulated)",
+                       f"(a) cluster {unit}")
     plots.grouped_bars(axes[1], labels, secs, "iteration seconds", "(b) runtime of one iteration")
     path = save_figure(fig, out)
     plt.close(fig)

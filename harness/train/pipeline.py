@@ -29,7 +29,7 @@ from ..errors import HarnessError
 from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
 from .gpt import GPT, lm_loss, synthetic_batch
 from .config import RunSpec
-from .rank import RankContext, progress, torch_dtype
+from .rank import RankContext, iteration_progress, torch_dtype
 from .reference import make_optimizer, micro_batches
 from .registry import register_system
 from .stats import IterationStats
@@ -261,8 +261,7 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
                                         exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss, end=t))
         if ctx.rank == 0:
-            progress(f"iteration {it + 1}/{steps}{' (warm-up)' if it < warmup else ''}: "
-                     f"{t - t_prev:.2f} s on rank 0")
+            iteration_progress(it, steps, warmup, t - t_prev)
         t_prev = t
     ctx.save_state(runner.state())
     return stats

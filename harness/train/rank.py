@@ -30,6 +30,11 @@ def progress(line: str) -> None:
     print(f"{PROGRESS_PREFIX}{line}", file=sys.stderr, flush=True)
 
 
+def iteration_progress(it: int, steps: int, warmup: int, seconds: float) -> None:
+    """The line every system prints on rank 0 after iteration `it` (0-based) of `steps`."""
+    progress(f"iteration {it + 1}/{steps}{' (warm-up)' if it < warmup else ''}: {seconds:.2f} s on rank 0")
+
+
 def torch_dtype(spec: RunSpec) -> torch.dtype:
     return DTYPES[spec.model.dtype]
 

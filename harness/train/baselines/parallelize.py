@@ -24,6 +24,11 @@ blocks dominate).
 """
 from __future__ import annotations
 
+import os
+import re
+import sys
+import tempfile
+
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -82,14 +87,56 @@ def apply_ddp(part: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:
     TP+DDP bridge `_pre_dp_module_transform` re-creates the Parameters after every forward,
     which loses them once a pipeline runs several forwards per step) get `replicate`,
     PyTorch's DDP rebuilt on FSDP2, which composes with TP meshes: the same all-reduce.
+
+    `forward_sync_buffers=False` (the GPT has no buffers; the deprecated `broadcast_buffers`
+    spelling warns on every rank), and the reducer's note that no parameter went unused,
+    which is the point here, is kept off stderr (`_drop_unused_parameter_note`).
     """
     if dp_mesh.size() == 1:
         return part
     if any(isinstance(p, DTensor) for p in part.parameters()):
         return replicate(part, mesh=dp_mesh)
-    return DistributedDataParallel(
-        part, process_group=dp_mesh.get_group(), broadcast_buffers=False, find_unused_parameters=True
+    ddp = DistributedDataParallel(
+        part, process_group=dp_mesh.get_group(), forward_sync_buffers=False, find_unused_parameters=True
     )
+    _drop_unused_parameter_note(ddp)
+    return ddp
+
+
+# Printed once per rank by the C++ reducer on the first forward: harmless here (the flag is there
+# to stop the bucket rebuild, see apply_ddp), and C++ writes it straight to fd 2, where Python's
+# `warnings` filters cannot reach it.
+UNUSED_PARAMETER_NOTE = re.compile(rb"find_unused_parameters=True was specified in DDP constructor, "
+                                   rb"but did not find any unused parameters")
+
+
+def _drop_unused_parameter_note(ddp: nn.Module) -> None:
+    """Send fd 2 to a temporary file during `ddp`'s first forward (the only one that prints the
+    note), then copy back every line but the note: other output of that window still shows."""
+    window = {}
+
+    def before(module, args):
+        sys.stderr.flush()
+        window["file"] = tempfile.TemporaryFile()
+        window["saved"] = os.dup(2)
+        os.dup2(window["file"].fileno(), 2)
+
+    def after(module, args, output):
+        pre.remove()
+        post.remove()
+        if "saved" not in window:
+            return
+        sys.stderr.flush()
+        os.dup2(window["saved"], 2)
+        os.close(window["saved"])
+        with window["file"] as f:
+            f.seek(0)
+            kept = b"".join(ln for ln in f.read().splitlines(keepends=True) if not UNUSED_PARAMETER_NOTE.search(ln))
+        if kept:
+            os.write(2, kept)
+
+    pre = ddp.register_forward_pre_hook(before)
+    post = ddp.register_forward_hook(after, always_call=True)
 
 
 def apply_fsdp(part: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:

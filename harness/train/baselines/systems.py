@@ -19,6 +19,7 @@ def _train(system: str, ctx: RankContext, spec: RunSpec) -> list[IterationStats]
     timings, state = train_baseline(
         layout, cfg, m.batch, m.micro_batch, spec.run.iters, m.seed, m.lr,
         warmup=spec.run.warmup, want_state=ctx.collect_state, device=ctx.device, dtype=torch_dtype(spec),
+        progress=ctx.rank == 0,
     )
     if state is not None:
         ctx.save_state(state)

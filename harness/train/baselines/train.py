@@ -28,6 +28,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from ...layout import Layout
 from ...model import GPTConfig
 from ..gpt import GPT, lm_loss, synthetic_batch
+from ..rank import iteration_progress
 from ..reference import make_optimizer, micro_batches
 from ..stats import IterationStats
 from .parallelize import (
@@ -166,13 +167,15 @@ def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, see
 def train_baseline(
     layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, iters: int, seed: int, lr: float,
     warmup: int = 0, want_state: bool = False,
-    device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress=None,
+    device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress: bool = False,
 ) -> tuple[list[IterationStats], dict[str, torch.Tensor] | None]:
     """Run `warmup + iters` iterations on this rank; returns the timed ones (and, if asked, the
-    rank's parameters under reference names, restricted to its own stage)."""
+    rank's parameters under reference names, restricted to its own stage). With `progress`, one
+    line per iteration on stderr (rank 0 asks for it, as `ours` does)."""
     br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype)
     out = []
-    for it in (progress or (lambda x: x))(range(warmup + iters)):
+    steps = warmup + iters
+    for it in range(steps):
         try:
             timing = train_step(br, cfg, batch, it, seed)
         except RuntimeError as e:
@@ -180,6 +183,8 @@ def train_baseline(
             raise RuntimeError(f"{layout.label()}: iteration {it}, {where}: {root_message(e)}") from e
         if it >= warmup:
             out.append(timing)
+        if progress:
+            iteration_progress(it, steps, warmup, timing.seconds)
     state = None
     if want_state:
         full = full_state(br.model)

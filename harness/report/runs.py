@@ -120,7 +120,7 @@ def _label(r) -> str:
 
 def pflops_figure(table: pd.DataFrame):
     """Bars: measured FLOP rate (mean of the runs, whiskers min-max); beside them the simulated one, if
-    any; in the unit where the bars read 1-1000 (tiny emulated runs are MFLOPS, paper scale PFLOPS)."""
+    any; in the unit where the bars read 1-1000 (tiny emulated runs are GFLOPS, paper scale PFLOPS)."""
     import matplotlib.pyplot as plt
 
     series = {"measured (mean of runs)": table.pflops.to_numpy()}

@@ -110,18 +110,18 @@ UNUSED_PARAMETER_NOTE = re.compile(rb"find_unused_parameters=True was specified 
                                    rb"but did not find any unused parameters")
 
 
-def _drop_unused_parameter_note(ddp: nn.Module) -> None:
-    """Send fd 2 to a temporary file during `ddp`'s first forward (the only one that prints the
+def _drop_unused_parameter_note(module: nn.Module) -> None:
+    """Send fd 2 to a temporary file during `module`'s first forward (the only one that prints the
     note), then copy back every line but the note: other output of that window still shows."""
     window = {}
 
-    def before(module, args):
+    def before(_module, _args):
         sys.stderr.flush()
         window["file"] = tempfile.TemporaryFile()
         window["saved"] = os.dup(2)
         os.dup2(window["file"].fileno(), 2)
 
-    def after(module, args, output):
+    def after(_module, _args, _output):
         pre.remove()
         post.remove()
         if "saved" not in window:
@@ -135,8 +135,8 @@ def _drop_unused_parameter_note(ddp: nn.Module) -> None:
         if kept:
             os.write(2, kept)
 
-    pre = ddp.register_forward_pre_hook(before)
-    post = ddp.register_forward_hook(after, always_call=True)
+    pre = module.register_forward_pre_hook(before)
+    post = module.register_forward_hook(after, always_call=True)
 
 
 def apply_fsdp(part: nn.Module, dp_mesh: DeviceMesh) -> nn.Module:

@@ -246,15 +246,17 @@ def deepspeed_degrees(devices: int) -> list[tuple[int, int, int]]:
     return [(3, 1, devices)] + [(1, p, devices // p) for p in DEGREES if p > 1 and devices % p == 0]
 
 
-def baseline_grid(system: str, cfg: GPTConfig, devices: int, batch: int, micro_batch: int,
-                  schedule: str = "1f1b") -> list[Layout]:
-    """The layouts of `system`'s grid that the model and batch allow, in rank order."""
-    if system == "megatron":
-        degrees = [(0, t, p, d) for t, p, d in megatron_degrees(devices)]
-    elif system == "deepspeed":
-        degrees = [(z, 1, p, d) for z, p, d in deepspeed_degrees(devices)]
-    else:
-        raise LayoutError(f"--system: {system!r} is not a baseline (megatron | deepspeed)")
+def megatron_grid(cfg: GPTConfig, devices: int, batch: int, micro_batch: int, schedule: str = "1f1b") -> list[Layout]:
+    """Megatron's grid (megatron_degrees) that the model and batch allow, in rank order."""
+    return _fitting([(0, t, p, d) for t, p, d in megatron_degrees(devices)], cfg, batch, micro_batch, schedule)
+
+
+def deepspeed_grid(cfg: GPTConfig, devices: int, batch: int, micro_batch: int, schedule: str = "1f1b") -> list[Layout]:
+    """DeepSpeed's grid (deepspeed_degrees) that the model and batch allow, in rank order."""
+    return _fitting([(z, 1, p, d) for z, p, d in deepspeed_degrees(devices)], cfg, batch, micro_batch, schedule)
+
+
+def _fitting(degrees, cfg: GPTConfig, batch: int, micro_batch: int, schedule: str) -> list[Layout]:
     out = []
     for zero, t, p, d in degrees:
         try:

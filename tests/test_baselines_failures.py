@@ -17,7 +17,7 @@ from harness.layout import Layout
 from harness.train.baselines.systems import train_deepspeed, train_megatron
 from harness.train.config import RunSpec
 from harness.train.local import local_spec, run_local
-from harness.train.registry import register_system
+from harness.systems import register_system
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -9,7 +9,7 @@ from torch.distributed.tensor import DTensor
 from harness import layout as layouts
 from harness.train.baselines.train import build_rank, train_step
 from harness.train.local import local_spec, run_local
-from harness.train.registry import register_system
+from harness.systems import register_system
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -32,7 +32,7 @@ def request(tmp_path, schedule=None) -> RunRequest:
 def test_tune_runs_every_point_and_reports_the_best(cli, tmp_path, system):
     rc, out, err = cli("tune", "--system", system, *ARGS, "--out", tmp_path)
     assert rc == 0, err
-    expected = [lay.label() for lay in layouts.baseline_grid(system, get_model("tiny", 2), 4, 4, 1)]
+    expected = [lay.label() for lay in getattr(layouts, f"{system}_grid")(get_model("tiny", 2), 4, 4, 1)]
     summary = json.loads(next(tmp_path.rglob("tune.json")).read_text())
     assert [p["label"] for p in summary["points"]] == expected
     assert all(p["status"] == "ok" for p in summary["points"])
@@ -64,7 +64,7 @@ def test_failed_point_is_recorded_and_the_search_goes_on(tmp_path):
         return out
 
     result = tune(req, "megatron", progress=False, execute=fake_execute)
-    assert len(seen) == len(result.points) == len(layouts.baseline_grid("megatron", get_model("tiny", 2), 4, 4, 1))
+    assert len(seen) == len(result.points) == len(layouts.megatron_grid(get_model("tiny", 2), 4, 4, 1))
     assert all(r.run.system == "megatron" and r.layout.explicit.schedule == "gpipe" for r in seen)
     failed = [p for p in result.points if p.status == "failed"]
     assert failed and all(p.d_tp == 2 and "out of memory" in p.reason for p in failed)
@@ -80,7 +80,7 @@ def test_rank_order_seed_applies_one_permutation_to_every_point(tmp_path):
         orders.append(r.layout.explicit)
         raise HarnessError("not run")
 
-    result = tune(request(tmp_path), "megatron", rank_order="2022", progress=False, execute=fake_execute)
+    result = tune(request(tmp_path), "megatron", rank_order=2022, progress=False, execute=fake_execute)
     assert result.best is None and all(result.points[k].status == "failed" for k in range(len(orders)))
     for p, lay in zip(result.points, orders):
         assert lay.mesh == layouts.seeded(p.d_tp, p.d_pp, p.d_dp, 2, 2022).mesh and lay.placement == "seed-2022"

@@ -12,7 +12,7 @@ from harness.model import get_model
 
 def test_megatron_grid_is_the_papers_space_for_gpt3_xl_on_64_devices():
     cfg = get_model("gpt3-xl")  # 24 layers, 16 heads
-    grid = {(l.tp, l.pp, l.dp) for l in layouts.baseline_grid("megatron", cfg, 64, 1024, 1)}
+    grid = {(l.tp, l.pp, l.dp) for l in layouts.megatron_grid(cfg, 64, 1024, 1)}
     expected = {(t, p, d) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) for d in (1, 2, 4, 8) if t * p * d == 64}
     assert grid == expected
     assert (1, 8, 8) in grid and (2, 4, 8) in grid  # the paper's optima (D.2)
@@ -20,7 +20,7 @@ def test_megatron_grid_is_the_papers_space_for_gpt3_xl_on_64_devices():
 
 def test_grid_drops_layouts_the_model_cannot_split():
     cfg = get_model("tiny", layers=2)  # 4 heads, 2 layers
-    grid = {(l.tp, l.pp, l.dp) for l in layouts.baseline_grid("megatron", cfg, 8, 16, 1)}
+    grid = {(l.tp, l.pp, l.dp) for l in layouts.megatron_grid(cfg, 8, 16, 1)}
     assert grid and all(t <= 4 and p <= 2 for t, p, _ in grid)
     assert (8, 1, 1) not in grid and (1, 8, 1) not in grid and (1, 4, 2) not in grid
     assert all(t * p * d == 8 for t, p, d in grid)
@@ -28,7 +28,7 @@ def test_grid_drops_layouts_the_model_cannot_split():
 
 def test_deepspeed_grid_has_zero3_and_zero1_with_pipeline():
     cfg = get_model("gpt3-xl")
-    labels = [l.label() for l in layouts.baseline_grid("deepspeed", cfg, 64, 1024, 1)]
+    labels = [l.label() for l in layouts.deepspeed_grid(cfg, 64, 1024, 1)]
     assert labels[0] == "zero3 dp=64"
     assert {"zero1 pp=2 dp=32 1f1b", "zero1 pp=4 dp=16 1f1b", "zero1 pp=8 dp=8 1f1b"} <= set(labels)
 

@@ -47,5 +47,5 @@ def test_seed_2022_is_one_assignment_in_run_sim_and_sim_compare(cli, tmp_path):
 @pytest.mark.parametrize("system, flags", [("megatron", dict(pp=4, dp=2)), ("deepspeed", dict(zero=1, pp=4, dp=2))])
 def test_baselines_rank_order_seed_is_ours_random_assignment(system, flags):
     ours = planned("ours-random").layout
-    base = planned(system, placement=str(SEED), **flags).layout
+    base = planned(system, seed=SEED, **flags).layout
     assert base.mesh == ours.mesh and base.schedule == "1f1b" and ours.schedule == "gpipe"

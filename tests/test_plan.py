@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from harness.layout import LayoutError
-from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+from harness.train.config import ConfigError, LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 from harness.train.plan import plan_run
 
 
@@ -34,19 +34,25 @@ def test_the_topology_is_scaled_once_where_the_run_is_planned():
 
 
 @pytest.mark.parametrize("system, flags, message", [
-    ("megatron", dict(zero=1), "--zero: only for --system deepspeed"),
-    ("deepspeed", dict(zero=1, tp=2), "--tp: DeepSpeed-style runs have no tensor parallelism"),
+    ("megatron", dict(zero=1), "--zero: not an option of --system megatron (it takes --tp, --pp, --dp, "),
+    ("deepspeed", dict(zero=1, tp=2), "--tp: not an option of --system deepspeed"),
     ("deepspeed", dict(), "--zero: must be 1 or 3"),
     ("deepspeed", dict(zero=3, pp=2), "--pp: ZeRO-3 runs without pipeline"),
     ("megatron", dict(tp=2, pp=2, dp=4), "tp*pp*dp = 2*2*4 = 16 != 8 devices"),
-    ("megatron", dict(placement="shuffled"), "--rank-order: must be default or an integer seed"),
+    ("megatron", dict(seed=2022, dp_sync="allreduce"), "--dp-sync: not an option of --system megatron"),
     ("megatron", dict(tp=8), "layout.tp: 8 does not divide the 4 heads"),
-    ("ours", dict(tp=2), "--tp: a baseline flag"),
+    ("ours", dict(tp=2), "--tp: not an option of --system ours (it takes --d-pp, --d-dp, --scheduler"),
+    ("ours", dict(seed=3), "--rank-order: not an option of --system ours"),
     ("ours", dict(pp=3, dp=3), "--d-pp/--d-dp: 3 x 3 != 8 devices"),
     ("ours", dict(pp=8), "--d-pp: 8 stages exceed the 4 layers"),
-    ("ours-random", dict(placement="ga"), "--scheduler: ours-random is the random assignment"),
+    ("ours-random", dict(scheduler="ga"), "--scheduler: not an option of --system ours-random"),
 ])
 def test_wrong_combinations_are_one_line_errors(system, flags, message):
     with pytest.raises(LayoutError) as e:
         plan(system, **flags)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_seed_that_is_not_an_integer_is_a_one_line_error():
+    with pytest.raises(ConfigError, match=r"^layout.seed: must be an integer \(got 'shuffled'\)$"):
+        LayoutRequest(seed="shuffled")

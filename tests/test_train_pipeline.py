@@ -108,7 +108,7 @@ def test_bad_layout_is_one_line_error():
         layouts.from_pipelines([[0, 0]], 4, "test")
 
 
-from harness.train.registry import register_system  # noqa: E402
+from harness.systems import register_system  # noqa: E402
 from harness.train.stats import IterationStats  # noqa: E402
 
 

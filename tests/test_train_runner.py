@@ -15,7 +15,7 @@ from harness import layout as layouts
 from harness.train.config import RunSpec
 from harness.train.local import local_spec, run_local
 from harness.train.reference import reference_train
-from harness.train.registry import register_system
+from harness.systems import register_system
 from harness.train.stats import IterationStats, merge_stats
 
 pytestmark = pytest.mark.timeout(120)

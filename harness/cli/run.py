@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .. import systems
 from . import positive_float, positive_int
 
 
@@ -58,22 +59,23 @@ def register(sub) -> None:
                     "Under torchrun on real nodes pass --inventory.",
     )
     add_training_arguments(p)
-    p.add_argument("--system", default="ours", help="ours | ours-random | megatron | deepspeed (default ours)")
+    p.add_argument("--system", default="ours", metavar="SYSTEM",
+                   help=f"what trains (default ours): {systems.help_text()}")
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations (default 3)")
     p.add_argument("--seed", type=int, default=0, help="data, init and random-assignment seed (default 0)")
-    p.add_argument("--scheduler", help="ours: ga (default) | ga-kl | random | exhaustive | identity; "
-                                       "ours-random: random-assignment (default)")
-    p.add_argument("--budget", type=positive_int, default=2000, help="scheduler evaluations (default 2000)")
+    p.add_argument("--scheduler", help="ours: ga (default) | ga-kl | random | exhaustive | identity | "
+                                       "random-assignment")
+    p.add_argument("--budget", type=positive_int, help="scheduler evaluations (default 2000)")
     p.add_argument("--d-pp", type=positive_int, help="pipeline stages (default: as square as possible)")
     p.add_argument("--d-dp", type=positive_int, help="data-parallel replicas")
-    p.add_argument("--dp-sync", choices=("sharded-ps", "allreduce"), default="sharded-ps")
+    p.add_argument("--dp-sync", choices=("sharded-ps", "allreduce"), help="ours: default sharded-ps (the paper)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"),
                    help="pipeline schedule (ours: gpipe by default, as the paper; baselines: 1f1b)")
     p.add_argument("--tp", type=positive_int, help="megatron: tensor-parallel degree")
     p.add_argument("--pp", type=positive_int, help="megatron/deepspeed: pipeline degree")
     p.add_argument("--dp", type=positive_int, help="megatron/deepspeed: data-parallel degree")
     p.add_argument("--zero", type=int, choices=(1, 3), help="deepspeed: ZeRO stage (1 with pipeline, 3 alone)")
-    p.add_argument("--rank-order", default="default",
+    p.add_argument("--rank-order",
                    help="baselines: default, or a seed of a random layout (the permutation ours-random uses)")
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                    help="ours: recompute activations per block in backward (default: on for cuda)")
@@ -83,24 +85,41 @@ def register(sub) -> None:
     p.set_defaults(func=_run)
 
 
-def _run(args) -> int:
+def rank_order(text: str | None) -> int | None:
+    """--rank-order: `default` or unset (None: rank order) or an integer seed; one-line HarnessError otherwise."""
+    from ..errors import HarnessError
+
+    if text is None or text == "default":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise HarnessError(f"--rank-order: must be default or an integer seed (got {text!r})") from None
+
+
+def layout_request(args, system):
+    """The LayoutRequest of the layout flags given; a flag the system does not take is a one-line error."""
     from ..errors import HarnessError
     from ..train.config import LayoutRequest
+
+    given = {}
+    for flag, field in systems.LAYOUT_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if flag == "--rank-order":
+            value = rank_order(value)
+        if value is None:
+            continue
+        if flag not in system.flags:
+            raise HarnessError(f"{flag}: not an option of --system {system.name} "
+                               f"(it takes {', '.join(system.flags) or 'no layout flags'})")
+        given[field] = value
+    return LayoutRequest(**given)
+
+
+def _run(args) -> int:
     from ..train.experiment import execute
 
-    ours = args.system in ("ours", "ours-random")
-    given = [f for f, v in (("--d-pp", args.d_pp), ("--d-dp", args.d_dp), ("--scheduler", args.scheduler))
-             if v is not None] if not ours else \
-        [f for f, v in (("--tp", args.tp), ("--pp", args.pp), ("--dp", args.dp), ("--zero", args.zero)) if v is not None]
-    if given:
-        what = "a baseline flag; ours takes --d-pp/--d-dp" if ours else "an option of ours; baselines take --tp/--pp/--dp"
-        raise HarnessError(f"{given[0]}: {what}")
-    layout = LayoutRequest(
-        tp=args.tp, pp=args.d_pp if ours else args.pp, dp=args.d_dp if ours else args.dp, zero=args.zero,
-        placement=args.scheduler if ours else args.rank_order, schedule=args.schedule, dp_sync=args.dp_sync,
-        recompute=args.recompute, budget=args.budget,
-    )
-    req = request_from_args(args, layout)
+    req = request_from_args(args, layout_request(args, systems.get(args.system)))
     if args.inventory:
         from ..train.cluster import run_under_torchrun
 

@@ -5,6 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from .. import systems
 from . import positive_int
 
 
@@ -32,7 +33,8 @@ def register(sub) -> None:
     )
     p.add_argument("--scenario", help="case number (1-5), name or path to a .yaml file")
     p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
-    p.add_argument("--system", default="all", help="all | ours | ours-random | megatron | deepspeed (default all)")
+    p.add_argument("--system", default="all", metavar="SYSTEM",
+                   help=f"all (default) or one of: {', '.join(systems.names(simulated=True))}")
     p.add_argument("--model", default="gpt3-xl", help="model config (default gpt3-xl)")
     p.add_argument("--layers", type=positive_int, help="override the model's layer count")
     p.add_argument("--batch", type=positive_int, default=1024, help="global batch in samples (default 1024)")
@@ -101,23 +103,24 @@ def cmd_sim(args) -> int:
     from ..model import get_model
     from ..results import atomic_write_json, manifest, new_run_id, run_dir, write_records
     from ..scenario import load_scenario
-    from ..sim.sweep import SYSTEMS, Simulator, record_json, to_record
+    from ..sim.sweep import Simulator, record_json, to_record
 
     if not args.scenario:
         raise HarnessError("--scenario: required (or use `harness sim report|calibrate|compare`)")
     topo = load_scenario(args.scenario, args.devices)
     cfg = get_model(args.model, args.layers)
-    which = SYSTEMS if args.system == "all" else (args.system,)
+    known = systems.names(simulated=True)
+    which = known if args.system == "all" else (args.system,)
     for s in which:
-        if s not in SYSTEMS:
-            raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(SYSTEMS)})")
+        if s not in known:
+            raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(known)})")
     n = topo.n
     d_pp = args.d_pp or default_pipeline_degrees(n, cfg.layers)[0]  # the rule `harness run` uses
     sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, **_sim_kwargs(args))
-    if "ours" in which and sim.missing(cfg, args.batch) is not None:
+    if any(systems.get(s).scheduled for s in which) and sim.missing(cfg, args.batch) is not None:
         from tqdm import tqdm
 
-        with tqdm(total=args.budget, desc="schedule (ga)", unit="cand", file=sys.stderr, leave=False) as bar:
+        with tqdm(total=args.budget, desc=f"schedule ({sim.scheduler})", unit="cand", file=sys.stderr, leave=False) as bar:
             def update(evaluated: int, best: float) -> None:
                 bar.set_postfix_str(f"best {best:.3f} s", refresh=False)
                 bar.update(evaluated - bar.n)
@@ -132,17 +135,19 @@ def cmd_sim(args) -> int:
     for c, rec in zip(cands, records):
         if c.best:
             print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {_short(c.config)}")
-    grid = sorted(((c, r) for c, r in zip(cands, records) if c.system in ("megatron", "deepspeed")),
+    per_system = {c.system: sum(d.system == c.system for d in cands) for c in cands}
+    grid = sorted(((c, r) for c, r in zip(cands, records) if per_system[c.system] > 1),
                   key=lambda cr: (cr[0].system, cr[0].seconds))
     if grid:
-        print("\ngrid (Megatron: T x P x D; DeepSpeed: ZeRO-3, ZeRO-1 x P; placements averaged over seeds):")
+        print("\ngrid of every system with more than one layout (Megatron: T x P x D; DeepSpeed: ZeRO-3, "
+              "ZeRO-1 x P; placements averaged over seeds):")
         for c, rec in grid:
             print(f"  {c.system:<10} {c.seconds:>12.3f} s {rec.pflops:>8.4f} PFLOPS  {_short(c.config)}"
                   f"{'  <- best' if c.best else ''}")
-    if "ours" in which:
-        ours = next(c for c in cands if c.system == "ours")
-        print("ours' pipelines (device of stage 0..D_PP-1 per replica): "
-              + "; ".join(" ".join(map(str, p)) for p in ours.config["pipelines"]))
+    for c in cands:
+        if systems.get(c.system).scheduled:
+            print(f"{c.system}' pipelines (device of stage 0..D_PP-1 per replica): "
+                  + "; ".join(" ".join(map(str, p)) for p in c.config["pipelines"]))
     out = args.out or run_dir(topo.name, run_id)
     write_records(Path(out) / "records.csv", records)
     atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 
 from . import positive_float, positive_int
-from .run import add_training_arguments, request_from_args
+from .. import systems
+from .run import add_training_arguments, rank_order, request_from_args
 
 
 def register(sub) -> None:
@@ -15,7 +16,7 @@ def register(sub) -> None:
                     "results/<scenario>/<run-id>/); the summary goes to results/<scenario>/tune-<system>-<stamp>/.",
     )
     add_training_arguments(p)
-    p.add_argument("--system", required=True, choices=("megatron", "deepspeed"))
+    p.add_argument("--system", required=True, choices=systems.names(tunable=True))
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations per point (default 3)")
     p.add_argument("--seed", type=int, default=0, help="data and init seed (default 0)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b",
@@ -31,7 +32,7 @@ def _tune(args) -> int:
     from ..train.config import LayoutRequest
 
     req = request_from_args(args, LayoutRequest(schedule=args.schedule))
-    result = tune(req, args.system, rank_order=args.rank_order)
+    result = tune(req, args.system, rank_order=rank_order(args.rank_order))
     print(result.table())
     print(f"summary: {result.summary_dir}")
     return 0 if result.best is not None else 1

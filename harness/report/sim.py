@@ -4,6 +4,9 @@ Sweeps cases 1-5 x layers {24, 32, 40} x batch {1024, 2048, 4096} over every sys
 layout and placement (harness.sim.sweep), and FluidStack (App. D.5) for GPT3-XL
 (40 layers, batch 4096), GPT3-6.7B and GPT3-13B (batch 1024). The paper's numbers
 appear here only as references next to what the simulator predicts.
+
+Tables and figures speak of the paper's roles (systems.PAPER_ROLES: ours, ours-random, megatron,
+deepspeed); `CaseSweep.best` finds the system the registry puts in each role.
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ import numpy as np
 from ..model import get_model, pflop_per_iteration
 from ..results import atomic_write_json, atomic_write_text, manifest, write_records
 from ..scenario import Topology, load_scenario
-from ..sim.sweep import SYSTEMS, Candidate, Simulator, prefetch_assignments, record_json, to_record
+from .. import systems as registry
+from ..sim.sweep import Candidate, Simulator, prefetch_assignments, record_json, to_record
 from . import plots
 from .figures import save_figure
 
@@ -26,6 +30,8 @@ CASES = ("1", "2", "3", "4", "5")
 LAYERS = (24, 32, 40)
 BATCHES = (1024, 2048, 4096)
 FLUIDSTACK_RUNS = (("gpt3-xl", 40, 4096), ("gpt3-6.7b", None, 1024), ("gpt3-13b", None, 1024))
+FLUIDSTACK_ROLES = ("ours", "ours-random", "megatron")  # what the report shows of FluidStack (Fig. 7)
+ROLES = registry.PAPER_ROLES
 
 # The paper's headline relations (Yuan et al. 2022, sec. 4.2, App. D.5): references for the report only.
 PAPER = {
@@ -44,7 +50,9 @@ class CaseSweep:
     settings: list[tuple[int, int]]  # (layers, batch)
     candidates: dict[tuple[int, int], list[Candidate]] = field(default_factory=dict)
 
-    def best(self, setting, system: str, placement: str | None = None) -> Candidate | None:
+    def best(self, setting, role: str, placement: str | None = None) -> Candidate | None:
+        """The fastest candidate of the system in the paper's `role` (in `placement`, if given)."""
+        system = registry.paper_systems()[role]
         cands = [c for c in self.candidates[setting] if c.system == system
                  and (placement is None or c.config.get("placement") in (None, placement))]
         return min(cands, key=lambda c: c.seconds) if cands else None
@@ -66,7 +74,7 @@ def sweep_cases(cases=CASES, layers=LAYERS, batches=BATCHES, model: str = "gpt3-
         topo = sim.topo
         cs = CaseSweep(topo, [(L, B) for L in layers for B in batches])
         for L, B in cs.settings:
-            cs.candidates[(L, B)] = sim.sweep(get_model(model, L), B)
+            cs.candidates[(L, B)] = sim.sweep(get_model(model, L), B, _systems(ROLES))
             if progress:
                 progress(f"{topo.name} L={L} B={B}")
         out[case] = cs
@@ -83,10 +91,15 @@ def sweep_fluidstack(progress=None, workers: int | None = None, schedule_progres
         cfg = get_model(name, L)
         key = (cfg.layers, B, name)
         cs.settings.append(key)
-        cs.candidates[key] = sim.sweep(cfg, B, which=("ours", "ours-random", "megatron"))
+        cs.candidates[key] = sim.sweep(cfg, B, _systems(FLUIDSTACK_ROLES))
         if progress:
             progress(f"fluidstack {name} L={cfg.layers} B={B}")
     return cs
+
+
+def _systems(roles) -> list[str]:
+    paper = registry.paper_systems()
+    return [paper[r] for r in roles]
 
 
 # ----------------------------------------------------------------------------- tables
@@ -140,7 +153,7 @@ def case_table(cs: CaseSweep) -> str:
     lines = ["| setting | ours s | ours-random s | Megatron s (best layout) | DeepSpeed s (best layout) | "
              "vs Megatron | vs DeepSpeed | vs random |", "|---|---|---|---|---|---|---|---|"]
     for s in cs.settings:
-        o, r, m, d = (cs.best(s, k) for k in SYSTEMS)
+        o, r, m, d = (cs.best(s, k) for k in ROLES)
         lines.append(f"| {_label(s)} | {o.seconds:.2f} | {r.seconds:.2f} | {m.seconds:.2f} ({_cfg_text(m)}) | "
                      f"{d.seconds:.2f} ({_cfg_text(d)}) | {m.seconds / o.seconds:.2f}x | "
                      f"{d.seconds / o.seconds:.2f}x | {r.seconds / o.seconds:.2f}x |")
@@ -155,7 +168,7 @@ def figure3(cs: CaseSweep, out: Path, model: str = "gpt3-xl") -> Path:
     plots.heatmap(axes[0], cs.topo.delay_ms, f"{cs.topo.name}: (a) delay", "one-way delay (ms)", "viridis")
     plots.heatmap(axes[1], cs.topo.bandwidth_gbps, f"{cs.topo.name}: (b) bandwidth", "Gbps", "magma")
     series = {sys_: np.array([pflop_per_iteration(get_model(model, s[0]), s[1]) / cs.best(s, sys_).seconds
-                              for s in cs.settings]) for sys_ in SYSTEMS}
+                              for s in cs.settings]) for sys_ in ROLES}
     unit, factor = plots.flop_rate_unit(list(series.values()))
     plots.lines(axes[2], [_label(s) for s in cs.settings], {k: v * factor for k, v in series.items()},
                 f"{unit} (simulated)", "(c) throughput")
@@ -168,7 +181,7 @@ def figure6(cs: CaseSweep, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 4))
-    series = {sys_: [cs.best(s, sys_).seconds for s in cs.settings] for sys_ in SYSTEMS}
+    series = {sys_: [cs.best(s, sys_).seconds for s in cs.settings] for sys_ in ROLES}
     values = [v for ys in series.values() for v in ys]
     plots.grouped_bars(ax, [_label(s) for s in cs.settings], series, "iteration seconds (simulated)",
                        f"{cs.topo.name}: runtime of one iteration", log=max(values) > 20 * min(values))
@@ -199,10 +212,9 @@ def figure7(fs: CaseSweep, out: Path) -> Path:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     labels = [f"{s[2]} L{s[0]} B{s[1]}" for s in fs.settings]
-    systems_ = ("ours", "ours-random", "megatron")
     pflops = {k: np.array([pflop_per_iteration(get_model(s[2], s[0]), s[1]) / fs.best(s, k).seconds
-                           for s in fs.settings]) for k in systems_}
-    secs = {k: [fs.best(s, k).seconds for s in fs.settings] for k in systems_}
+                           for s in fs.settings]) for k in FLUIDSTACK_ROLES}
+    secs = {k: [fs.best(s, k).seconds for s in fs.settings] for k in FLUIDSTACK_ROLES}
     unit, factor = plots.flop_rate_unit(list(pflops.values()))
     plots.grouped_bars(axes[0], labels, {k: v * factor for k, v in pflops.items()}, f"{unit} (simulated)",
                        f"(a) cluster {unit}")
@@ -219,7 +231,7 @@ def fluidstack_rows(fs: CaseSweep) -> list[dict]:
     for s in fs.settings:
         cfg = get_model(s[2], s[0])
         row = {"model": s[2], "layers": s[0], "batch": s[1], "peak_pflops": peak}
-        for k in ("ours", "ours-random", "megatron"):
+        for k in FLUIDSTACK_ROLES:
             c = fs.best(s, k)
             row[k] = 100 * pflop_per_iteration(cfg, s[1]) / c.seconds / peak
         rows.append(row)

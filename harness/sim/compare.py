@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import layout as layouts
+from .. import systems as registry
 from ..errors import HarnessError
 from ..layout import Layout
 from ..model import BYTES_PER_VALUE, get_model
@@ -56,7 +57,7 @@ class Comparison:
     measured_s: float
     simulated_s: float
     # busiest rank's compute x ranks / (seconds x host cores), for runs that time compute in the
-    # iteration (COMPUTE_OBSERVED) on a shared host; nan: unknown
+    # iteration (their entry's compute_observed) on a shared host; nan: unknown
     host_load: float = float("nan")
 
     @property
@@ -117,55 +118,88 @@ def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) 
     bpv = BYTES_PER_VALUE[dtype]
     device = rec.get("device_type") or DEFAULT_DEVICE.get(rec.get("backend"), "cuda")
     protocol = "gloo" if device == "cpu" else "nccl"  # torch.distributed's backend for the device
-    if system not in ("ours", "ours-random", "megatron", "deepspeed"):
-        raise HarnessError(f"records: system: unknown {system!r} (known: ours, ours-random, megatron, deepspeed)")
+    entry = registry.get(system)
     conf = _config(rec)
     d_pp = int(conf.get("pp", conf.get("d_pp", rec.get("d_pp") or 1)))
     # the emulator shapes every pair on its own (network.Links, nic="per-pair"); real clusters share NICs
     nic = "per-pair" if rec.get("backend") == "emu" else "shared"
     sim = Simulator(topo, overrides, d_pp=d_pp, micro_batch=mb, protocol=protocol, nic=nic)
-    L, prof = sim.links, sim.profiles
     lay = record_layout(rec, cfg, topo.n, device, lambda: sim.assignment(cfg, batch))
-    if system in ("ours", "ours-random"):
-        r = systems.simulate_ours(L, prof, cfg, batch, lay, mb, system=system, bytes_per_value=bpv)
-    elif lay.zero == 3:
-        r = systems.simulate_zero3(L, prof, cfg, batch, lay, mb, bpv)
-    elif lay.tp > 1:  # the torch-runtime model has no tensor parallelism: Megatron-LM's model
-        r = systems.simulate_megatron(L, prof, cfg, batch, lay, mb, bpv)
-    else:  # the baselines run torch.distributed.pipelining + DDP (+ ZeRO-1): simulate that runtime
-        seconds, compute, _ = torch_runtime.simulate(L, prof, cfg, batch, lay, mb, bpv)
+    return entry.simulate_layout_fn()(sim.links, sim.profiles, cfg, batch, lay, mb, bpv)
+
+
+# ----------------------------------------------------------------------------- the systems' runtime models
+def simulate_ours_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int, bpv: int) -> tuple[float, float]:
+    """Ours' runtime (pre-posted receives, the layout's schedule and data-parallel sync)."""
+    r = systems.simulate_ours(links, profiles, cfg, batch, lay, mb, bytes_per_value=bpv)
+    return r.seconds, r.compute_seconds
+
+
+def simulate_runtime_of_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int,
+                               bpv: int) -> tuple[float, float]:
+    """The baselines' runtime the layout names: ZeRO-3 (FSDP2), Megatron-LM's model when tensor parallel
+    (the torch-runtime model has none), else torch.distributed.pipelining + DDP (+ ZeRO-1)."""
+    if lay.zero == 3:
+        r = systems.simulate_zero3(links, profiles, cfg, batch, lay, mb, bpv)
+    elif lay.tp > 1:
+        r = systems.simulate_megatron(links, profiles, cfg, batch, lay, mb, bpv)
+    else:
+        seconds, compute, _ = torch_runtime.simulate(links, profiles, cfg, batch, lay, mb, bpv)
         return seconds, compute
     return r.seconds, r.compute_seconds
 
 
 def record_layout(rec: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
     """The layout a record ran on: its `config` (Layout.to_json), or for records written before the
-    layout module, their legacy keys (ours: pipelines; baselines: degrees and rank_order).
+    layout module, what its system's entry reads from their legacy keys (record_layout).
     `schedule_ours()` gives the scheduler's pipelines for an ours record that names none."""
-    conf, system = _config(rec), rec["system"]
+    conf = _config(rec)
     if "mesh" in conf:
         return Layout.from_json(conf)
-    if system in ("ours", "ours-random"):
-        opts = dict(schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"),
-                    recompute=bool(conf.get("recompute", device == "cuda")))
-        d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
-        if "pipelines" in conf:
-            return layouts.from_pipelines(conf["pipelines"], cfg.layers, "recorded", **opts)
-        if system == "ours-random":
-            return layouts.seeded(1, d_pp, n // d_pp, cfg.layers, int(rec["seed"]), **opts)
-        return layouts.from_pipelines(schedule_ours(), cfg.layers, "ga", **opts)
-    zero = int(conf.get("zero", 0 if system == "megatron" else 3))
+    return registry.get(rec["system"]).record_layout_fn()(rec, conf, cfg, n, device, schedule_ours)
+
+
+def _legacy_ours_opts(conf: dict, device: str) -> dict:
+    return dict(schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"),
+                recompute=bool(conf.get("recompute", device == "cuda")))
+
+
+def legacy_ours_layout(rec: dict, conf: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
+    """Ours' legacy records: their pipelines, else the scheduler's."""
+    opts = _legacy_ours_opts(conf, device)
+    if "pipelines" in conf:
+        return layouts.from_pipelines(conf["pipelines"], cfg.layers, "recorded", **opts)
+    return layouts.from_pipelines(schedule_ours(), cfg.layers, "ga", **opts)
+
+
+def legacy_random_layout(rec: dict, conf: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
+    """ours-random's legacy records: their pipelines, else the seeded placement of the record's seed."""
+    opts = _legacy_ours_opts(conf, device)
+    if "pipelines" in conf:
+        return layouts.from_pipelines(conf["pipelines"], cfg.layers, "recorded", **opts)
+    d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
+    return layouts.seeded(1, d_pp, n // d_pp, cfg.layers, int(rec["seed"]), **opts)
+
+
+def legacy_mesh_layout(rec: dict, conf: dict, cfg, n: int, device: str, schedule_ours, default_zero: int = 0) -> Layout:
+    """The baselines' legacy records: degrees (tp, pp, dp, zero) and an optional rank order."""
+    zero = int(conf.get("zero", default_zero))
     tp, pp = int(conf.get("tp", 1)), int(conf.get("pp", 1))
     dp = int(conf.get("dp", n // (tp * pp)))
     lay = layouts.in_rank_order(tp, pp, dp, cfg.layers, zero=zero, schedule=conf.get("schedule", "1f1b"))
     return layouts.with_rank_order(lay, conf["rank_order"]) if conf.get("rank_order") else lay
 
 
-# Systems whose records' compute_seconds is observed inside the timed iteration (ours' runtime
-# times its compute sections). The baselines' is a start-up estimate (harness/train/baselines/
-# train.py: one micro-batch through a copy of the stage, times the micro-batches), which misses
-# how the run's ranks share the host's cores.
-COMPUTE_OBSERVED = ("ours", "ours-random")
+def legacy_zero3_layout(rec: dict, conf: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
+    """DeepSpeed's legacy records: ZeRO-3 unless they name a stage."""
+    return legacy_mesh_layout(rec, conf, cfg, n, device, schedule_ours, default_zero=3)
+
+
+def _compute_observed(system: str) -> bool:
+    """Whether the system's records time compute inside the iteration (ours' runtime times its compute
+    sections). The baselines' is a start-up estimate (harness/train/baselines/train.py: one micro-batch
+    through a copy of the stage, times the micro-batches), which misses how the ranks share the host's cores."""
+    return registry.get(system).compute_observed
 
 
 def calibrate_records(records: list[dict]) -> dict[str, ComputeProfile]:
@@ -174,12 +208,12 @@ def calibrate_records(records: list[dict]) -> dict[str, ComputeProfile]:
     For each measured record, the run is simulated at efficiency 1 (compute scales as 1 /
     efficiency), so efficiency = simulated compute at 1 / measured compute_seconds; this counts
     exactly the work the busiest device did (its stage, the LM head, recomputation or not). The
-    median over records is used; records of COMPUTE_OBSERVED systems are preferred when present.
+    median over records is used; records of compute_observed systems (registry) are preferred when present.
     """
     measured = [r for r in records if r.get("backend") != "sim" and (r.get("compute_seconds") or 0) > 0]
     if not measured:
         raise HarnessError("records: no measured record with compute_seconds > 0 (backend emu, local or cluster)")
-    observed = [r for r in measured if r["system"] in COMPUTE_OBSERVED]
+    observed = [r for r in measured if _compute_observed(r["system"])]
     use = observed or measured
     by_gpu: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
@@ -215,7 +249,7 @@ def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = N
         first = recs[0]
         measured = float(np.mean([r["seconds"] for r in recs]))
         load = float("nan")
-        if first.get("backend") in SHARED_HOST and first.get("host_cpus") and first["system"] in COMPUTE_OBSERVED:
+        if first.get("backend") in SHARED_HOST and first.get("host_cpus") and _compute_observed(first["system"]):
             compute = float(np.mean([float(r.get("compute_seconds") or 0) for r in recs]))
             load = int(first["devices"]) * compute / (measured * int(first["host_cpus"]))
         out.append(Comparison(first["scenario"], first["system"], first["backend"], int(first["devices"]),

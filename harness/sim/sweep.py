@@ -24,11 +24,10 @@ from ..model import GPTConfig, c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from ..profiles import ComputeProfile, device_profiles
 from ..results import IterationRecord, atomic_write_json
 from ..scenario import Topology
-from . import systems
+from . import systems, workload
 from .network import PROTOCOLS, Links
 from .systems import SimError, SimResult
 
-SYSTEMS = ("ours", "ours-random", "megatron", "deepspeed")
 PLACEMENTS = ("default", "random")
 PAPER_RUNTIME = dict(schedule="gpipe", dp_sync="sharded-ps", recompute=True)  # ours at paper scale (section 3.5)
 
@@ -128,60 +127,105 @@ class Simulator:
 
     # ---------------------------------------------------------------- systems
     def run(self, system: str, cfg: GPTConfig, batch: int) -> list[Candidate]:
-        mb = self.micro_batch
-        L, prof, n = self.links, self.profiles, self.topo.n
-        if system == "ours":
-            pipelines = self.assignment(cfg, batch)
-            lay = layouts.from_pipelines(pipelines, cfg.layers, self.scheduler, **PAPER_RUNTIME)
-            r = systems.simulate_ours(L, prof, cfg, batch, lay, mb, ps_mode=self.ps_mode)
-            return [Candidate("ours", {"pp": self.d_pp, "dp": self.d_dp, "scheduler": self.scheduler,
-                                       "pipelines": pipelines.tolist()},
-                              r.seconds, r.compute_seconds, (self.schedule_seed,))]
-        if system == "ours-random":
-            lays = self.random_layouts(cfg)
-            runs = [systems.simulate_ours(L, prof, cfg, batch, lay, mb, system="ours-random", ps_mode=self.ps_mode)
-                    for lay in lays]
-            return [_mean("ours-random", {"pp": self.d_pp, "dp": self.d_dp, "placement": "random",
-                                          "pipelines": [[list(p) for p in lay.pipelines] for lay in lays]},
-                          runs, RANDOM_SEEDS)]
-        grid = []  # (config, zero, tp, pp, dp, simulate)
-        if system == "megatron":
-            for t, p, d in layouts.megatron_degrees(n):
-                grid.append(({"tp": t, "pp": p, "dp": d}, 0, t, p, d, systems.simulate_megatron))
-        elif system == "deepspeed":
-            for zero, p, d in layouts.deepspeed_degrees(n):
-                config = {"zero": 3, "dp": d} if zero == 3 else {"zero": 1, "pp": p, "dp": d}
-                grid.append((config, zero, 1, p, d, systems.simulate_zero3 if zero == 3 else systems.simulate_zero1_pp))
-        else:
-            raise SimError(f"--system: unknown system {system!r} (known: {', '.join(SYSTEMS)}, all)")
-        out = []
-        for config, zero, t, p, d, simulate in grid:
-            def build(seed, t=t, p=p, d=d, zero=zero):
-                if seed is None:
-                    return layouts.in_rank_order(t, p, d, cfg.layers, zero=zero)
-                return layouts.seeded(t, p, d, cfg.layers, seed, zero=zero)
+        """The candidates of `system` (its registry entry's simulator model)."""
+        from .. import systems as registry
 
-            try:
-                placed = self._placements(build)
-            except LayoutError:
-                continue  # more stages than layers
-            for name, lays, seeds in placed:
-                try:
-                    runs = [simulate(L, prof, cfg, batch, lay, mb) for lay in lays]
-                except (SimError, LayoutError):
-                    break  # this layout does not fit the model/batch (e.g. batch not divisible)
-                out.append(_mean(system, {**config, "placement": name}, runs, seeds))
-        return out
+        entry = registry.get(system)
+        simulate = entry.simulate_fn()
+        if simulate is None:
+            if entry.layout_rule is None:
+                raise SimError(f"--system: {system} has neither a simulator model nor a layout rule")
+            return candidates_of_rule(self, entry, cfg, batch)
+        return simulate(self, cfg, batch)
 
-    def sweep(self, cfg: GPTConfig, batch: int, which=SYSTEMS) -> list[Candidate]:
-        """All candidates of the systems in `which`, with `best` set on each system's fastest."""
+    def sweep(self, cfg: GPTConfig, batch: int, which=None) -> list[Candidate]:
+        """All candidates of the systems in `which` (default: every system `harness sim` can place),
+        with `best` set on each system's fastest."""
+        from .. import systems as registry
+
         out = []
+        which = registry.names(simulated=True) if which is None else which
         for system in which:
             cands = self.run(system, cfg, batch)
             if cands:
                 min(cands, key=lambda c: c.seconds).best = True
             out += cands
         return out
+
+
+# -------------------------------------------------------------------- the systems' simulator models
+def candidates_ours(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
+    """The scheduler's assignment (cached) with the paper's runtime."""
+    pipelines = sim.assignment(cfg, batch)
+    lay = layouts.from_pipelines(pipelines, cfg.layers, sim.scheduler, **PAPER_RUNTIME)
+    r = systems.simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, ps_mode=sim.ps_mode)
+    return [Candidate("ours", {"pp": sim.d_pp, "dp": sim.d_dp, "scheduler": sim.scheduler,
+                               "pipelines": pipelines.tolist()},
+                      r.seconds, r.compute_seconds, (sim.schedule_seed,))]
+
+
+def candidates_ours_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
+    """The paper's runtime on the seeded placements of RANDOM_SEEDS, averaged."""
+    lays = sim.random_layouts(cfg)
+    runs = [systems.simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, system="ours-random",
+                                  ps_mode=sim.ps_mode) for lay in lays]
+    return [_mean("ours-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
+                                  "pipelines": [[list(p) for p in lay.pipelines] for lay in lays]},
+                  runs, RANDOM_SEEDS)]
+
+
+def candidates_megatron(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
+    """Every T x P x D of layout.megatron_degrees, in each placement asked for."""
+    grid = [({"tp": t, "pp": p, "dp": d}, 0, t, p, d, systems.simulate_megatron)
+            for t, p, d in layouts.megatron_degrees(sim.topo.n)]
+    return _grid_candidates(sim, "megatron", grid, cfg, batch)
+
+
+def candidates_deepspeed(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
+    """ZeRO-3 over all devices and ZeRO-1 + P of layout.deepspeed_degrees, in each placement asked for."""
+    grid = []
+    for zero, p, d in layouts.deepspeed_degrees(sim.topo.n):
+        config = {"zero": 3, "dp": d} if zero == 3 else {"zero": 1, "pp": p, "dp": d}
+        grid.append((config, zero, 1, p, d, systems.simulate_zero3 if zero == 3 else systems.simulate_zero1_pp))
+    return _grid_candidates(sim, "deepspeed", grid, cfg, batch)
+
+
+def _grid_candidates(sim: Simulator, system: str, grid, cfg: GPTConfig, batch: int) -> list[Candidate]:
+    """grid: (config, zero, tp, pp, dp, simulate) per degrees; placements from sim.placements."""
+    out = []
+    for config, zero, t, p, d, simulate in grid:
+        def build(seed, t=t, p=p, d=d, zero=zero):
+            if seed is None:
+                return layouts.in_rank_order(t, p, d, cfg.layers, zero=zero)
+            return layouts.seeded(t, p, d, cfg.layers, seed, zero=zero)
+
+        try:
+            placed = sim._placements(build)
+        except LayoutError:
+            continue  # more stages than layers
+        for name, lays, seeds in placed:
+            try:
+                runs = [simulate(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch) for lay in lays]
+            except (SimError, LayoutError):
+                break  # this layout does not fit the model/batch (e.g. batch not divisible)
+            out.append(_mean(system, {**config, "placement": name}, runs, seeds))
+    return out
+
+
+def candidates_of_rule(sim: Simulator, entry, cfg: GPTConfig, batch: int) -> list[Candidate]:
+    """A system without its own simulator model: the layout its rule picks for this scenario, model and
+    batch (as `harness run` would plan it), simulated by the runtime the layout names
+    (entry.simulate_layout, at the simulator's protocol and fp16 on the wire)."""
+    from ..train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+
+    req = RunRequest(network=NetworkSection(scenario=sim.topo.name, mode="none"),
+                     model=ModelSection(name=cfg.name, layers=cfg.layers, batch=batch, micro_batch=sim.micro_batch),
+                     layout=LayoutRequest(**entry.defaults), run=RunSection(system=entry.name))
+    lay, _ = entry.layout_rule_fn()(req, sim.topo)
+    lay = lay.check(cfg, batch, sim.micro_batch, sim.topo.n)
+    seconds, compute = entry.simulate_layout_fn()(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch,
+                                                  workload.BYTES_PER_VALUE)
+    return [Candidate(entry.name, lay.to_json(), seconds, compute, ())]
 
 
 def schedule_job(args: tuple, progress=None) -> dict:

@@ -42,11 +42,11 @@ def _keep_tcp_window_when_idle() -> None:
 def main(spec_path: str, out_path: str) -> int:
     t_launch = _process_start_time()
     from ..launch import RankFailure, fork_ranks
+    from .. import systems
     from ..network import netns
     from ..results import atomic_write_json
     from .config import RunSpec
     from .rank import RankEnv, rank_main, warm_up_parent
-    from .registry import get_system
 
     out = Path(out_path)
     try:
@@ -57,7 +57,7 @@ def main(spec_path: str, out_path: str) -> int:
         if len(devs) != spec.layout.devices:
             raise RuntimeError(f"cluster has {len(devs)} devices, the run needs {spec.layout.devices}")
         master = devs[0]["addr"]
-        get_system(spec.run.system)  # import the system once, before forking
+        systems.get(spec.run.system).train_fn()  # import the system once, before forking
         t_imported = time.time()
         if spec.run.device_type == "cpu":
             warm_up_parent(spec)

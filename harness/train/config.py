@@ -69,13 +69,15 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class LayoutRequest:
-    """The layout as asked; unset degrees are chosen by planning (plan.resolve_layout)."""
+    """The layout as asked; unset fields are chosen by planning: the system's registry defaults
+    (harness/systems.py), then its layout rule. Which fields a system takes is its entry's `flags`."""
 
     tp: int | None = None
     pp: int | None = None  # ours: D_PP (--d-pp); baselines: --pp
     dp: int | None = None  # ours: D_DP (--d-dp); baselines: --dp
     zero: int | None = None  # deepspeed: 1 (with pipeline) or 3
-    placement: str | None = None  # ours: a scheduler (ga ...); ours-random: random-assignment; baselines: default | a seed
+    scheduler: str | None = None  # ours: the scheduler placing the assignment (ga, ..., random-assignment)
+    seed: int | None = None  # baselines: the seeded placement of this seed (--rank-order); None: rank order
     schedule: str | None = None  # ours: gpipe by default (the paper); baselines: 1f1b
     dp_sync: str = "sharded-ps"  # ours only
     recompute: bool | None = None  # ours: default on for cuda
@@ -86,6 +88,8 @@ class LayoutRequest:
         for name in ("tp", "pp", "dp"):
             if getattr(self, name) is not None:
                 _positive(f"layout.{name}", getattr(self, name))
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"layout.seed: must be an integer (got {self.seed!r})")
         if self.schedule is not None:
             _one_of("layout.schedule", self.schedule, SCHEDULES)
         _one_of("layout.dp_sync", self.dp_sync, DP_SYNCS)
@@ -112,7 +116,7 @@ class NetworkSection:
 class RunSection:
     """How long, on what, and under which name."""
 
-    system: str = "ours"  # ours | ours-random | megatron | deepspeed (train/registry.py)
+    system: str = "ours"  # a name of the system registry (harness/systems.py)
     iters: int = 3  # timed iterations
     warmup: int = 1  # untimed iterations before them
     device_type: str = "cpu"  # cpu (gloo) | cuda (NCCL)

@@ -9,7 +9,7 @@ import torch
 from ..launch import fork_ranks
 from .config import RunSpec
 from .rank import RankEnv, RankResult, rank_main
-from .registry import get_system
+from .. import systems
 from .stats import IterationStats, merge_stats
 
 
@@ -46,7 +46,7 @@ def run_local(spec: RunSpec, world_size: int | None = None, *, collect_state: bo
     timeout (default the spec's run.timeout_s, + a few seconds of grace to stop the rest).
     """
     world_size = world_size or spec.layout.devices
-    get_system(spec.run.system)  # fail fast in the parent on an unknown system
+    systems.get(spec.run.system).train_fn()  # fail fast in the parent on an unknown system
     port = free_port()
 
     def target(rank: int) -> RankResult:

@@ -31,7 +31,6 @@ from .gpt import GPT, lm_loss, synthetic_batch
 from .config import RunSpec
 from .rank import RankContext, iteration_progress, torch_dtype
 from .reference import make_optimizer, micro_batches
-from .registry import register_system
 from .stats import IterationStats
 
 KIND_ACT, KIND_GRAD = 1, 2
@@ -265,7 +264,3 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         t_prev = t
     ctx.save_state(runner.state())
     return stats
-
-
-register_system("ours")(train_ours)
-register_system("ours-random")(train_ours)  # same runtime; the CLI places it with a random assignment

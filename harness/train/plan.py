@@ -2,17 +2,19 @@
 
 `plan_run` is where user errors surface, before any rank starts. The topology is scaled
 here (`Topology.scaled`) and travels as one value to the scheduler, the bounds, the
-records and the shaping plan. The layout comes from the one placement module
-(harness/layout.py): the scheduler's assignment for `ours`, the seeded placement rule
-for `ours-random` and for baselines given `--rank-order SEED`, rank order otherwise.
+records and the shaping plan. The layout comes from the system's layout rule (its entry
+in harness/systems.py), which reads the one placement module (harness/layout.py): the
+scheduler's assignment for `ours`, the seeded placement rule for `ours-random` and for
+baselines given `--rank-order SEED`, rank order otherwise.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
 from .. import layout as layouts
+from .. import systems as registry
 from ..cost import CostModel
 from ..errors import HarnessError
 from ..layout import Layout, LayoutError
@@ -22,8 +24,6 @@ from ..scenario import Topology, load_scenario
 from .bounds import comm_lower_bound
 from .config import LayoutRequest, RunRequest, RunSpec
 
-OURS_SYSTEMS = ("ours", "ours-random")
-BASELINE_SYSTEMS = ("megatron", "deepspeed")
 RANDOM_ASSIGNMENT = "random-assignment"
 
 
@@ -52,9 +52,7 @@ class Plan:
 
 def plan_run(req: RunRequest) -> Plan:
     """Validate the request and build the spec every rank receives."""
-    from .registry import get_system
-
-    get_system(req.run.system)  # unknown system: one line, now
+    registry.get(req.run.system)  # unknown system: one line, now
     topo = load_scenario(req.network.scenario, devices=req.network.devices).scaled(req.network.bandwidth_scale)
     layout, placement = resolve_layout(req, topo)
     backend = "emu" if req.network.mode == "emulated" else "local"
@@ -65,23 +63,35 @@ def plan_run(req: RunRequest) -> Plan:
 
 
 def resolve_layout(req: RunRequest, topo: Topology) -> tuple[Layout, Placement | None]:
-    """The Layout of this run (checked against devices, model and batch) and, for ours, its placement figures."""
-    want, cfg, system = req.layout, req.model.cfg, req.run.system
-    mb, batch = req.model.micro_batch, req.model.batch
-    if want.explicit is not None:
-        return want.explicit.check(cfg, batch, mb, topo.n), None
-    if system in OURS_SYSTEMS:
-        lay, placement = _place_ours(req, topo, cfg)
-        return lay.check(cfg, batch, mb, topo.n), placement
-    if system in BASELINE_SYSTEMS:
-        return _baseline_layout(system, want, cfg, topo.n).check(cfg, batch, mb, topo.n), None
-    raise HarnessError(f"--system: {system!r} has no layout rule (known: {', '.join(OURS_SYSTEMS + BASELINE_SYSTEMS)})")
+    """The Layout of this run (checked against devices, model and batch) and, for ours, its placement figures:
+    an explicit layout as given, else the system's layout rule on the request with the entry's defaults."""
+    cfg, mb, batch = req.model.cfg, req.model.micro_batch, req.model.batch
+    if req.layout.explicit is not None:
+        return req.layout.explicit.check(cfg, batch, mb, topo.n), None
+    system = registry.get(req.run.system)
+    rule = system.layout_rule_fn()
+    if rule is None:
+        raise LayoutError(f"--system: {system.name} has no layout rule; give it an explicit layout")
+    want = _with_defaults(req.layout, system)
+    lay, placement = rule(replace(req, layout=want), topo)
+    return lay.check(cfg, batch, mb, topo.n), placement
+
+
+def _with_defaults(want: LayoutRequest, system: registry.System) -> LayoutRequest:
+    """`want` with the fields the system does not take rejected (one line naming the flag) and its
+    registry defaults filled in where unset."""
+    taken = {registry.LAYOUT_FLAGS[f] for f in system.flags}
+    for f in fields(LayoutRequest):
+        if f.name in ("explicit",) or f.name in taken:
+            continue
+        if getattr(want, f.name) != f.default:
+            flag = system.flag_of(f.name)
+            takes = ", ".join(system.flags) or "no layout flags"
+            raise LayoutError(f"{flag}: not an option of --system {system.name} (it takes {takes})")
+    return replace(want, **{k: v for k, v in system.defaults.items() if getattr(want, k) is None})
 
 
 def _ours_degrees(want: LayoutRequest, n: int, cfg: GPTConfig) -> tuple[int, int]:
-    for flag, v in (("--tp", want.tp not in (None, 1)), ("--zero", want.zero is not None)):
-        if v:
-            raise LayoutError(f"{flag}: a baseline flag; ours runs pipeline x data parallel (--d-pp/--d-dp)")
     if want.pp and want.dp:
         d_pp, d_dp = want.pp, want.dp
     elif want.pp or want.dp:
@@ -95,16 +105,21 @@ def _ours_degrees(want: LayoutRequest, n: int, cfg: GPTConfig) -> tuple[int, int
     return d_pp, d_dp
 
 
-def _place_ours(req: RunRequest, topo: Topology, cfg: GPTConfig) -> tuple[Layout, Placement]:
-    """The scheduler's assignment for `ours`, the seeded placement rule for `ours-random`."""
-    want, system = req.layout, req.run.system
+def place_ours(req: RunRequest, topo: Topology) -> tuple[Layout, Placement]:
+    """Ours' layout rule: D_PP x D_DP (as square as possible unless given), placed by the request's scheduler."""
+    return _place_ours(req, topo, req.layout.scheduler or "ga")
+
+
+def place_ours_random(req: RunRequest, topo: Topology) -> tuple[Layout, Placement]:
+    """ours-random's layout rule: ours' degrees on the seeded placement of the run's seed (the paper's ablation)."""
+    return _place_ours(req, topo, RANDOM_ASSIGNMENT)
+
+
+def _place_ours(req: RunRequest, topo: Topology, scheduler: str) -> tuple[Layout, Placement]:
+    want, cfg = req.layout, req.model.cfg
     d_pp, d_dp = _ours_degrees(want, topo.n, cfg)
     bpv = req.model.bytes_per_value
     c_pp, c_dp = c_pp_bytes(cfg, req.model.batch, d_dp, bpv), c_dp_bytes(cfg, d_pp, bpv)
-    scheduler = want.placement or (RANDOM_ASSIGNMENT if system == "ours-random" else "ga")
-    if system == "ours-random" and scheduler != RANDOM_ASSIGNMENT:
-        raise LayoutError(f"--scheduler: ours-random is the random assignment (got {scheduler!r}); "
-                          "use --system ours --scheduler ...")
     opts = dict(schedule=want.schedule or "gpipe", dp_sync=want.dp_sync,
                 recompute=want.recompute if want.recompute is not None else req.run.device_type == "cuda")
     if scheduler == RANDOM_ASSIGNMENT:  # the paper's ablation ("ours without scheduler")
@@ -124,39 +139,43 @@ def _place_ours(req: RunRequest, topo: Topology, cfg: GPTConfig) -> tuple[Layout
                           {"pipeline": bound.pipeline_s, "dp": bound.dp_s, "total": bound.total_s})
 
 
-def _baseline_layout(system: str, want: LayoutRequest, cfg: GPTConfig, n: int) -> Layout:
-    """Megatron: tp x pp x dp (missing degrees filled: dp, then pp); DeepSpeed: ZeRO-3 over all devices,
-    or ZeRO-1 + pipeline. Rank order by default; `placement` = a seed gives the seeded placement."""
+def megatron_layout(req: RunRequest, topo: Topology) -> tuple[Layout, None]:
+    """Megatron's layout rule: tp x pp x dp, missing degrees filled (dp, then pp)."""
+    want, n = req.layout, topo.n
+    _check_product(want, n)
+    tp = want.tp or 1
+    pp = want.pp or (n // (tp * want.dp) if want.dp else 1)
+    dp = want.dp or n // (tp * pp)
+    return _baseline_mesh(want, req.model.cfg, tp, pp, dp, 0, n), None
+
+
+def deepspeed_layout(req: RunRequest, topo: Topology) -> tuple[Layout, None]:
+    """DeepSpeed's layout rule: ZeRO-3 over all devices, or ZeRO-1 + pipeline (missing degree filled)."""
+    want, n = req.layout, topo.n
+    _check_product(want, n)
+    if want.zero not in (1, 3):
+        raise LayoutError(f"--zero: must be 1 or 3 for --system deepspeed (got {want.zero!r})")
+    if want.zero == 3:
+        if want.pp not in (None, 1):
+            raise LayoutError(f"--pp: ZeRO-3 runs without pipeline (got {want.pp})")
+        pp, dp = 1, n
+    else:
+        pp = want.pp or (n // want.dp if want.dp else n)
+        dp = want.dp or n // pp
+    return _baseline_mesh(want, req.model.cfg, 1, pp, dp, want.zero, n), None
+
+
+def _check_product(want: LayoutRequest, n: int) -> None:
     if want.pp and want.dp and want.tp and want.tp * want.pp * want.dp != n:
         raise LayoutError(f"layout: tp*pp*dp = {want.tp}*{want.pp}*{want.dp} = {want.tp * want.pp * want.dp} "
                           f"!= {n} devices")
-    if system == "megatron":
-        if want.zero is not None:
-            raise LayoutError("--zero: only for --system deepspeed")
-        tp = want.tp or 1
-        pp = want.pp or (n // (tp * want.dp) if want.dp else 1)
-        dp, zero = want.dp or n // (tp * pp), 0
-    else:
-        if want.tp not in (None, 1):
-            raise LayoutError("--tp: DeepSpeed-style runs have no tensor parallelism (use --system megatron)")
-        if want.zero not in (1, 3):
-            raise LayoutError(f"--zero: must be 1 or 3 for --system deepspeed (got {want.zero!r})")
-        tp, zero = 1, want.zero
-        if zero == 3:
-            if want.pp not in (None, 1):
-                raise LayoutError(f"--pp: ZeRO-3 runs without pipeline (got {want.pp})")
-            pp, dp = 1, n
-        else:
-            pp = want.pp or (n // want.dp if want.dp else n)
-            dp = want.dp or n // pp
+
+
+def _baseline_mesh(want: LayoutRequest, cfg: GPTConfig, tp: int, pp: int, dp: int, zero: int, n: int) -> Layout:
+    """Rank order by default; `want.seed` gives the seeded placement."""
     if tp * pp * dp != n:
         raise LayoutError(f"layout: tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} != {n} devices")
     opts = dict(zero=zero, schedule=want.schedule or "1f1b")
-    order = want.placement or "default"
-    if order == "default":
+    if want.seed is None:
         return layouts.in_rank_order(tp, pp, dp, cfg.layers, **opts)
-    try:
-        seed = int(order)
-    except ValueError:
-        raise LayoutError(f"--rank-order: must be default or an integer seed (got {order!r})") from None
-    return layouts.seeded(tp, pp, dp, cfg.layers, seed, **opts)
+    return layouts.seeded(tp, pp, dp, cfg.layers, want.seed, **opts)

@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .config import DebugSection, RunSpec
-from .registry import get_system
+from .. import systems
 from .stats import IterationStats
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -107,7 +107,7 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: 
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    fn = get_system(spec.run.system)
+    fn = systems.get(spec.run.system).train_fn()
     kwargs = {"device_id": device} if backend == "nccl" else {}
     t_forked = time.time()
     dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,

@@ -1,14 +1,12 @@
-"""The `megatron` and `deepspeed` systems, registered with the trainer's rank interface.
+"""The rank functions of the `megatron` and `deepspeed` systems (their entries: harness/systems.py).
 
-`harness.train.registry.get_system` imports every module of this package, which registers
-both names. Each rank checks `RunSpec.layout`, trains with `train.train_baseline` and
+Each rank checks `RunSpec.layout`, trains with `train.train_baseline` and
 hands back one IterationStats per timed iteration (and, for parity tests, its parameters).
 """
 from __future__ import annotations
 
 from ..config import RunSpec
 from ..rank import RankContext, torch_dtype
-from ..registry import register_system
 from ..stats import IterationStats
 from .train import train_baseline
 
@@ -26,13 +24,11 @@ def _train(system: str, ctx: RankContext, spec: RunSpec) -> list[IterationStats]
     return timings
 
 
-@register_system("megatron")
 def train_megatron(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     """Megatron-style: tensor x pipeline x data parallel, ranks in Megatron's order or permuted."""
     return _train("megatron", ctx, spec)
 
 
-@register_system("deepspeed")
 def train_deepspeed(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     """DeepSpeed-style: ZeRO-3 (FSDP2) or ZeRO-1 + pipeline."""
     return _train("deepspeed", ctx, spec)

@@ -17,12 +17,12 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ... import layout as layouts
+from ... import systems as registry
 from ...errors import HarnessError
 from ...layout import Layout
 from ...results import RESULTS_DIR, atomic_write_json, atomic_write_text, read_records
 from ...scenario import load_scenario
 
-TUNED_SYSTEMS = ("megatron", "deepspeed")
 
 
 @dataclass
@@ -73,34 +73,31 @@ class TuneResult:
         return "\n".join(lines)
 
 
-def grid(system: str, request, rank_order: str = "default") -> list[Layout]:
-    """The layouts `system` is tuned over for this request (scenario devices, model, batch): in rank
-    order, or on the seeded placement of `rank_order` (a seed, the permutation ours-random uses)."""
-    if system not in TUNED_SYSTEMS:
-        raise HarnessError(f"--system: tune runs megatron or deepspeed (got {system!r})")
+def grid(system: str, request, rank_order: int | None = None) -> list[Layout]:
+    """The layouts `system` is tuned over for this request (scenario devices, model, batch): its entry's
+    tune grid in rank order, or on the seeded placement of `rank_order` (a seed, the permutation ours-random uses)."""
+    make = registry.get(system).tune_grid_fn()
+    if make is None:
+        raise HarnessError(f"--system: tune runs {' or '.join(registry.names(tunable=True))} (got {system!r})")
     devices = load_scenario(request.network.scenario, devices=request.network.devices).n
     m = request.model
     cfg = m.cfg
-    grid = layouts.baseline_grid(system, cfg, devices, m.batch, m.micro_batch, request.layout.schedule or "1f1b")
+    grid = make(cfg, devices, m.batch, m.micro_batch, request.layout.schedule or "1f1b")
     if not grid:
         raise HarnessError(
             f"--system {system}: no layout of {devices} devices fits model {cfg.name} "
             f"({cfg.layers} layers, {cfg.heads} heads) with batch {m.batch} / micro-batch {m.micro_batch}"
         )
-    if rank_order == "default":
+    if rank_order is None:
         return grid
-    try:
-        seed = int(rank_order)
-    except ValueError:
-        raise HarnessError(f"--rank-order: must be default or an integer seed (got {rank_order!r})") from None
-    return [layouts.seeded(lay.tp, lay.pp, lay.dp, cfg.layers, seed, zero=lay.zero, schedule=lay.schedule)
+    return [layouts.seeded(lay.tp, lay.pp, lay.dp, cfg.layers, rank_order, zero=lay.zero, schedule=lay.schedule)
             for lay in grid]
 
 
-def tune(request, system: str, rank_order: str = "default", progress: bool = True, execute=None) -> TuneResult:
+def tune(request, system: str, rank_order: int | None = None, progress: bool = True, execute=None) -> TuneResult:
     """Run every grid point of `system` with `request`'s scenario/model/batch; returns all points.
 
-    `request` is a `config.RunRequest`; rank_order is "default" or a seed of the seeded placement
+    `request` is a `config.RunRequest`; rank_order is None (rank order) or a seed of the seeded placement
     (harness/layout.py). A failing point is recorded as failed and the search goes on; every
     point's run directory is kept.
     """

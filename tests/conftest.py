@@ -25,6 +25,23 @@ def random_topology(n: int, seed: int, name="random") -> Topology:
     return make_topology(rng.uniform(1, 200, (n, n)), rng.uniform(0.1, 10, (n, n)), name)
 
 
+def assert_same_json(got, want, where: str = "") -> None:
+    """`got` equals the JSON document `want`: keys, lengths and values exactly, floats to 1e-12 relative
+    (snapshots are one machine's arithmetic). The failure names the path of the first difference."""
+    if isinstance(want, float) and isinstance(got, (int, float)):
+        assert got == pytest.approx(want, rel=1e-12, abs=0.0), where
+    elif isinstance(want, dict):
+        assert isinstance(got, dict) and sorted(got) == sorted(want), f"{where}: keys {sorted(got)} != {sorted(want)}"
+        for k in want:
+            assert_same_json(got[k], want[k], f"{where}.{k}")
+    elif isinstance(want, list):
+        assert isinstance(got, list) and len(got) == len(want), f"{where}: length"
+        for i, (g, w) in enumerate(zip(got, want)):
+            assert_same_json(g, w, f"{where}[{i}]")
+    else:
+        assert got == want, where
+
+
 @pytest.fixture
 def cli(capsys):
     """Run `harness ARGS...` in-process; returns (exit code, stdout, stderr)."""

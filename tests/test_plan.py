@@ -1,7 +1,15 @@
 """Planning a run: flags become one validated Layout (degrees filled in), or one line naming the flag."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
+
+from harness import systems
+from harness.cli import build_parser
+from harness.cli.run import layout_request, request_from_args
+from tests.conftest import assert_same_json
 
 from harness.layout import LayoutError
 from harness.train.config import ConfigError, LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
@@ -56,3 +64,18 @@ def test_wrong_combinations_are_one_line_errors(system, flags, message):
 def test_a_seed_that_is_not_an_integer_is_a_one_line_error():
     with pytest.raises(ConfigError, match=r"^layout.seed: must be an integer \(got 'shuffled'\)$"):
         LayoutRequest(seed="shuffled")
+
+
+# `make scenario-5`'s emulated runs (Makefile: EMU5) and their layouts as planned before the system registry.
+EMU5 = "--scenario 5 --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 --bandwidth-scale 0.01".split()
+PLAN_SNAPSHOT = Path(__file__).parent / "data" / "plan_snapshot_scenario5.json"
+
+
+@pytest.mark.parametrize("i", range(7))
+def test_make_scenario_5_runs_plan_the_layouts_they_planned_before(i):
+    want = json.loads(PLAN_SNAPSHOT.read_text())[i]
+    args = build_parser().parse_args(["run", *EMU5, *want["cmd"]])
+    plan = plan_run(request_from_args(args, layout_request(args, systems.get(args.system))))
+    got = {"cmd": want["cmd"], "layout": plan.spec.layout.to_json(),
+           "placement": None if plan.placement is None else plan.placement.to_json(plan.spec.layout)}
+    assert_same_json(json.loads(json.dumps(got)), want, " ".join(want["cmd"]))

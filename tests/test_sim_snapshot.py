@@ -12,22 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import assert_same_json
+
 SNAPSHOTS = Path(__file__).parent / "data" / "sim_snapshot"
-
-
-def _same(got, want, where: str) -> None:
-    if isinstance(want, float) and isinstance(got, (int, float)):
-        assert got == pytest.approx(want, rel=1e-12, abs=0.0), where
-    elif isinstance(want, dict):
-        assert isinstance(got, dict) and sorted(got) == sorted(want), f"{where}: keys {sorted(got)} != {sorted(want)}"
-        for k in want:
-            _same(got[k], want[k], f"{where}.{k}")
-    elif isinstance(want, list):
-        assert isinstance(got, list) and len(got) == len(want), f"{where}: length"
-        for i, (g, w) in enumerate(zip(got, want)):
-            _same(g, w, f"{where}[{i}]")
-    else:
-        assert got == want, where
 
 
 @pytest.mark.parametrize("case", [1, 2, 3, 4, 5])
@@ -41,4 +28,4 @@ def test_sim_paper_scale_output_is_unchanged(cli, tmp_path, case):
     want = json.loads((SNAPSHOTS / f"case{case}.json").read_text())
     assert [(r["system"], r["config"].get("placement")) for r in got] == \
         [(r["system"], r["config"].get("placement")) for r in want]
-    _same(got, want, f"case {case}")
+    assert_same_json(got, want, f"case {case}")

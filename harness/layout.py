@@ -10,6 +10,12 @@ everything else is read.
   Pipeline P_i = mesh[:, i, 0] in stage order; data-parallel group C_j = mesh[j, :, 0] in
   replica order (member k of C_j owns shard k of the stage's gradients).
 - **stages**: the [first, last) transformer blocks of every stage; contiguous, possibly uneven.
+- **replicas** (pipelines that differ): a layout may instead hold one `Pipeline` per replica, each
+  with its own devices in stage order and its own stage ranges, of different lengths (HetPipe's
+  virtual workers, uneven allocations over devices that differ). Then tp = 1, zero = 0, dp = the
+  replicas, pp = the longest, and mesh and stages are empty: what reads the mesh (array, coords,
+  stage_group, layers_per_stage, ...) raises a one-line LayoutError, so a system that runs a
+  uniform mesh refuses such a layout by name. `pipeline(i)` and `replica_pipelines()` read both kinds.
 
 Placements, each one function:
 - `seeded(...)`: THE seeded placement rule. perm = default_rng(seed).permutation(n), read
@@ -45,6 +51,26 @@ class LayoutError(HarnessError, ValueError):
 
 
 @dataclass(frozen=True)
+class Pipeline:
+    """One replica: its devices in stage order and the [first, last) blocks of each of its stages."""
+
+    devices: tuple[int, ...]
+    stages: tuple[tuple[int, int], ...]
+
+    @property
+    def layers_per_stage(self) -> list[int]:
+        return [b - a for a, b in self.stages]
+
+
+def _check_stages(where: str, stages) -> None:
+    start = 0
+    for j, (a, b) in enumerate(stages):
+        if a != start or b <= a:
+            raise LayoutError(f"{where}[{j}]: must be a non-empty range starting at block {start} (got [{a}, {b}))")
+        start = b
+
+
+@dataclass(frozen=True)
 class Layout:
     tp: int
     pp: int
@@ -56,6 +82,7 @@ class Layout:
     schedule: str = "1f1b"  # pipeline schedule: gpipe | 1f1b
     dp_sync: str = "allreduce"  # ours: sharded-ps (the paper) | allreduce; baselines: DDP's all-reduce
     recompute: bool = False  # recompute each block's activations in backward
+    replicas: tuple[Pipeline, ...] = ()  # pipelines that differ (module docstring); () for a uniform mesh
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp"):
@@ -72,6 +99,9 @@ class Layout:
             raise LayoutError(f"layout.schedule: must be one of {', '.join(SCHEDULES)} (got {self.schedule!r})")
         if self.dp_sync not in DP_SYNCS:
             raise LayoutError(f"layout.dp_sync: must be one of {', '.join(DP_SYNCS)} (got {self.dp_sync!r})")
+        if self.replicas:
+            self._check_replicas()
+            return
         arr = np.asarray(self.mesh)
         if arr.shape != (self.pp, self.dp, self.tp):
             raise LayoutError(f"layout.mesh: shape {arr.shape} != (pp, dp, tp) = ({self.pp}, {self.dp}, {self.tp})")
@@ -80,31 +110,75 @@ class Layout:
                               f"(got {arr.ravel().tolist()})")
         if len(self.stages) != self.pp:
             raise LayoutError(f"layout.stages: {len(self.stages)} layer ranges for {self.pp} stages")
-        start = 0
-        for j, (a, b) in enumerate(self.stages):
-            if a != start or b <= a:
-                raise LayoutError(f"layout.stages[{j}]: must be a non-empty range starting at block {start} "
-                                  f"(got [{a}, {b}))")
-            start = b
+        _check_stages("layout.stages", self.stages)
+
+    def _check_replicas(self) -> None:
+        """Pipelines that differ: every device once over all replicas, every block once per replica."""
+        if (self.tp, self.zero) != (1, 0) or self.mesh or self.stages:
+            raise LayoutError("layout.replicas: pipelines that differ run with tp = 1, zero = 0 and no mesh or stages")
+        lengths = [len(r.devices) for r in self.replicas]
+        if (self.dp, self.pp) != (len(lengths), max(lengths)):
+            raise LayoutError(f"layout.replicas: {len(lengths)} replicas of up to {max(lengths)} stages, but "
+                              f"dp = {self.dp}, pp = {self.pp}")
+        seen: dict[int, int] = {}
+        for i, r in enumerate(self.replicas):
+            where = f"layout.replicas[{i}]"
+            if not r.devices:
+                raise LayoutError(f"{where}.devices: a pipeline needs at least one device")
+            if len(r.stages) != len(r.devices):
+                raise LayoutError(f"{where}: {len(r.devices)} devices for {len(r.stages)} stage layer ranges")
+            _check_stages(f"{where}.stages", r.stages)
+            if r.stages[-1][1] != self.replicas[0].stages[-1][1]:
+                raise LayoutError(f"{where}.stages: cover {r.stages[-1][1]} blocks, replica 0 covers "
+                                  f"{self.replicas[0].stages[-1][1]} (every replica holds the whole model)")
+            for d in r.devices:
+                if d in seen:
+                    raise LayoutError(f"{where}.devices: device {d} is placed twice (replicas {seen[d]} and {i})")
+                seen[d] = i
+        if sorted(seen) != list(range(len(seen))):
+            raise LayoutError(f"layout.replicas: must place every device 0..{len(seen) - 1} once "
+                              f"(got {sorted(seen)})")
 
     # ------------------------------------------------------------------ reading
     @property
+    def uniform(self) -> bool:
+        """Every replica runs the same stages on a (pp, dp, tp) mesh."""
+        return not self.replicas
+
+    @property
     def devices(self) -> int:
-        return self.tp * self.pp * self.dp
+        return sum(len(r.devices) for r in self.replicas) if self.replicas else self.tp * self.pp * self.dp
 
     @property
     def layers(self) -> int:
-        return self.stages[-1][1]
+        return (self.replicas[0].stages if self.replicas else self.stages)[-1][1]
 
     @property
     def layers_per_stage(self) -> list[int]:
+        self._uniform("layers_per_stage")
         return [b - a for a, b in self.stages]
+
+    def _uniform(self, what: str) -> None:
+        if self.replicas:
+            raise LayoutError(f"layout.replicas: {what} needs a uniform mesh; this layout's pipelines differ "
+                              f"(stages per replica: {', '.join(str(len(r.devices)) for r in self.replicas)})")
 
     def array(self) -> np.ndarray:
         """The mesh as an int array (pp, dp, tp)."""
+        self._uniform("the device mesh")
         return np.asarray(self.mesh, dtype=int)
 
+    def pipeline(self, replica: int) -> Pipeline:
+        """Replica i's devices (tensor rank 0) in stage order and its stage ranges, for either kind of layout."""
+        if self.replicas:
+            return self.replicas[replica]
+        return Pipeline(self.pipelines[replica], self.stages)
+
+    def replica_pipelines(self) -> tuple[Pipeline, ...]:
+        return self.replicas or tuple(self.pipeline(i) for i in range(self.dp))
+
     def device(self, stage: int, replica: int, shard: int = 0) -> int:
+        self._uniform("device(stage, replica)")
         return int(self.mesh[stage][replica][shard])
 
     def coords(self, device: int) -> tuple[int, int, int]:
@@ -118,6 +192,8 @@ class Layout:
     @property
     def pipelines(self) -> tuple[tuple[int, ...], ...]:
         """P_i for every replica i: devices (tensor rank 0) in stage order. Rows = replicas."""
+        if self.replicas:
+            return tuple(r.devices for r in self.replicas)
         return tuple(tuple(int(d) for d in row) for row in self.array()[:, :, 0].T)
 
     def stage_group(self, j: int) -> list[int]:
@@ -129,7 +205,9 @@ class Layout:
         return tuple(int(d) for d in self.array().ravel())
 
     def label(self) -> str:
-        if self.zero == 3:
+        if self.replicas:
+            head = "pipelines " + "+".join(str(len(r.devices)) for r in self.replicas)
+        elif self.zero == 3:
             head = f"zero3 dp={self.dp}"
         elif self.zero == 1:
             head = f"zero1 pp={self.pp} dp={self.dp} {self.schedule}"
@@ -141,6 +219,8 @@ class Layout:
     def check(self, cfg: GPTConfig, batch: int, micro_batch: int, devices: int | None = None) -> "Layout":
         """Raise LayoutError unless the model and batch can run on this layout; returns it."""
         if devices is not None and self.devices != devices:
+            if self.replicas:
+                raise LayoutError(f"layout.replicas: place {self.devices} devices, the run has {devices}")
             raise LayoutError(f"layout: tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.devices} != {devices} devices")
         if self.layers != cfg.layers:
             raise LayoutError(f"layout.stages: cover {self.layers} blocks, model {cfg.name} has {cfg.layers}")
@@ -153,9 +233,13 @@ class Layout:
 
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict:
-        return {"tp": self.tp, "pp": self.pp, "dp": self.dp, "zero": self.zero, "placement": self.placement,
-                "schedule": self.schedule, "dp_sync": self.dp_sync, "recompute": self.recompute,
-                "mesh": self.array().tolist(), "stages": [list(s) for s in self.stages]}
+        doc = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "zero": self.zero, "placement": self.placement,
+               "schedule": self.schedule, "dp_sync": self.dp_sync, "recompute": self.recompute,
+               "mesh": _lists(self.mesh), "stages": [list(s) for s in self.stages]}
+        if self.replicas:  # only then: a uniform layout's JSON is as it always was
+            doc["replicas"] = [{"devices": list(r.devices), "stages": [list(s) for s in r.stages]}
+                               for r in self.replicas]
+        return doc
 
     @classmethod
     def from_json(cls, d: dict) -> "Layout":
@@ -169,8 +253,11 @@ class Layout:
         if missing:
             raise LayoutError(f"layout.{missing[0]}: missing")
         try:
-            return cls(**{**d, "mesh": _nested(d["mesh"]), "stages": tuple((int(a), int(b)) for a, b in d["stages"])})
-        except (TypeError, ValueError) as e:
+            replicas = tuple(Pipeline(tuple(int(x) for x in r["devices"]), tuple((int(a), int(b)) for a, b in r["stages"]))
+                             for r in d.get("replicas", ()))
+            return cls(**{**d, "mesh": _nested(d["mesh"]), "stages": tuple((int(a), int(b)) for a, b in d["stages"]),
+                          "replicas": replicas})
+        except (TypeError, ValueError, KeyError) as e:
             if isinstance(e, LayoutError):
                 raise
             raise LayoutError(f"layout: malformed ({type(e).__name__}: {e})") from None
@@ -178,6 +265,10 @@ class Layout:
 
 def _nested(a) -> tuple:
     return tuple(_nested(x) for x in a) if isinstance(a, (list, tuple, np.ndarray)) else int(a)
+
+
+def _lists(a):
+    return [_lists(x) for x in a] if isinstance(a, tuple) else a
 
 
 # ---------------------------------------------------------------------- building
@@ -216,8 +307,24 @@ def from_pipelines(pipelines, layers: int, placement: str, **opts) -> Layout:
     return _build(p.T[:, :, None], layers, placement=placement, **opts)
 
 
+def from_replicas(replicas, placement: str, **opts) -> Layout:
+    """Pipelines given per replica: replicas[i] = (devices in stage order, [first, last) blocks of each stage).
+    Replicas that are all alike make the uniform mesh (from_pipelines with their stages); otherwise a
+    layout whose pipelines differ."""
+    pipes = tuple(Pipeline(tuple(int(d) for d in devs), tuple((int(a), int(b)) for a, b in stages))
+                  for devs, stages in replicas)
+    if not pipes:
+        raise LayoutError("layout.replicas: at least one replica")
+    if len({(len(p.devices), p.stages) for p in pipes}) == 1:
+        return _build(np.asarray([p.devices for p in pipes], dtype=int).T[:, :, None], pipes[0].stages[-1][1],
+                      stages=pipes[0].stages, placement=placement, **opts)
+    return Layout(tp=1, pp=max(len(p.devices) for p in pipes), dp=len(pipes), mesh=(), stages=(),
+                  placement=placement, replicas=pipes, **opts)
+
+
 def with_rank_order(layout: Layout, order) -> Layout:
     """The same degrees on an explicit Megatron rank order (order[k] = device of logical rank k)."""
+    layout._uniform("a rank order")
     arr = np.asarray(order, dtype=int)
     if arr.size != layout.devices:
         raise LayoutError(f"layout.rank_order: {arr.size} devices for {layout.devices}")

@@ -1,6 +1,8 @@
 """The one layout module: degrees, meshes, stage ranges, the seeded placement rule, grids, one-line errors."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -110,3 +112,65 @@ def test_default_pipeline_degrees_are_square_with_the_pipeline_on_the_longer_sid
     assert layouts.default_pipeline_degrees(4, 2) == (2, 2)
     with pytest.raises(LayoutError, match="--devices"):
         layouts.default_pipeline_degrees(7, 2)
+
+
+# ----------------------------------------------------------------------------- pipelines that differ
+# Seven devices, an 8-block model: replica 0 runs 3 uneven stages, replica 1 two, replica 2 two.
+HETERO = [((4, 0, 6), ((0, 2), (2, 5), (5, 8))), ((1, 5), ((0, 6), (6, 8))), ((3, 2), ((0, 4), (4, 8)))]
+
+
+def test_a_layout_may_hold_pipelines_of_different_lengths():
+    lay = layouts.from_replicas(HETERO, "hetpipe-np")
+    assert not lay.uniform and (lay.tp, lay.pp, lay.dp, lay.zero, lay.devices, lay.layers) == (1, 3, 3, 0, 7, 8)
+    assert lay.pipelines == ((4, 0, 6), (1, 5), (3, 2))
+    assert lay.pipeline(1).stages == ((0, 6), (6, 8)) and lay.pipeline(0).layers_per_stage == [2, 3, 3]
+    assert lay.label() == "pipelines 3+2+2 (hetpipe-np)"
+    assert lay.check(get_model("tiny", 8), batch=6, micro_batch=1, devices=7) is lay
+    assert Layout.from_json(lay.to_json()) == lay
+    assert lay.to_json()["replicas"][2] == {"devices": [3, 2], "stages": [[0, 4], [4, 8]]}
+
+
+def test_replicas_that_are_alike_make_the_uniform_mesh_of_the_usual_constructors():
+    stages = ((0, 1), (1, 4))
+    lay = layouts.from_replicas([((2, 0), stages), ((1, 3), stages)], "given", schedule="gpipe")
+    mesh = layouts.from_pipelines([[2, 0], [1, 3]], 4, "given", schedule="gpipe")
+    assert lay.uniform and lay == replace(mesh, stages=stages) and lay.layers_per_stage == [1, 3]
+    assert "replicas" not in lay.to_json()  # a uniform layout's JSON is as it always was
+    assert [p.devices for p in lay.replica_pipelines()] == [(2, 0), (1, 3)]
+
+
+@pytest.mark.parametrize("replicas, message", [
+    ([((0, 1), ((0, 2), (2, 8))), ((1, 2), ((0, 8),))], "layout.replicas[1]: 2 devices for 1 stage layer ranges"),
+    ([((0, 1), ((0, 2), (2, 8))), ((1,), ((0, 8),))], "layout.replicas[1].devices: device 1 is placed twice "
+                                                     "(replicas 0 and 1)"),
+    ([((0, 1), ((0, 2), (2, 8))), ((3,), ((0, 8),))], "layout.replicas: must place every device 0..2 once "
+                                                     "(got [0, 1, 3])"),
+    ([((0, 1), ((0, 2), (2, 8))), ((2,), ((0, 6),))], "layout.replicas[1].stages: cover 6 blocks, replica 0 "
+                                                     "covers 8 (every replica holds the whole model)"),
+    ([((0, 1), ((0, 2), (3, 8))), ((2,), ((0, 8),))], "layout.replicas[0].stages[1]: must be a non-empty range "
+                                                     "starting at block 2 (got [3, 8))"),
+    ([((0, 1), ((0, 2), (2, 8))), ((), ())], "layout.replicas[1].devices: a pipeline needs at least one device"),
+])
+def test_pipelines_that_differ_are_checked_with_one_line_errors(replicas, message):
+    with pytest.raises(LayoutError) as e:
+        layouts.from_replicas(replicas, "given")
+    assert str(e.value) == message
+
+
+def test_a_layout_whose_pipelines_differ_is_refused_where_a_uniform_mesh_is_needed():
+    from harness.sim import systems as simsys
+    from harness.sim.network import Links
+    from harness.profiles import device_profiles
+    from harness.scenario import load_scenario
+
+    lay = layouts.from_replicas(HETERO, "hetpipe-np")
+    for read in (lay.array, lambda: lay.layers_per_stage, lambda: lay.stage_group(0), lambda: lay.coords(0),
+                 lambda: layouts.with_rank_order(lay, range(7))):
+        with pytest.raises(LayoutError, match=r"^layout.replicas: .* needs a uniform mesh; this layout's pipelines "
+                                              r"differ \(stages per replica: 3, 2, 2\)$"):
+            read()
+    topo = load_scenario("1", devices=8)
+    with pytest.raises(LayoutError, match="needs a uniform mesh"):
+        simsys.simulate_ours(Links.from_topology(topo), device_profiles(topo), get_model("tiny", 8), 6, lay)
+    with pytest.raises(LayoutError, match=r"layout.replicas: place 7 devices, the run has 8"):
+        lay.check(get_model("tiny", 8), 6, 1, devices=8)

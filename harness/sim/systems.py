@@ -70,7 +70,7 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     """The layout's pipelines (D_DP, D_PP), its schedule (gpipe, the paper, or 1f1b), dp_sync (sharded-ps,
     the paper, or allreduce: ring) and recompute, as the trainer runs them. dp_bytes overrides the
     per-stage gradient bytes; ps_mode "grouped" or "rounds" (network.sharded_ps)."""
-    pipelines = np.asarray(layout.pipelines, dtype=int)
+    pipelines = layout.array()[:, :, 0].T  # (D_DP, D_PP); a layout whose pipelines differ: one-line LayoutError
     R, P = pipelines.shape
     _check_layers(cfg, P)
     schedule, dp_sync = layout.schedule, layout.dp_sync

@@ -155,6 +155,13 @@ def resolve_scenario(name: str) -> Path:
     return SCENARIO_DIR / f"{matches[0]}.yaml"
 
 
+def reload_name(topo: Topology) -> str:
+    """What load_scenario takes to load `topo` again anywhere: the name of one of scenarios/, else the
+    absolute path of its file (records keep it, so a scenario given as a path can be simulated later)."""
+    path = Path(topo.source).resolve()
+    return path.stem if path.parent == SCENARIO_DIR.resolve() else str(path)
+
+
 def load_scenario(name: str, devices: int | None = None) -> Topology:
     """Load a scenario by case number, name or path; optionally scale it to `devices`."""
     path = resolve_scenario(name)

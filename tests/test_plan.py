@@ -33,7 +33,9 @@ def test_baseline_flags_fill_the_missing_degrees(system, flags, degrees):
     spec = plan(system, **flags).spec
     lay = spec.layout
     assert (lay.tp, lay.pp, lay.dp, lay.zero) == degrees and lay.placement == "rank-order"
-    assert spec.network.scenario == "5-worldwide" and spec.run.backend == "local"
+    assert spec.network.scenario == "5" and spec.network.kernel == "auto"  # as asked
+    assert (spec.resolved.scenario, spec.resolved.scenario_source, spec.resolved.backend, spec.resolved.kernel) == \
+        ("5-worldwide", "5-worldwide", "local", "none")  # as planned; the launcher fills in the kernel
 
 
 def test_the_topology_is_scaled_once_where_the_run_is_planned():

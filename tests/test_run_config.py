@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from harness import layout as layouts
-from harness.train.config import (ConfigError, DebugSection, ModelSection, NetworkSection, RunSection, RunSpec)
+from harness.train.config import (ConfigError, DebugSection, ModelSection, NetworkSection, Resolved, RunSection,
+                                  RunSpec)
 
 
 @pytest.mark.parametrize("build, field", [
@@ -15,6 +16,7 @@ from harness.train.config import (ConfigError, DebugSection, ModelSection, Netwo
     (lambda: RunSection(warmup=-1), "run.warmup"),
     (lambda: RunSection(device_type="tpu"), "run.device_type"),
     (lambda: DebugSection(fault_mode="explode"), "debug.fault_mode"),
+    (lambda: Resolved("r", backend="sim", scenario="5-worldwide", scenario_source="5-worldwide"), "resolved.backend"),
 ])
 def test_bad_values_name_section_and_field(build, field):
     with pytest.raises(ConfigError) as e:
@@ -25,7 +27,8 @@ def test_bad_values_name_section_and_field(build, field):
 def test_spec_round_trips_through_json_and_rejects_unknown_keys():
     spec = RunSpec(network=NetworkSection("5-worldwide", devices=8, bandwidth_scale=0.01),
                    model=ModelSection("tiny", layers=4), layout=layouts.seeded(1, 4, 2, 4, 2022, schedule="gpipe"),
-                   run=RunSection(system="ours-random", run_id="x", backend="emu"),
+                   run=RunSection(system="ours-random", run_id="x"),
+                   resolved=Resolved("x", "emu", "5-worldwide", "5-worldwide", kernel="uml"),
                    debug=DebugSection(fault_rank=3, fault_after_s=2.5, trace=True))
     assert RunSpec.from_json(spec.to_json()) == spec
     doc = spec.to_json()
@@ -34,6 +37,8 @@ def test_spec_round_trips_through_json_and_rejects_unknown_keys():
         RunSpec.from_json(doc)
     with pytest.raises(ConfigError, match="unknown section 'extra'"):
         RunSpec.from_json({**spec.to_json(), "extra": {}})
+    with pytest.raises(ConfigError, match="resolved: missing"):
+        RunSpec.from_json({k: v for k, v in spec.to_json().items() if k != "resolved"})
 
 
 def test_debug_options_are_parsed_by_their_field_type():

@@ -94,9 +94,13 @@ def _measured(tmp_path, cli, scale: float, compute_share: float = 0.5) -> list[d
     path = tmp_path / "measured" / "records.csv"
     write_records(path, recs)
     # the run manifest says what precision went over the wire (the simulator predicted fp16)
-    (path.parent / "manifest.json").write_text(json.dumps({"spec": {"dtype": "fp16", "device_type": "cuda"},
-                                                           "host_cpus": 16}))
+    (path.parent / "manifest.json").write_text(json.dumps({"spec": _spec("fp16", "cuda"), "host_cpus": 16}))
     return path.parent
+
+
+def _spec(dtype: str, device_type: str) -> dict:
+    """The sections of a run manifest's spec that compare reads (RunSpec.to_json)."""
+    return {"model": {"dtype": dtype}, "run": {"device_type": device_type}}
 
 
 def test_compare_puts_sim_and_measured_side_by_side(cli, tmp_path):
@@ -124,7 +128,7 @@ def test_compare_puts_sim_and_measured_side_by_side(cli, tmp_path):
     rows16 = {r["system"]: float(r["simulated_s"]) for r in rows}
     assert all(rows32[k] > rows16[k] for k in rows16)
     # the same runs on CPU processes go through gloo, whose rendezvous costs a delay per message
-    (path / "manifest.json").write_text(json.dumps({"spec": {"dtype": "fp16", "device_type": "cpu"}}))
+    (path / "manifest.json").write_text(json.dumps({"spec": _spec("fp16", "cpu")}))
     rc, out, err = cli("sim", "compare", path, "--csv", tmp_path / "gloo.csv")
     gloo = {r["system"]: float(r["simulated_s"]) for r in csv.DictReader(open(tmp_path / "gloo.csv"))}
     assert gloo["megatron"] > rows16["megatron"] and gloo["deepspeed"] > rows16["deepspeed"]

@@ -142,3 +142,21 @@ def test_inventory_outside_torchrun_is_a_user_error(tmp_path, capsys, monkeypatc
     inv.write_text("scenario: 3\ndevices: 2\nnodes:\n  - {name: local, nic: lo, devices: [0, 1]}\n")
     assert main(["run", "--inventory", str(inv), "--scenario", "3", "--devices", "2"]) == 2
     assert "run under torchrun" in capsys.readouterr().err
+
+
+def test_a_scenario_given_as_a_path_reloads_from_the_records(tmp_path, cli, monkeypatch):
+    scenario = "tests/data/net-4dev.yaml"  # relative to the checkout, where the run starts
+    rc, out, err = cli("run", "--scenario", scenario, "--network", "none", "--model", "tiny", "--layers", "2",
+                       "--batch", "4", "--iters", "2", "--d-pp", "2", "--scheduler", "identity", "--out", tmp_path)
+    assert rc == 0, err
+    run = next(tmp_path.glob("net-4dev/*"))
+    spec = json.loads((run / "manifest.json").read_text())["spec"]
+    assert spec["network"]["scenario"] == scenario  # as asked
+    assert spec["resolved"]["scenario"] == "net-4dev"  # the records' name
+    source = spec["resolved"]["scenario_source"]
+    assert source.endswith("/tests/data/net-4dev.yaml") and source.startswith("/")
+    monkeypatch.chdir(tmp_path)  # elsewhere, later: the records still find their scenario
+    rc, out, err = cli("sim", "compare", run)
+    assert rc == 0, err
+    row = out.splitlines()[1].split()
+    assert row[:4] == ["net-4dev", "ours", "local", "4"] and float(row[9]) > 0  # simulated seconds

@@ -80,8 +80,8 @@ def _config(rec: dict) -> dict:
 
 
 def load_measured(path: Path) -> list[dict]:
-    """Records under `path` (a records.csv or a directory), each with `dtype`, `device_type` and
-    `host_cpus` from its run's manifest.json."""
+    """Records under `path` (a records.csv or a directory), each with `dtype`, `device_type`,
+    `host_cpus` and `scenario_source` (how to load its scenario again) from its run's manifest.json."""
     path = Path(path)
     files = sorted(path.rglob("records.csv")) if path.is_dir() else [path]
     out = []
@@ -94,12 +94,20 @@ def load_measured(path: Path) -> list[dict]:
                 doc = {}
         doc = doc if isinstance(doc, dict) else {}
         spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
+        section = lambda name: spec.get(name) if isinstance(spec.get(name), dict) else {}  # noqa: E731
         for r in read_records(f):
             r.setdefault("host_cpus", doc.get("host_cpus"))
-            r.setdefault("dtype", spec.get("dtype"))
-            r.setdefault("device_type", spec.get("device_type"))
+            r.setdefault("dtype", section("model").get("dtype"))
+            r.setdefault("device_type", section("run").get("device_type"))
+            r.setdefault("scenario_source", section("resolved").get("scenario_source"))
             out.append(r)
     return out
+
+
+def _topology(rec: dict):
+    """The record's scenario at its devices: from the run's scenario_source (a file given by path reloads
+    from it), else by the record's scenario name."""
+    return load_scenario(rec.get("scenario_source") or rec["scenario"], devices=int(rec["devices"]))
 
 
 def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> float:
@@ -109,7 +117,7 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
 
 def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> tuple[float, float]:
     """(iteration seconds, busiest device's compute seconds) of the run a record describes."""
-    topo = load_scenario(rec["scenario"], devices=int(rec["devices"])).scaled(float(rec.get("bandwidth_scale") or 1.0))
+    topo = _topology(rec).scaled(float(rec.get("bandwidth_scale") or 1.0))
     cfg = get_model(rec["model"], int(rec["layers"]))
     mb, batch, system = int(rec["micro_batch"]), int(rec["batch"]), rec["system"]
     dtype = rec.get("dtype") or DEFAULT_DTYPE.get(rec.get("backend"), "fp16")
@@ -219,7 +227,7 @@ def calibrate_records(records: list[dict]) -> dict[str, ComputeProfile]:
     peaks: dict[str, float] = {}
     sims: dict[tuple, float] = {}
     for r in use:
-        dev = load_scenario(r["scenario"]).profiles[0]
+        dev = _topology(r).profiles[0]
         unit = {dev.gpu: ComputeProfile(dev.gpu, 0.0, {c: 1.0 for c in OP_CLASSES}, "unit")}
         key = tuple(str(r.get(k)) for k in GROUP_KEYS)
         if key not in sims:

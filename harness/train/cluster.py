@@ -50,7 +50,7 @@ def run_under_torchrun(req: RunRequest, inventory: Path) -> Path | None:
     plan = plan_run(replace(req, network=replace(req.network, mode="none")))
     if plan.spec.layout.devices != world:
         raise InventoryError(f"--scenario: {plan.spec.layout.devices} devices, torchrun world is {world}")
-    plan = replace(plan, spec=plan.spec.with_run(backend="cluster", kernel="host"))
+    plan = replace(plan, spec=plan.spec.with_resolved(backend="cluster", kernel="host"))
     env = RankEnv(rank=rank, world_size=world, master_addr=net.master_addr,
                   master_port=int(os.environ.get("HARNESS_STORE_PORT", STORE_PORT)), addr=net.addr,
                   ifname=net.ifname, local_rank=local)

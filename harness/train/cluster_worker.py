@@ -52,7 +52,7 @@ def main(spec_path: str, out_path: str) -> int:
     try:
         cluster = json.loads(Path(os.environ["HARNESS_CLUSTER"]).read_text())
         spec = RunSpec.from_json(json.loads(Path(spec_path).read_text()))
-        spec = spec.with_run(kernel=cluster.get("kernel", spec.run.kernel))
+        spec = spec.with_resolved(kernel=cluster.get("kernel", spec.resolved.kernel))
         devs = sorted(cluster["devices"], key=lambda d: d["index"])
         if len(devs) != spec.layout.devices:
             raise RuntimeError(f"cluster has {len(devs)} devices, the run needs {spec.layout.devices}")
@@ -79,7 +79,7 @@ def main(spec_path: str, out_path: str) -> int:
                              label=label)
         ready = [r.marks["training"] for r in results if "training" in r.marks]
         atomic_write_json(out, {
-            "status": "ok", "reason": "", "kernel": spec.run.kernel,
+            "status": "ok", "reason": "", "kernel": spec.resolved.kernel,
             "startup_s": (max(ready) - t_launch) if ready else None,
             "startup_breakdown_s": {"imports": t_imported - t_launch, "warm_up": t_warm - t_launch, **{
                 k: max(r.marks[k] for r in results) - t_launch for k in results[0].marks}},

@@ -2,8 +2,9 @@
 
 `RunRequest` is what a user asks for (`harness run` flags map one to one onto its
 sections); `plan.plan_run` resolves its `LayoutRequest` into a `harness.layout.Layout`
-and gives a `RunSpec`: the same sections with the layout decided, which every rank
-receives as JSON. Sections are frozen and checked at construction; `from_json`
+and gives a `RunSpec`: the same sections as asked, the layout decided, and a `resolved`
+section with what planning and the launcher decided (run id, backend, kernel, the
+scenario's name and how to load it again), which every rank receives as JSON. Sections are frozen and checked at construction; `from_json`
 rejects unknown keys. Nothing here imports torch.
 
 The debug section holds what tests and experiments inject into a run (faults, traces);
@@ -100,11 +101,11 @@ class LayoutRequest:
 class NetworkSection:
     """Where the ranks run and what links they see."""
 
-    scenario: str
+    scenario: str  # as asked: a case number, a name or a path (resolved.scenario is its name)
     devices: int | None = None  # scale the scenario down to this many devices
     bandwidth_scale: float = 1.0  # applied once: Topology.scaled
     mode: str = "emulated"  # emulated: namespaces + shaping; none: loopback, no shaping
-    kernel: str = "auto"  # emulated: auto | host | uml (network/kernel.py)
+    kernel: str = "auto"  # emulated: auto | host | uml as asked (network/kernel.py); resolved.kernel: what ran
 
     def __post_init__(self):
         _positive("network.bandwidth_scale", self.bandwidth_scale, float)
@@ -122,9 +123,7 @@ class RunSection:
     device_type: str = "cpu"  # cpu (gloo) | cuda (NCCL)
     timeout_s: float = 600.0  # the whole run; the process-group timeout is capped below it
     threads: int = 1  # torch intra-op threads per rank
-    run_id: str | None = None  # planning fills it in
-    backend: str | None = None  # emu | local | cluster; planning fills it in
-    kernel: str = "none"  # host | uml | none; the launcher fills it in
+    run_id: str | None = None  # None: planning names the run (resolved.run_id)
     results_root: str | None = None  # default: results/
 
     def __post_init__(self):
@@ -178,7 +177,24 @@ class DebugSection:
         return cls(**out)
 
 
-SECTIONS = {"model": ModelSection, "network": NetworkSection, "run": RunSection, "debug": DebugSection}
+@dataclass(frozen=True)
+class Resolved:
+    """What planning and the launcher decided, kept apart from what was asked."""
+
+    run_id: str
+    backend: str  # emu | local | cluster: from network.mode, or the torchrun launcher
+    scenario: str  # the scenario's name: the records' scenario and results/<scenario>/
+    scenario_source: str  # how to load it again: the name of a scenario of scenarios/, else its file's absolute path
+    kernel: str = "none"  # host | uml | none: what shaped the links; the launcher fills it in
+
+    def __post_init__(self):
+        _one_of("resolved.backend", self.backend, BACKENDS)
+        _one_of("resolved.kernel", self.kernel, ("host", "uml", "none"))
+
+
+BACKENDS = ("emu", "local", "cluster")
+SECTIONS = {"model": ModelSection, "network": NetworkSection, "run": RunSection, "debug": DebugSection,
+            "resolved": Resolved}
 
 
 @dataclass(frozen=True)
@@ -194,20 +210,22 @@ class RunRequest:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """A planned run: the request's sections with the layout decided. Every rank receives it (JSON)."""
+    """A planned run: the request's sections as asked, the layout decided and what planning resolved.
+    Every rank receives it (JSON)."""
 
     network: NetworkSection
     model: ModelSection
     layout: Layout
     run: RunSection
+    resolved: Resolved
     debug: DebugSection = field(default_factory=DebugSection)
 
     @property
     def cfg(self) -> GPTConfig:
         return self.model.cfg
 
-    def with_run(self, **changes) -> "RunSpec":
-        return replace(self, run=replace(self.run, **changes))
+    def with_resolved(self, **changes) -> "RunSpec":
+        return replace(self, resolved=replace(self.resolved, **changes))
 
     def to_json(self) -> dict:
         doc = {name: asdict(getattr(self, name)) for name in SECTIONS}
@@ -223,6 +241,8 @@ class RunSpec:
             raise ConfigError(f"run spec: unknown section {unknown[0]!r} (known: layout, {', '.join(SECTIONS)})")
         parts = {}
         for name, section in SECTIONS.items():
+            if name == "resolved" and name not in doc:
+                raise ConfigError("run spec: resolved: missing (a spec is a planned run)")
             d = doc.get(name, {})
             bad = sorted(set(d) - {f.name for f in fields(section)})
             if bad:

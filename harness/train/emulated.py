@@ -31,7 +31,7 @@ def run_in_emulated_cluster(spec: RunSpec, topo: Topology, *,
     from ..network.emulate import run_emulated
 
     timeout_s = spec.run.timeout_s
-    work = Path(tempfile.mkdtemp(prefix=f"harness-run-{spec.run.run_id}-", dir=_shared_tmp()))
+    work = Path(tempfile.mkdtemp(prefix=f"harness-run-{spec.resolved.run_id}-", dir=_shared_tmp()))
     try:
         spec_path, out_path = work / "spec.json", work / "ranks.json"
         atomic_write_json(spec_path, spec.to_json())

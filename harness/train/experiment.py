@@ -29,8 +29,8 @@ def to_records(spec: RunSpec, stats: list[IterationStats]) -> list[IterationReco
     layout_json = json.dumps(lay.to_json(), sort_keys=True)
     return [
         IterationRecord(
-            run_id=spec.run.run_id, scenario=spec.network.scenario, system=spec.run.system,
-            backend=spec.run.backend, kernel=spec.run.kernel, devices=lay.devices, d_pp=lay.pp, d_dp=lay.dp,
+            run_id=spec.resolved.run_id, scenario=spec.resolved.scenario, system=spec.run.system,
+            backend=spec.resolved.backend, kernel=spec.resolved.kernel, devices=lay.devices, d_pp=lay.pp, d_dp=lay.dp,
             model=m.name, layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq, batch=m.batch,
             micro_batch=m.micro_batch, seed=m.seed, bandwidth_scale=spec.network.bandwidth_scale,
             iteration=spec.run.warmup + k, seconds=s.seconds, pflop=pflop, pflops=pflop / s.seconds,
@@ -66,13 +66,13 @@ def record_run(plan: Plan, launch) -> Path:
     """Write the manifest (running), call `launch(spec, topo, out) -> (kernel, per-rank stats,
     extra manifest fields)`, then the records and the final manifest; `failed` + reason on any error."""
     spec, topo, placement = plan.spec, plan.topo, plan.placement
-    out = run_dir(spec.network.scenario, spec.run.run_id, spec.run.results_root)
+    out = run_dir(spec.resolved.scenario, spec.resolved.run_id, spec.run.results_root)
     info = {
         "spec": spec.to_json(),
         "host_cpus": os.cpu_count(),  # emulated ranks share them (sim compare's cpu load)
         "placement": None if placement is None else placement.to_json(spec.layout),
     }
-    run_id = spec.run.run_id
+    run_id = spec.resolved.run_id
     atomic_write_json(out / "manifest.json", manifest(run_id, "running", **info))
 
     def on_term(signum, frame):
@@ -83,8 +83,8 @@ def record_run(plan: Plan, launch) -> Path:
     t0 = time.monotonic()
     try:
         kernel, per_rank, extra = launch(spec, topo, out)
-        spec = spec.with_run(kernel=kernel)
-        stats = merge_stats(per_rank, shared_clock=spec.run.backend != "cluster")  # cluster: one clock per host
+        spec = spec.with_resolved(kernel=kernel)
+        stats = merge_stats(per_rank, shared_clock=spec.resolved.backend != "cluster")  # cluster: one clock per host
         write_records(out / "records.csv", to_records(spec, stats))
         atomic_write_json(out / "manifest.json", manifest(
             run_id, "ok", wall_seconds=time.monotonic() - t0, kernel=kernel, **info, **extra))

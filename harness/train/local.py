@@ -61,7 +61,7 @@ def local_spec(layout, system: str = "ours", **fields) -> RunSpec:
     (model: name, layers, batch, ...; run: iters, warmup, ...; debug: fault_rank, trace, ...)."""
     from dataclasses import fields as dc_fields
 
-    from .config import DebugSection, ModelSection, NetworkSection, RunSection
+    from .config import DebugSection, ModelSection, NetworkSection, Resolved, RunSection
 
     sections = {"model": ModelSection, "run": RunSection, "debug": DebugSection}
     parts = {name: {} for name in sections}
@@ -71,6 +71,7 @@ def local_spec(layout, system: str = "ours", **fields) -> RunSpec:
             raise TypeError(f"local_spec: unknown field {key!r}")
         parts[owner[0]][key] = value
     parts["model"].setdefault("layers", layout.layers)
-    parts["run"] = {"run_id": "local", "backend": "local", "warmup": 0, **parts["run"], "system": system}
+    parts["run"] = {"run_id": "local", "warmup": 0, **parts["run"], "system": system}
     return RunSpec(network=NetworkSection(scenario="none", mode="none"), layout=layout,
+                   resolved=Resolved(run_id="local", backend="local", scenario="none", scenario_source="none"),
                    **{name: cls(**parts[name]) for name, cls in sections.items()})

@@ -20,9 +20,9 @@ from ..errors import HarnessError
 from ..layout import Layout, LayoutError
 from ..model import GPTConfig, c_dp_bytes, c_pp_bytes
 from ..results import new_run_id
-from ..scenario import Topology, load_scenario
+from ..scenario import Topology, load_scenario, reload_name
 from .bounds import comm_lower_bound
-from .config import LayoutRequest, RunRequest, RunSpec
+from .config import LayoutRequest, Resolved, RunRequest, RunSpec
 
 RANDOM_ASSIGNMENT = "random-assignment"
 
@@ -55,10 +55,11 @@ def plan_run(req: RunRequest) -> Plan:
     registry.get(req.run.system)  # unknown system: one line, now
     topo = load_scenario(req.network.scenario, devices=req.network.devices).scaled(req.network.bandwidth_scale)
     layout, placement = resolve_layout(req, topo)
-    backend = "emu" if req.network.mode == "emulated" else "local"
-    run = replace(req.run, run_id=req.run.run_id or new_run_id(req.run.system), backend=req.run.backend or backend)
-    network = replace(req.network, scenario=topo.name)  # records name the scenario as its file does
-    spec = RunSpec(network=network, model=req.model, layout=layout, run=run, debug=req.debug)
+    resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),
+                        backend="emu" if req.network.mode == "emulated" else "local",
+                        scenario=topo.name, scenario_source=reload_name(topo))  # records name it as its file does
+    spec = RunSpec(network=req.network, model=req.model, layout=layout, run=req.run, resolved=resolved,
+                   debug=req.debug)
     return Plan(spec, topo, placement)
 
 

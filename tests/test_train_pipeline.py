@@ -116,7 +116,7 @@ from harness.train.stats import IterationStats  # noqa: E402
 def _dp_sync_modes(ctx, s):
     import torch.distributed as dist
 
-    from harness.train.dp_sync import AllReduceSync, ShardedParameterServer
+    from harness.train.dp_sync import AllReduceSync, ShardedParameterServer, make_dp_sync
 
     members = [2, 0, 1]  # C_j in replica order, not rank order
     me = members.index(ctx.rank)
@@ -126,7 +126,9 @@ def _dp_sync_modes(ctx, s):
     a = ps.sync(flat.clone(), 7, posted)
     b = ps._sync_batched(flat.clone(), 8)  # the NCCL variant, here on gloo
     c = AllReduceSync(dist.new_group([0, 1, 2])).sync(flat.clone(), 9)
-    ctx.save_state({f"{ctx.rank}/ps": a, f"{ctx.rank}/batched": b, f"{ctx.rank}/allreduce": c})
+    by_name = {f"{ctx.rank}/{mode}-by-name": make_dp_sync(mode, [members], 0, me).sync(flat.clone(), 10 + k)
+               for k, mode in enumerate(layouts.DP_SYNCS)}  # every name the layout accepts has its sync
+    ctx.save_state({f"{ctx.rank}/ps": a, f"{ctx.rank}/batched": b, f"{ctx.rank}/allreduce": c, **by_name})
     return [IterationStats(0.0, 0.0, 0.0, float("nan"))]
 
 
@@ -135,7 +137,7 @@ def test_dp_sync_modes_give_the_group_sum_on_every_member():
     state = run_local(s, collect_state=True).state_dict()
     expected = torch.arange(10, dtype=torch.float32) * 6 + 1.5
     for r in range(3):
-        for mode in ("ps", "batched", "allreduce"):
+        for mode in ("ps", "batched", "allreduce", *(f"{m}-by-name" for m in layouts.DP_SYNCS)):
             torch.testing.assert_close(state[f"{r}/{mode}"], expected, msg=f"{r}/{mode}")
 
 

@@ -129,9 +129,19 @@ class AllReduceSync:
         return flat
 
 
+def _sharded_ps(groups: list[list[int]], stage: int, me: int) -> ShardedParameterServer:
+    return ShardedParameterServer(groups[stage], me)
+
+
+def _allreduce(groups: list[list[int]], stage: int, me: int) -> AllReduceSync:
+    pgs = [dist.new_group(g) if len(g) > 1 else None for g in groups]  # collective: every rank makes every group
+    return AllReduceSync(pgs[stage])
+
+
+# layout.DP_SYNCS names them (layout.py imports no torch); one factory per name.
+DP_SYNC_FACTORIES = {"sharded-ps": _sharded_ps, "allreduce": _allreduce}
+
+
 def make_dp_sync(mode: str, groups: list[list[int]], stage: int, me: int):
     """The sync object of this rank's stage group. Every rank must call this (group creation is collective)."""
-    if mode == "allreduce":
-        pgs = [dist.new_group(g) if len(g) > 1 else None for g in groups]
-        return AllReduceSync(pgs[stage])
-    return ShardedParameterServer(groups[stage], me)
+    return DP_SYNC_FACTORIES[mode](groups, stage, me)

@@ -17,6 +17,7 @@ torchtitan's train-spec idea: a `System` bundles
   runs (None: not tunable);
 - `compute_observed`: its records' compute_seconds are timed inside the iteration;
 - `scheduled`: its layout comes from the scheduler (the simulator shows the scheduler's progress);
+- `style`: (colour, marker) of its series in every figure;
 - `paper_role`: the column it fills in the paper's evaluation (`sim report`): ours, ours-random
   (ours without the scheduler), megatron or deepspeed. The report compares roles; which system
   fills a role is this registry's call.
@@ -68,6 +69,7 @@ class System:
     compute_observed: bool = False
     scheduled: bool = False
     paper_role: str | None = None
+    style: tuple[str, str] | None = None
 
     def __post_init__(self):
         unknown = [f for f in self.flags if f not in LAYOUT_FLAGS]
@@ -159,7 +161,7 @@ register(System(
     train="harness.train.pipeline:train_ours", layout_rule="harness.train.plan:place_ours", flags=OURS_FLAGS,
     defaults={"scheduler": "ga", "schedule": "gpipe"}, simulate="harness.sim.sweep:candidates_ours",
     simulate_layout="harness.sim.compare:simulate_ours_layout", record_layout="harness.sim.compare:legacy_ours_layout",
-    compute_observed=True, scheduled=True, paper_role="ours",
+    compute_observed=True, scheduled=True, paper_role="ours", style=("#d62728", "o"),
 ))
 register(System(
     "ours-random", "ours' runtime on the seeded random assignment (the paper's ablation; --seed)",
@@ -168,18 +170,18 @@ register(System(
     defaults={"scheduler": "random-assignment", "schedule": "gpipe"},
     simulate="harness.sim.sweep:candidates_ours_random",
     simulate_layout="harness.sim.compare:simulate_ours_layout", record_layout="harness.sim.compare:legacy_random_layout",
-    compute_observed=True, paper_role="ours-random",
+    compute_observed=True, paper_role="ours-random", style=("#ff9896", "s"),
 ))
 register(System(
     "megatron", "tensor x pipeline x data parallel in Megatron-LM's rank order (--tp/--pp/--dp)",
     train="harness.train.baselines.systems:train_megatron", layout_rule="harness.train.plan:megatron_layout",
     flags=BASELINE_FLAGS, defaults={"schedule": "1f1b"}, simulate="harness.sim.sweep:candidates_megatron",
-    tune_grid="harness.layout:megatron_grid", paper_role="megatron",
+    tune_grid="harness.layout:megatron_grid", paper_role="megatron", style=("#1f77b4", "^"),
 ))
 register(System(
     "deepspeed", "ZeRO-3 over every device, or ZeRO-1 + pipeline (--zero, --pp/--dp)",
     train="harness.train.baselines.systems:train_deepspeed", layout_rule="harness.train.plan:deepspeed_layout",
     flags=BASELINE_FLAGS[1:] + ("--zero",), defaults={"schedule": "1f1b"},
     simulate="harness.sim.sweep:candidates_deepspeed", record_layout="harness.sim.compare:legacy_zero3_layout",
-    tune_grid="harness.layout:deepspeed_grid", paper_role="deepspeed",
+    tune_grid="harness.layout:deepspeed_grid", paper_role="deepspeed", style=("#2ca02c", "v"),
 ))

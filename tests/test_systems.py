@@ -94,6 +94,17 @@ def test_an_entry_names_only_flags_that_exist_and_roles_of_the_paper():
     assert systems.paper_systems() == {r: r for r in systems.PAPER_ROLES}
 
 
+def test_a_systems_colour_comes_from_its_entry(registry):
+    from harness.report.plots import series_style
+
+    registry.register(registry.System("toy-styled", "x", train=print, style=("#123456", "D")))
+    assert series_style("toy-styled") == ("#123456", "D")
+    assert series_style("ours") == registry.get("ours").style
+    assert series_style("case 1") == (None, "o")  # not a system: matplotlib's colours
+    assert len({s.style for s in systems.SYSTEMS.values() if s.style}) == len([s for s in systems.SYSTEMS.values()
+                                                                                 if s.style])
+
+
 def test_every_reference_of_the_built_in_entries_imports():
     for s in systems.SYSTEMS.values():
         for getter in (s.train_fn, s.layout_rule_fn, s.simulate_fn, s.simulate_layout_fn, s.record_layout_fn,

@@ -5,14 +5,15 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from .. import systems
 from . import figures  # noqa: F401  (selects the headless backend before pyplot is imported)
 
-SYSTEM_STYLE = {  # one colour per system across every figure
-    "ours": ("#d62728", "o"),
-    "ours-random": ("#ff9896", "s"),
-    "megatron": ("#1f77b4", "^"),
-    "deepspeed": ("#2ca02c", "v"),
-}
+
+def series_style(name: str, marker: str = "o") -> tuple[str | None, str]:
+    """(colour, marker) of a series: a system's own (its registry entry's `style`, the same in every
+    figure), else matplotlib's next colour."""
+    entry = systems.SYSTEMS.get(name)
+    return entry.style if entry is not None and entry.style else (None, marker)
 
 
 # Records, CSV and JSON keep PFLOPS; figures show a FLOP rate in the unit where it reads 1-1000.
@@ -45,7 +46,7 @@ def heatmap(ax, matrix: np.ndarray, title: str, label: str, cmap: str = "viridis
 def lines(ax, xlabels: Sequence[str], series: Mapping[str, Sequence[float]], ylabel: str, title: str = ""):
     x = np.arange(len(xlabels))
     for name, ys in series.items():
-        color, marker = SYSTEM_STYLE.get(name, (None, "o"))
+        color, marker = series_style(name)
         ax.plot(x, ys, marker=marker, color=color, label=name)
     ax.set_xticks(x, xlabels, rotation=45, ha="right", fontsize=7)
     ax.set_ylabel(ylabel, fontsize=8)
@@ -60,7 +61,7 @@ def grouped_bars(ax, xlabels: Sequence[str], series: Mapping[str, Sequence[float
     k = max(len(series), 1)
     width = 0.8 / k
     for n, (name, ys) in enumerate(series.items()):
-        color, _ = SYSTEM_STYLE.get(name, (None, ""))
+        color, _ = series_style(name)
         err = errors.get(name) if errors else None
         ax.bar(x - 0.4 + width * (n + 0.5), ys, width, yerr=err, color=color, label=name, capsize=2)
     ax.set_xticks(x, xlabels, rotation=45, ha="right", fontsize=7)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 from .. import systems
@@ -135,7 +136,7 @@ def cmd_sim(args) -> int:
     for c, rec in zip(cands, records):
         if c.best:
             print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {_short(c.config)}")
-    per_system = {c.system: sum(d.system == c.system for d in cands) for c in cands}
+    per_system = Counter(c.system for c in cands)
     grid = sorted(((c, r) for c, r in zip(cands, records) if per_system[c.system] > 1),
                   key=lambda cr: (cr[0].system, cr[0].seconds))
     if grid:

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import layout as layouts
+from .. import systems as registry
 from ..layout import RANDOM_SEEDS, Layout, LayoutError
 from ..model import GPTConfig, c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from ..profiles import ComputeProfile, device_profiles
@@ -128,8 +129,6 @@ class Simulator:
     # ---------------------------------------------------------------- systems
     def run(self, system: str, cfg: GPTConfig, batch: int) -> list[Candidate]:
         """The candidates of `system` (its registry entry's simulator model)."""
-        from .. import systems as registry
-
         entry = registry.get(system)
         simulate = entry.simulate_fn()
         if simulate is None:
@@ -141,8 +140,6 @@ class Simulator:
     def sweep(self, cfg: GPTConfig, batch: int, which=None) -> list[Candidate]:
         """All candidates of the systems in `which` (default: every system `harness sim` can place),
         with `best` set on each system's fastest."""
-        from .. import systems as registry
-
         out = []
         which = registry.names(simulated=True) if which is None else which
         for system in which:
@@ -216,13 +213,13 @@ def candidates_of_rule(sim: Simulator, entry, cfg: GPTConfig, batch: int) -> lis
     """A system without its own simulator model: the layout its rule picks for this scenario, model and
     batch (as `harness run` would plan it), simulated by the runtime the layout names
     (entry.simulate_layout, at the simulator's protocol and fp16 on the wire)."""
-    from ..train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+    from ..train.config import ModelSection, NetworkSection, RunRequest, RunSection
+    from ..train.plan import resolve_layout
 
     req = RunRequest(network=NetworkSection(scenario=sim.topo.name, mode="none"),
                      model=ModelSection(name=cfg.name, layers=cfg.layers, batch=batch, micro_batch=sim.micro_batch),
-                     layout=LayoutRequest(**entry.defaults), run=RunSection(system=entry.name))
-    lay, _ = entry.layout_rule_fn()(req, sim.topo)
-    lay = lay.check(cfg, batch, sim.micro_batch, sim.topo.n)
+                     run=RunSection(system=entry.name))
+    lay, _ = resolve_layout(req, sim.topo)
     seconds, compute = entry.simulate_layout_fn()(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch,
                                                   workload.BYTES_PER_VALUE)
     return [Candidate(entry.name, lay.to_json(), seconds, compute, ())]

@@ -16,7 +16,6 @@ import numpy as np
 from .. import layout as layouts
 from .. import systems as registry
 from ..cost import CostModel
-from ..errors import HarnessError
 from ..layout import Layout, LayoutError
 from ..model import GPTConfig, c_dp_bytes, c_pp_bytes
 from ..results import new_run_id

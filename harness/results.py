@@ -8,6 +8,7 @@ temporary file in the same directory and renamed.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
@@ -130,7 +131,10 @@ def _convert(typ, v: str):
     return v
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> str:
+    """HEAD of the harness's checkout, read once per process (a failed run's manifest is then
+    written without starting a process, even while signals arrive)."""
     try:
         return subprocess.run(
             ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,

@@ -2,11 +2,14 @@
 the script is checked as text, then run against fake srun / ip / python that log what they get)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import stat
 import subprocess
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +21,7 @@ from harness.network.node import device_names, rank_network, this_rank_network
 
 ROOT = Path(__file__).resolve().parent.parent
 INV = ROOT / "tests/data/cluster-2node.yaml"
-RUN_ARGS = ["--scenario", "5", "--devices", "8", "--system", "ours", "--device", "cuda", "--model", "gpt3 xl"]
+RUN_ARGS = ["--scenario", "5", "--devices", "8", "--system", "ours", "--device", "cuda", "--out", "my results"]
 
 
 def test_one_inventory_for_net_apply_and_the_trainer(capsys, monkeypatch):
@@ -65,22 +68,45 @@ def test_sbatch_text(tmp_path, capsys):
     assert f"wrote {out}" in capsys.readouterr().out and os.access(out, os.X_OK)
     text = out.read_text()
     for line in ("#SBATCH --nodes=2", "#SBATCH --nodelist=gpu-a,gpu-b", "#SBATCH --ntasks-per-node=1",
-                 "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu", "#SBATCH --time=02:00:00",
-                 f"export HARNESS_INVENTORY={INV}"):
+                 "#SBATCH --cpus-per-task=4", "#SBATCH --gpus-per-node=4", "#SBATCH --partition=gpu",
+                 "#SBATCH --time=02:00:00", f"export HARNESS_INVENTORY={INV}"):
         assert line in text.splitlines(), line
-    torchrun = re.search(r"torch\.distributed\.run \\\n\s+(.*) \\\n\s+(.*)", text)
-    assert torchrun.group(1) == ('--nnodes 2 --nproc-per-node 4 --rdzv-backend c10d --rdzv-endpoint 10.0.0.1:29400 '
-                                 '--rdzv-id "$SLURM_JOB_ID"')
-    assert torchrun.group(2).endswith("harness-rank --scenario 5 --devices 8 --system ours --device cuda "
-                                      "--model 'gpt3 xl'")
+    assert "4 GPU processes, shaped at bandwidth scale 0.5" in text
+    torchrun = re.search(r"torch\.distributed\.run (.*) \\\n\s+(.*) \\\n\s+(.*)", text)
+    assert torchrun.group(1) == "--nnodes 2 --nproc-per-node 4 --rdzv-backend c10d"
+    assert torchrun.group(2) == '--rdzv-endpoint 10.0.0.1:29400 --rdzv-id "$SLURM_JOB_ID"'
+    assert torchrun.group(3) == '--no-python bash -c "$HARNESS_RANK_SH" harness-rank "$@" &'
+    srun = [x for x in text.splitlines() if x.startswith("srun ")]
+    assert srun == ['srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=4 --kill-on-bad-exit=1 bash -c '
+                    '"$HARNESS_NODE_SH" harness-node --scenario 5 --devices 8 --system ours --device cuda '
+                    "--out 'my results'"]  # one step per node: nothing to start once the job ends
     ns, ifname = device_names("gpu-b", 6)
     assert f"  gpu-b:1) ns={ns} ifname={ifname} ;;" in text
-    assert ('NCCL_NET=Socket NCCL_SOCKET_IFNAME="$ifname" GLOO_SOCKET_IFNAME="$ifname"' in text
-            and 'exec ip netns exec "$ns" "$PYTHON" -m harness run --inventory "$HARNESS_INVENTORY" "$@"' in text)
-    at = [text.index(x) for x in ("-m harness net clear", "trap net_clear EXIT", "-m harness net apply",
+    # NCCL only on sockets over the namespace's interface, never P2P/NVLink or shared memory around it
+    assert ('NCCL_NET=Socket NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NVLS_ENABLE=0 '
+            'NCCL_SOCKET_IFNAME="$ifname" GLOO_SOCKET_IFNAME="$ifname"' in text)
+    assert ('exec ip netns exec "$ns" "$PYTHON" -m harness run --inventory "$HARNESS_INVENTORY" --network shaped '
+            '"$@"' in text)
+    at = [text.index(x) for x in ("-m harness net clear", "TERM  # time limit", "-m harness net apply",
                                   "-m torch.distributed.run")]
-    assert at == sorted(at)  # clear defined, trapped, then apply, then torchrun
+    assert at == sorted(at)  # clear trapped, TERM trapped, then apply, then torchrun
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+
+
+def test_sbatch_cpu_run_asks_no_gpus_and_unshaped_has_no_namespaces(capsys):
+    args = [a for a in RUN_ARGS if a != "cuda"]
+    args[args.index("--device") + 1:args.index("--device") + 1] = ["cpu"]
+    assert main(["cluster", "sbatch", "--inventory", str(INV), "--", *args]) == 0
+    text = capsys.readouterr().out
+    assert "--gpus-per-node" not in text and "#SBATCH --cpus-per-task=4" in text.splitlines()
+    assert "4 CPU processes, shaped" in text
+    assert main(["cluster", "sbatch", "--inventory", str(INV), "--no-shaping", "--", *args]) == 0
+    text = capsys.readouterr().out
+    assert "unshaped (--no-shaping)" in text
+    for absent in ("net apply", "net clear", "ip netns", "NCCL_"):
+        assert absent not in text, absent
+    assert 'exec "$PYTHON" -m harness run --inventory "$HARNESS_INVENTORY" --network none "$@"' in text
+    assert subprocess.run(["bash", "-n"], input=text, text=True).returncode == 0
 
 
 FAKES = {
@@ -104,11 +130,15 @@ FAKES = {
             for ((k = 0; k < g; k++)); do LOCAL_RANK=$k "$@" || exit $?; done
         fi
         [[ "$*" != *"net apply"* || -z "${FAKE_APPLY_FAILS-}" ]] || exit 3
+        if [[ "$*" == *"harness run"* && -n "${FAKE_RANKS_WAIT-}" ]]; then  # train until terminated
+            while [[ ! -e $FAKE_RANKS_WAIT ]]; do sleep 0.05; done
+        fi
     """,
 }
 
 
-def _run_job(tmp_path, **env):
+def _fake_job(tmp_path, **env):
+    """(the job's argv, its environment with the fakes first on PATH, the fakes' call log)."""
     script = tmp_path / "job.sbatch"
     script.write_text(sbatch_script(load_inventory(INV), RUN_ARGS))
     bindir = tmp_path / "bin"
@@ -117,36 +147,70 @@ def _run_job(tmp_path, **env):
         (bindir / name).write_text("#!/bin/bash\n" + textwrap.dedent(body))
         (bindir / name).chmod(stat.S_IRWXU)
     log = tmp_path / "log"
-    r = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=60, env={
-        "PATH": f"{bindir}:{os.environ['PATH']}", "PYTHON": str(bindir / "python"), "FAKE_LOG": str(log),
-        "FAKE_NODES": "gpu-a gpu-b", "SLURM_JOB_ID": "42", **env})
+    return ["bash", str(script)], {"PATH": f"{bindir}:{os.environ['PATH']}", "PYTHON": str(bindir / "python"),
+                                   "FAKE_LOG": str(log), "FAKE_NODES": "gpu-a gpu-b", "SLURM_JOB_ID": "42", **env}, log
+
+
+def _run_job(tmp_path, **env):
+    argv, env, log = _fake_job(tmp_path, **env)
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
     return r, [line.split("|") for line in log.read_text().splitlines()]
 
 
 def test_sbatch_script_runs_apply_ranks_in_namespaces_then_clear(tmp_path):
     r, calls = _run_job(tmp_path)
     assert r.returncode == 0, r.stderr
-    what = [c[7].split(" --inventory")[0] for c in calls]
-    assert what[:2] == ["-m harness net apply"] * 2 and what[-2:] == ["-m harness net clear"] * 2
-    assert [c[0] for c in calls[:2]] == ["gpu-a", "gpu-b"] and calls[0][7].endswith("--node gpu-a")
+    what = [c[7].split(" --")[0] for c in calls]
+    one_node = ["-m harness net apply", "-m torch.distributed.run"] + ["-m harness run"] * 4 + ["-m harness net clear"]
+    assert what == one_node * 2  # each node's step: apply, its ranks, clear
+    assert [c[0] for c in calls] == ["gpu-a"] * 7 + ["gpu-b"] * 7 and calls[0][7].endswith("--node gpu-a")
     inv = load_inventory(INV)
     ranks = [c for c in calls if c[7].startswith("-m harness run")]
-    assert len(ranks) == 8
     for node, local, ns, nccl, nccl_if, gloo_if, harness_node, argv in ranks:
         net = rank_network(inv, node, int(local), shaped=True)
         assert (ns, nccl, nccl_if, gloo_if, harness_node) == (net.netns, "Socket", net.ifname, net.ifname, node)
-        assert argv == f"-m harness run --inventory {INV} " + " ".join(RUN_ARGS)
+        assert argv == f"-m harness run --inventory {INV} --network shaped " + " ".join(RUN_ARGS)
 
 
 def test_sbatch_script_clears_after_a_failed_apply(tmp_path):
     r, calls = _run_job(tmp_path, FAKE_APPLY_FAILS="1")
     assert r.returncode == 3
-    assert [c[7].split(" --inventory")[0] for c in calls] == ["-m harness net apply"] + ["-m harness net clear"] * 2
+    assert [c[7].split(" --inventory")[0] for c in calls] == ["-m harness net apply", "-m harness net clear"]
+
+
+def test_sbatch_step_clears_when_terminated(tmp_path):
+    """Slurm's time limit and scancel send SIGTERM to the step: it stops torchrun and clears."""
+    argv, env, log = _fake_job(tmp_path, FAKE_NODES="gpu-a", FAKE_RANKS_WAIT=str(tmp_path / "never"))
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                         start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (log.exists() and "-m harness run" in log.read_text()):  # a rank is training
+            assert p.poll() is None and time.monotonic() < deadline, p.stdout.read()
+            time.sleep(0.05)
+        os.killpg(p.pid, signal.SIGTERM)  # as slurmstepd signals every process of the step
+        p.wait(timeout=30)
+        while "net clear" not in log.read_text():  # the step outlives the batch shell, as under slurmstepd
+            assert time.monotonic() < deadline + 30, log.read_text()
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the whole session, left behind only on failure
+            os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    what = [line.split("|")[7].split(" --")[0] for line in log.read_text().splitlines()]
+    assert what[-1] == "-m harness net clear" and what.count("-m harness net clear") == 1, what
 
 
 @pytest.mark.parametrize("argv, needle", [
     ([], "harness run arguments: missing"),
-    (["--", "--inventory", "x.yaml"], "--inventory is added by the script"),
+    (["--", "--inventory", "x.yaml"], "--inventory is set by the script"),
+    (["--", "--network", "none"], "--network is set by the script (got it in the arguments; --no-shaping runs"),
+    (["--", "--scenario", "3"], "--scenario 3: the inventory " + str(INV) + " plays scenario 5-worldwide, not "
+                                "3-multi-dc (leave --scenario out: on real nodes the inventory says it)"),
+    (["--", "--devices", "16"], "--devices 16: the inventory " + str(INV) + " has 8 devices"),
+    (["--", "--bandwidth-scale", "1"], "--bandwidth-scale 1: the inventory " + str(INV) + " shapes at 0.5"),
+    (["--", "--system", "megatron", "--zero", "1"], "--zero: not an option of --system megatron"),
+    (["--", "--itres", "3"], "harness run arguments: unrecognized arguments: --itres 3"),
     (["--time", "soon", "--", "--scenario", "5"], "--time: not a Slurm time"),
     (["--partition", "a b", "--", "--scenario", "5"], "--partition: not a partition name"),
 ])

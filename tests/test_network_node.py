@@ -45,9 +45,8 @@ CASE1 = """
 
 
 def test_dry_run_shapes_only_pairs_between_nodes(tmp_path, capsys):
-    inv = _inventory(tmp_path, CASE1)
-    assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run",
-                 "--bandwidth-scale", "0.5"]) == 0
+    inv = _inventory(tmp_path, CASE1.replace("devices: 16\n", "devices: 16\n    bandwidth_scale: 0.5\n"))
+    assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run"]) == 0
     out = capsys.readouterr().out
     topo = load_scenario("1", devices=16)
     assert topo.device_region[0] == topo.device_region[1] != topo.device_region[2]
@@ -62,12 +61,14 @@ def test_dry_run_shapes_only_pairs_between_nodes(tmp_path, capsys):
     assert capsys.readouterr().out.count("ip netns del harness-") == 2
 
 
-def test_bandwidth_scale_comes_from_the_inventory_unless_given(tmp_path, capsys):
-    inv = _inventory(tmp_path, CASE1.replace("devices: 16\n", "devices: 16\n    bandwidth_scale: 0.5\n"))
+def test_bandwidth_scale_comes_only_from_the_inventory(tmp_path, capsys):
+    """The trainer records the inventory's scale, so `net apply` shapes at no other."""
+    inv = _inventory(tmp_path, CASE1)
     assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run"]) == 0
-    assert "rate 12500000000bit" in capsys.readouterr().out  # 25 Gbps x 0.5 (inventory)
-    assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run", "--bandwidth-scale", "1"]) == 0
-    assert "rate 25000000000bit" in capsys.readouterr().out  # the flag wins
+    assert "rate 25000000000bit" in capsys.readouterr().out  # default 1
+    with pytest.raises(SystemExit):
+        main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run", "--bandwidth-scale", "1"])
+    assert "unrecognized arguments: --bandwidth-scale 1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("text, needle", [

@@ -114,7 +114,8 @@ def test_real_nodes_path_under_torchrun(tmp_path):
     from pathlib import Path
 
     inv = tmp_path / "cluster.yaml"
-    inv.write_text("scenario: 3\ndevices: 2\nnodes:\n  - {name: local, nic: lo, host: 127.0.0.1, devices: [0, 1]}\n")
+    inv.write_text("scenario: 3\ndevices: 2\nbandwidth_scale: 0.25\n"
+                   "nodes:\n  - {name: local, nic: lo, host: 127.0.0.1, devices: [0, 1]}\n")
     ports = []
     for _ in range(2):
         with socket.socket() as s:
@@ -126,13 +127,39 @@ def test_real_nodes_path_under_torchrun(tmp_path):
            "HARNESS_STORE_PORT": str(store_port)}
     r = subprocess.run([str(torchrun), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
                         "--master-port", str(port), "-m", "harness", "run", "--inventory", str(inv),
-                        "--scenario", "3", "--devices", "2", "--model", "tiny", "--layers", "2", "--batch", "4",
+                        "--network", "none", "--model", "tiny", "--layers", "2", "--batch", "4",
                         "--iters", "2"], env=env, capture_output=True, text=True, timeout=150)
     assert r.returncode == 0, r.stderr[-2000:]
     d = [p for p in tmp_path.glob("3-multi-dc/*") if p.is_dir()]
     assert len(d) == 1 and r.stdout.strip() == str(d[0])
     recs = read_records(d[0] / "records.csv")
     assert [(x["backend"], x["kernel"], x["d_pp"], x["iteration"]) for x in recs] == [("cluster", "host", 2, 1), ("cluster", "host", 2, 2)]
+    # scenario, devices and bandwidth scale: the inventory's, in the records and the manifest
+    assert {(x["scenario"], x["devices"], x["bandwidth_scale"]) for x in recs} == {("3-multi-dc", 2, 0.25)}
+    man = json.loads((d[0] / "manifest.json").read_text())
+    net = man["spec"]["network"]
+    assert (man["status"], net["mode"], net["bandwidth_scale"], net["devices"]) == ("ok", "none", 0.25, 2)
+    assert man["inventory"]["bandwidth_scale"] == 0.25 and man["cpus_allowed"] >= 1
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--scenario", "4"], "--scenario 4: the inventory {inv} plays scenario 3-multi-dc, not 4-regional "
+                          "(leave --scenario out: on real nodes the inventory says it)"),
+    (["--devices", "4"], "--devices 4: the inventory {inv} has 2 devices"),
+    (["--bandwidth-scale", "1"], "--bandwidth-scale 1: the inventory {inv} shapes at 0.01"),
+    (["--network", "emulated"], "--network emulated: not on real nodes (shaped, by `harness net apply`, or none)"),
+    ([], "--network shaped: device 1's process is not in its namespace harness-"),
+])
+def test_run_arguments_that_disagree_with_the_inventory_fail_in_one_line(tmp_path, cli, monkeypatch, args, needle):
+    for k, v in (("RANK", "1"), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "1"),
+                 ("LOCAL_RANK", "1"), ("HARNESS_NODE", "local")):
+        monkeypatch.setenv(k, v)
+    inv = tmp_path / "cluster.yaml"
+    inv.write_text("scenario: 3\ndevices: 2\nbandwidth_scale: 0.01\nnodes:\n  - {name: local, nic: lo, devices: [0, 1]}\n")
+    rc, out, err = cli("run", "--inventory", inv, *args, "--out", tmp_path)
+    assert rc == 2 and len(err.strip().splitlines()) == 1, err
+    assert needle.format(inv=inv) in err
+    assert not list(tmp_path.glob("*/*/manifest.json"))  # refused before any run directory
 
 
 def test_inventory_outside_torchrun_is_a_user_error(tmp_path, capsys, monkeypatch):
@@ -140,7 +167,7 @@ def test_inventory_outside_torchrun_is_a_user_error(tmp_path, capsys, monkeypatc
         monkeypatch.delenv(k, raising=False)
     inv = tmp_path / "cluster.yaml"
     inv.write_text("scenario: 3\ndevices: 2\nnodes:\n  - {name: local, nic: lo, devices: [0, 1]}\n")
-    assert main(["run", "--inventory", str(inv), "--scenario", "3", "--devices", "2"]) == 2
+    assert main(["run", "--inventory", str(inv)]) == 2
     assert "run under torchrun" in capsys.readouterr().err
 
 

@@ -8,15 +8,19 @@ def register(sub) -> None:
     p = sub.add_parser("cluster", help="real nodes: write the Slurm job that shapes, trains and clears")
     ss = p.add_subparsers(dest="cluster_command", metavar="ACTION", required=True)
     s = ss.add_parser(
-        "sbatch", help="write a Slurm batch script: net apply on every node, torchrun in namespaces, net clear",
-        description="Write a Slurm batch script for the inventory's nodes: `harness net apply` on every node, "
-                    "torchrun with each GPU process in its device's namespace running `harness run --inventory "
-                    "... ARGS`, and `harness net clear` on exit. Example: harness cluster sbatch --inventory "
-                    "cluster.yaml --out job.sbatch -- --scenario 5 --devices 16 --system ours --device cuda")
+        "sbatch", help="write a Slurm batch script: per node net apply, torchrun in namespaces, net clear",
+        description="Write a Slurm batch script for the inventory's nodes. One step per node runs `harness net "
+                    "apply`, torchrun with each process in its device's namespace running `harness run "
+                    "--inventory ... ARGS`, and `harness net clear` on exit (also after a time limit or scancel). "
+                    "The inventory is the one source of scenario, device count and bandwidth scale: ARGS that "
+                    "disagree are refused now. Example: harness cluster sbatch --inventory cluster.yaml --out "
+                    "job.sbatch -- --system ours --device cuda --model gpt3-xl")
     s.add_argument("--inventory", type=Path, required=True, help="cluster inventory YAML (see README)")
     s.add_argument("--out", type=Path, help="write the script here (default: print it)")
     s.add_argument("--partition", help="Slurm partition")
     s.add_argument("--time", help="Slurm time limit, e.g. 01:00:00")
+    s.add_argument("--no-shaping", action="store_true",
+                   help="train on the nodes' own network: no namespaces, no shaping, no root needed")
     s.add_argument("run_args", nargs="*", metavar="-- ARGS", help="the `harness run` arguments")
     s.set_defaults(func=cmd_sbatch)
 
@@ -27,7 +31,8 @@ def cmd_sbatch(args) -> int:
     from ..results import atomic_write_text
 
     inv = load_inventory(args.inventory.resolve())
-    text = sbatch_script(inv, args.run_args, partition=args.partition, time=args.time)
+    text = sbatch_script(inv, args.run_args, partition=args.partition, time=args.time,
+                         shaping=not args.no_shaping)
     if args.out is None:
         print(text, end="")
     else:

@@ -39,9 +39,6 @@ def register(sub) -> None:
         a = ss.add_parser(name, help=helptext)
         a.add_argument("--inventory", type=Path, required=True, help="cluster inventory YAML (see README)")
         a.add_argument("--node", required=True, help="this node's name in the inventory")
-        if name == "apply":
-            a.add_argument("--bandwidth-scale", type=positive_float,
-                           help="multiply every rate by s (default: the inventory's bandwidth_scale, else 1)")
         a.add_argument("--dry-run", action="store_true", help="print the ip/tc commands, change nothing")
         a.set_defaults(func=cmd_apply if name == "apply" else cmd_clear)
 
@@ -111,7 +108,7 @@ def cmd_plan(args) -> int:
 def cmd_apply(args) -> int:
     from ..network.node import apply_node
 
-    for line in apply_node(args.inventory, args.node, bandwidth_scale=args.bandwidth_scale, dry_run=args.dry_run):
+    for line in apply_node(args.inventory, args.node, dry_run=args.dry_run):
         print(line)
     return 0
 

@@ -7,20 +7,26 @@ from pathlib import Path
 from .. import systems
 from . import positive_float, positive_int
 
+NETWORK_CHOICES = ("emulated", "none", "shaped")
 
-def add_training_arguments(p: argparse.ArgumentParser) -> None:
-    """Scenario, model, data and runtime flags shared by `harness run` and `harness tune`."""
-    p.add_argument("--scenario", required=True, help="case number, name or path of a scenario file")
+
+def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = False) -> None:
+    """Scenario, model, data and runtime flags shared by `harness run` and `harness tune`
+    (`inventory`: the scenario may come from --inventory instead)."""
+    p.add_argument("--scenario", required=not inventory,
+                   help="case number, name or path of a scenario file" + (" (with --inventory: the inventory's)"
+                                                                         if inventory else ""))
     p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
     p.add_argument("--model", default="tiny", help="tiny | small | medium | gpt3-xl | ... (default tiny)")
     p.add_argument("--layers", type=positive_int)
     p.add_argument("--batch", type=positive_int, default=8, help="global batch, samples (default 8)")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (default 1)")
-    p.add_argument("--bandwidth-scale", type=positive_float, default=1.0,
-                   help="multiply every link's bandwidth (default 1)")
-    p.add_argument("--network", choices=("emulated", "none"), default="emulated",
-                   help="emulated: namespaces with shaping; none: loopback, no shaping (default emulated)")
+    p.add_argument("--bandwidth-scale", type=positive_float,
+                   help="multiply every link's bandwidth (default 1; with --inventory the inventory's)")
+    p.add_argument("--network", choices=NETWORK_CHOICES,
+                   help="emulated: namespaces with shaping; none: loopback, no shaping (default emulated); "
+                        "with --inventory: shaped (by `harness net apply`, the default) or none")
     p.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto",
                    help="emulated: the host kernel (needs sch_netem) or user-mode Linux (default auto)")
     p.add_argument("--lr", type=positive_float, default=0.1)
@@ -33,17 +39,35 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
                         "fault_mode=kill|exit, trace=1 (harness/train/config.py: DebugSection)")
 
 
+def network_from_args(args):
+    """The network section: from the flags, or on real nodes (--inventory) from the inventory,
+    which the flags may only repeat (train/cluster.py `inventory_network`)."""
+    from ..errors import HarnessError
+    from ..train.config import NetworkSection
+
+    if getattr(args, "inventory", None):
+        from ..inventory import load_inventory
+        from ..train.cluster import inventory_network
+
+        return inventory_network(load_inventory(args.inventory), scenario=args.scenario, devices=args.devices,
+                                 bandwidth_scale=args.bandwidth_scale, mode=args.network)
+    if args.network == "shaped":
+        raise HarnessError("--network shaped: real nodes only (give --inventory); here: emulated or none")
+    return NetworkSection(scenario=args.scenario, devices=args.devices,
+                          bandwidth_scale=1.0 if args.bandwidth_scale is None else args.bandwidth_scale,
+                          mode=args.network or "emulated", kernel=args.kernel)
+
+
 def request_from_args(args, layout):
     """The typed run request (harness/train/config.py) of the flags shared by run and tune."""
-    from ..train.config import DebugSection, ModelSection, NetworkSection, RunRequest, RunSection
+    from ..train.config import DebugSection, ModelSection, RunRequest, RunSection
 
     return RunRequest(
         model=ModelSection(name=args.model, layers=args.layers, batch=args.batch, micro_batch=args.micro_batch,
                            dtype=args.dtype or ("bf16" if args.device == "cuda" else "fp32"), lr=args.lr,
                            seed=args.seed),
         layout=layout,
-        network=NetworkSection(scenario=args.scenario, devices=args.devices, bandwidth_scale=args.bandwidth_scale,
-                               mode=args.network, kernel=args.kernel),
+        network=network_from_args(args),
         run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
                        timeout_s=args.timeout, results_root=str(args.out) if args.out else None),
         debug=DebugSection.parse(args.debug),
@@ -58,7 +82,7 @@ def register(sub) -> None:
                     "--network none), train, and write results/<scenario>/<run-id>/{manifest.json,records.csv}. "
                     "Under torchrun on real nodes pass --inventory.",
     )
-    add_training_arguments(p)
+    add_training_arguments(p, inventory=True)
     p.add_argument("--system", default="ours", metavar="SYSTEM",
                    help=f"what trains (default ours): {systems.help_text()}")
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations (default 3)")
@@ -81,7 +105,8 @@ def register(sub) -> None:
                    help="ours: recompute activations per block in backward (default: on for cuda)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before the run is failed")
     p.add_argument("--inventory", type=Path,
-                   help="real nodes: run under torchrun with this cluster.yaml (see README)")
+                   help="real nodes: run under torchrun with this cluster.yaml, the one source of scenario, "
+                        "devices and bandwidth scale (see README)")
     p.set_defaults(func=_run)
 
 

@@ -6,6 +6,7 @@ and skipped.
 """
 from __future__ import annotations
 
+import platform
 import socket
 
 from pyroute2 import IPRoute, netns, protocols
@@ -61,6 +62,9 @@ def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan, *, fresh: bool = False
             ipr.tc("add-filter", "u32", index=idx, parent=0x10000, prio=1,
                    protocol=protocols.ETH_P_IP, target=cls, keys=[_addr_key(link.dst_addr)])
     except NetlinkError as e:
+        if step.startswith("netem") and e.code == ENOENT:  # the qdisc kind is unknown to this kernel
+            raise ShapingError(f"device {dev.index} ({dev.ifname}): {step}: this kernel ({platform.release()}) has "
+                               "no sch_netem (modprobe sch_netem, or run unshaped)") from None
         raise ShapingError(f"device {dev.index} ({dev.ifname}): {step}: kernel said {e}") from None
 
 

@@ -78,20 +78,21 @@ def this_rank_network(inv: Inventory, local_rank: int, *, node: str | None = Non
     return rank_network(inv, node, local_rank, shaped=ifname in interfaces)
 
 
-def node_plan(inv: Inventory, node: str, bandwidth_scale: float | None = None):
-    """(node spec, run id, plan of the whole scenario, names) for `node`."""
+def node_plan(inv: Inventory, node: str):
+    """(node spec, run id, plan of the whole scenario) for `node`, at the inventory's bandwidth
+    scale (the one source: the trainer records the same)."""
     spec = inv.node(node)
     rid = node_run_id(spec.name)
     addrs, prefix = device_addresses(inv.topo.n, inv.subnet)
     ifnames = [registry.device_ifname(rid, i) for i in range(inv.topo.n)]
-    topo = inv.topo.scaled(bandwidth_scale if bandwidth_scale is not None else inv.bandwidth_scale)
+    topo = inv.topo.scaled(inv.bandwidth_scale)
     plan = build_plan(topo, addrs, ifnames, prefix_len=prefix)
     return spec, rid, plan
 
 
-def node_commands(inv: Inventory, node: str, bandwidth_scale: float | None = None) -> list[str]:
+def node_commands(inv: Inventory, node: str) -> list[str]:
     """The `ip`/`tc` commands that `apply` performs on `node`."""
-    spec, rid, plan = node_plan(inv, node, bandwidth_scale)
+    spec, rid, plan = node_plan(inv, node)
     out = [f"# node {spec.name}: devices {list(spec.devices)} on {spec.nic} (macvlan, bridge mode), "
            f"scenario {inv.topo.name}, bandwidth scale {plan.bandwidth_scale:g}"]
     for d in spec.devices:
@@ -110,21 +111,20 @@ def node_commands(inv: Inventory, node: str, bandwidth_scale: float | None = Non
     return out
 
 
-def apply_node(inventory: Path, node: str, *, bandwidth_scale: float | None = None, dry_run: bool = False,
-               link_kind: str = "macvlan") -> list[str]:
+def apply_node(inventory: Path, node: str, *, dry_run: bool = False, link_kind: str = "macvlan") -> list[str]:
     """Create and shape the namespaces of `node`; returns what was done (or would be, dry run).
 
     `link_kind="veth"` wires each namespace with a veth whose other end stays on the parent
     (tests: same namespaces and shaping, no physical NIC needed)."""
     inv = load_inventory(inventory)
     if dry_run:
-        return node_commands(inv, node, bandwidth_scale)
+        return node_commands(inv, node)
     from pyroute2 import IPRoute
 
     from . import netns as harness_netns
     from .apply import ShapingError, apply_device, compare, readback
 
-    spec, rid, plan = node_plan(inv, node, bandwidth_scale)
+    spec, rid, plan = node_plan(inv, node)
     entry = registry.Entry(run_id=rid, pid=0, kind="node",
                            netns=[registry.netns_name(rid, d) for d in spec.devices],
                            links=[registry.host_veth_name(rid, d) for d in spec.devices] if link_kind == "veth" else [])

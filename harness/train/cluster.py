@@ -1,16 +1,21 @@
 """Real nodes: the same trainer started by torchrun, one process per GPU.
 
     torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST0:29400 \\
-        -m harness run --inventory cluster.yaml --scenario ... --system ours ...
+        -m harness run --inventory cluster.yaml --system ours ...
 
 (`harness cluster sbatch` writes the Slurm job that does this.) The inventory is the one
-of `harness net apply` (harness/inventory.py). Local rank k on node HARNESS_NODE (else the
+of `harness net apply` (harness/inventory.py) and the one source of the run's scenario,
+device count and bandwidth scale: run arguments may repeat them, and fail in one line when
+they disagree, so the records say what was shaped. Local rank k on node HARNESS_NODE (else the
 host name) plays the node's k-th device, and its process-group rank is that device id, not
 torchrun's RANK: the c10d rendezvous numbers nodes by host name, not in inventory order.
 So the trainer brings its own store (device 0's process hosts it) instead of torchrun's
-agent store, which the namespaces could not reach anyway. Whether the run is shaped, and
-so which interface gloo/NCCL use, follows one rule (network/node.py `rank_network`): a
-process that finds its device's namespace interface is shaped.
+agent store, which the namespaces could not reach anyway. Which interface gloo/NCCL use
+follows one rule (network/node.py `rank_network`): a process that finds its device's
+namespace interface is shaped. The run says which it expects (`--network shaped`, the
+default, or `none`) and fails in one line when the process is not where it should be.
+A shaped process turns NCCL's P2P and shared-memory transports off: ranks of one node
+would otherwise reach each other over NVLink or /dev/shm, around their namespaces.
 
 Every process plans the run identically (the scheduler is seeded) and trains
 (rank.rank_main); rank 0 gathers the per-iteration figures and writes
@@ -23,14 +28,43 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from ..inventory import InventoryError, load_inventory
+from ..inventory import Inventory, InventoryError, load_inventory
 from ..network.node import this_rank_network
-from .config import RunRequest
+from ..scenario import ScenarioError, load_scenario, reload_name
+from .config import NetworkSection, RunRequest
 from .experiment import record_run
 from .plan import plan_run
 from .rank import RankEnv, rank_main
 
 STORE_PORT = 29401  # device 0's store (HARNESS_STORE_PORT overrides); 29400 is torchrun's rendezvous
+# NCCL for a shaped process: sockets over its namespace's interface, no path around it
+SHAPED_NCCL_ENV = {"NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
+
+
+def inventory_network(inv: Inventory, *, scenario: str | None = None, devices: int | None = None,
+                      bandwidth_scale: float | None = None, mode: str | None = None) -> NetworkSection:
+    """The network of a real-node run: the inventory's scenario, devices and bandwidth scale.
+    A run argument given must agree with it (one-line InventoryError otherwise); `mode` is
+    shaped (default) or none."""
+    where = f"the inventory {inv.path}"
+    if scenario is not None:
+        try:
+            asked = load_scenario(scenario).name
+        except ScenarioError as e:
+            raise InventoryError(f"--scenario {scenario}: {e}") from None
+        if asked != inv.topo.name:
+            raise InventoryError(f"--scenario {scenario}: {where} plays scenario {inv.topo.name}, not {asked} "
+                                 "(leave --scenario out: on real nodes the inventory says it)")
+    if devices is not None and devices != inv.topo.n:
+        raise InventoryError(f"--devices {devices}: {where} has {inv.topo.n} devices "
+                             "(leave --devices out: on real nodes the inventory says it)")
+    if bandwidth_scale is not None and bandwidth_scale != inv.bandwidth_scale:
+        raise InventoryError(f"--bandwidth-scale {bandwidth_scale:g}: {where} shapes at {inv.bandwidth_scale:g} "
+                             "(leave --bandwidth-scale out: on real nodes the inventory says it)")
+    if mode not in (None, "shaped", "none"):
+        raise InventoryError(f"--network {mode}: not on real nodes (shaped, by `harness net apply`, or none)")
+    return NetworkSection(scenario=reload_name(inv.topo), devices=inv.topo.n, bandwidth_scale=inv.bandwidth_scale,
+                          mode=mode or "shaped")
 
 
 def run_under_torchrun(req: RunRequest, inventory: Path) -> Path | None:
@@ -42,12 +76,18 @@ def run_under_torchrun(req: RunRequest, inventory: Path) -> Path | None:
     if inv.topo.n != world:
         raise InventoryError(f"{inventory}: nodes hold {inv.topo.n} devices but torchrun started {world} processes")
     net = this_rank_network(inv, local)
+    if net.shaped != (req.network.mode == "shaped"):
+        raise InventoryError(
+            f"--network {req.network.mode}: device {net.device}'s process is "
+            + (f"not in its namespace {net.netns} (run `harness net apply` on the node and start it with "
+               "`ip netns exec`, or pass --network none)" if not net.shaped else
+               f"in its shaped namespace {net.netns} (leave --network none out)"))
     rank = net.device
     os.environ.update(TORCHELASTIC_USE_AGENT_STORE="False", GLOO_SOCKET_IFNAME=net.ifname,
                       NCCL_SOCKET_IFNAME=net.ifname)
-    if net.shaped:  # NCCL on sockets, so that the shaping applies to it
-        os.environ["NCCL_NET"] = "Socket"
-    plan = plan_run(replace(req, network=replace(req.network, mode="none")))
+    if net.shaped:
+        os.environ.update(SHAPED_NCCL_ENV)
+    plan = plan_run(req)
     if plan.spec.layout.devices != world:
         raise InventoryError(f"--scenario: {plan.spec.layout.devices} devices, torchrun world is {world}")
     plan = replace(plan, spec=plan.spec.with_resolved(backend="cluster", kernel="host"))
@@ -60,6 +100,7 @@ def run_under_torchrun(req: RunRequest, inventory: Path) -> Path | None:
 
     def launch(spec, topo, out):
         result = rank_main(spec, env, gather=True)
-        return "host", result.gathered, {"inventory": inv.summary()}
+        return "host", result.gathered, {"inventory": inv.summary(),
+                                         "cpus_allowed": len(os.sched_getaffinity(0))}  # rank 0's cores
 
     return record_run(plan, launch)

@@ -21,7 +21,7 @@ from ..layout import DP_SYNCS, SCHEDULES, Layout
 from ..model import BYTES_PER_VALUE, GPTConfig, get_model
 
 DTYPE_NAMES = tuple(BYTES_PER_VALUE)
-NETWORK_MODES = ("emulated", "none")
+NETWORK_MODES = ("emulated", "none", "shaped")
 KERNELS = ("auto", "host", "uml")
 FAULT_MODES = ("kill", "exit")
 
@@ -104,7 +104,7 @@ class NetworkSection:
     scenario: str  # as asked: a case number, a name or a path (resolved.scenario is its name)
     devices: int | None = None  # scale the scenario down to this many devices
     bandwidth_scale: float = 1.0  # applied once: Topology.scaled
-    mode: str = "emulated"  # emulated: namespaces + shaping; none: loopback, no shaping
+    mode: str = "emulated"  # emulated: namespaces + shaping; none: no shaping; shaped: real nodes after `net apply`
     kernel: str = "auto"  # emulated: auto | host | uml as asked (network/kernel.py); resolved.kernel: what ran
 
     def __post_init__(self):

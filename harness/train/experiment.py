@@ -73,15 +73,18 @@ def record_run(plan: Plan, launch) -> Path:
         "placement": None if placement is None else placement.to_json(spec.layout),
     }
     run_id = spec.resolved.run_id
-    atomic_write_json(out / "manifest.json", manifest(run_id, "running", **info))
 
     def on_term(signum, frame):
+        # torchrun and Slurm send SIGTERM again while we stop: ignore the repeats, so that
+        # the failed manifest below is written whole
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise _Interrupted(f"terminated by {signal.Signals(signum).name}")
 
     main = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, on_term) if main else None
     t0 = time.monotonic()
     try:
+        atomic_write_json(out / "manifest.json", manifest(run_id, "running", **info))
         kernel, per_rank, extra = launch(spec, topo, out)
         spec = spec.with_resolved(kernel=kernel)
         stats = merge_stats(per_rank, shared_clock=spec.resolved.backend != "cluster")  # cluster: one clock per host
@@ -90,6 +93,8 @@ def record_run(plan: Plan, launch) -> Path:
             run_id, "ok", wall_seconds=time.monotonic() - t0, kernel=kernel, **info, **extra))
         return out
     except (HarnessError, _Interrupted, KeyboardInterrupt, Exception) as e:
+        if main:  # a stop signal now would cut the failed manifest short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else (str(e) or type(e).__name__)
         atomic_write_json(out / "manifest.json", manifest(
             run_id, "failed", reason=reason, wall_seconds=time.monotonic() - t0, **info))

@@ -26,11 +26,13 @@ venv: $(STAMP)
 # iproute2 + kmod for namespaces and modules; user-mode-linux boots a 6.1 kernel with
 # sch_netem as a process when the host kernel lacks it (see harness/network/kernel.py);
 # gcc builds the small register-state shim UML needs on CPUs with AVX-512/AMX
-# (harness/network/uml_xstate_shim.c).
-SYSTEM_PACKAGES := user-mode-linux kmod iproute2 gcc libc6-dev
+# (harness/network/uml_xstate_shim.c); slurmd, slurmctld, slurm-client and munge run the
+# one-node Slurm of tests/test_cluster_slurm.py (started by the test, not as services).
+SYSTEM_PACKAGES := user-mode-linux kmod iproute2 gcc libc6-dev slurmd slurmctld slurm-client munge
 system-deps:
 	@if command -v linux.uml >/dev/null && command -v ip >/dev/null && command -v modprobe >/dev/null \
-	    && command -v cc >/dev/null; then \
+	    && command -v cc >/dev/null && command -v slurmd >/dev/null && command -v slurmctld >/dev/null \
+	    && command -v sbatch >/dev/null && command -v munged >/dev/null; then \
 	  echo "system packages present ($(SYSTEM_PACKAGES))"; \
 	elif [ "$$(id -u)" = 0 ]; then \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(SYSTEM_PACKAGES) >/dev/null; \

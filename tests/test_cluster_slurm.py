@@ -1,0 +1,265 @@
+"""`harness cluster sbatch` on a real one-node Slurm (Debian's slurm-wlm and munge, installed by
+`make system-deps`). The test starts munged, slurmctld and slurmd as its own child processes,
+inside a network namespace of its own (loopback and a veth pair as the NIC, so nothing touches the
+host's network), submits the generated scripts and stops the daemons by pid at the end."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.network import kernel
+from harness.network.node import NETNS_DIR, node_run_id
+from harness.results import read_records
+
+DAEMONS = ("nsenter", "munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel")
+NODE = "hnode"  # the Slurm node name (slurmd -N), also the inventory's
+NIC = "hnic0"  # the macvlans' parent: one end of a veth pair in the test's namespace
+
+_missing = [d for d in DAEMONS if shutil.which(d) is None]
+_missing += [] if os.geteuid() == 0 else ["root (slurmd runs the job's ranks; shaping needs CAP_NET_ADMIN)"]
+_missing += [] if (os.cpu_count() or 1) >= 2 else ["2 CPUs (the job asks one per rank)"]
+pytestmark = pytest.mark.skipif(bool(_missing), reason=f"a one-node Slurm needs {', '.join(_missing)} "
+                                                       "(make system-deps installs slurm-wlm and munge)")
+
+SLURM_CONF = """\
+ClusterName=harnesstest
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort=6817
+SlurmdPort=6818
+AuthType=auth/munge
+AuthInfo=socket={d}/munge.socket
+CredType=cred/munge
+StateSaveLocation={d}/state
+SlurmdSpoolDir={d}/spool
+SlurmctldPidFile={d}/slurmctld.pid
+SlurmdPidFile={d}/slurmd.pid
+SlurmctldLogFile={d}/slurmctld.log
+SlurmdLogFile={d}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/affinity
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+KillWait=15
+MinJobAge=600
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={node} NodeAddr=127.0.0.1 NodeHostname={host} CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+def _wait(cond, what: str, timeout_s: float, tick_s: float = 0.5):
+    deadline = time.monotonic() + timeout_s
+    while not (got := cond()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(tick_s)
+    return got
+
+
+class Slurm:
+    """A one-node Slurm in network namespace `ns`, configured under `d`."""
+
+    def __init__(self, d: Path, ns: str):
+        self.d, self.ns = d, ns
+        # nsenter, not `ip netns exec`: that one mounts a sysfs of its own, without the cgroups slurmd needs
+        self.enter = ["nsenter", f"--net={NETNS_DIR}/{ns}"]
+        self.env = {**os.environ, "SLURM_CONF": str(d / "slurm.conf"), "PYTHON": sys.executable,
+                    "OMP_NUM_THREADS": "1"}
+
+    def run(self, *argv, cwd=None, check=True) -> subprocess.CompletedProcess:
+        """A command inside the namespace (clients reach the daemons on its loopback)."""
+        r = subprocess.run([*self.enter, *map(str, argv)], env=self.env, cwd=cwd,
+                           capture_output=True, text=True, timeout=120)
+        assert not check or r.returncode == 0, f"{argv}: {r.stderr[-2000:]}"
+        return r
+
+    def harness(self, *argv, cwd=None) -> subprocess.CompletedProcess:
+        return self.run(sys.executable, "-m", "harness", *argv, cwd=cwd, check=False)
+
+    def submit(self, script: Path) -> str:
+        out = self.run("sbatch", "--parsable", script, cwd=script.parent).stdout
+        return out.strip().split(";")[0]
+
+    def wait_gone(self, job: str, timeout_s: float) -> None:
+        _wait(lambda: not self.run("squeue", "-h", "-j", job, check=False).stdout.strip(),
+              f"job {job} to end", timeout_s)
+
+    def job_log(self, job: str, tail: int | None = 3000) -> str:
+        p = self.d / "jobs" / f"slurm-{job}.out"
+        return p.read_text()[-(tail or 0):] if p.exists() else "(no output)"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    d = tmp_path_factory.mktemp("slurm")
+    (d / "jobs").mkdir()
+    for sub in ("state", "spool"):
+        (d / sub).mkdir()
+    key = d / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    host = socket.gethostname().split(".")[0]
+    (d / "slurm.conf").write_text(SLURM_CONF.format(host=host, d=d, node=NODE, cpus=os.cpu_count()))
+    ns = f"hslurm-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    procs: list[subprocess.Popen] = []
+    s = Slurm(d, ns)
+    try:
+        for argv in (["ip", "link", "set", "lo", "up"], ["ip", "link", "add", NIC, "type", "veth", "peer", "name",
+                     f"{NIC}p"], ["ip", "link", "set", f"{NIC}p", "up"], ["ip", "link", "set", NIC, "up"],
+                     # an address off loopback: Slurm binds with getaddrinfo(AI_ADDRCONFIG), which wants one
+                     ["ip", "addr", "add", "10.215.0.1/24", "dev", f"{NIC}p"]):
+            s.run(*argv)
+        for name, argv in (
+            ("munged", ["munged", "-F", "-f", f"--key-file={key}", f"--socket={d}/munge.socket",
+                        f"--pid-file={d}/munged.pid", f"--seed-file={d}/munged.seed", f"--log-file={d}/munged.log"]),
+            ("slurmctld", ["slurmctld", "-D", "-f", str(d / "slurm.conf")]),
+            ("slurmd", ["slurmd", "-D", "-N", NODE, "-f", str(d / "slurm.conf")]),
+        ):
+            log = open(d / f"{name}.out", "w")
+            # nsenter execs the daemon: the pid is the daemon's
+            procs.append(subprocess.Popen([*s.enter, *argv], env=s.env, stdout=log,
+                                          stderr=subprocess.STDOUT))
+            if name == "munged":
+                _wait(lambda: (d / "munge.socket").exists(), "munged's socket", 30, 0.1)
+        _wait(lambda: s.run("sinfo", "-h", "-o", "%t", check=False).stdout.strip() == "idle",
+              "the node to be idle", 60)
+        yield s
+    finally:
+        if len(procs) == 3:
+            with contextlib.suppress(Exception):
+                s.run("scancel", "--full", "-u", "root", check=False)
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        subprocess.run(["ip", "netns", "del", ns])
+
+
+def _inventory(slurm, name: str, text: str) -> Path:
+    p = slurm.d / name
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def _sbatch(slurm, inv: Path, *args) -> Path:
+    script = slurm.d / "jobs" / f"{inv.stem}.sbatch"
+    r = slurm.harness("cluster", "sbatch", "--inventory", inv, "--out", script, *args)
+    assert r.returncode == 0, r.stderr
+    return script
+
+
+def _manifest(results: Path) -> dict | None:
+    found = list(results.glob("*/*/manifest.json"))
+    return json.loads(found[0].read_text()) if found else None
+
+
+RUN = ["--system", "ours", "--model", "tiny", "--layers", "2", "--batch", "4", "--warmup", "1"]
+
+
+@pytest.mark.timeout(150)
+def test_unshaped_cpu_job_completes_with_the_inventory_in_its_records(slurm):
+    inv = _inventory(slurm, "unshaped.yaml", f"""
+        scenario: 3
+        devices: 2
+        bandwidth_scale: 0.01
+        nodes:
+          - {{name: {NODE}, nic: lo, host: 127.0.0.1, devices: [0, 1]}}
+    """)
+    results = slurm.d / "results-unshaped"
+    job = slurm.submit(_sbatch(slurm, inv, "--no-shaping", "--", *RUN, "--iters", "2", "--out", results))
+    slurm.wait_gone(job, 120)
+    man = _manifest(results)
+    assert man is not None and man["status"] == "ok", slurm.job_log(job)
+    run = next(results.glob("*/*/records.csv"))
+    recs = read_records(run)
+    assert {(r["scenario"], r["devices"], r["bandwidth_scale"], r["backend"]) for r in recs} == \
+        {("3-multi-dc", 2, 0.01, "cluster")}
+    assert man["spec"]["network"]["mode"] == "none" and man["inventory"]["bandwidth_scale"] == 0.01
+    assert man["cpus_allowed"] == 2  # --cpus-per-task: one core per rank, not one for the node
+
+
+@pytest.mark.timeout(200)
+def test_job_killed_by_its_time_limit_clears_and_fails_its_manifest(slurm):
+    # two devices joined at NVLink class: namespaces and macvlans, but no netem (not every kernel has it)
+    scen = slurm.d / "nvlink-pair.yaml"
+    scen.write_text(textwrap.dedent("""
+        name: nvlink-pair
+        description: two GPUs of one node, NVLink between them
+        device: {gpu: V100, peak_tflops: 125, memory_gb: 16}
+        regions:
+          - {name: node, devices: 2, count: 1}
+        intra_region: {delay_ms: 0, bandwidth_gbps: 1200}
+        inter_region: {delay_ms: 0, bandwidth_gbps: 1200}
+    """))
+    inv = _inventory(slurm, "shaped.yaml", f"""
+        scenario: {scen}
+        subnet: 10.214.0.0/16
+        nodes:
+          - {{name: {NODE}, nic: {NIC}, host: 127.0.0.1, devices: [0, 1]}}
+    """)
+    results = slurm.d / "results-limit"
+    # Slurm counts limits in minutes and checks them about every 30 s: this job ends after 60-90 s
+    job = slurm.submit(_sbatch(slurm, inv, "--time", "0:10", "--", *RUN, "--iters", "1000000", "--timeout", "3600",
+                               "--out", results))
+    names = [f"harness-{node_run_id(NODE)}-{d}" for d in (0, 1)]
+    _wait(lambda: (m := _manifest(results)) is not None and m["status"] == "running", "the run to start", 90)
+    assert all(os.path.exists(f"{NETNS_DIR}/{n}") for n in names)  # shaped: its namespaces are there
+    slurm.wait_gone(job, 150)
+    assert "DUE TO TIME LIMIT" in slurm.job_log(job, tail=None)
+    man = _manifest(results)
+    assert (man["status"], man["reason"]) == ("failed", "terminated by SIGTERM"), slurm.job_log(job)
+    assert not [n for n in names if os.path.exists(f"{NETNS_DIR}/{n}")], slurm.job_log(job)
+    r = slurm.harness("net", "show")
+    assert node_run_id(NODE) not in r.stdout, r.stdout
+
+
+def test_run_arguments_that_disagree_with_the_inventory_are_refused(slurm):
+    inv = _inventory(slurm, "refused.yaml", f"""
+        scenario: 3
+        devices: 2
+        nodes:
+          - {{name: {NODE}, nic: lo, host: 127.0.0.1, devices: [0, 1]}}
+    """)
+    r = slurm.harness("cluster", "sbatch", "--inventory", inv, "--", "--scenario", "5", "--system", "ours")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--scenario 5: the inventory" in r.stderr and "plays scenario 3-multi-dc" in r.stderr
+
+
+def test_a_kernel_without_netem_is_named_in_one_line(slurm):
+    inv = _inventory(slurm, "netem.yaml", f"""
+        scenario: 3
+        devices: 2
+        nodes:
+          - {{name: {NODE}, nic: {NIC}, devices: [0, 1]}}
+    """)
+    r = slurm.harness("net", "apply", "--inventory", inv, "--node", NODE)
+    names = [f"harness-{node_run_id(NODE)}-{d}" for d in (0, 1)]
+    try:
+        if "CONFIG_NET_SCH_NETEM" in " ".join(kernel.host_missing()):
+            assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+            assert "has no sch_netem (modprobe sch_netem, or run unshaped)" in r.stderr
+        else:
+            assert r.returncode == 0, r.stderr
+        assert all(os.path.exists(f"{NETNS_DIR}/{n}") for n in names) == (r.returncode == 0)
+    finally:
+        assert slurm.harness("net", "clear", "--inventory", inv, "--node", NODE).returncode == 0
+    assert not [n for n in names if os.path.exists(f"{NETNS_DIR}/{n}")]

@@ -148,8 +148,9 @@ def sbatch_script(inv: Inventory, run_args: list[str], *, partition: str | None 
             ]),
         ]
         start = ['"$PYTHON" -m harness net apply --inventory "$HARNESS_INVENTORY" --node "$SLURMD_NODENAME" || exit']
-        clear = ['trap \'"$PYTHON" -m harness net clear --inventory "$HARNESS_INVENTORY" --node "$SLURMD_NODENAME"\''
-                 ' EXIT']
+        clear = ['clear() { trap - EXIT; "$PYTHON" -m harness net clear --inventory "$HARNESS_INVENTORY" '
+                 '--node "$SLURMD_NODENAME"; }',
+                 "trap clear EXIT"]
     else:
         rank = [
             "# One process: local rank k on a node plays that node's k-th device (harness/network/node.py).",
@@ -164,7 +165,11 @@ def sbatch_script(inv: Inventory, run_args: list[str], *, partition: str | None 
                                    if shaping else "torchrun (rendezvous on the first node)."),
         *_heredoc("HARNESS_NODE_SH", [
             *clear,
-            "trap 'trap \"\" TERM; kill -TERM $(jobs -p) 2>/dev/null; wait; exit 143' TERM  # time limit, scancel",
+            "# SIGTERM (time limit, scancel): stop torchrun"
+            + ("; clear at once, before a slow stop meets SIGKILL (processes still in a namespace keep "
+               "it until they exit)" if shaping else ""),
+            "trap 'trap \"\" TERM; kill -TERM $(jobs -p) 2>/dev/null; " + ("clear; " if shaping else "")
+            + "wait; exit 143' TERM",
             *start,
             f'"$PYTHON" -m torch.distributed.run --nnodes {n} --nproc-per-node {g} --rdzv-backend c10d \\',
             f'    --rdzv-endpoint {inv.nodes[0].address}:{RDZV_PORT} --rdzv-id "$SLURM_JOB_ID" \\',

@@ -87,9 +87,9 @@ def test_sbatch_text(tmp_path, capsys):
             'NCCL_SOCKET_IFNAME="$ifname" GLOO_SOCKET_IFNAME="$ifname"' in text)
     assert ('exec ip netns exec "$ns" "$PYTHON" -m harness run --inventory "$HARNESS_INVENTORY" --network shaped '
             '"$@"' in text)
-    at = [text.index(x) for x in ("-m harness net clear", "TERM  # time limit", "-m harness net apply",
-                                  "-m torch.distributed.run")]
-    assert at == sorted(at)  # clear trapped, TERM trapped, then apply, then torchrun
+    at = [text.index(x) for x in ("-m harness net clear", "trap clear EXIT", "kill -TERM $(jobs -p) 2>/dev/null; clear;",
+                                  "-m harness net apply", "-m torch.distributed.run")]
+    assert at == sorted(at)  # clear on exit and at SIGTERM, then apply, then torchrun
     assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
 
 

@@ -197,9 +197,8 @@ def test_unshaped_cpu_job_completes_with_the_inventory_in_its_records(slurm):
     assert man["cpus_allowed"] == 2  # --cpus-per-task: one core per rank, not one for the node
 
 
-@pytest.mark.timeout(200)
-def test_job_killed_by_its_time_limit_clears_and_fails_its_manifest(slurm):
-    # two devices joined at NVLink class: namespaces and macvlans, but no netem (not every kernel has it)
+def _shaped_inventory(slurm) -> Path:
+    """Two devices joined at NVLink class: namespaces and macvlans, but no netem (not every kernel has it)."""
     scen = slurm.d / "nvlink-pair.yaml"
     scen.write_text(textwrap.dedent("""
         name: nvlink-pair
@@ -210,26 +209,50 @@ def test_job_killed_by_its_time_limit_clears_and_fails_its_manifest(slurm):
         intra_region: {delay_ms: 0, bandwidth_gbps: 1200}
         inter_region: {delay_ms: 0, bandwidth_gbps: 1200}
     """))
-    inv = _inventory(slurm, "shaped.yaml", f"""
+    return _inventory(slurm, "shaped.yaml", f"""
         scenario: {scen}
         subnet: 10.214.0.0/16
         nodes:
           - {{name: {NODE}, nic: {NIC}, host: 127.0.0.1, devices: [0, 1]}}
     """)
-    results = slurm.d / "results-limit"
-    # Slurm counts limits in minutes and checks them about every 30 s: this job ends after 60-90 s
-    job = slurm.submit(_sbatch(slurm, inv, "--time", "0:10", "--", *RUN, "--iters", "1000000", "--timeout", "3600",
-                               "--out", results))
+
+
+def _start_shaped_job(slurm, results: Path, *sbatch_args) -> tuple[str, list[str]]:
+    """Submit a long shaped run; returns (job id, its namespaces) once it trains in them."""
+    job = slurm.submit(_sbatch(slurm, _shaped_inventory(slurm), *sbatch_args, "--", *RUN, "--iters", "1000000",
+                               "--timeout", "3600", "--out", results))
     names = [f"harness-{node_run_id(NODE)}-{d}" for d in (0, 1)]
     _wait(lambda: (m := _manifest(results)) is not None and m["status"] == "running", "the run to start", 90)
-    assert all(os.path.exists(f"{NETNS_DIR}/{n}") for n in names)  # shaped: its namespaces are there
-    slurm.wait_gone(job, 150)
-    assert "DUE TO TIME LIMIT" in slurm.job_log(job, tail=None)
+    assert all(os.path.exists(f"{NETNS_DIR}/{n}") for n in names)
+    assert _manifest(results)["spec"]["network"]["mode"] == "shaped"
+    return job, names
+
+
+def _assert_stopped_and_cleared(slurm, job: str, results: Path, names: list[str]) -> None:
     man = _manifest(results)
     assert (man["status"], man["reason"]) == ("failed", "terminated by SIGTERM"), slurm.job_log(job)
     assert not [n for n in names if os.path.exists(f"{NETNS_DIR}/{n}")], slurm.job_log(job)
     r = slurm.harness("net", "show")
     assert node_run_id(NODE) not in r.stdout, r.stdout
+
+
+@pytest.mark.timeout(200)
+def test_job_killed_by_its_time_limit_clears_and_fails_its_manifest(slurm):
+    results = slurm.d / "results-limit"
+    # Slurm counts limits in minutes and checks them about every 30 s: this job ends after 60-90 s
+    job, names = _start_shaped_job(slurm, results, "--time", "0:10")
+    slurm.wait_gone(job, 150)
+    assert "DUE TO TIME LIMIT" in slurm.job_log(job, tail=None)
+    _assert_stopped_and_cleared(slurm, job, results, names)
+
+
+@pytest.mark.timeout(150)
+def test_cancelled_job_clears_and_fails_its_manifest(slurm):
+    results = slurm.d / "results-scancel"
+    job, names = _start_shaped_job(slurm, results)
+    slurm.run("scancel", job)
+    slurm.wait_gone(job, 60)
+    _assert_stopped_and_cleared(slurm, job, results, names)
 
 
 def test_run_arguments_that_disagree_with_the_inventory_are_refused(slurm):

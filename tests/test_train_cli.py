@@ -187,3 +187,59 @@ def test_a_scenario_given_as_a_path_reloads_from_the_records(tmp_path, cli, monk
     assert rc == 0, err
     row = out.splitlines()[1].split()
     assert row[:4] == ["net-4dev", "ours", "local", "4"] and float(row[9]) > 0  # simulated seconds
+
+
+BLOCKED_RANK = """
+import sys
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from harness.train.config import ModelSection, NetworkSection, RunRequest, RunSection
+from harness.train.experiment import record_run
+from harness.train.plan import plan_run
+
+req = RunRequest(network=NetworkSection(scenario="3", devices=2, mode="none"),
+                 model=ModelSection(name="tiny", layers=2, batch=4), run=RunSection(results_root=sys.argv[1]))
+
+
+def launch(spec, topo, out):  # rank 0 waiting on a peer that never comes: blocked in C++, not in Python
+    (out / "blocking").touch()
+    dist.TCPStore("127.0.0.1", 0, 1, True, timeout=timedelta(seconds=300)).get("never")
+
+
+record_run(plan_run(req), launch)
+"""
+
+
+def test_sigterm_fails_the_manifest_while_the_rank_is_blocked_in_cxx(tmp_path):
+    """Slurm and torchrun SIGKILL a rank that does not stop within their grace time: the failed
+    manifest must be written at SIGTERM, not when the blocked call returns."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = tmp_path / "blocked.py"
+    script.write_text(BLOCKED_RANK)
+    p = subprocess.Popen([sys.executable, str(script), str(tmp_path)], stderr=subprocess.PIPE, text=True)
+
+    def status():
+        found = list(tmp_path.glob("3-multi-dc/*/manifest.json"))
+        return json.loads(found[0].read_text()) if found else None
+
+    try:
+        deadline = time.monotonic() + 60
+        while not list(tmp_path.glob("3-multi-dc/*/blocking")):  # about to block
+            assert p.poll() is None and time.monotonic() < deadline, p.stderr.read()
+            time.sleep(0.1)
+        assert status()["status"] == "running"
+        p.send_signal(signal.SIGTERM)
+        while status()["status"] == "running":
+            assert time.monotonic() < deadline, "the manifest stayed running after SIGTERM"
+            time.sleep(0.1)
+        assert (status()["status"], status()["reason"]) == ("failed", "terminated by SIGTERM")
+    finally:
+        p.kill()
+        p.wait()
+        p.stderr.close()

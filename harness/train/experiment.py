@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -57,6 +58,45 @@ class _Interrupted(BaseException):
     pass
 
 
+class _TermWatch:
+    """Writes the failed manifest at SIGTERM even while the main thread is blocked in C++ (a
+    collective waiting on a dead peer, a rendezvous): Python runs a signal handler only when
+    that call returns, which may be after Slurm's or torchrun's SIGKILL, leaving `running`.
+    Python's C-level handler writes the signal number to the wakeup fd at once, from any
+    thread; a thread reading it writes the manifest. The handler's own path (teardown, then
+    the same manifest) follows when the main thread can run it. `final` writes under the same
+    lock, so a late SIGTERM never turns an `ok` into `failed`."""
+
+    def __init__(self, write_failed):
+        self._write_failed, self._lock, self._done = write_failed, threading.Lock(), False
+        self._r, self._w = socket.socketpair()
+        self._w.setblocking(False)
+        self._old_fd = signal.set_wakeup_fd(self._w.fileno(), warn_on_full_buffer=False)
+        self._thread = threading.Thread(target=self._watch, name="harness-sigterm", daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while (data := self._r.recv(64)) and 0 not in data:  # 0: close()
+            if signal.SIGTERM in data:
+                self.final(lambda: self._write_failed("terminated by SIGTERM"))
+                return
+
+    def final(self, write) -> None:
+        """Write the run's last manifest (once: after it, SIGTERM writes nothing)."""
+        with self._lock:
+            if not self._done:
+                write()
+                self._done = True
+
+    def close(self) -> None:
+        signal.set_wakeup_fd(self._old_fd)
+        self._w.setblocking(True)
+        self._w.send(b"\0")
+        self._thread.join()
+        self._r.close()
+        self._w.close()
+
+
 def execute(req: RunRequest) -> Path:
     """Run `req`; returns the run directory. Raises HarnessError (after writing a failed manifest)."""
     return record_run(plan_run(req), _launch)
@@ -80,29 +120,36 @@ def record_run(plan: Plan, launch) -> Path:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         raise _Interrupted(f"terminated by {signal.Signals(signum).name}")
 
+    def write_failed(reason: str) -> None:
+        atomic_write_json(out / "manifest.json", manifest(
+            run_id, "failed", reason=reason, wall_seconds=time.monotonic() - t0, **info))
+
+    t0 = time.monotonic()
     main = threading.current_thread() is threading.main_thread()
     old = signal.signal(signal.SIGTERM, on_term) if main else None
-    t0 = time.monotonic()
+    watch = _TermWatch(write_failed) if main else None
+    final = watch.final if watch else (lambda write: write())
     try:
         atomic_write_json(out / "manifest.json", manifest(run_id, "running", **info))
         kernel, per_rank, extra = launch(spec, topo, out)
         spec = spec.with_resolved(kernel=kernel)
         stats = merge_stats(per_rank, shared_clock=spec.resolved.backend != "cluster")  # cluster: one clock per host
         write_records(out / "records.csv", to_records(spec, stats))
-        atomic_write_json(out / "manifest.json", manifest(
-            run_id, "ok", wall_seconds=time.monotonic() - t0, kernel=kernel, **info, **extra))
+        final(lambda: atomic_write_json(out / "manifest.json", manifest(
+            run_id, "ok", wall_seconds=time.monotonic() - t0, kernel=kernel, **info, **extra)))
         return out
     except (HarnessError, _Interrupted, KeyboardInterrupt, Exception) as e:
         if main:  # a stop signal now would cut the failed manifest short
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else (str(e) or type(e).__name__)
-        atomic_write_json(out / "manifest.json", manifest(
-            run_id, "failed", reason=reason, wall_seconds=time.monotonic() - t0, **info))
+        final(lambda: write_failed(reason))
         if isinstance(e, HarnessError):
             raise
         if isinstance(e, (KeyboardInterrupt, _Interrupted)):
             raise KeyboardInterrupt from None
         raise HarnessError(f"run {run_id} failed: {type(e).__name__}: {e}") from e
     finally:
+        if watch is not None:
+            watch.close()
         if old is not None:
             signal.signal(signal.SIGTERM, old)

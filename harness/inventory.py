@@ -3,7 +3,7 @@
 
     scenario: 5                # case number, name or path; its device ids are used below
     devices: 16                # optional: scale the scenario down first
-    bandwidth_scale: 1.0       # optional, default 1 (`net apply --bandwidth-scale` overrides it)
+    bandwidth_scale: 1.0       # optional, default 1; the one source on real nodes (net apply, the trainer)
     subnet: 10.214.0.0/16      # optional; device i gets the (i+1)-th address; must be free on the NICs' L2 segment
     nodes:                     # every scenario device on exactly one node
       - {name: gpu-a, nic: eth0, host: 10.0.0.1, devices: [0, 1, 2, 3, 4, 5, 6, 7]}

@@ -10,8 +10,8 @@ step does everything on its node:
 Apply, train and clear in one step because a job that hit its time limit or was cancelled
 can start no new step: a clear step started from the batch script then fails
 (`srun: error: ... has expired`) and every namespace stays. Slurm sends the step SIGTERM
-and waits KillWait seconds before SIGKILL; the step's TERM trap stops torchrun (rank 0
-writes a `failed` manifest) and clears within that time. `--no-shaping` leaves out 1 and
+and waits KillWait seconds before SIGKILL; the step's TERM trap clears at once, then stops
+torchrun (rank 0 writes a `failed` manifest at SIGTERM, train/experiment.py). `--no-shaping` leaves out 1 and
 3 and runs the ranks on the nodes' own network (`--network none`; no root needed).
 
 The run arguments are checked here as `harness run` checks them (the inventory is the one
@@ -174,8 +174,7 @@ def sbatch_script(inv: Inventory, run_args: list[str], *, partition: str | None 
             f'"$PYTHON" -m torch.distributed.run --nnodes {n} --nproc-per-node {g} --rdzv-backend c10d \\',
             f'    --rdzv-endpoint {inv.nodes[0].address}:{RDZV_PORT} --rdzv-id "$SLURM_JOB_ID" \\',
             '    --no-python bash -c "$HARNESS_RANK_SH" harness-rank "$@" &',
-            "pid=$!",
-            'wait "$pid"',
+            "wait $!",
         ]),
     ]
     body = [

@@ -51,35 +51,40 @@ class ComputeProfile:
     """Achieved compute of one device type."""
 
     gpu: str
-    peak_tflops: float
+    peak_tflops: float  # the peak of the run's precision (DeviceProfile.peak)
     efficiency: dict[str, float] = field(default_factory=dict)
     source: str = ""
+    slowdown: float = 1.0  # the scenario's penalty factor for this device (Sky Computing)
 
     def flops_per_s(self, op_class: str) -> float:
-        return self.peak_tflops * 1e12 * self.efficiency[op_class]
+        """What the device achieves: peak x efficiency / slowdown."""
+        return self.peak_tflops * 1e12 * self.efficiency[op_class] / self.slowdown
 
     def seconds(self, flop: float, op_class: str = "transformer") -> float:
         return flop / self.flops_per_s(op_class)
 
 
-def default_profile(device: DeviceProfile) -> ComputeProfile:
+def default_profile(device: DeviceProfile, dtype: str = "fp16") -> ComputeProfile:
     gpu = device.gpu if device.gpu in DEFAULT_EFFICIENCY else FALLBACK_GPU
     src = EFFICIENCY_SOURCES[gpu] if gpu == device.gpu else f"{device.gpu}: no default, using {gpu}: {EFFICIENCY_SOURCES[gpu]}"
-    return ComputeProfile(device.gpu, device.peak_tflops, dict(DEFAULT_EFFICIENCY[gpu]), src)
+    return ComputeProfile(device.gpu, device.peak(dtype), dict(DEFAULT_EFFICIENCY[gpu]), src, device.slowdown)
 
 
-def device_profiles(topo: Topology, overrides: dict[str, ComputeProfile] | None = None) -> list[ComputeProfile]:
-    """One ComputeProfile per device: the scenario's peak, an override (by GPU name) or the default efficiency.
+def device_profiles(topo: Topology, overrides: dict[str, ComputeProfile] | None = None,
+                    dtype: str = "fp16") -> list[ComputeProfile]:
+    """One ComputeProfile per device: the scenario's peak for `dtype` and slowdown, with an override
+    (by GPU name) or the default efficiency.
 
-    An override keeps the scenario's peak unless it names its own (peak_tflops > 0)."""
+    An override keeps the scenario's peak unless it names its own (peak_tflops > 0); the slowdown
+    is the scenario's."""
     out = []
     overrides = overrides or {}
     for dev in topo.profiles:
-        base = default_profile(dev)
+        base = default_profile(dev, dtype)
         ov = overrides.get(dev.gpu) or overrides.get("*")
         if ov is not None:
-            base = ComputeProfile(dev.gpu, ov.peak_tflops if ov.peak_tflops > 0 else dev.peak_tflops,
-                                  {**base.efficiency, **ov.efficiency}, ov.source)
+            base = ComputeProfile(dev.gpu, ov.peak_tflops if ov.peak_tflops > 0 else base.peak_tflops,
+                                  {**base.efficiency, **ov.efficiency}, ov.source, dev.slowdown)
         out.append(base)
     return out
 

@@ -16,6 +16,7 @@ import numpy as np
 import yaml
 
 from .errors import HarnessError
+from .gpus import GPU_TYPES, find_gpu
 
 SCENARIO_DIR = Path(__file__).resolve().parent.parent / "scenarios"
 
@@ -26,11 +27,21 @@ class ScenarioError(HarnessError, ValueError):
 
 @dataclass(frozen=True)
 class DeviceProfile:
-    """Compute of one device. The peak is data, never a literal in code."""
+    """Compute of one device. The peaks are data (the scenario's, or harness/gpus.py's vendor sheet for
+    its `gpu`), never a literal in code. slowdown: Sky Computing's penalty factor, the device computes
+    that many times slower than its type (> 1: a slower device)."""
 
     gpu: str
-    peak_tflops: float
+    peak_tflops: float  # fp16 / bf16 (mixed precision) peak
     memory_gb: float
+    peak_tflops_fp32: float | None = None  # None: the same as peak_tflops
+    slowdown: float = 1.0
+
+    def peak(self, dtype: str) -> float:
+        """Peak TFLOPS for a training precision (fp32 runs use the single-precision peak)."""
+        if dtype == "fp32" and self.peak_tflops_fp32 is not None:
+            return self.peak_tflops_fp32
+        return self.peak_tflops
 
 
 @dataclass(frozen=True)
@@ -133,7 +144,7 @@ _TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_
 _REGION_KEYS = {"name", "devices", "count", "intra_region", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
 _MATRIX_KEYS = {"order", "delay_ms", "bandwidth_gbps"}
-_PROFILE_KEYS = {"gpu", "peak_tflops", "memory_gb"}
+_PROFILE_KEYS = {"gpu", "peak_tflops", "peak_tflops_fp32", "memory_gb", "slowdown"}
 
 
 def list_scenarios() -> list[str]:
@@ -209,21 +220,33 @@ def _link(path, field, d) -> Link:
     )
 
 
-def _profile(path, field, d, default: DeviceProfile | None) -> DeviceProfile:
+def _profile(path, field, d, default: dict | None) -> DeviceProfile:
+    """A device entry -> DeviceProfile. `default` is the top-level `device` as written: a region's
+    entry that names a `gpu` replaces it, one that does not (e.g. only a slowdown) overlays it.
+    A GPU of harness/gpus.py fills the figures the entry leaves out; any other must give them."""
     if d is None:
         if default is None:
             _fail(path, field, "missing")
-        return default
+        d, field = default, "device"
     _check_keys(path, field, d, _PROFILE_KEYS)
-    base = vars(default) if default else {}
-    merged = {**base, **d}
-    for k in _PROFILE_KEYS:
-        if k not in merged:
-            _fail(path, f"{field}.{k}", "missing")
+    if default is not None and "gpu" not in d:
+        d = {**default, **d}
+    if "gpu" not in d:
+        _fail(path, f"{field}.gpu", "missing")
+    known = find_gpu(d["gpu"])
+    if known is None and "peak_tflops" not in d:
+        _fail(path, f"{field}.gpu", f"unknown GPU (known: {', '.join(GPU_TYPES)}; or give peak_tflops and "
+              "memory_gb)", d["gpu"])
+    if known is None and "memory_gb" not in d:
+        _fail(path, f"{field}.memory_gb", "missing (needed for a GPU harness/gpus.py does not know)")
+    peak = _number(path, f"{field}.peak_tflops", d.get("peak_tflops", known and known.fp16_tflops), positive=True)
+    fp32 = d.get("peak_tflops_fp32", known.fp32_tflops if known else None)
     return DeviceProfile(
-        str(merged["gpu"]),
-        _number(path, f"{field}.peak_tflops", merged["peak_tflops"], positive=True),
-        _number(path, f"{field}.memory_gb", merged["memory_gb"], positive=True),
+        known.name if known else str(d["gpu"]),
+        peak,
+        _number(path, f"{field}.memory_gb", d.get("memory_gb", known and known.memory_gb), positive=True),
+        None if fp32 is None else _number(path, f"{field}.peak_tflops_fp32", fp32, positive=True),
+        _number(path, f"{field}.slowdown", d.get("slowdown", 1.0), positive=True),
     )
 
 
@@ -234,7 +257,9 @@ def _parse(doc, path: Path) -> Topology:
     for k in ("name", "regions", "inter_region"):
         if k not in doc:
             _fail(path, k, "missing")
-    default_profile = _profile(path, "device", doc.get("device"), None) if "device" in doc else None
+    default_profile = doc.get("device")
+    if default_profile is not None:
+        _profile(path, "device", default_profile, None)  # its errors name the top-level field
     default_intra = _link(path, "intra_region", doc["intra_region"]) if "intra_region" in doc else None
 
     regions: list[Region] = []

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..profiles import default_profile
 from ..scenario import Topology
 from .figures import save_figure
 
@@ -19,15 +20,19 @@ def scenario_summary(topo: Topology) -> str:
         f"bandwidth {b.min():g}-{b.max():g} Gbps" + (" (asymmetric)" if not np.allclose(
             topo.bandwidth_gbps[off], topo.bandwidth_gbps.T[off]) or not np.allclose(topo.delay_ms, topo.delay_ms.T)
             else ""),
-        f"  {'region':16s} {'devices':>7s} {'ids':>9s} {'intra delay ms':>14s} {'intra Gbps':>10s}  device",
+        f"  {'region':16s} {'devices':>7s} {'ids':>9s} {'intra delay ms':>14s} {'intra Gbps':>10s}  "
+        "device (type, memory, effective fp16 TFLOPS = peak x efficiency / slowdown)",
     ]
     start = 0
     for r in topo.regions:
         ids = f"{start}-{start + r.devices - 1}" if r.devices > 1 else str(start)
-        p = r.profile
+        p, c = r.profile, default_profile(r.profile)
+        eff = c.efficiency["transformer"]
+        slow = f" / {p.slowdown:g}" if p.slowdown != 1 else ""
         lines.append(
             f"  {r.name:16s} {r.devices:7d} {ids:>9s} {r.intra.delay_ms:14g} {r.intra.bandwidth_gbps:10g}  "
-            f"{p.gpu}, {p.peak_tflops:g} TFLOPS, {p.memory_gb:g} GB"
+            f"{p.gpu}, {p.memory_gb:g} GB, {c.flops_per_s('transformer') / 1e12:.3g} TFLOPS "
+            f"({p.peak_tflops:g} x {eff:g}{slow})"
         )
         start += r.devices
     return "\n".join(lines)

@@ -1,20 +1,12 @@
-"""GPT configurations, the one FLOP formula, and the byte sizes the cost model needs.
+"""GPT configurations: shapes, parameter counts and how blocks split over stages.
 
-Sizes are derived from the model and the layout, never constants: c_pp is the
-activation bytes one tasklet sends to its pipeline neighbour per iteration (the
-same amount of activation gradient comes back), c_dp the gradient bytes of the
-largest stage.
+What the shapes cost (FLOPs, bytes on the wire, seconds on a device) is harness/compute.py.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
 from .errors import HarnessError
-
-# The formula of the paper's tables (Narayanan et al. 2021 without the vocabulary term).
-FLOP_FORMULA = "96*B*s*l*h^2*(1+s/(6h))"
-# Bytes of one activation, gradient or parameter value per training precision.
-BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
 @dataclass(frozen=True)
@@ -75,12 +67,6 @@ def get_model(name: str, layers: int | None = None) -> GPTConfig:
     return cfg
 
 
-def pflop_per_iteration(cfg: GPTConfig, batch: int) -> float:
-    """PFLOP of one training iteration (forward + backward, with recompute), per FLOP_FORMULA."""
-    B, s, l, h = batch, cfg.seq, cfg.layers, cfg.hidden
-    return 96 * B * s * l * h * h * (1 + s / (6 * h)) / 1e15
-
-
 def even_split(layers: int, d_pp: int) -> list[int]:
     """Contiguous split of `layers` blocks over d_pp stages (earlier stages take the remainder)."""
     if d_pp < 1 or d_pp > layers:
@@ -101,13 +87,3 @@ def stage_params(cfg: GPTConfig, split: int | list[int]) -> list[int]:
     counts[0] += cfg.embedding_params
     counts[-1] += cfg.head_params
     return counts
-
-
-def c_pp_bytes(cfg: GPTConfig, batch: int, d_dp: int, bytes_per_value: int = 2) -> float:
-    """Activation bytes a tasklet sends to the next stage per iteration: (B/D_DP) x s x h values."""
-    return batch / d_dp * cfg.seq * cfg.hidden * bytes_per_value
-
-
-def c_dp_bytes(cfg: GPTConfig, d_pp: int, bytes_per_value: int = 2) -> float:
-    """Gradient bytes of one stage (the largest: the data-parallel cost is a max over groups)."""
-    return max(stage_params(cfg, d_pp)) * bytes_per_value

@@ -20,7 +20,7 @@ import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .model import FLOP_FORMULA
+from .compute import FLOP_FORMULA
 
 RESULTS_DIR = Path(os.environ.get("HARNESS_RESULTS", Path(__file__).resolve().parent.parent / "results"))
 
@@ -56,6 +56,9 @@ class IterationRecord:
     d_tp: int = 1
     config: str = ""  # system-specific layout, JSON (e.g. {"tp":1,"pp":8,"dp":8} or {"zero":3})
     flop_formula: str = FLOP_FORMULA
+    # with the compute model (harness/train/compute_model.py): rank phases of this iteration whose real
+    # computation took longer than their modelled time (> 0: the iteration is slower than the model)
+    compute_overruns: int = 0
 
 
 RECORD_FIELDS = [f.name for f in fields(IterationRecord)]

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from harness.model import (ModelError, c_dp_bytes, c_pp_bytes, get_model, pflop_per_iteration, stage_layers,
-                           stage_params)
+from harness.model import ModelError, get_model, stage_layers, stage_params
+from harness.compute import c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from harness.train.gpt import GPT
 
 

@@ -147,7 +147,7 @@ def test_compare_ignores_sim_records_and_rejects_empty(tmp_path):
 
 def test_calibrate_makes_the_simulated_compute_equal_the_measured(cli, tmp_path):
     cfg = get_model("gpt3-xl", 8)
-    from harness.model import pflop_per_iteration
+    from harness.compute import pflop_per_iteration
 
     pflop = pflop_per_iteration(cfg, 64)
     eff = 0.42

@@ -8,10 +8,12 @@ import pytest
 
 from harness import layout as layouts
 from harness.cost import CostModel
-from harness.model import c_pp_bytes, even_split, get_model
+from harness.model import stage_params, even_split, get_model
+from harness.compute import c_pp_bytes
 from harness.profiles import device_profiles
 from harness.scenario import load_scenario
-from harness.sim import systems, workload
+from harness import compute
+from harness.sim import systems
 from harness.sim.network import Links
 from harness.sim.sweep import PAPER_RUNTIME
 from tests.conftest import make_topology, random_topology
@@ -42,13 +44,15 @@ def test_ours_two_stages_one_link_closed_form():
     links, prof = Links.from_topology(topo), device_profiles(topo)
     M = 16
     r = systems.simulate_ours(links, prof, CFG, M, ours([[0, 1]]))
-    fwd, bwd = workload.stage_compute(CFG, [4, 4], 1, prof, np.array([0, 1]))
-    ser = workload.activation_bytes(CFG, 1) / (1e9 / 8)
+    fwd, bwd = compute.stage_compute(CFG, [4, 4], 1, prof, np.array([0, 1]))
+    ser = compute.activation_bytes(CFG, 1) / (1e9 / 8)
     a = 0.020
     t_fwd = fwd[0] + ser + a + fwd[1] + (M - 1) * max(fwd[0], ser, fwd[1])
     t_end = t_fwd + bwd[1] + ser + a + bwd[0] + (M - 1) * max(bwd[1], ser, bwd[0])
-    assert r.seconds == pytest.approx(t_end, rel=1e-12)  # one replica: no data-parallel sync
-    assert r.compute_seconds == pytest.approx(M * max(fwd + bwd), rel=1e-12)
+    opt = np.array([compute.optimizer_seconds(p, prof[j]) for j, p in enumerate(stage_params(CFG, [4, 4]))])
+    # one replica: no data-parallel sync; stage 0 ends an iteration (its optimizer step) and starts the next
+    assert r.seconds == pytest.approx(t_end + opt[0], rel=1e-12)
+    assert r.compute_seconds == pytest.approx(max(M * (fwd + bwd) + opt), rel=1e-12)
 
 
 def test_zero3_step_closed_form_on_uniform_ring():
@@ -62,8 +66,8 @@ def test_zero3_step_closed_form_on_uniform_ring():
     def ag(params):  # ring all-gather: D-1 steps of one shard
         return (n - 1) * (alpha + 2 * params / n / rate)
 
-    c_f = workload.block_fwd_flop(CFG, 1) / prof[0].flops_per_s("transformer")
-    h_f = workload.head_fwd_flop(CFG, 1) / prof[0].flops_per_s("lm_head")
+    c_f = compute.block_fwd_flop(CFG, 1) / prof[0].flops_per_s("transformer")
+    h_f = compute.head_fwd_flop(CFG, 1) / prof[0].flops_per_s("lm_head")
     per_layer = 2 * max(c_f, ag(CFG.block_params)) + max(2 * c_f, 2 * ag(CFG.block_params))
     per_mb = (CFG.layers * per_layer + 2 * ag(CFG.embedding_params)
               + max(h_f, ag(CFG.head_params)) + max(2 * h_f, 2 * ag(CFG.head_params)))
@@ -110,7 +114,7 @@ def test_cost_model_is_a_lower_bound_of_simulated_communication(case, devices, d
     links, prof = Links.from_topology(topo), device_profiles(topo)
     batch = 256
     pipelines = random_placement(topo.n, seed).reshape(d_pp, d_dp).T
-    c_dp = float(workload.stage_param_bytes(CFG, even_split(CFG.layers, d_pp)).max())
+    c_dp = float(compute.stage_param_bytes(CFG, even_split(CFG.layers, d_pp)).max())
     # every stage synchronises c_dp bytes, as the cost model assumes (eq. 2 uses one c_dp for all groups)
     r = systems.simulate_ours(links, prof, CFG, batch, ours(pipelines), dp_bytes=np.full(d_pp, c_dp), ps_mode="rounds")
     cm = CostModel(topo, d_pp, d_dp, c_pp_bytes(CFG, batch, d_dp), c_dp)

@@ -7,7 +7,8 @@ import pytest
 from harness import layout as layouts
 from harness.model import GPTConfig, even_split, get_model, stage_params
 from harness.profiles import device_profiles
-from harness.sim import network, pipeline, torch_runtime, workload
+from harness import compute
+from harness.sim import network, pipeline, torch_runtime
 from harness.sim.network import Links
 from tests.conftest import make_topology
 
@@ -43,8 +44,8 @@ def test_gpipe_two_stages_one_micro_batch_closed_form():
     topo = uniform(2, d * 1e3, gbps)
     links = Links.from_topology(topo, "gloo", "per-pair")
     prof = device_profiles(topo)
-    s = workload.activation_bytes(TINY, 1, 4) / (gbps * 1e9 / 8)
-    fwd, bwd = workload.stage_compute(TINY, even_split(TINY.layers, 2), 1, prof, np.array([0, 1]),
+    s = compute.activation_bytes(TINY, 1, 4) / (gbps * 1e9 / 8)
+    fwd, bwd = compute.stage_compute(TINY, even_split(TINY.layers, 2), 1, prof, np.array([0, 1]),
                                       recompute=False)
     f0, f1, b0, b1 = fwd[0], fwd[1], bwd[0], bwd[1]
     two_stages = layouts.in_rank_order(1, 2, 1, TINY.layers, schedule="gpipe")
@@ -101,7 +102,7 @@ def test_ddp_reduce_inside_the_last_backward_serialises_the_stages():
     prof = device_profiles(topo)
     lay = layouts.with_rank_order(layouts.in_rank_order(1, P, R, cfg.layers), dev.ravel())
     seconds, _, det = torch_runtime.simulate(links, prof, cfg, 8, lay, bytes_per_value=4)
-    grads = workload.stage_param_bytes(cfg, lay.layers_per_stage, 4)
+    grads = compute.stage_param_bytes(cfg, lay.layers_per_stage, 4)
     per_stage = [float(network.ring_allreduce(links, dev[j][None, :], grads[j]).max()) for j in range(P)]
     assert seconds >= sum(per_stage)
     assert det["pipeline_seconds"] == pytest.approx(seconds)

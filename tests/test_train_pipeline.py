@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.model import c_dp_bytes, c_pp_bytes, get_model
+from harness.model import get_model
+from harness.compute import c_dp_bytes, c_pp_bytes
 from harness.scenario import load_scenario
 from harness import layout as layouts
 from harness.layout import Layout

@@ -33,6 +33,13 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
                    help="default fp32 on cpu, bf16 on cuda")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--compute-model", action="store_true",
+                   help="every forward, backward and optimizer step of a rank takes what its scenario device "
+                        "gives (FLOPs / (peak x efficiency / slowdown)): it computes, then waits for the rest; "
+                        "phases that took longer are counted in the records (compute_overruns)")
+    p.add_argument("--compute-time-scale", type=positive_float, default=1.0, metavar="X",
+                   help="with --compute-model: multiply every modelled time by X (default 1; e.g. 1000 so that "
+                        "a CPU computes a GPU's microseconds within the modelled time)")
     p.add_argument("--out", type=Path, help="results root (default results/)")
     p.add_argument("--debug", action="append", metavar="KEY=VALUE",
                    help="debug options carried to every rank (repeatable): fault_rank=R, fault_after_s=S, "
@@ -60,7 +67,7 @@ def network_from_args(args):
 
 def request_from_args(args, layout):
     """The typed run request (harness/train/config.py) of the flags shared by run and tune."""
-    from ..train.config import DebugSection, ModelSection, RunRequest, RunSection
+    from ..train.config import ComputeSection, DebugSection, ModelSection, RunRequest, RunSection
 
     return RunRequest(
         model=ModelSection(name=args.model, layers=args.layers, batch=args.batch, micro_batch=args.micro_batch,
@@ -70,6 +77,7 @@ def request_from_args(args, layout):
         network=network_from_args(args),
         run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
                        timeout_s=args.timeout, results_root=str(args.out) if args.out else None),
+        compute=ComputeSection(model=args.compute_model, time_scale=args.compute_time_scale),
         debug=DebugSection.parse(args.debug),
     )
 

@@ -52,7 +52,8 @@ def register(sub) -> None:
 def resolve_layout(args):
     """(topology, d_pp, d_dp, c_pp_bytes, c_dp_bytes) from the shared flags."""
     from ..layout import LayoutError
-    from ..model import c_dp_bytes, c_pp_bytes, get_model
+    from ..model import get_model
+    from ..compute import c_dp_bytes, c_pp_bytes
     from ..scenario import load_scenario
 
     if not args.scenario:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import get_model, pflop_per_iteration
+from ..model import get_model
+from ..compute import pflop_per_iteration
 from ..results import atomic_write_json, atomic_write_text, manifest, write_records
 from ..scenario import Topology, load_scenario
 from .. import systems as registry
@@ -380,10 +381,10 @@ def disagreements(rows, c51, fs) -> list[str]:
 
 def last_stage_load(model: str, layers: int, d_pp: int) -> dict:
     """Compute of ours' last stage (blocks + LM head) over a middle stage's, and the head in blocks."""
-    from ..sim import workload
+    from .. import compute
 
     cfg = get_model(model, layers)
-    head_blocks = workload.head_fwd_flop(cfg, 1) / workload.block_fwd_flop(cfg, 1)
+    head_blocks = compute.head_fwd_flop(cfg, 1) / compute.block_fwd_flop(cfg, 1)
     per_stage = layers / d_pp
     # blocks: forward + backward + recompute = 4 forwards; head: forward + backward = 3
     return {"head_blocks": head_blocks, "ratio": (4 * per_stage + 3 * head_blocks) / (4 * per_stage)}

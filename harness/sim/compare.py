@@ -15,7 +15,7 @@ Error = simulated / measured - 1.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +24,9 @@ from .. import layout as layouts
 from .. import systems as registry
 from ..errors import HarnessError
 from ..layout import Layout
-from ..model import BYTES_PER_VALUE, get_model
-from ..profiles import OP_CLASSES, ComputeProfile
+from ..model import get_model
+from ..compute import BYTES_PER_VALUE
+from ..profiles import OP_CLASSES, ComputeProfile, device_profiles
 from ..results import read_records
 from ..scenario import load_scenario
 from . import systems, torch_runtime
@@ -40,7 +41,7 @@ BUSY_HOST = 0.5
 DEFAULT_DTYPE = {"emu": "fp32", "local": "fp32", "cluster": "bf16"}
 DEFAULT_DEVICE = {"emu": "cpu", "local": "cpu", "cluster": "cuda"}
 GROUP_KEYS = ("scenario", "system", "backend", "devices", "model", "layers", "batch", "micro_batch",
-              "bandwidth_scale", "seed", "config", "dtype", "device_type")
+              "bandwidth_scale", "seed", "config", "dtype", "device_type", "compute_time_scale")
 
 
 @dataclass
@@ -100,6 +101,8 @@ def load_measured(path: Path) -> list[dict]:
             r.setdefault("dtype", section("model").get("dtype"))
             r.setdefault("device_type", section("run").get("device_type"))
             r.setdefault("scenario_source", section("resolved").get("scenario_source"))
+            if section("compute").get("model"):  # a compute-model run: its devices' times are the table's
+                r.setdefault("compute_time_scale", float(section("compute").get("time_scale", 1.0)))
             out.append(r)
     return out
 
@@ -131,7 +134,12 @@ def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) 
     d_pp = int(conf.get("pp", conf.get("d_pp", rec.get("d_pp") or 1)))
     # the emulator shapes every pair on its own (network.Links, nic="per-pair"); real clusters share NICs
     nic = "per-pair" if rec.get("backend") == "emu" else "shared"
-    sim = Simulator(topo, overrides, d_pp=d_pp, micro_batch=mb, protocol=protocol, nic=nic)
+    scale = rec.get("compute_time_scale")
+    # a compute-model run computes at its devices' profiles (the scenario's GPUs at the run's precision,
+    # their slowdown) times its time scale: predicted from the device table, no calibration
+    profiles = None if not scale else [replace(p, slowdown=p.slowdown * float(scale))
+                                       for p in device_profiles(topo, dtype=dtype)]
+    sim = Simulator(topo, overrides, d_pp=d_pp, micro_batch=mb, protocol=protocol, nic=nic, profiles=profiles)
     lay = record_layout(rec, cfg, topo.n, device, lambda: sim.assignment(cfg, batch))
     return entry.simulate_layout_fn()(sim.links, sim.profiles, cfg, batch, lay, mb, bpv)
 
@@ -218,22 +226,25 @@ def calibrate_records(records: list[dict]) -> dict[str, ComputeProfile]:
     exactly the work the busiest device did (its stage, the LM head, recomputation or not). The
     median over records is used; records of compute_observed systems (registry) are preferred when present.
     """
-    measured = [r for r in records if r.get("backend") != "sim" and (r.get("compute_seconds") or 0) > 0]
+    measured = [r for r in records if r.get("backend") != "sim" and (r.get("compute_seconds") or 0) > 0
+                and not r.get("compute_time_scale")]  # compute-model runs compute at the table's speed
     if not measured:
-        raise HarnessError("records: no measured record with compute_seconds > 0 (backend emu, local or cluster)")
+        raise HarnessError("records: no measured record with compute_seconds > 0 (backend emu, local or cluster; "
+                           "compute-model runs are paced to the device table, not measured)")
     observed = [r for r in measured if _compute_observed(r["system"])]
     use = observed or measured
     by_gpu: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
     sims: dict[tuple, float] = {}
     for r in use:
-        dev = _topology(r).profiles[0]
-        unit = {dev.gpu: ComputeProfile(dev.gpu, 0.0, {c: 1.0 for c in OP_CLASSES}, "unit")}
+        devs = {p.gpu: p for p in _topology(r).profiles}  # every GPU type of the run at efficiency 1
+        unit = {g: ComputeProfile(g, 0.0, {c: 1.0 for c in OP_CLASSES}, "unit") for g in devs}
         key = tuple(str(r.get(k)) for k in GROUP_KEYS)
         if key not in sims:
             sims[key] = simulate_run(r, unit)[1]
-        by_gpu.setdefault(dev.gpu, []).append(min(sims[key] / float(r["compute_seconds"]), 1.0))
-        peaks[dev.gpu] = dev.peak_tflops
+        for gpu, dev in devs.items():  # one efficiency for the run: each of its types gets it
+            by_gpu.setdefault(gpu, []).append(min(sims[key] / float(r["compute_seconds"]), 1.0))
+            peaks[gpu] = dev.peak_tflops
     what = "in-iteration" if observed else "start-up"
     return {gpu: ComputeProfile(gpu, peaks[gpu], {c: float(np.median(e)) for c in OP_CLASSES},
                                 f"calibrated: median of {len(e)} measured records ({what} compute timings)")

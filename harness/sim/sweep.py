@@ -21,11 +21,13 @@ import numpy as np
 from .. import layout as layouts
 from .. import systems as registry
 from ..layout import RANDOM_SEEDS, Layout, LayoutError
-from ..model import GPTConfig, c_dp_bytes, c_pp_bytes, pflop_per_iteration
+from ..model import GPTConfig
+from ..compute import c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from ..profiles import ComputeProfile, device_profiles
 from ..results import IterationRecord, atomic_write_json
 from ..scenario import Topology
-from . import systems, workload
+from .. import compute as work
+from . import systems
 from .network import PROTOCOLS, Links
 from .systems import SimError, SimResult
 
@@ -61,7 +63,7 @@ class Simulator:
                  d_pp: int = 8, scheduler: str = "ga", schedule_seed: int = 0, budget: int = 5000,
                  cache_dir: Path | None = None, ps_mode: str = "grouped",
                  placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1, protocol: str = "nccl",
-                 nic: str = "shared"):
+                 nic: str = "shared", profiles: list[ComputeProfile] | None = None):
         if topo.n % d_pp:
             raise SimError(f"--d-pp: {d_pp} does not divide the {topo.n} devices of {topo.name}")
         for p in placements:
@@ -71,7 +73,8 @@ class Simulator:
         if protocol not in PROTOCOLS:
             raise SimError(f"--protocol: unknown {protocol!r} (known: {', '.join(PROTOCOLS)})")
         self.links = Links.from_topology(topo, protocol, nic)
-        self.profiles = device_profiles(topo, profile_overrides)
+        # every device's compute: given (sim compare of a compute-model run), else the scenario's with overrides
+        self.profiles = list(profiles) if profiles is not None else device_profiles(topo, profile_overrides)
         self.d_pp, self.d_dp = d_pp, topo.n // d_pp
         self.scheduler, self.schedule_seed, self.budget = scheduler, schedule_seed, budget
         self.cache_dir = Path(cache_dir) if cache_dir else None
@@ -221,7 +224,7 @@ def candidates_of_rule(sim: Simulator, entry, cfg: GPTConfig, batch: int) -> lis
                      run=RunSection(system=entry.name))
     lay, _ = resolve_layout(req, sim.topo)
     seconds, compute = entry.simulate_layout_fn()(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch,
-                                                  workload.BYTES_PER_VALUE)
+                                                  work.PAPER_BYTES)
     return [Candidate(entry.name, lay.to_json(), seconds, compute, ())]
 
 

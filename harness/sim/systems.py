@@ -27,9 +27,10 @@ import numpy as np
 
 from ..errors import HarnessError
 from ..layout import Layout
-from ..model import GPTConfig
+from ..model import GPTConfig, stage_params
 from ..profiles import ComputeProfile
-from . import network, pipeline, workload
+from .. import compute as work
+from . import network, pipeline
 from .network import Links
 
 
@@ -66,7 +67,7 @@ STEADY_ITERATIONS = 3  # ours: iterations chained to reach the steady-state peri
 def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, batch: int,
                   layout: Layout, micro_batch: int = 1, system: str = "ours",
                   dp_bytes: np.ndarray | None = None, ps_mode: str = "grouped",
-                  bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
+                  bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
     """The layout's pipelines (D_DP, D_PP), its schedule (gpipe, the paper, or 1f1b), dp_sync (sharded-ps,
     the paper, or allreduce: ring) and recompute, as the trainer runs them. dp_bytes overrides the
     per-stage gradient bytes; ps_mode "grouped" or "rounds" (network.sharded_ps)."""
@@ -75,14 +76,17 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     _check_layers(cfg, P)
     schedule, dp_sync = layout.schedule, layout.dp_sync
     M = _micro_batches(batch, R, micro_batch, "pipelines")
-    fwd, bwd = workload.stage_compute(cfg, layout.layers_per_stage, micro_batch, profiles, pipelines,
+    fwd, bwd = work.stage_compute(cfg, layout.layers_per_stage, micro_batch, profiles, pipelines,
                                       recompute=layout.recompute)  # (R, P)
-    act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
+    params = stage_params(cfg, list(layout.layers_per_stage))
+    opt = np.array([[work.optimizer_seconds(params[j], profiles[d]) for j, d in enumerate(row)]
+                    for row in pipelines])  # (R, P)
+    act = work.activation_bytes(cfg, micro_batch, bytes_per_value)
     S = pipelines.T  # (P, R)
     fser, fdel = network.step_times(links, S[:-1], S[1:], act)
     bser, bdel = network.step_times(links, S[1:], S[:-1], act)
     times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel)
-    grads = (workload.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) if dp_bytes is None
+    grads = (work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) if dp_bytes is None
              else np.asarray(dp_bytes, dtype=float))
     # No barrier between iterations: a stage starts the next one when its own sync is done, so a
     # long sync tail of one stage overlaps the next iteration's fill on the others. One iteration
@@ -100,12 +104,13 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
                 end[j] = network.ring_allreduce(links, S[j][None, :], grads[j], start=tl.finish[j][None, :])[0]
             else:
                 raise SimError(f"dp_sync: unknown {dp_sync!r} (known: sharded-ps, allreduce)")
+        end += opt.T  # then every device's optimizer step over its stage
         if start is None:  # the first iteration, from a common start: its spans are reported
             first = (tl, end)
         ends.append(float(end.max()))
         start = end
     seconds = ends[-1] - ends[-2] if len(ends) > 1 else ends[0]
-    compute = float((M * (fwd + bwd)).max())
+    compute = float((M * (fwd + bwd) + opt).max())
     tl, end = first
     return SimResult(
         system, {"pp": P, "dp": R}, seconds, compute,
@@ -125,11 +130,11 @@ def _pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_bat
         raise SimError(f"tensor parallel {tp} does not divide the {cfg.heads} attention heads")
     M = _micro_batches(batch, dp, micro_batch, "data-parallel replicas")
     # compute of each tensor rank; the stage runs at its slowest rank's pace
-    f_all, b_all = workload.stage_compute(cfg, layout.layers_per_stage, micro_batch, profiles,
+    f_all, b_all = work.stage_compute(cfg, layout.layers_per_stage, micro_batch, profiles,
                                           np.moveaxis(dev, 0, -1), tp)  # (dp, tp, pp)
     fwd = f_all.max(1).T  # (pp, dp)
     bwd = b_all.max(1).T
-    act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
+    act = work.activation_bytes(cfg, micro_batch, bytes_per_value)
     layers = np.asarray(layout.layers_per_stage)
     if tp > 1:
         groups = dev.reshape(pp * dp, tp)
@@ -162,11 +167,11 @@ def _pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_bat
 
 
 def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout, micro_batch: int = 1,
-                      bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
+                      bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
     dev = layout.array()
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
-    grads = workload.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) / tp
+    grads = work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) / tp
     end = np.empty((pp, dp, tp))
     for j in range(pp):
         groups = dev[j].T  # (tp, dp): one data-parallel ring per tensor rank
@@ -181,11 +186,11 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout
 
 # --------------------------------------------------------------------------- DeepSpeed
 def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout, micro_batch: int = 1,
-                      bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
+                      bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
     dev = layout.array()
     pp, dp = layout.pp, layout.dp
     tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
-    grads = workload.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value)
+    grads = work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value)
     end = np.empty((pp, dp))
     for j in range(pp):
         g = dev[j, :, 0][None, :]
@@ -198,14 +203,14 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout
 
 
 def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
-                   micro_batch: int = 1, bytes_per_value: int = workload.BYTES_PER_VALUE) -> SimResult:
+                   micro_batch: int = 1, bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
     ring = layout.array()[0, :, 0][None, :]  # ZeRO-3: one stage, every device a replica, in rank order
     N = ring.shape[1]
     M = _micro_batches(batch, N, micro_batch, "data-parallel devices")
     rate_t = min(p.flops_per_s("transformer") for p in profiles)  # synchronous collectives: slowest device paces
     rate_h = min(p.flops_per_s("lm_head") for p in profiles)
-    c_f = workload.block_fwd_flop(cfg, micro_batch) / rate_t
-    h_f = workload.head_fwd_flop(cfg, micro_batch) / rate_h
+    c_f = work.block_fwd_flop(cfg, micro_batch) / rate_t
+    h_f = work.head_fwd_flop(cfg, micro_batch) / rate_h
     bpv = bytes_per_value
 
     def gather(params: float) -> float:

@@ -30,7 +30,8 @@ import numpy as np
 
 from ..layout import Layout
 from ..model import GPTConfig
-from . import network, workload
+from .. import compute as work
+from . import network
 from .network import Links
 from .systems import SimError, _check_layers, _micro_batches
 
@@ -186,7 +187,7 @@ def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: li
 
 
 def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout, micro_batch: int = 1,
-             bytes_per_value: int = workload.BYTES_PER_VALUE) -> tuple[float, float, dict]:
+             bytes_per_value: int = work.PAPER_BYTES) -> tuple[float, float, dict]:
     """Seconds of one iteration of the torch-pipelining baseline on the layout (tp = 1; its schedule
     and ZeRO stage 0 or 1).
 
@@ -200,9 +201,9 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
     schedule, zero, split = layout.schedule, layout.zero, layout.layers_per_stage
     M = _micro_batches(batch, R, micro_batch, "data-parallel replicas")
     _check_layers(cfg, P)
-    fwd, bwd = workload.stage_compute(cfg, split, micro_batch, profiles, dev.T, recompute=False)  # (R, P)
-    act = workload.activation_bytes(cfg, micro_batch, bytes_per_value)
-    grads = workload.stage_param_bytes(cfg, split, bytes_per_value)
+    fwd, bwd = work.stage_compute(cfg, split, micro_batch, profiles, dev.T, recompute=False)  # (R, P)
+    act = work.activation_bytes(cfg, micro_batch, bytes_per_value)
+    grads = work.stage_param_bytes(cfg, split, bytes_per_value)
     programs = [schedule_program(schedule, P, M, j) for j in range(P)]
     msgs: dict[tuple, _Message] = {}
     pair_free: dict[tuple[int, int], float] = {}

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..layout import Layout
-from ..model import GPTConfig, c_pp_bytes, stage_params
+from ..model import GPTConfig, stage_params
+from ..compute import c_pp_bytes
 from ..scenario import Topology
 
 

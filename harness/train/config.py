@@ -18,7 +18,9 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import HarnessError
 from ..layout import DP_SYNCS, SCHEDULES, Layout
-from ..model import BYTES_PER_VALUE, GPTConfig, get_model
+from ..model import GPTConfig, get_model
+from ..profiles import ComputeProfile
+from ..compute import BYTES_PER_VALUE
 
 DTYPE_NAMES = tuple(BYTES_PER_VALUE)
 NETWORK_MODES = ("emulated", "none", "shaped")
@@ -140,6 +142,26 @@ class RunSection:
 
 
 @dataclass(frozen=True)
+class ComputeSection:
+    """The compute model (harness/train/compute_model.py): with `model`, every forward, backward and
+    optimizer step of a rank takes what its device's profile gives for that work, times `time_scale`
+    (the rank computes for real, then waits for the rest), so CPU processes stand in for the
+    scenario's GPUs whatever else runs on the host. `devices`: every device's ComputeProfile at the
+    run's precision, filled in by planning."""
+
+    model: bool = False
+    time_scale: float = 1.0
+    devices: tuple = ()
+
+    def __post_init__(self):
+        _positive("compute.time_scale", self.time_scale, float)
+        if self.time_scale != 1.0 and not self.model:
+            raise ConfigError("--compute-time-scale: needs --compute-model")
+        object.__setattr__(self, "devices", tuple(
+            d if isinstance(d, ComputeProfile) else ComputeProfile(**d) for d in self.devices))
+
+
+@dataclass(frozen=True)
 class DebugSection:
     """Injected behaviour for tests and experiments; off by default."""
 
@@ -193,8 +215,8 @@ class Resolved:
 
 
 BACKENDS = ("emu", "local", "cluster")
-SECTIONS = {"model": ModelSection, "network": NetworkSection, "run": RunSection, "debug": DebugSection,
-            "resolved": Resolved}
+SECTIONS = {"model": ModelSection, "network": NetworkSection, "run": RunSection, "compute": ComputeSection,
+            "debug": DebugSection, "resolved": Resolved}
 
 
 @dataclass(frozen=True)
@@ -205,6 +227,7 @@ class RunRequest:
     model: ModelSection = field(default_factory=ModelSection)
     layout: LayoutRequest = field(default_factory=LayoutRequest)
     run: RunSection = field(default_factory=RunSection)
+    compute: ComputeSection = field(default_factory=ComputeSection)
     debug: DebugSection = field(default_factory=DebugSection)
 
 
@@ -218,6 +241,7 @@ class RunSpec:
     layout: Layout
     run: RunSection
     resolved: Resolved
+    compute: ComputeSection = field(default_factory=ComputeSection)
     debug: DebugSection = field(default_factory=DebugSection)
 
     @property

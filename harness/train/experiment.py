@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ..errors import HarnessError
-from ..model import pflop_per_iteration
+from ..compute import pflop_per_iteration
 from ..results import IterationRecord, atomic_write_json, manifest, run_dir, write_records
 from ..scenario import Topology
 from .config import RunRequest, RunSpec
@@ -37,9 +37,20 @@ def to_records(spec: RunSpec, stats: list[IterationStats]) -> list[IterationReco
             iteration=spec.run.warmup + k, seconds=s.seconds, pflop=pflop, pflops=pflop / s.seconds,
             tokens_per_s=m.batch * cfg.seq / s.seconds, compute_seconds=s.compute_seconds,
             exposed_comm_seconds=s.exposed_comm_seconds, loss=s.loss, d_tp=lay.tp, config=layout_json,
+            compute_overruns=s.compute_overruns,
         )
         for k, s in enumerate(stats)
     ]
+
+
+def compute_model_summary(spec: RunSpec, stats: list[IterationStats], per_rank: list[list[IterationStats]]) -> dict:
+    """The manifest's account of the compute model: its scale, how often the real computation outran
+    it in the timed iterations (never hidden: such iterations are slower than modelled), and every
+    rank's mean compute seconds per iteration (devices that differ show here)."""
+    return {"time_scale": spec.compute.time_scale,
+            "overrun_phases": sum(s.compute_overruns for s in stats),
+            "iterations_with_overruns": sum(s.compute_overruns > 0 for s in stats),
+            "rank_compute_seconds": [sum(s.compute_seconds for s in r) / len(r) if r else None for r in per_rank]}
 
 
 def _launch(spec: RunSpec, topo: Topology, out: Path) -> tuple[str, list[list[IterationStats]], dict]:
@@ -135,6 +146,8 @@ def record_run(plan: Plan, launch) -> Path:
         spec = spec.with_resolved(kernel=kernel)
         stats = merge_stats(per_rank, shared_clock=spec.resolved.backend != "cluster")  # cluster: one clock per host
         write_records(out / "records.csv", to_records(spec, stats))
+        if spec.compute.model:
+            extra = {**extra, "compute_model": compute_model_summary(spec, stats, per_rank)}
         final(lambda: atomic_write_json(out / "manifest.json", manifest(
             run_id, "ok", wall_seconds=time.monotonic() - t0, kernel=kernel, **info, **extra)))
         return out

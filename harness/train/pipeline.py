@@ -28,6 +28,7 @@ from .. import schedule_order
 from ..errors import HarnessError
 from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
 from .gpt import GPT, lm_loss, synthetic_batch
+from .compute_model import pacer_for
 from .config import RunSpec
 from .rank import RankContext, iteration_progress, torch_dtype
 from .reference import make_optimizer, micro_batches
@@ -113,6 +114,7 @@ class PipelineStageRunner:
         self.loss_scale = FP16_LOSS_SCALE if m.dtype == "fp16" else 1.0
         self.act_shape = (m.micro_batch, cfg.seq, cfg.hidden)
         self.trace = spec.debug.trace  # per-iteration phase times on stderr
+        self.pacer = pacer_for(spec, self.stage_idx, ctx.device_index, ctx.device)  # the compute model, if on
 
     # -- one iteration ---------------------------------------------------------
     def _forward(self, x):
@@ -182,7 +184,7 @@ class PipelineStageRunner:
                     work.wait()
                     waits["act"] += time.perf_counter() - tw
                     x = buf.float().requires_grad_() if self.autocast else buf.requires_grad_()
-                with clock.compute():
+                with clock.compute(), self.pacer.phase("forward"):
                     y = self._forward(x)
                     if self.last:
                         loss = lm_loss(y, targets[k * m:(k + 1) * m])
@@ -200,14 +202,14 @@ class PipelineStageRunner:
             else:
                 x, y = saved.pop(k)
                 if self.last:
-                    with clock.compute():
+                    with clock.compute(), self.pacer.phase("backward"):
                         y.backward()
                 else:
                     buf, work = grad_in.pop(k)
                     tw = time.perf_counter()
                     work.wait()
                     waits["grad"] += time.perf_counter() - tw
-                    with clock.compute():
+                    with clock.compute(), self.pacer.phase("backward"):
                         y.backward(buf.to(y.dtype))
                 if not self.first:
                     g = x.grad.to(self.comm_dtype).contiguous()
@@ -225,7 +227,7 @@ class PipelineStageRunner:
             print(f"[trace] rank {self.ctx.rank} it {it} stage {self.stage_idx} pipe {t_pipe - t_start:.3f} "
                   f"(wait act {waits['act']:.3f} grad {waits['grad']:.3f}) dp {t_dp - t_pipe:.3f} "
                   f"sends {time.perf_counter() - t_dp:.3f} at {time.time():.3f}", file=sys.stderr, flush=True)
-        with clock.compute():
+        with clock.compute(), self.pacer.phase("optimizer"):
             unflatten_into_grads(flat / self.loss_scale if self.loss_scale != 1.0 else flat, self.params)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
@@ -258,7 +260,10 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
             ctx.mark("first_iteration")
         if it >= warmup:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
-                                        exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss, end=t))
+                                        exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss, end=t,
+                                        compute_overruns=runner.pacer.take()))
+        else:
+            runner.pacer.take()  # warm-up overruns are not the timed iterations'
         if ctx.rank == 0:
             iteration_progress(it, steps, warmup, t - t_prev)
         t_prev = t

@@ -17,7 +17,9 @@ from .. import layout as layouts
 from .. import systems as registry
 from ..cost import CostModel
 from ..layout import Layout, LayoutError
-from ..model import GPTConfig, c_dp_bytes, c_pp_bytes
+from ..model import GPTConfig
+from ..compute import c_dp_bytes, c_pp_bytes
+from ..profiles import device_profiles
 from ..results import new_run_id
 from ..scenario import Topology, load_scenario, reload_name
 from .bounds import comm_lower_bound
@@ -57,8 +59,11 @@ def plan_run(req: RunRequest) -> Plan:
     resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),
                         backend="emu" if req.network.mode == "emulated" else "local",
                         scenario=topo.name, scenario_source=reload_name(topo))  # records name it as its file does
+    compute = req.compute
+    if compute.model:  # every device's profile at the run's precision travels to the ranks
+        compute = replace(compute, devices=tuple(device_profiles(topo, dtype=req.model.dtype)))
     spec = RunSpec(network=req.network, model=req.model, layout=layout, run=req.run, resolved=resolved,
-                   debug=req.debug)
+                   compute=compute, debug=req.debug)
     return Plan(spec, topo, placement)
 
 

@@ -15,6 +15,7 @@ class IterationStats:
     exposed_comm_seconds: float
     loss: float
     end: float = math.nan
+    compute_overruns: int = 0  # phases whose real computation outran the compute model's time
 
 
 def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False) -> list[IterationStats]:
@@ -42,5 +43,6 @@ def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False
             seconds=seconds, compute_seconds=compute,
             exposed_comm_seconds=max(0.0, seconds - compute),
             loss=sum(losses) / len(losses) if losses else float("nan"),
+            compute_overruns=sum(it.compute_overruns for it in its),
         ))
     return out

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from harness.cost import CostModel
-from harness.model import c_dp_bytes, c_pp_bytes, get_model
+from harness.model import get_model
+from harness.compute import c_dp_bytes, c_pp_bytes
 from harness.scenario import load_scenario
 from harness.scheduler import schedule
 

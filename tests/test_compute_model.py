@@ -113,3 +113,31 @@ def test_without_the_flag_nothing_is_paced(cli, tmp_path):
     man, recs = _run(cli, tmp_path)
     assert "compute_model" not in man and man["spec"]["compute"] == {"model": False, "time_scale": 1.0, "devices": []}
     assert all(r["compute_overruns"] == 0 for r in recs)
+
+
+@pytest.mark.parametrize("system,flags", [("megatron", ("--pp", 4, "--dp", 1)),
+                                          ("deepspeed", ("--zero", 1, "--pp", 4, "--dp", 1))])
+def test_the_baselines_stage_modules_are_paced_through_hooks(cli, tmp_path, system, flags):
+    scale = 1000.0
+    scen = tmp_path / "half-slow.yaml"
+    scen.write_text(textwrap.dedent(SCENARIO))
+    rc, out, err = cli("run", "--scenario", scen, "--network", "none", "--system", system, *flags, "--batch", 4,
+                       "--iters", 2, "--out", tmp_path / "res", "--compute-model", "--compute-time-scale", scale)
+    assert rc == 0, err
+    run = next((tmp_path / "res" / "half-slow").iterdir())
+    cm = json.loads((run / "manifest.json").read_text())["compute_model"]
+    cfg = get_model("tiny")
+    prof = device_profiles(load_scenario(str(scen)), dtype="fp32")
+    # rank order: stage j on device j; no recompute in these runtimes; 4 micro-batches
+    per_mb = [sum(compute.rank_phase_seconds(cfg, [2, 2, 2, 2], j, 1, prof[j], False)[k]
+                  for k in ("forward", "backward")) for j in range(4)]
+    assert cm["rank_compute_seconds"] == pytest.approx([4 * scale * t for t in per_mb])
+    # the pipeline cannot finish before its slowest stage has computed its modelled time
+    for r in read_records(run):
+        assert r["seconds"] >= 0.999 * 4 * scale * max(per_mb)
+
+
+def test_layouts_with_collectives_inside_modules_refuse_the_model(cli):
+    rc, out, err = cli("run", "--scenario", "5", "--devices", "8", "--network", "none", "--system", "megatron",
+                       "--tp", 2, "--compute-model")
+    assert rc == 2 and err.count("\n") == 1 and "tensor parallel or ZeRO-3" in err

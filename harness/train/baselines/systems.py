@@ -5,6 +5,7 @@ hands back one IterationStats per timed iteration (and, for parity tests, its pa
 """
 from __future__ import annotations
 
+from ..compute_model import pacer_for
 from ..config import RunSpec
 from ..rank import RankContext, torch_dtype
 from ..stats import IterationStats
@@ -18,6 +19,9 @@ def _train(system: str, ctx: RankContext, spec: RunSpec) -> list[IterationStats]
         layout, cfg, m.batch, m.micro_batch, spec.run.iters, m.seed, m.lr,
         warmup=spec.run.warmup, want_state=ctx.collect_state, device=ctx.device, dtype=torch_dtype(spec),
         progress=ctx.rank == 0,
+        # the compute model, if on: these runtimes keep activations (no recompute)
+        pace=(lambda stage: pacer_for(spec, stage, ctx.device_index, ctx.device, recompute=False))
+        if spec.compute.model else None,
     )
     if state is not None:
         ctx.save_state(state)

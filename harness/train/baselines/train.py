@@ -5,7 +5,11 @@ when D_PP = 1) parallelised by `parallelize.py`, stepped by a torch.distributed.
 schedule over its replica's micro-batches, then the optimizer (plain, or ZeRO-1 sharded).
 Same model (`GPT(cfg, seed)`), data (`synthetic_batch`), loss and optimizer as the reference.
 
-compute_seconds is calibrated, not observed inside the distributed step (PyTorch's
+With the compute model (compute_model.py), the stage module is held to its device's modelled
+forward and backward times (hooks on the module: the schedules call it themselves), and
+compute_seconds is that modelled time. The optimizer step runs at its real speed, as the
+simulator's model of these runtimes leaves it out. Without it, compute_seconds is
+calibrated, not observed inside the distributed step (PyTorch's
 collectives run inside the modules' forward/backward, where a hook cannot separate
 them): before training, the rank times forward+backward of one micro-batch through its
 unsharded part, and an iteration's compute is that time x its micro-batches, divided by
@@ -27,6 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ...layout import Layout
 from ...model import GPTConfig
+from ..compute_model import pace_stage_module
 from ..gpt import GPT, lm_loss, synthetic_batch
 from ..rank import iteration_progress
 from ..reference import make_optimizer, micro_batches
@@ -67,14 +72,17 @@ class BaselineRank:
     n_local_mb: int
     compute_seconds: float
     device: torch.device
+    pacer: object = None  # the compute model's (compute_model.py); None: off
 
 
 def build_rank(
     layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, seed: int, lr: float,
-    device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
+    device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, pace=None,
 ) -> BaselineRank:
     """Create the device mesh (pp, dp, tp) of the layout and this rank's parallel model part.
 
+    pace(stage) -> the compute model's pacer for this rank's stage (compute_model.pacer_for): its
+    stage module is then held to the modelled times, and compute_seconds is the modelled time.
     Collective: every rank of the default group calls it with the same layout.
     """
     rank = dist.get_rank()
@@ -85,7 +93,11 @@ def build_rank(
 
     model = GPT(cfg, seed)
     part = model_part(model, layout.stages[stage]).to(device=device, dtype=dtype)
-    if device.type == "cpu":
+    pacer = pace(stage) if pace is not None else None
+    if pacer is not None:  # the modelled time is the compute: nothing to calibrate
+        pace_stage_module(part, pacer)
+        one = pacer.seconds["forward"] + pacer.seconds["backward"]
+    elif device.type == "cpu":
         # CPU ranks share the host's cores: calibrate one rank at a time, so that no rank times
         # its compute while the others run theirs (8 ranks on 2 cores read about 5x slow)
         for turn in range(dist.get_world_size()):
@@ -110,7 +122,7 @@ def build_rank(
         optimizer = zero1_optimizer(params, lr, mesh["dp"].get_group())
     else:
         optimizer = make_optimizer(params, lr)
-    return BaselineRank(layout, model, stage, replica, shard, schedule, optimizer, n_local_mb, compute, device)
+    return BaselineRank(layout, model, stage, replica, shard, schedule, optimizer, n_local_mb, compute, device, pacer)
 
 
 def _calibrate(
@@ -161,18 +173,20 @@ def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, see
     end = time.monotonic()
     loss = float(torch.stack(losses).detach().mean()) if last else math.nan
     compute = min(br.compute_seconds, seconds)
-    return IterationStats(seconds, compute, seconds - compute, loss, end)
+    overruns = br.pacer.take() if br.pacer is not None else 0
+    return IterationStats(seconds, compute, seconds - compute, loss, end, compute_overruns=overruns)
 
 
 def train_baseline(
     layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, iters: int, seed: int, lr: float,
     warmup: int = 0, want_state: bool = False,
     device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress: bool = False,
+    pace=None,
 ) -> tuple[list[IterationStats], dict[str, torch.Tensor] | None]:
     """Run `warmup + iters` iterations on this rank; returns the timed ones (and, if asked, the
     rank's parameters under reference names, restricted to its own stage). With `progress`, one
-    line per iteration on stderr (rank 0 asks for it, as `ours` does)."""
-    br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype)
+    line per iteration on stderr (rank 0 asks for it, as `ours` does). pace: see build_rank."""
+    br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype, pace)
     out = []
     steps = warmup + iters
     for it in range(steps):

@@ -6,7 +6,7 @@ One place for the trainer, the baselines, the cost model and the simulator:
   more forward. The LM head (2*b*s*h*V forward, twice that backward, not recomputed) is
   real work on the last stage even though the formula leaves it out, so it is timed but
   not counted in PFLOPS (as the paper counts). The optimizer step (SGD with momentum)
-  is a few FLOPs per parameter.
+  is a few FLOPs and 20 bytes of memory traffic per parameter: memory-bound.
 - Bytes per value of every training precision, and the message sizes built on them:
   c_pp (activation bytes of a tasklet per iteration; the same amount of gradient comes
   back), c_dp (gradient bytes of the largest stage), one micro-batch's activation.
@@ -29,8 +29,10 @@ FLOP_FORMULA = "96*B*s*l*h^2*(1+s/(6h))"
 BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
 PAPER_DTYPE = "fp16"  # the paper trains in fp16: the simulator's and the cost model's default
 PAPER_BYTES = BYTES_PER_VALUE[PAPER_DTYPE]
-# SGD with momentum (harness/train/reference.make_optimizer): buf = m*buf + g, p -= lr*buf.
+# SGD with momentum (harness/train/reference.make_optimizer): buf = m*buf + g, p -= lr*buf: 4 FLOP, and
+# 5 fp32 values moved (read p, g, buf; write p, buf) per parameter; the step is memory-bound on a GPU.
 OPTIMIZER_FLOP_PER_PARAM = 4
+OPTIMIZER_BYTES_PER_PARAM = 5 * 4
 
 
 def pflop_per_iteration(cfg: GPTConfig, batch: int) -> float:
@@ -90,8 +92,14 @@ def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: 
 
 
 def optimizer_seconds(params: int, profile: ComputeProfile) -> float:
-    """The optimizer step over `params` parameters on the device."""
-    return OPTIMIZER_FLOP_PER_PARAM * params / profile.flops_per_s("transformer")
+    """The optimizer step over `params` parameters on the device: the longer of its FLOPs at the
+    device's rate and its memory traffic at the device's peak memory bandwidth (a roofline; both
+    slowed by the device's slowdown)."""
+    flop_s = OPTIMIZER_FLOP_PER_PARAM * params / profile.flops_per_s("transformer")
+    bw = getattr(profile, "memory_bandwidth_gbs", None)
+    if not bw:
+        return flop_s
+    return max(flop_s, OPTIMIZER_BYTES_PER_PARAM * params / (bw * 1e9) * profile.slowdown)
 
 
 def rank_phase_seconds(cfg: GPTConfig, split: list[int], stage: int, micro_batch: int, profile: ComputeProfile,

@@ -55,6 +55,7 @@ class ComputeProfile:
     efficiency: dict[str, float] = field(default_factory=dict)
     source: str = ""
     slowdown: float = 1.0  # the scenario's penalty factor for this device (Sky Computing)
+    memory_bandwidth_gbs: float | None = None  # the scenario's; None: memory-bound work is not modelled
 
     def flops_per_s(self, op_class: str) -> float:
         """What the device achieves: peak x efficiency / slowdown."""
@@ -67,7 +68,8 @@ class ComputeProfile:
 def default_profile(device: DeviceProfile, dtype: str = "fp16") -> ComputeProfile:
     gpu = device.gpu if device.gpu in DEFAULT_EFFICIENCY else FALLBACK_GPU
     src = EFFICIENCY_SOURCES[gpu] if gpu == device.gpu else f"{device.gpu}: no default, using {gpu}: {EFFICIENCY_SOURCES[gpu]}"
-    return ComputeProfile(device.gpu, device.peak(dtype), dict(DEFAULT_EFFICIENCY[gpu]), src, device.slowdown)
+    return ComputeProfile(device.gpu, device.peak(dtype), dict(DEFAULT_EFFICIENCY[gpu]), src, device.slowdown,
+                          device.memory_bandwidth_gbs)
 
 
 def device_profiles(topo: Topology, overrides: dict[str, ComputeProfile] | None = None,
@@ -84,7 +86,8 @@ def device_profiles(topo: Topology, overrides: dict[str, ComputeProfile] | None 
         ov = overrides.get(dev.gpu) or overrides.get("*")
         if ov is not None:
             base = ComputeProfile(dev.gpu, ov.peak_tflops if ov.peak_tflops > 0 else base.peak_tflops,
-                                  {**base.efficiency, **ov.efficiency}, ov.source, dev.slowdown)
+                                  {**base.efficiency, **ov.efficiency}, ov.source, dev.slowdown,
+                                  dev.memory_bandwidth_gbs)
         out.append(base)
     return out
 

@@ -36,6 +36,7 @@ class DeviceProfile:
     memory_gb: float
     peak_tflops_fp32: float | None = None  # None: the same as peak_tflops
     slowdown: float = 1.0
+    memory_bandwidth_gbs: float | None = None  # GB/s; None: memory-bound work is not modelled
 
     def peak(self, dtype: str) -> float:
         """Peak TFLOPS for a training precision (fp32 runs use the single-precision peak)."""
@@ -144,7 +145,7 @@ _TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_
 _REGION_KEYS = {"name", "devices", "count", "intra_region", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
 _MATRIX_KEYS = {"order", "delay_ms", "bandwidth_gbps"}
-_PROFILE_KEYS = {"gpu", "peak_tflops", "peak_tflops_fp32", "memory_gb", "slowdown"}
+_PROFILE_KEYS = {"gpu", "peak_tflops", "peak_tflops_fp32", "memory_gb", "memory_bandwidth_gbs", "slowdown"}
 
 
 def list_scenarios() -> list[str]:
@@ -241,12 +242,14 @@ def _profile(path, field, d, default: dict | None) -> DeviceProfile:
         _fail(path, f"{field}.memory_gb", "missing (needed for a GPU harness/gpus.py does not know)")
     peak = _number(path, f"{field}.peak_tflops", d.get("peak_tflops", known and known.fp16_tflops), positive=True)
     fp32 = d.get("peak_tflops_fp32", known.fp32_tflops if known else None)
+    mem_bw = d.get("memory_bandwidth_gbs", known.memory_bandwidth_gbs if known else None)
     return DeviceProfile(
         known.name if known else str(d["gpu"]),
         peak,
         _number(path, f"{field}.memory_gb", d.get("memory_gb", known and known.memory_gb), positive=True),
         None if fp32 is None else _number(path, f"{field}.peak_tflops_fp32", fp32, positive=True),
         _number(path, f"{field}.slowdown", d.get("slowdown", 1.0), positive=True),
+        None if mem_bw is None else _number(path, f"{field}.memory_bandwidth_gbs", mem_bw, positive=True),
     )
 
 

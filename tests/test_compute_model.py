@@ -51,6 +51,10 @@ def test_rank_phases_come_from_the_one_stage_formula_and_scale_with_slowdown():
     assert all(s[k] == pytest.approx(SLOW * f[k]) for k in f)
     # SGD with momentum: 4 FLOP per parameter of the stage (2 blocks and the head on the last)
     assert f["optimizer"] == pytest.approx(4 * stage_params(cfg, split)[3] / (15.7e12 * 0.3))
+    # with the memory's bandwidth it is memory-bound: 20 bytes per parameter at 900 GB/s
+    bw = ComputeProfile("V100", 15.7, {"transformer": 0.3, "lm_head": 0.3}, memory_bandwidth_gbs=900)
+    opt = compute.rank_phase_seconds(cfg, split, 3, 1, bw, recompute=False)["optimizer"]
+    assert opt == pytest.approx(20 * stage_params(cfg, split)[3] / 900e9) and opt > f["optimizer"]
 
 
 def test_the_section_checks_its_values_and_travels_as_json():

@@ -16,7 +16,7 @@ def test_the_table_has_every_required_gpu_and_each_figure_is_in_its_source():
     assert set(REQUIRED) <= set(GPU_TYPES)
     for name, g in GPU_TYPES.items():
         assert g.name == name and re.search(r"https://\S+", g.source), name
-        for figure in (g.fp16_tflops, g.fp32_tflops):
+        for figure in (g.fp16_tflops, g.fp32_tflops, g.memory_bandwidth_gbs):
             assert f"{figure:g}" in g.source, (name, figure)
         assert re.search(rf"\b{g.memory_gb:g} ?GB", g.source), (name, g.memory_gb)
         assert 0 < g.fp32_tflops <= g.fp16_tflops, name

@@ -221,10 +221,11 @@ def _compute_observed(system: str) -> bool:
 def calibrate_records(records: list[dict]) -> dict[str, ComputeProfile]:
     """Efficiency per GPU type such that the simulator's busiest-device compute equals the measured one.
 
-    For each measured record, the run is simulated at efficiency 1 (compute scales as 1 /
-    efficiency), so efficiency = simulated compute at 1 / measured compute_seconds; this counts
-    exactly the work the busiest device did (its stage, the LM head, recomputation or not). The
-    median over records is used; records of compute_observed systems (registry) are preferred when present.
+    For each measured record, the run is simulated at efficiency 1 and 1/2: the busiest device's
+    compute is A / efficiency + B, where A is its FLOP-bound work (its stage, the LM head,
+    recomputation or not) and B its memory-bound optimizer step (harness/compute.py), so
+    efficiency = A / (measured compute_seconds - B). The median over records is used; records of
+    compute_observed systems (registry) are preferred when present.
     """
     measured = [r for r in records if r.get("backend") != "sim" and (r.get("compute_seconds") or 0) > 0
                 and not r.get("compute_time_scale")]  # compute-model runs compute at the table's speed
@@ -235,15 +236,19 @@ def calibrate_records(records: list[dict]) -> dict[str, ComputeProfile]:
     use = observed or measured
     by_gpu: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
-    sims: dict[tuple, float] = {}
+    sims: dict[tuple, tuple[float, float]] = {}
     for r in use:
-        devs = {p.gpu: p for p in _topology(r).profiles}  # every GPU type of the run at efficiency 1
-        unit = {g: ComputeProfile(g, 0.0, {c: 1.0 for c in OP_CLASSES}, "unit") for g in devs}
+        devs = {p.gpu: p for p in _topology(r).profiles}  # every GPU type of the run, at one efficiency
         key = tuple(str(r.get(k)) for k in GROUP_KEYS)
         if key not in sims:
-            sims[key] = simulate_run(r, unit)[1]
+            at = [simulate_run(r, {g: ComputeProfile(g, 0.0, {c: e for c in OP_CLASSES}, "probe") for g in devs})[1]
+                  for e in (1.0, 0.5)]
+            sims[key] = (at[1] - at[0], 2 * at[0] - at[1])  # (A, B)
+        flop_bound, memory_bound = sims[key]
+        left = float(r["compute_seconds"]) - memory_bound
+        eff = min(flop_bound / left, 1.0) if left > 0 else 1.0
         for gpu, dev in devs.items():  # one efficiency for the run: each of its types gets it
-            by_gpu.setdefault(gpu, []).append(min(sims[key] / float(r["compute_seconds"]), 1.0))
+            by_gpu.setdefault(gpu, []).append(eff)
             peaks[gpu] = dev.peak_tflops
     what = "in-iteration" if observed else "start-up"
     return {gpu: ComputeProfile(gpu, peaks[gpu], {c: float(np.median(e)) for c in OP_CLASSES},

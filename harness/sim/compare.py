@@ -273,7 +273,8 @@ def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = N
         first = recs[0]
         measured = float(np.mean([r["seconds"] for r in recs]))
         load = float("nan")
-        if first.get("backend") in SHARED_HOST and first.get("host_cpus") and _compute_observed(first["system"]):
+        if (first.get("backend") in SHARED_HOST and first.get("host_cpus") and _compute_observed(first["system"])
+                and not first.get("compute_time_scale")):  # a compute-model rank mostly waits: no load to report
             compute = float(np.mean([float(r.get("compute_seconds") or 0) for r in recs]))
             load = int(first["devices"]) * compute / (measured * int(first["host_cpus"]))
         out.append(Comparison(first["scenario"], first["system"], first["backend"], int(first["devices"]),

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .model import GPTConfig, stage_layers, stage_params
+from .model import GPTConfig, stage_params
 
 if TYPE_CHECKING:  # profiles -> results -> compute (FLOP_FORMULA): no import at run time
     from .profiles import ComputeProfile
@@ -66,7 +66,7 @@ def c_pp_bytes(cfg: GPTConfig, batch: int, d_dp: int, bytes_per_value: int = PAP
 
 def c_dp_bytes(cfg: GPTConfig, d_pp: int, bytes_per_value: int = PAPER_BYTES) -> float:
     """Gradient bytes of one stage (the largest: the data-parallel cost is a max over groups)."""
-    return max(stage_params(cfg, stage_layers(cfg, d_pp))) * bytes_per_value
+    return max(stage_params(cfg, d_pp)) * bytes_per_value
 
 
 def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: list[ComputeProfile],
@@ -96,10 +96,9 @@ def optimizer_seconds(params: int, profile: ComputeProfile) -> float:
     device's rate and its memory traffic at the device's peak memory bandwidth (a roofline; both
     slowed by the device's slowdown)."""
     flop_s = OPTIMIZER_FLOP_PER_PARAM * params / profile.flops_per_s("transformer")
-    bw = getattr(profile, "memory_bandwidth_gbs", None)
-    if not bw:
+    if not profile.memory_bandwidth_gbs:
         return flop_s
-    return max(flop_s, OPTIMIZER_BYTES_PER_PARAM * params / (bw * 1e9) * profile.slowdown)
+    return max(flop_s, OPTIMIZER_BYTES_PER_PARAM * params / (profile.memory_bandwidth_gbs * 1e9) * profile.slowdown)
 
 
 def rank_phase_seconds(cfg: GPTConfig, split: list[int], stage: int, micro_batch: int, profile: ComputeProfile,

@@ -1,12 +1,12 @@
 """GPU types in scenarios: the vendor-sheet table, device entries per region, slowdown, and bad input."""
 import re
-import textwrap
 
 import pytest
 
 from harness.gpus import GPU_TYPES, find_gpu
 from harness.profiles import device_profiles
 from harness.scenario import ScenarioError, list_scenarios, load_scenario
+from tests.test_scenario import write
 
 REQUIRED = ("V100", "A100", "H100", "A40", "T4", "P100", "RTX 3080",
             "TITAN V", "TITAN RTX", "RTX 2060", "Quadro P4000")
@@ -46,12 +46,6 @@ regions:
 intra_region: {delay_ms: 1, bandwidth_gbps: 10}
 inter_region: {delay_ms: 5, bandwidth_gbps: 1}
 """
-
-
-def write(tmp_path, text):
-    p = tmp_path / "s.yaml"
-    p.write_text(textwrap.dedent(text))
-    return p
 
 
 def test_devices_per_region_from_the_table_overlaid_or_given(tmp_path):

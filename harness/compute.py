@@ -70,13 +70,16 @@ def c_dp_bytes(cfg: GPTConfig, d_pp: int, bytes_per_value: int = PAPER_BYTES) ->
 
 
 def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: list[ComputeProfile],
-                  devices: np.ndarray, tp: int = 1, recompute: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                  devices: np.ndarray, tp: int = 1, recompute: bool = True,
+                  vocab_parallel: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward incl. recompute) seconds per micro-batch of the stage each device runs.
 
     split: blocks of every stage (Layout.layers_per_stage, possibly uneven);
     devices: int array (..., d_pp) of device ids in stage order (the last axis is the stage);
-    with tensor parallelism every device does 1/tp of its stage's work. recompute=False: the
-    blocks' backward is 2 forwards (the harness's CPU runs and its baselines keep activations).
+    with tensor parallelism every device does 1/tp of its stage's blocks, and of the LM head
+    when it is vocab-parallel (Megatron-LM; the harness's baselines replicate it: False).
+    recompute=False: the blocks' backward is 2 forwards (the harness's CPU runs and its
+    baselines keep activations).
     """
     layers = np.asarray(split, dtype=float)
     d_pp = len(split)
@@ -85,7 +88,7 @@ def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: 
     rate_h = np.array([p.flops_per_s("lm_head") for p in profiles])[devices]
     f_block = layers * block_fwd_flop(cfg, micro_batch) / tp
     head = np.zeros(d_pp)
-    head[-1] = head_fwd_flop(cfg, micro_batch) / tp
+    head[-1] = head_fwd_flop(cfg, micro_batch) / (tp if vocab_parallel else 1)
     fwd = f_block / rate_t + head / rate_h
     bwd = (3 if recompute else 2) * f_block / rate_t + 2 * head / rate_h  # backward (2x) + recomputed forward (1x); head: 2x
     return fwd, bwd
@@ -102,10 +105,16 @@ def optimizer_seconds(params: int, profile: ComputeProfile) -> float:
 
 
 def rank_phase_seconds(cfg: GPTConfig, split: list[int], stage: int, micro_batch: int, profile: ComputeProfile,
-                       recompute: bool, tp: int = 1) -> dict[str, float]:
+                       recompute: bool, tp: int = 1, vocab_parallel: bool = True,
+                       optimizer_shards: int = 1) -> dict[str, float]:
     """What one rank's phases take on its device: forward and backward of one micro-batch of
-    stage `stage`, and the optimizer step over the stage's parameters (a 1/tp share of each)."""
-    fwd, bwd = stage_compute(cfg, split, micro_batch, [profile], np.zeros(len(split), dtype=int), tp, recompute)
-    params = stage_params(cfg, list(split))[stage] / tp
+    stage `stage`, and the optimizer step over the rank's parameters: a 1/tp share of the
+    stage's blocks (and of its embedding and head when vocab-parallel), then a
+    1/optimizer_shards share of that (ZeRO shards the optimizer over the data-parallel group)."""
+    fwd, bwd = stage_compute(cfg, split, micro_batch, [profile], np.zeros(len(split), dtype=int), tp, recompute,
+                             vocab_parallel)
+    blocks = split[stage] * cfg.block_params
+    ends = stage_params(cfg, list(split))[stage] - blocks
+    params = (blocks / tp + ends / (tp if vocab_parallel else 1)) / optimizer_shards
     return {"forward": float(fwd[stage]), "backward": float(bwd[stage]),
             "optimizer": optimizer_seconds(params, profile)}

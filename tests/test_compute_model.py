@@ -6,13 +6,14 @@ import time
 
 import numpy as np
 import pytest
+import torch
 
 from harness import compute
 from harness.model import get_model, stage_params
 from harness.profiles import ComputeProfile, device_profiles
 from harness.results import read_records
 from harness.scenario import load_scenario
-from harness.train.compute_model import ComputePacer
+from harness.train.compute_model import ComputePacer, pace_stage_module
 from harness.train.config import ComputeSection, ConfigError
 
 SLOW = 4.0
@@ -119,29 +120,87 @@ def test_without_the_flag_nothing_is_paced(cli, tmp_path):
     assert all(r["compute_overruns"] == 0 for r in recs)
 
 
-@pytest.mark.parametrize("system,flags", [("megatron", ("--pp", 4, "--dp", 1)),
-                                          ("deepspeed", ("--zero", 1, "--pp", 4, "--dp", 1))])
-def test_the_baselines_stage_modules_are_paced_through_hooks(cli, tmp_path, system, flags):
-    scale = 1000.0
+class _SlowCollective(torch.autograd.Function):
+    """Stands for a collective a parallelism library runs in a module hook: slow both ways."""
+
+    @staticmethod
+    def forward(ctx, x, seconds):
+        ctx.seconds = seconds
+        time.sleep(seconds)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        time.sleep(ctx.seconds)
+        return grad, None
+
+
+def test_collectives_in_submodule_hooks_are_not_paced_as_compute():
+    model, comm = 0.2, 0.3
+    inner = torch.nn.Linear(4, 4)
+    # as FSDP2's all-gather (pre-hook) and TP's all-reduce (hook), each with a backward of its own
+    inner.register_forward_pre_hook(lambda mod, args: (_SlowCollective.apply(args[0], comm),))
+    inner.register_forward_hook(lambda mod, args, out: _SlowCollective.apply(out, comm))
+    stage = torch.nn.Sequential(inner)
+    pacer = ComputePacer({"forward": model, "backward": model})
+    pace_stage_module(stage, pacer)
+    x = torch.randn(2, 4, requires_grad=True)
+    t0 = time.perf_counter()
+    out = stage(x)
+    t1 = time.perf_counter()
+    out.sum().backward()
+    t2 = time.perf_counter()
+    # each phase: its modelled compute, then the two collectives on top; none is an overrun
+    assert t1 - t0 >= model + 2 * comm and t2 - t1 >= model + 2 * comm
+    assert pacer.take() == 0 and pacer.phases == 2 and x.grad is not None
+
+
+def _baseline_run(cli, tmp_path, system, flags, scale):
     scen = tmp_path / "half-slow.yaml"
     scen.write_text(textwrap.dedent(SCENARIO))
     rc, out, err = cli("run", "--scenario", scen, "--network", "none", "--system", system, *flags, "--batch", 4,
                        "--iters", 2, "--out", tmp_path / "res", "--compute-model", "--compute-time-scale", scale)
     assert rc == 0, err
     run = next((tmp_path / "res" / "half-slow").iterdir())
-    cm = json.loads((run / "manifest.json").read_text())["compute_model"]
+    man = json.loads((run / "manifest.json").read_text())
+    return man["compute_model"], read_records(run), device_profiles(load_scenario(str(scen)), dtype="fp32")
+
+
+@pytest.mark.parametrize("system,flags", [("megatron", ("--pp", 4, "--dp", 1)),
+                                          ("deepspeed", ("--zero", 1, "--pp", 4, "--dp", 1))])
+def test_the_baselines_stage_modules_are_paced_through_hooks(cli, tmp_path, system, flags):
+    scale = 1000.0
+    cm, recs, prof = _baseline_run(cli, tmp_path, system, flags, scale)
     cfg = get_model("tiny")
-    prof = device_profiles(load_scenario(str(scen)), dtype="fp32")
-    # rank order: stage j on device j; no recompute in these runtimes; 4 micro-batches
-    per_mb = [sum(compute.rank_phase_seconds(cfg, [2, 2, 2, 2], j, 1, prof[j], False)[k]
-                  for k in ("forward", "backward")) for j in range(4)]
-    assert cm["rank_compute_seconds"] == pytest.approx([4 * scale * t for t in per_mb])
+    # rank order: stage j on device j; no recompute in these runtimes; 4 micro-batches, then the step
+    phases = [compute.rank_phase_seconds(cfg, [2, 2, 2, 2], j, 1, prof[j], False) for j in range(4)]
+    per_mb = [p["forward"] + p["backward"] for p in phases]
+    assert cm["rank_compute_seconds"] == pytest.approx([scale * (4 * t + p["optimizer"])
+                                                        for t, p in zip(per_mb, phases)])
     # the pipeline cannot finish before its slowest stage has computed its modelled time
-    for r in read_records(run):
+    for r in recs:
         assert r["seconds"] >= 0.999 * 4 * scale * max(per_mb)
 
 
-def test_layouts_with_collectives_inside_modules_refuse_the_model(cli):
-    rc, out, err = cli("run", "--scenario", "5", "--devices", "8", "--network", "none", "--system", "megatron",
-                       "--tp", 2, "--compute-model")
-    assert rc == 2 and err.count("\n") == 1 and "tensor parallel or ZeRO-3" in err
+@pytest.mark.parametrize("system,flags,split,tp,shards", [
+    ("megatron", ("--tp", 2, "--pp", 2, "--dp", 1), [4, 4], 2, 1),  # stage j on devices 2j, 2j+1
+    ("deepspeed", ("--zero", 3, "--dp", 4), [8], 1, 4),  # every device a replica, 1 micro-batch each
+])
+def test_tensor_parallel_and_zero3_ranks_take_their_modelled_time(cli, tmp_path, system, flags, split, tp, shards):
+    scale = 3000.0
+    cm, recs, prof = _baseline_run(cli, tmp_path, system, flags, scale)
+    cfg = get_model("tiny")
+    stages = len(split)
+    replicas = 4 // (tp * stages)
+    micro = 4 // replicas  # micro-batches of a replica (batch 4, micro-batch 1)
+    # a tensor rank does 1/tp of the blocks, the whole head (replicated here), and ZeRO shards the step
+    want = []
+    for d in range(4):
+        p = compute.rank_phase_seconds(cfg, split, d * stages // 4, 1, prof[d], False, tp, vocab_parallel=False,
+                                       optimizer_shards=shards)
+        want.append(scale * (micro * (p["forward"] + p["backward"]) + p["optimizer"]))
+    assert cm["rank_compute_seconds"] == pytest.approx(want)
+    assert want[3] > want[0]  # devices 2 and 3 are the slow ones
+    # the run waits for its slowest rank's modelled compute
+    for r in recs:
+        assert r["seconds"] >= 0.999 * max(want)

@@ -16,7 +16,8 @@
   prefetched, so a layer takes max(compute, communication).
 - deepspeed ZeRO-1 + pipeline: the pipeline engine as Megatron's with T = 1, then a
   ring all-reduce of the gradients and a ring all-gather of the updated parameters.
-All collectives are rings in rank order (network.py). Every system takes its harness.layout.Layout:
+Every device then runs its optimizer step over the parameters it updates (compute.optimizer_seconds:
+its 1/T share, and 1/D of that under ZeRO). All collectives are rings in rank order (network.py). Every system takes its harness.layout.Layout:
 devices of every (stage, replica, tensor rank), the blocks of every stage, schedule and sync.
 """
 from __future__ import annotations
@@ -58,6 +59,15 @@ def _micro_batches(batch: int, replicas: int, micro_batch: int, what: str) -> in
 def _check_layers(cfg: GPTConfig, pp: int):
     if pp > cfg.layers:
         raise SimError(f"--layers: {cfg.layers} layers cannot fill {pp} pipeline stages")
+
+
+def optimizer_step(cfg: GPTConfig, profiles, layout: Layout, shards: int = 1) -> np.ndarray:
+    """(pp, dp, tp) seconds of every device's optimizer step: its 1/tp share of its stage's
+    parameters (vocabulary-parallel ends, as Megatron-LM), and 1/shards of that (ZeRO)."""
+    dev = layout.array()
+    params = np.asarray(stage_params(cfg, list(layout.layers_per_stage)), dtype=float) / (layout.tp * shards)
+    return np.vectorize(lambda j, d: work.optimizer_seconds(params[j], profiles[d]))(
+        np.arange(dev.shape[0])[:, None, None], dev)
 
 
 # --------------------------------------------------------------------------- ours
@@ -162,7 +172,7 @@ def _pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_bat
     zeros = np.zeros_like(f_link)
     times = pipeline.StageTimes(fwd, bwd, f_link, zeros, b_link, zeros)
     tl = pipeline.timeline(times, M, "1f1b", overlap=False)
-    compute = float((M * (f_all + b_all)).max())
+    compute = M * np.moveaxis(f_all + b_all, -1, 0)  # (pp, dp, tp)
     return tl, M, compute
 
 
@@ -171,14 +181,16 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     dev = layout.array()
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
+    opt = optimizer_step(cfg, profiles, layout)
     grads = work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) / tp
     end = np.empty((pp, dp, tp))
     for j in range(pp):
         groups = dev[j].T  # (tp, dp): one data-parallel ring per tensor rank
         start = np.broadcast_to(tl.finish[j][None, :], groups.shape)
         end[j] = network.ring_allreduce(links, groups, grads[j], start=start).T
+    end += opt
     finish = tl.finish[:, :, None]
-    return SimResult("megatron", {"tp": tp, "pp": pp, "dp": dp}, float(end.max()), compute,
+    return SimResult("megatron", {"tp": tp, "pp": pp, "dp": dp}, float(end.max()), float((compute + opt).max()),
                      pp_comm_seconds=float((tl.fwd_span + tl.bwd_span).max(1).sum()) if pp > 1 else 0.0,
                      dp_comm_seconds=float((end - finish).max()),
                      details={"pipeline_seconds": float(tl.finish.max()), "micro_batches": M})
@@ -190,13 +202,15 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     dev = layout.array()
     pp, dp = layout.pp, layout.dp
     tl, M, compute = _pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
+    opt = optimizer_step(cfg, profiles, layout, shards=dp)[:, :, 0]  # each rank steps its 1/dp shard
     grads = work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value)
     end = np.empty((pp, dp))
     for j in range(pp):
         g = dev[j, :, 0][None, :]
-        t = network.ring_allreduce(links, g, grads[j], start=tl.finish[j][None, :])
+        t = network.ring_allreduce(links, g, grads[j], start=tl.finish[j][None, :]) + opt[j][None, :]
         end[j] = network.ring_allgather(links, g, grads[j], start=t)[0]  # updated fp16 parameters
-    return SimResult("deepspeed", {"zero": 1, "pp": pp, "dp": dp}, float(end.max()), compute,
+    return SimResult("deepspeed", {"zero": 1, "pp": pp, "dp": dp}, float(end.max()),
+                     float((compute[:, :, 0] + opt).max()),
                      pp_comm_seconds=float((tl.fwd_span + tl.bwd_span).max(1).sum()) if pp > 1 else 0.0,
                      dp_comm_seconds=float((end - tl.finish).max()),
                      details={"pipeline_seconds": float(tl.finish.max()), "micro_batches": M})
@@ -226,6 +240,7 @@ def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, layout: L
                  + max(h_f, ag_head) + max(2 * h_f, ag_head + rs_head))
     compute_mb = cfg.layers * 4 * c_f + 3 * h_f
     comm_mb = cfg.layers * (3 * ag_block + rs_block) + ag_emb + rs_emb + 2 * ag_head + rs_head
-    return SimResult("deepspeed", {"zero": 3, "dp": N}, M * per_micro, M * compute_mb,
+    opt = float(optimizer_step(cfg, profiles, layout, shards=N).max())  # every rank steps its 1/N shard
+    return SimResult("deepspeed", {"zero": 3, "dp": N}, M * per_micro + opt, M * compute_mb + opt,
                      dp_comm_seconds=M * comm_mb,
                      details={"micro_batches": M, "allgather_block_seconds": ag_block})

@@ -19,6 +19,9 @@ for measured baseline records instead of the paper-scale model in systems.py:
   it after the step (one gloo broadcast per tensor, at most `GLOO_THREADS` in flight
   per process), each a rendezvous.
 
+Every rank's optimizer step (over its stage, or its ZeRO-1 shard of it) follows its
+gradient all-reduce and precedes the broadcasts.
+
 A send completes when its last byte has left (departure + bytes / rate); it arrives
 one delay later. Transfers on one ordered pair go out one after another.
 """
@@ -33,7 +36,7 @@ from ..model import GPTConfig
 from .. import compute as work
 from . import network
 from .network import Links
-from .systems import SimError, _check_layers, _micro_batches
+from .systems import SimError, _check_layers, _micro_batches, optimizer_step
 
 #: ProcessGroupGloo's worker threads (torch's default Options: 2): collectives in flight per process.
 GLOO_THREADS = 2
@@ -274,10 +277,15 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
                     progressed = True
         if not progressed:
             raise RuntimeError("torch pipeline schedule deadlocked")  # a bug, never a user error
+    # the step over each rank's parameters (ZeRO-1: its shard; an even 1/R share, as ZeRO's paper has it)
+    opt = optimizer_step(cfg, profiles, layout, shards=R if zero == 1 else 1)[:, :, 0]  # (P, R)
     pipeline_end = t.copy()
+    t += opt
+    stepped = t.copy()
     if zero == 1 and R > 1:
         for j, tensors in enumerate(stage_tensor_bytes(cfg, split, bytes_per_value)):
             t[j] = broadcasts(links, dev[j], t[j], tensors, zero1_owner(tensors, R))
     dp_seconds = float(max((reduce_end[j] - reduce_at[j]).max() for j in reduce_end)) if reduce_end else 0.0
-    return float(t.max()), float((M * (fwd + bwd)).max()), {"micro_batches": M, "pipeline_seconds": float(pipeline_end.max()),
-                            "dp_seconds": dp_seconds, "zero1_broadcast_seconds": float((t - pipeline_end).max())}
+    return float(t.max()), float((M * (fwd + bwd) + opt.T).max()), {"micro_batches": M, "pipeline_seconds": float(pipeline_end.max()),
+                            "dp_seconds": dp_seconds, "optimizer_seconds": float(opt.max()),
+                            "zero1_broadcast_seconds": float((t - stepped).max())}

@@ -7,6 +7,11 @@ then waits until the phase has taken its modelled time: FLOPs / achieved FLOP/s 
 device (harness/compute.py, harness/profiles.py: peak x efficiency / slowdown), times the
 run's time scale. A phase whose real computation took longer than that is an overrun:
 counted, never hidden (the iteration's records and the manifest carry the counts).
+
+Communication inside a phase is not compute: tensor parallelism (DTensor) and ZeRO-3
+(FSDP2) run their collectives in hooks they put on the stage's submodules, and those
+hooks, with the backward work they create, are timed apart and added to the phase's
+deadline (`pace_stage_module`).
 """
 from __future__ import annotations
 
@@ -30,22 +35,33 @@ class ComputePacer:
         self.seconds = dict(seconds)
         self.cuda = device is not None and device.type == "cuda"
         self.overruns = 0  # since the last take()
+        self.excluded = 0.0  # communication seconds inside the open phase
         self.total_overruns = 0
         self.phases = 0
 
     @contextlib.contextmanager
     def phase(self, name: str):
-        t0 = time.perf_counter()
+        t0 = self.begin()
         yield
         self.finish(name, t0)
 
+    def begin(self) -> float:
+        """Start a phase: its clock, and no communication counted in it yet."""
+        self.excluded = 0.0
+        return time.perf_counter()
+
+    def exclude(self, seconds: float) -> None:
+        """`seconds` of the open phase were communication: its deadline moves by as much."""
+        self.excluded += seconds
+
     def finish(self, name: str, t0: float) -> None:
-        """End phase `name` begun at perf_counter() `t0`: wait for the rest of its modelled time,
-        or count an overrun."""
+        """End phase `name` begun at `t0` (begin()): wait for the rest of its modelled time plus its
+        communication, or count an overrun (computation alone took longer than modelled)."""
         if self.cuda:  # the work is queued on the GPU: it is done only when the stream is
             torch.cuda.synchronize()
         self.phases += 1
-        deadline = t0 + self.seconds[name]
+        deadline = t0 + self.seconds[name] + self.excluded
+        self.excluded = 0.0
         left = deadline - time.perf_counter()
         if left <= 0:
             self.overruns += 1
@@ -73,16 +89,19 @@ class _NoPacer:
 
 
 def pacer_for(spec: RunSpec, stage: int, device_index: int, device: torch.device | None = None,
-              recompute: bool | None = None):
+              recompute: bool | None = None, vocab_parallel: bool = True):
     """The pacer of the rank that runs `stage` (of spec.layout's stages) on scenario device
     `device_index`, or a no-op one when the run's compute model is off. recompute: whether the
-    runtime recomputes activations in backward (default: the layout's)."""
+    runtime recomputes activations in backward (default: the layout's); vocab_parallel: whether
+    tensor parallelism splits the embedding and head (compute.stage_compute). ZeRO shards the
+    optimizer step over the data-parallel group."""
     c = spec.compute
     if not c.model:
         return _NoPacer()
     lay = spec.layout
     modelled = rank_phase_seconds(spec.cfg, list(lay.layers_per_stage), stage, spec.model.micro_batch,
-                                  c.devices[device_index], lay.recompute if recompute is None else recompute, lay.tp)
+                                  c.devices[device_index], lay.recompute if recompute is None else recompute, lay.tp,
+                                  vocab_parallel, optimizer_shards=lay.dp if lay.zero else 1)
     return ComputePacer({k: v * c.time_scale for k, v in modelled.items()}, device)
 
 
@@ -104,30 +123,88 @@ def pace_stage_module(module: torch.nn.Module, pacer) -> None:
     """Pace a pipeline stage's module from inside (the baselines: torch's pipelining schedules call
     its forward and backward themselves). Forward: from the module's call to its return. Backward:
     from the gradient reaching its output to the gradient leaving its input (on the first stage,
-    whose input is token ids, the embedding's output: the embedding's backward is not modelled)."""
+    whose input is token ids, the embedding's output: the embedding's backward is not modelled).
+
+    Call it once the module is parallelised: the forward hooks that tensor parallelism and ZeRO-3
+    put on its submodules (and on the module itself) are where their collectives run, and are
+    kept out of the phases (`_exclude_hooks`)."""
     if isinstance(pacer, _NoPacer):
         return
+    for sub in module.modules():
+        if sub is not module and (sub._forward_pre_hooks or sub._forward_hooks):
+            _exclude_hooks(sub, pacer)
     t: dict[str, float] = {}
 
     def begin_backward():
-        t["backward"] = time.perf_counter()
+        t["backward"] = pacer.begin()
 
     def end_backward():
         pacer.finish("backward", t["backward"])
 
-    def before(mod, args):
-        t["forward"] = time.perf_counter()
+    def before(mod, args):  # after the module's own pre-hooks (FSDP2's prepends its all-gather)
+        t["forward"] = pacer.begin()
         x = args[0] if args else None
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.requires_grad:
             return (_Mark.apply(x, end_backward), *args[1:])
         return None
 
-    def after(mod, args, out):
+    def after(mod, args, out):  # before the module's own forward hooks, whose backward hooks then come first
         pacer.finish("forward", t["forward"])
         return _Mark.apply(out, begin_backward) if out.requires_grad else out
 
     module.register_forward_pre_hook(before)
-    module.register_forward_hook(after)
+    module.register_forward_hook(after, prepend=True)
     embed = getattr(module, "embed", None)
     if embed is not None:
         embed.register_forward_hook(lambda mod, args, out: _Mark.apply(out, end_backward))
+
+
+def _exclude_hooks(module: torch.nn.Module, pacer) -> None:
+    """Time `module`'s forward pre-hooks and forward hooks, and the backward of what they return,
+    as communication: marks go on either side of each group (the first and last hooks of its
+    list), so the backward of a redistribution or of FSDP2's gradient hooks falls between them."""
+    t: dict[str, float] = {}
+
+    def start(key):
+        t[key] = time.perf_counter()
+
+    def stop(key):
+        if key in t:  # several marked inputs: the first to finish closes the interval
+            pacer.exclude(time.perf_counter() - t.pop(key))
+
+    def marked(value, callback):
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            return _Mark.apply(value, callback)
+        return value
+
+    def pre_first(mod, args):
+        start("pre")
+        return tuple(marked(a, lambda: stop("pre-bwd")) for a in args)
+
+    def pre_last(mod, args):
+        stop("pre")
+        return tuple(marked(a, lambda: start("pre-bwd")) for a in args)
+
+    def post_first(mod, args, out):
+        start("post")
+        return marked(out, lambda: stop("post-bwd"))
+
+    def post_last(mod, args, out):
+        stop("post")
+        return marked(out, lambda: start("post-bwd"))
+
+    module.register_forward_pre_hook(pre_first, prepend=True)
+    module.register_forward_pre_hook(pre_last)
+    module.register_forward_hook(post_first, prepend=True)
+    module.register_forward_hook(post_last)
+
+
+def pace_optimizer(optimizer: torch.optim.Optimizer, pacer) -> None:
+    """Hold the optimizer's own update to its modelled time; with ZeRO-1 (ZeroRedundancyOptimizer)
+    the local shard's step, so that the broadcast of the updated parameters stays communication."""
+    if isinstance(pacer, _NoPacer):
+        return
+    local = getattr(optimizer, "optim", optimizer)
+    t: dict[str, float] = {}
+    local.register_step_pre_hook(lambda opt, args, kwargs: t.__setitem__("step", pacer.begin()))
+    local.register_step_post_hook(lambda opt, args, kwargs: pacer.finish("optimizer", t.pop("step")))

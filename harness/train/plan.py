@@ -60,10 +60,6 @@ def plan_run(req: RunRequest) -> Plan:
                         backend="emu" if req.network.mode == "emulated" else "local",
                         scenario=topo.name, scenario_source=reload_name(topo))  # records name it as its file does
     compute = req.compute
-    if compute.model and (layout.tp > 1 or layout.zero == 3):
-        raise LayoutError(f"--compute-model: paces whole stage modules, but {layout.label()} runs collectives "
-                          "inside them (tensor parallel or ZeRO-3), which would be paced as compute; "
-                          "use a layout without --tp > 1 or --zero 3")
     if compute.model:  # every device's profile at the run's precision travels to the ranks
         compute = replace(compute, devices=tuple(device_profiles(topo, dtype=req.model.dtype)))
     spec = RunSpec(network=req.network, model=req.model, layout=layout, run=req.run, resolved=resolved,

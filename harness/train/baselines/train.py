@@ -31,7 +31,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ...layout import Layout
 from ...model import GPTConfig
-from ..compute_model import pace_stage_module
+from ..compute_model import pace_optimizer, pace_stage_module
 from ..gpt import GPT, lm_loss, synthetic_batch
 from ..rank import iteration_progress
 from ..reference import make_optimizer, micro_batches
@@ -95,8 +95,7 @@ def build_rank(
     part = model_part(model, layout.stages[stage]).to(device=device, dtype=dtype)
     pacer = pace(stage) if pace is not None else None
     if pacer is not None:  # the modelled time is the compute: nothing to calibrate
-        pace_stage_module(part, pacer)
-        one = pacer.seconds["forward"] + pacer.seconds["backward"]
+        compute = n_local_mb * (pacer.seconds["forward"] + pacer.seconds["backward"]) + pacer.seconds["optimizer"]
     elif device.type == "cpu":
         # CPU ranks share the host's cores: calibrate one rank at a time, so that no rank times
         # its compute while the others run theirs (8 ranks on 2 cores read about 5x slow)
@@ -104,15 +103,17 @@ def build_rank(
             if turn == rank:
                 one = _calibrate(part, cfg, micro_batch, seed, stage == 0, device, dtype)
             dist.barrier()
+        compute = one * n_local_mb / layout.tp
     else:
-        one = _calibrate(part, cfg, micro_batch, seed, stage == 0, device, dtype)
-    compute = one * n_local_mb / layout.tp
+        compute = _calibrate(part, cfg, micro_batch, seed, stage == 0, device, dtype) * n_local_mb / layout.tp
 
-    part = apply_tp(part, mesh["tp"])
+    part = inner = apply_tp(part, mesh["tp"])
     if layout.zero == 3:
         part = apply_fsdp(part, mesh["dp"])
     else:
         part = apply_ddp(part, mesh["dp"])
+    if pacer is not None:  # once parallelised: the collectives' hooks are then kept out of the phases
+        pace_stage_module(inner, pacer)
     stage_ranks = [int(r) for r in ranks[:, replica, shard]]
     ps = pipeline_stage(part, stage, layout.pp, mesh["pp"].get_group(), stage_ranks, device)
     schedule = pipeline_schedule(ps, n_local_mb, layout.schedule)
@@ -122,6 +123,8 @@ def build_rank(
         optimizer = zero1_optimizer(params, lr, mesh["dp"].get_group())
     else:
         optimizer = make_optimizer(params, lr)
+    if pacer is not None:
+        pace_optimizer(optimizer, pacer)
     return BaselineRank(layout, model, stage, replica, shard, schedule, optimizer, n_local_mb, compute, device, pacer)
 
 

@@ -1,0 +1,287 @@
+"""Layer allocation: given one pipeline's devices in stage order, choose each device's block range.
+
+Sky Computing (Zhu et al. 2022, `../shared/seeds/003_*`) states the problem: device i
+holding blocks [a, b) carries the workload w_i = dt_i * sum(lf[a:b]) + ct_i (dt_i: its
+seconds per FLOP, lf: the blocks' FLOPs, ct_i: its communication time) within its memory,
+sum(lm[a:b]) <= dm_i; the pipeline runs at the pace of its largest w_i. Here w_i is the
+device's modelled seconds of its blocks (forward and backward of one micro-batch at its
+profile's speed) plus fixed parts: its communication, the embedding on the first device
+and the LM head on the last (they ride with the first and last blocks).
+
+Allocators, one function each, behind `allocate(name, problem)`:
+- `even`: equal blocks per device (earlier devices take the remainder), as today.
+- `sky-heuristic`: the paper's Algorithm 1 (coarse allocation by memory) then Algorithm 2
+  (move single blocks between neighbours towards the mean workload), as the paper states
+  them, with the communication term.
+- `sky-mip`: the paper's mixed-integer program (scipy.optimize.milp, HiGHS), time-limited.
+- `optimal`: the exact optimum of the contiguous partition for the fixed device order:
+  dynamic programming over block prefixes, O(D L^2), memory respected.
+Every device gets at least one block (a pipeline stage per device).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import HarnessError
+
+ALLOCATORS = ("even", "sky-heuristic", "sky-mip", "optimal")
+HEURISTIC_MAX_ITER = 1000  # Algorithm 2's max_iter (the paper leaves it open); it stops earlier when pi settles
+MIP_TIME_LIMIT_S = 60.0
+
+
+class AllocationError(HarnessError, ValueError):
+    """No allocation can run (too few blocks, a device without memory for its share); one line."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What an allocator sees, for D devices in pipeline order and L blocks.
+
+    seconds_per_flop: (D,) dt_i; block_flop: (L,) lf_j; fixed_seconds: (D,) ct_i plus the device's
+    fixed work (embedding on the first, head on the last); block_memory: (L,) lm_j bytes;
+    memory: (D,) dm_i bytes the blocks may use (the device's memory less its fixed parts)."""
+
+    seconds_per_flop: np.ndarray
+    block_flop: np.ndarray
+    fixed_seconds: np.ndarray
+    block_memory: np.ndarray
+    memory: np.ndarray
+    names: tuple[str, ...] = ()  # the devices' names, for messages
+
+    @property
+    def devices(self) -> int:
+        return len(self.seconds_per_flop)
+
+    @property
+    def blocks(self) -> int:
+        return len(self.block_flop)
+
+    def name(self, i: int) -> str:
+        return self.names[i] if self.names else f"device {i}"
+
+    def stage_seconds(self, counts) -> np.ndarray:
+        """w_i of every device for blocks-per-device `counts`."""
+        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        flop = np.concatenate([[0.0], np.cumsum(self.block_flop)])
+        return self.seconds_per_flop * (flop[bounds[1:]] - flop[bounds[:-1]]) + self.fixed_seconds
+
+    def stage_memory(self, counts) -> np.ndarray:
+        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+        mem = np.concatenate([[0.0], np.cumsum(self.block_memory)])
+        return mem[bounds[1:]] - mem[bounds[:-1]]
+
+    def check(self) -> None:
+        if self.blocks < self.devices:
+            raise AllocationError(f"allocation: {self.blocks} blocks cannot give {self.devices} devices one each")
+        small = np.flatnonzero(self.memory < self.block_memory.min())
+        if small.size:
+            i = int(small[0])
+            raise AllocationError(f"allocation: {self.name(i)} has {self.memory[i] / 2**30:.2f} GiB for blocks, "
+                                  f"less than one block needs ({self.block_memory.min() / 2**30:.2f} GiB)")
+
+
+@dataclass(frozen=True)
+class Allocation:
+    allocator: str
+    layers_per_device: tuple[int, ...]
+    stage_seconds: tuple[float, ...]
+    solve_seconds: float
+    optimal: bool = False  # proven optimal (optimal; sky-mip when HiGHS closed the gap)
+
+    @property
+    def bottleneck(self) -> int:
+        return int(np.argmax(self.stage_seconds))
+
+    @property
+    def stages(self) -> tuple[tuple[int, int], ...]:
+        """[first, last) blocks of every device, as Layout.stages."""
+        b = np.concatenate([[0], np.cumsum(self.layers_per_device)]).astype(int)
+        return tuple((int(x), int(y)) for x, y in zip(b[:-1], b[1:]))
+
+
+def allocate(name: str, problem: Problem, time_limit_s: float = MIP_TIME_LIMIT_S) -> Allocation:
+    """Run allocator `name` on `problem`; AllocationError (one line) when none fits."""
+    if name not in ALLOCATORS:
+        raise AllocationError(f"--allocator: unknown {name!r} (known: {', '.join(ALLOCATORS)})")
+    problem.check()
+    t0 = time.perf_counter()
+    if name == "even":
+        counts, proven = even(problem), False
+    elif name == "sky-heuristic":
+        counts, proven = sky_heuristic(problem), False
+    elif name == "sky-mip":
+        counts, proven = sky_mip(problem, time_limit_s)
+    else:
+        counts, proven = optimal(problem), True
+    solve = time.perf_counter() - t0
+    over = np.flatnonzero(problem.stage_memory(counts) > problem.memory * (1 + 1e-12))
+    if over.size:
+        i = int(over[0])
+        raise AllocationError(f"allocation {name}: {counts[i]} blocks need "
+                              f"{problem.stage_memory(counts)[i] / 2**30:.2f} GiB on {problem.name(i)}, "
+                              f"which has {problem.memory[i] / 2**30:.2f} GiB")
+    return Allocation(name, tuple(int(c) for c in counts), tuple(float(s) for s in problem.stage_seconds(counts)),
+                      solve, proven)
+
+
+# ---------------------------------------------------------------------------- even
+def even(problem: Problem) -> list[int]:
+    base, extra = divmod(problem.blocks, problem.devices)
+    return [base + (1 if i < extra else 0) for i in range(problem.devices)]
+
+
+# ---------------------------------------------------------------------------- Sky Computing's heuristic
+def sky_heuristic(problem: Problem, max_iter: int = HEURISTIC_MAX_ITER) -> list[int]:
+    """Algorithm 1 then Algorithm 2 of the paper, on the partition index pi (device i holds blocks
+    pi[i] .. pi[i+1]-1)."""
+    pi = np.concatenate([[0], np.cumsum(even(problem))]).astype(int)
+    pi = _coarse_by_memory(problem, pi)
+    return list(np.diff(_optimise_workload(problem, pi, max_iter)))
+
+
+def _memory(problem: Problem, pi: np.ndarray) -> np.ndarray:
+    return problem.stage_memory(np.diff(pi))
+
+
+def _coarse_by_memory(problem: Problem, pi: np.ndarray) -> np.ndarray:
+    """Algorithm 1: sweep the devices; one over its memory gives away its last blocks to the next,
+    one with room for the next block takes it, each keeping at least one block; raise when a sweep
+    changes nothing and memory is still short."""
+    D, lm, dm = problem.devices, problem.block_memory, problem.memory
+    while True:
+        am = _memory(problem, pi)
+        if (am <= dm).all():
+            return pi
+        before = pi.copy()
+        for i in range(D - 1):
+            while _memory(problem, pi)[i] > dm[i] and pi[i + 1] - pi[i] > 1:
+                pi[i + 1] -= 1
+            while dm[i] > _memory(problem, pi)[i] + lm[pi[i + 1]] and pi[i + 2] - pi[i + 1] > 1:
+                pi[i + 1] += 1
+        if (pi == before).all():
+            i = int(np.flatnonzero(_memory(problem, pi) > dm)[0])
+            raise AllocationError(f"allocation sky-heuristic: cannot fit the blocks in memory "
+                                  f"({problem.name(i)} needs {_memory(problem, pi)[i] / 2**30:.2f} GiB, "
+                                  f"has {dm[i] / 2**30:.2f} GiB)")
+
+
+def _optimise_workload(problem: Problem, pi: np.ndarray, max_iter: int) -> np.ndarray:
+    """Algorithm 2: towards the mean workload, a device under it takes the next device's first
+    block; one over it gives its last block to an under-loaded next device when it stays over the
+    mean without it; every move keeps each device at one block or more and within memory."""
+    D, dm = problem.devices, problem.memory
+    flop = problem.block_flop
+    for _ in range(max_iter):
+        before = pi.copy()
+        target = problem.stage_seconds(np.diff(pi)).mean()
+        for i in range(D - 1):
+            w = problem.stage_seconds(np.diff(pi))
+            if w[i] < target and pi[i + 2] - pi[i + 1] > 1 and _fits_after(problem, pi, i, +1):
+                pi[i + 1] += 1
+            else:
+                last = problem.seconds_per_flop[i] * flop[pi[i + 1] - 1]
+                if (w[i + 1] < target and w[i] - last > target and pi[i + 1] - pi[i] > 1
+                        and _fits_after(problem, pi, i, -1)):
+                    pi[i + 1] -= 1
+        if (pi == before).all():
+            break
+    return pi
+
+
+def _fits_after(problem: Problem, pi: np.ndarray, i: int, move: int) -> bool:
+    """Whether moving boundary pi[i+1] by `move` keeps devices i and i+1 within memory."""
+    trial = pi.copy()
+    trial[i + 1] += move
+    am = _memory(problem, trial)
+    return bool(am[i] <= problem.memory[i] and am[i + 1] <= problem.memory[i + 1])
+
+
+# ---------------------------------------------------------------------------- the exact optimum
+def optimal(problem: Problem) -> list[int]:
+    """Minimise the largest w_i over contiguous partitions in device order, memory respected.
+
+    best[i][b]: the smallest bottleneck of devices 0..i holding blocks [0, b); device i takes
+    [a, b): best[i][b] = min over a of max(best[i-1][a], w_i(a, b)), infeasible where the range
+    exceeds its memory. One (L+1) x (L+1) matrix per device: O(D L^2) time, O(D L) memory."""
+    D, L = problem.devices, problem.blocks
+    flop = np.concatenate([[0.0], np.cumsum(problem.block_flop)])
+    mem = np.concatenate([[0.0], np.cumsum(problem.block_memory)])
+    a, b = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")  # [a, b]: range [a, b)
+    span_flop = flop[b] - flop[a]
+    span_mem = mem[b] - mem[a]
+    nonempty = b > a
+    best = np.full(L + 1, np.inf)
+    best[0] = 0.0
+    choice = np.zeros((D, L + 1), dtype=int)
+    for i in range(D):
+        w = problem.seconds_per_flop[i] * span_flop + problem.fixed_seconds[i]
+        ok = nonempty & (span_mem <= problem.memory[i] * (1 + 1e-12))
+        cand = np.where(ok, np.maximum(best[:, None], w), np.inf)  # [a, b]
+        choice[i] = cand.argmin(0)
+        best = cand[choice[i], np.arange(L + 1)]
+    if not np.isfinite(best[L]):
+        raise AllocationError("allocation optimal: no contiguous allocation fits every device's memory")
+    counts, end = [], L
+    for i in range(D - 1, -1, -1):
+        start = int(choice[i][end])
+        counts.append(end - start)
+        end = start
+    return counts[::-1]
+
+
+# ---------------------------------------------------------------------------- the paper's MIP
+def sky_mip(problem: Problem, time_limit_s: float = MIP_TIME_LIMIT_S) -> tuple[list[int], bool]:
+    """The mixed-integer program of the paper (Sec. IV-C): x_ij binary (device i holds block j),
+    y_i / z_i the last / first block of device i, contiguity by y_i - z_i = sum_j x_ij - 1, and
+    q >= w_i minimised. Returns (blocks per device, proven optimal). Devices are in pipeline order,
+    so device i's range must also follow device i-1's (z_i = y_(i-1) + 1); the paper's program
+    leaves the order free, which the pipeline does not."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    D, L = problem.devices, problem.blocks
+    nx = D * L
+    iy, iz, iq = nx, nx + D, nx + 2 * D  # variables: x (row-major i, j), y, z, q
+    n = iq + 1
+    rows, lo, hi = [], [], []
+
+    def row(entries, low, high):
+        r = np.zeros(n)
+        for k, v in entries:
+            r[k] += v
+        rows.append(r)
+        lo.append(low)
+        hi.append(high)
+
+    x = lambda i, j: i * L + j  # noqa: E731
+    M = L + 1
+    for i in range(D):
+        row([(x(i, j), problem.block_memory[j]) for j in range(L)], -np.inf, problem.memory[i])
+        for j in range(L):
+            row([(iy + i, 1), (x(i, j), -(j + 1))], 0, np.inf)  # y_i >= j x_ij (blocks numbered 1..L)
+            row([(iz + i, 1), (x(i, j), M - (j + 1))], -np.inf, M)  # z_i <= j x_ij + M (1 - x_ij)
+        row([(iy + i, 1), (iz + i, -1)] + [(x(i, j), -1) for j in range(L)], -1, -1)
+        row([(x(i, j), 1) for j in range(L)], 1, np.inf)  # a block or more: a pipeline stage per device
+        row([(iq, 1)] + [(x(i, j), -problem.seconds_per_flop[i] * problem.block_flop[j]) for j in range(L)],
+            problem.fixed_seconds[i], np.inf)
+        if i:
+            row([(iz + i, 1), (iy + i - 1, -1)], 1, 1)  # pipeline order
+    for j in range(L):
+        row([(x(i, j), 1) for i in range(D)], 1, 1)
+    c = np.zeros(n)
+    c[iq] = 1.0
+    integrality = np.ones(n)
+    integrality[iq] = 0
+    lb = np.zeros(n)
+    ub = np.ones(n)
+    lb[iy:iq], ub[iy:iq] = 1, L
+    ub[iq] = np.inf
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi), integrality=integrality,
+               bounds=Bounds(lb, ub), options={"time_limit": time_limit_s})
+    if res.x is None:
+        raise AllocationError(f"allocation sky-mip: no feasible allocation found in {time_limit_s:g} s "
+                              f"({res.message})")
+    counts = np.rint(res.x[:nx]).reshape(D, L).sum(1).astype(int)
+    return list(counts), res.status == 0

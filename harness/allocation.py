@@ -127,6 +127,45 @@ def allocate(name: str, problem: Problem, time_limit_s: float = MIP_TIME_LIMIT_S
                       solve, proven)
 
 
+# ---------------------------------------------------------------------------- from a model and devices
+def problem_for(cfg, topo, devices, micro_batch: int, micro_batches: int, dtype: str = "fp16",
+                recompute: bool = True, profiles=None) -> Problem:
+    """The allocation problem of one pipeline over scenario devices `devices` (in stage order),
+    per micro-batch: a block's forward, backward (and recomputed forward) FLOPs at each device's
+    profile (harness/profiles.py at the run's precision: peak x efficiency / slowdown); ct_i the
+    device's sends of one micro-batch's activation to the next device and its gradient to the
+    previous (delay + bytes / bandwidth of the scenario's links); the head's work on the last.
+    Memory: every block's parameters in training (compute.training_bytes_per_param) and the
+    activations of `micro_batches` micro-batches in flight (GPipe keeps them all), within the
+    device's memory less the embedding (first) or the head and its logits (last)."""
+    from . import compute as work
+    from .profiles import device_profiles
+
+    devs = [int(d) for d in devices]
+    profs = profiles if profiles is not None else device_profiles(topo, dtype=dtype)
+    bpv = work.BYTES_PER_VALUE[dtype]
+    D, L = len(devs), cfg.layers
+    rate = np.array([profs[d].flops_per_s("transformer") for d in devs])
+    passes = 4 if recompute else 3
+    act = work.activation_bytes(cfg, micro_batch, bpv)
+
+    def send(a: int, b: int) -> float:
+        return topo.delay_ms[a, b] / 1e3 + act * 8 / (topo.bandwidth_gbps[a, b] * 1e9)
+
+    fixed = np.array([(send(d, devs[i + 1]) if i + 1 < D else 0.0) + (send(d, devs[i - 1]) if i else 0.0)
+                      for i, d in enumerate(devs)])
+    fixed[-1] += 3 * work.head_fwd_flop(cfg, micro_batch) / profs[devs[-1]].flops_per_s("lm_head")
+    per_param = work.training_bytes_per_param(bpv)
+    block_mem = (cfg.block_params * per_param
+                 + micro_batches * work.block_activation_bytes(cfg, micro_batch, bpv, recompute))
+    memory = np.array([topo.profiles[d].memory_gb * 1e9 for d in devs], dtype=float)
+    memory[0] -= cfg.embedding_params * per_param
+    memory[-1] -= cfg.head_params * per_param + micro_batches * micro_batch * cfg.seq * cfg.vocab * bpv  # logits
+    names = tuple(f"device {d} ({topo.profiles[d].gpu}, slowdown {topo.profiles[d].slowdown:.3g})" for d in devs)
+    return Problem(1.0 / rate, np.full(L, passes * work.block_fwd_flop(cfg, micro_batch)), fixed,
+                   np.full(L, block_mem), memory, names)
+
+
 # ---------------------------------------------------------------------------- even
 def even(problem: Problem) -> list[int]:
     base, extra = divmod(problem.blocks, problem.devices)
@@ -285,3 +324,21 @@ def sky_mip(problem: Problem, time_limit_s: float = MIP_TIME_LIMIT_S) -> tuple[l
                               f"({res.message})")
     counts = np.rint(res.x[:nx]).reshape(D, L).sum(1).astype(int)
     return list(counts), res.status == 0
+
+
+# ---------------------------------------------------------------------------- the simulated iteration
+def simulate_allocation(cfg, topo, devices, allocation: Allocation, batch: int, micro_batch: int,
+                        dtype: str = "fp16", recompute: bool = True) -> float:
+    """Seconds of one iteration of ours' runtime (GPipe, one pipeline over `devices` in stage order,
+    the allocation's uneven stages) in the simulator, at the devices' profiles."""
+    from . import compute as work
+    from . import layout as layouts
+    from .profiles import device_profiles
+    from .sim import systems
+    from .sim.network import Links
+
+    lay = layouts.from_replicas([(list(devices), allocation.stages)], placement=allocation.allocator,
+                                schedule="gpipe", recompute=recompute)
+    r = systems.simulate_ours(Links.from_topology(topo), device_profiles(topo, dtype=dtype), cfg, batch, lay,
+                              micro_batch, bytes_per_value=work.BYTES_PER_VALUE[dtype])
+    return r.seconds

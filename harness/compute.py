@@ -54,6 +54,23 @@ def activation_bytes(cfg: GPTConfig, samples: int, bytes_per_value: int = PAPER_
     return float(samples * cfg.seq * cfg.hidden * bytes_per_value)
 
 
+def training_bytes_per_param(bytes_per_value: int) -> int:
+    """Device memory a parameter holds in training: value and gradient at the training precision,
+    SGD's momentum in fp32 and, in 16-bit training, an fp32 master copy (mixed precision)."""
+    return 2 * bytes_per_value + 4 + (4 if bytes_per_value < 4 else 0)
+
+
+def block_activation_bytes(cfg: GPTConfig, samples: int, bytes_per_value: int = PAPER_BYTES,
+                           recompute: bool = True) -> float:
+    """Activation memory one block keeps for its backward, per micro-batch of `samples`: Korthikanti
+    et al. 2022 (Eq. 2, no tensor or sequence parallelism), s*b*h*(34 + 5*a*s/h) bytes in 16-bit
+    training; with recomputation only the block's input, 2*s*b*h. Scaled by bytes_per_value / 2 (the
+    formula's 16-bit values; its 1-byte dropout masks are scaled too, a slight overestimate in fp32)."""
+    s, h, a = cfg.seq, cfg.hidden, cfg.heads
+    per_16bit = 2 * s * samples * h if recompute else s * samples * h * (34 + 5 * a * s / h)
+    return per_16bit * bytes_per_value / 2
+
+
 def stage_param_bytes(cfg: GPTConfig, split: list[int], bytes_per_value: int = PAPER_BYTES) -> np.ndarray:
     """split: blocks of every stage (Layout.layers_per_stage)."""
     return np.asarray(stage_params(cfg, list(split)), dtype=float) * bytes_per_value

@@ -49,6 +49,9 @@ MODELS: dict[str, GPTConfig] = {
     "gpt3-xl": GPTConfig("gpt3-xl", layers=24, hidden=2048, heads=16, seq=2048),
     "gpt3-6.7b": GPTConfig("gpt3-6.7b", layers=32, hidden=4096, heads=32, seq=2048),
     "gpt3-13b": GPTConfig("gpt3-13b", layers=40, hidden=5120, heads=40, seq=2048),
+    # Sky Computing's model (Zhu et al. 2022, Sec. VI-B): BERT-Large's sizes (Devlin et al. 2019: 24 layers,
+    # h=1024, 16 heads, 512 positions, 30522 WordPiece tokens), as a block stack of the same shape.
+    "bert-large": GPTConfig("bert-large", layers=24, hidden=1024, heads=16, seq=512, vocab=30522),
 }
 
 

@@ -248,9 +248,38 @@ def _profile(path, field, d, default: dict | None) -> DeviceProfile:
         peak,
         _number(path, f"{field}.memory_gb", d.get("memory_gb", known and known.memory_gb), positive=True),
         None if fp32 is None else _number(path, f"{field}.peak_tflops_fp32", fp32, positive=True),
-        _number(path, f"{field}.slowdown", d.get("slowdown", 1.0), positive=True),
+        1.0 if isinstance(d.get("slowdown"), dict)  # a draw: one value per region (_slowdowns)
+        else _number(path, f"{field}.slowdown", d.get("slowdown", 1.0), positive=True),
         None if mem_bw is None else _number(path, f"{field}.memory_bandwidth_gbs", mem_bw, positive=True),
     )
+
+
+_DRAW_KEYS = {"normal", "within", "seed"}
+
+
+def _slowdowns(path, field, d, count: int) -> list[float]:
+    """Sky Computing's penalty factors (Zhu et al. 2022, Sec. VI-D: between 1 and 7, normally
+    distributed): `{normal: [mean, std], within: [low, high], seed: S}` draws one slowdown per
+    region of the entry from numpy's default_rng(S), clipped to [low, high]; reproducible, and
+    the first regions keep their values when a scenario is scaled down."""
+    _check_keys(path, field, d, _DRAW_KEYS)
+    for k in _DRAW_KEYS:
+        if k not in d:
+            _fail(path, f"{field}.{k}", "missing")
+    def pair(k: str, positive: bool) -> list[float]:
+        if not isinstance(d[k], list) or len(d[k]) != 2:
+            _fail(path, f"{field}.{k}", "must be a list of two numbers", d[k])
+        return [_number(path, f"{field}.{k}", v, positive=positive) for v in d[k]]
+
+    mean, std = pair("normal", positive=False)
+    low, high = pair("within", positive=True)
+    if std < 0 or low > high:
+        _fail(path, field, "needs std >= 0 and low <= high", d)
+    seed = d["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        _fail(path, f"{field}.seed", "must be an integer >= 0", seed)
+    draws = np.random.default_rng(seed).normal(mean, std, count)
+    return [float(x) for x in np.clip(draws, low, high)]
 
 
 def _parse(doc, path: Path) -> Topology:
@@ -287,7 +316,11 @@ def _parse(doc, path: Path) -> Topology:
             _fail(path, f"{f}.intra_region", "missing (and no top-level intra_region)")
         profile = _profile(path, f"{f}.device", r.get("device"), default_profile)
         names = [str(r["name"])] if count == 1 else [f"{r['name']}-{c}" for c in range(count)]
-        regions.extend(Region(nm, n, intra, profile, group=str(r["name"])) for nm in names)
+        entry = r.get("device") or {}
+        slow = (entry if "gpu" in entry else {**(default_profile or {}), **entry}).get("slowdown")
+        profiles = ([replace(profile, slowdown=x) for x in _slowdowns(path, f"{f}.device.slowdown", slow, count)]
+                    if isinstance(slow, dict) else [profile] * count)
+        regions.extend(Region(nm, n, intra, prof, group=str(r["name"])) for nm, prof in zip(names, profiles))
     seen = set()
     for r in regions:
         if r.name in seen:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import numpy as np
 import pytest
 
-from harness.allocation import ALLOCATORS, AllocationError, Problem, allocate
+from harness.allocation import ALLOCATORS, AllocationError, Problem, allocate, problem_for
 
 GIB = 2**30
 
@@ -102,3 +103,85 @@ def test_bad_inputs_are_one_line(devices, blocks, memory, match):
         assert "\n" not in str(e.value)
     with pytest.raises(AllocationError, match="unknown 'greedy'"):
         allocate("greedy", prob)
+
+
+# ---------------------------------------------------------------------------- the sky scenario and the CLI
+def test_sky_draws_one_reproducible_slowdown_per_device_within_the_papers_range():
+    from harness.scenario import load_scenario
+
+    full = load_scenario("sky")
+    slow = [p.slowdown for p in full.profiles]
+    assert full.n == 64 and all(1 <= s <= 7 for s in slow) and len(set(slow)) > 32
+    assert [p.slowdown for p in load_scenario("sky").profiles] == slow  # seeded
+    assert [p.slowdown for p in load_scenario("sky", devices=16).profiles] == slow[:16]  # scaled: the first nodes
+    assert {p.gpu for p in full.profiles} == {"P100"}
+
+
+@pytest.mark.parametrize("draw,field", [
+    ("{normal: [4, 1.5], within: [1, 7]}", "device.slowdown.seed: missing"),
+    ("{normal: [4], within: [1, 7], seed: 0}", "device.slowdown.normal: must be a list of two numbers"),
+    ("{normal: [4, 1], within: [0, 7], seed: 0}", "device.slowdown.within: must be > 0"),
+    ("{normal: [4, 1], within: [7, 1], seed: 0}", "device.slowdown: needs std >= 0 and low <= high"),
+])
+def test_a_bad_slowdown_draw_is_one_line(tmp_path, draw, field):
+    from harness.scenario import ScenarioError, load_scenario
+    from tests.test_scenario import write
+
+    path = write(tmp_path, f"""\
+        name: bad
+        device: {{gpu: P100, slowdown: {draw}}}
+        regions:
+          - {{name: node, devices: 1, count: 4}}
+        intra_region: {{delay_ms: 0, bandwidth_gbps: 100}}
+        inter_region: {{delay_ms: 0.01, bandwidth_gbps: 100}}
+        """)
+    with pytest.raises(ScenarioError, match=field) as e:
+        load_scenario(str(path))
+    assert "\n" not in str(e.value) and "s.yaml" in str(e.value)
+
+
+def test_the_model_problem_slows_each_device_by_its_penalty_and_puts_the_head_last():
+    from harness import compute
+    from harness.model import get_model
+    from harness.scenario import load_scenario
+
+    topo, cfg = load_scenario("sky", devices=16), get_model("bert-large", 32)
+    prob = problem_for(cfg, topo, range(16), 1, 4)
+    slow = np.array([p.slowdown for p in topo.profiles])
+    assert prob.seconds_per_flop / prob.seconds_per_flop[0] == pytest.approx(slow / slow[0])
+    assert prob.block_flop[0] == 4 * compute.block_fwd_flop(cfg, 1)  # forward, backward (2x), recompute
+    assert prob.fixed_seconds[-1] > 10 * prob.fixed_seconds[1]  # the LM head rides with the last device
+    assert prob.memory[0] < prob.memory[1] > prob.memory[-1]  # embedding first, head and logits last
+
+
+def test_allocate_cli_prints_every_allocator_and_writes_json(cli, tmp_path):
+    out = tmp_path / "a.json"
+    rc, text, err = cli("allocate", "--scenario", "sky", "--devices", 16, "--layers", 48, "--time-limit", 10,
+                        "--json", out)
+    assert rc == 0, err
+    docs = {d["allocator"]: d for d in json.loads(out.read_text())}
+    assert list(docs) == list(ALLOCATORS) and text.count("<- bottleneck") == 4
+    for d in docs.values():
+        assert set(d) >= {"allocator", "layers_per_device", "stage_seconds", "iteration_seconds", "solve_seconds"}
+        assert sum(d["layers_per_device"]) == 48 and len(d["stage_seconds"]) == 16
+        assert max(docs["optimal"]["stage_seconds"]) <= max(d["stage_seconds"]) * (1 + 1e-12)
+    # balancing the slow nodes shortens the simulated iteration
+    assert docs["optimal"]["iteration_seconds"] < docs["even"]["iteration_seconds"]
+    rc, _, err = cli("allocate", "--scenario", "sky", "--devices", 16, "--layers", 8)
+    assert rc == 2 and err.count("\n") == 1 and "8 blocks cannot give 16 devices one each" in err
+
+
+def test_allocate_names_the_device_short_of_memory(cli, tmp_path):
+    from tests.test_scenario import write
+
+    path = write(tmp_path, """\
+        name: small-memory
+        device: {gpu: P100}
+        regions:
+          - {name: a, devices: 1}
+          - {name: b, devices: 1, device: {gpu: tiny-gpu, peak_tflops: 10, memory_gb: 0.05}}
+        intra_region: {delay_ms: 0, bandwidth_gbps: 100}
+        inter_region: {delay_ms: 0.01, bandwidth_gbps: 100}
+        """)
+    rc, _, err = cli("allocate", "--scenario", path, "--layers", 8, "--allocator", "optimal")
+    assert rc == 2 and err.count("\n") == 1 and "device 1 (tiny-gpu, slowdown 1)" in err

@@ -128,10 +128,15 @@ def allocate(name: str, problem: Problem, time_limit_s: float = MIP_TIME_LIMIT_S
 
 
 # ---------------------------------------------------------------------------- from a model and devices
-def problem_for(cfg, topo, devices, micro_batch: int, micro_batches: int, dtype: str = "fp16",
+def problem_for(cfg, topo, pipelines, micro_batch: int, micro_batches: int, dtype: str = "fp16",
                 recompute: bool = True, profiles=None) -> Problem:
-    """The allocation problem of one pipeline over scenario devices `devices` (in stage order),
-    per micro-batch: a block's forward, backward (and recomputed forward) FLOPs at each device's
+    """The allocation problem of pipelines over scenario devices: `pipelines` is one pipeline's devices
+    in stage order, or a table (replicas, stages) of pipelines that share one allocation (ours'
+    data-parallel replicas hold the same blocks per stage); stage i then takes, per block, the
+    slowest of its devices' times and the smallest of their memories (a bound: the replicas' worst
+    case per stage, exact for one pipeline).
+
+    Per micro-batch: a block's forward, backward (and recomputed forward) FLOPs at each device's
     profile (harness/profiles.py at the run's precision: peak x efficiency / slowdown); ct_i the
     device's sends of one micro-batch's activation to the next device and its gradient to the
     previous (delay + bytes / bandwidth of the scenario's links); the head's work on the last.
@@ -141,29 +146,40 @@ def problem_for(cfg, topo, devices, micro_batch: int, micro_batches: int, dtype:
     from . import compute as work
     from .profiles import device_profiles
 
-    devs = [int(d) for d in devices]
+    table = np.atleast_2d(np.asarray(pipelines, dtype=int))  # (replicas, stages)
     profs = profiles if profiles is not None else device_profiles(topo, dtype=dtype)
     bpv = work.BYTES_PER_VALUE[dtype]
-    D, L = len(devs), cfg.layers
-    rate = np.array([profs[d].flops_per_s("transformer") for d in devs])
-    passes = 4 if recompute else 3
+    D = table.shape[1]
+    per_flop = np.array([[1.0 / profs[d].flops_per_s("transformer") for d in row] for row in table])
     act = work.activation_bytes(cfg, micro_batch, bpv)
 
     def send(a: int, b: int) -> float:
         return topo.delay_ms[a, b] / 1e3 + act * 8 / (topo.bandwidth_gbps[a, b] * 1e9)
 
-    fixed = np.array([(send(d, devs[i + 1]) if i + 1 < D else 0.0) + (send(d, devs[i - 1]) if i else 0.0)
-                      for i, d in enumerate(devs)])
-    fixed[-1] += 3 * work.head_fwd_flop(cfg, micro_batch) / profs[devs[-1]].flops_per_s("lm_head")
+    fixed = np.array([[(send(d, row[i + 1]) if i + 1 < D else 0.0) + (send(d, row[i - 1]) if i else 0.0)
+                       for i, d in enumerate(row)] for row in table])
+    fixed[:, -1] += [3 * work.head_fwd_flop(cfg, micro_batch) / profs[d].flops_per_s("lm_head") for d in table[:, -1]]
     per_param = work.training_bytes_per_param(bpv)
     block_mem = (cfg.block_params * per_param
                  + micro_batches * work.block_activation_bytes(cfg, micro_batch, bpv, recompute))
-    memory = np.array([topo.profiles[d].memory_gb * 1e9 for d in devs], dtype=float)
+    memory = np.array([[topo.profiles[d].memory_gb * 1e9 for d in row] for row in table], dtype=float).min(0)
     memory[0] -= cfg.embedding_params * per_param
     memory[-1] -= cfg.head_params * per_param + micro_batches * micro_batch * cfg.seq * cfg.vocab * bpv  # logits
-    names = tuple(f"device {d} ({topo.profiles[d].gpu}, slowdown {topo.profiles[d].slowdown:.3g})" for d in devs)
-    return Problem(1.0 / rate, np.full(L, passes * work.block_fwd_flop(cfg, micro_batch)), fixed,
-                   np.full(L, block_mem), memory, names)
+    if len(table) == 1:
+        names = tuple(f"device {d} ({topo.profiles[d].gpu}, slowdown {topo.profiles[d].slowdown:.3g})"
+                      for d in table[0])
+    else:
+        names = tuple(f"stage {i} (devices {', '.join(map(str, table[:, i]))})" for i in range(D))
+    # the bound: a stage's slowest device per FLOP and its largest fixed part (equal when one pipeline)
+    return Problem(per_flop.max(0), np.full(cfg.layers, (4 if recompute else 3) * work.block_fwd_flop(cfg, micro_batch)),
+                   fixed.max(0), np.full(cfg.layers, block_mem), memory, names)
+
+
+def allocate_stages(name: str, cfg, topo, pipelines, micro_batch: int, micro_batches: int, dtype: str,
+                    recompute: bool, profiles=None) -> tuple[tuple[int, int], ...]:
+    """Layout.stages of `pipelines` (replicas, stages) by allocator `name` (problem_for)."""
+    problem = problem_for(cfg, topo, pipelines, micro_batch, max(1, micro_batches), dtype, recompute, profiles)
+    return allocate(name, problem).stages
 
 
 # ---------------------------------------------------------------------------- even

@@ -81,9 +81,10 @@ def c_pp_bytes(cfg: GPTConfig, batch: int, d_dp: int, bytes_per_value: int = PAP
     return batch / d_dp * cfg.seq * cfg.hidden * bytes_per_value
 
 
-def c_dp_bytes(cfg: GPTConfig, d_pp: int, bytes_per_value: int = PAPER_BYTES) -> float:
-    """Gradient bytes of one stage (the largest: the data-parallel cost is a max over groups)."""
-    return max(stage_params(cfg, d_pp)) * bytes_per_value
+def c_dp_bytes(cfg: GPTConfig, split: int | list[int], bytes_per_value: int = PAPER_BYTES) -> float:
+    """Gradient bytes of one stage (the largest: the data-parallel cost is a max over groups).
+    split: the number of stages (even split) or the blocks of every stage (Layout.layers_per_stage)."""
+    return max(stage_params(cfg, split)) * bytes_per_value
 
 
 def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: list[ComputeProfile],

@@ -40,9 +40,9 @@ Ref = Union[Callable, str]  # a function, or "module:function" imported when fir
 LAYOUT_FLAGS = {
     "--d-pp": "pp", "--d-dp": "dp", "--tp": "tp", "--pp": "pp", "--dp": "dp", "--zero": "zero",
     "--scheduler": "scheduler", "--rank-order": "seed", "--schedule": "schedule", "--dp-sync": "dp_sync",
-    "--recompute": "recompute", "--budget": "budget",
+    "--recompute": "recompute", "--budget": "budget", "--allocator": "allocator",
 }
-OURS_FLAGS = ("--d-pp", "--d-dp", "--scheduler", "--budget", "--schedule", "--dp-sync", "--recompute")
+OURS_FLAGS = ("--d-pp", "--d-dp", "--scheduler", "--budget", "--schedule", "--dp-sync", "--recompute", "--allocator")
 BASELINE_FLAGS = ("--tp", "--pp", "--dp", "--rank-order", "--schedule")
 PAPER_ROLES = ("ours", "ours-random", "megatron", "deepspeed")  # Yuan et al. 2022, sec. 4
 

@@ -185,3 +185,44 @@ def test_allocate_names_the_device_short_of_memory(cli, tmp_path):
         """)
     rc, _, err = cli("allocate", "--scenario", path, "--layers", 8, "--allocator", "optimal")
     assert rc == 2 and err.count("\n") == 1 and "device 1 (tiny-gpu, slowdown 1)" in err
+
+
+def test_ours_runs_the_allocators_uneven_stages_and_sim_compare_reads_them(cli, tmp_path):
+    """Half the devices 4x slower: the optimum gives them fewer blocks, the run trains on those stages
+    (records and manifest carry them), and the baselines refuse the flag."""
+    from harness.allocation import allocate_stages
+    from dataclasses import replace
+
+    from harness.model import get_model
+    from harness.profiles import device_profiles
+    from harness.results import read_records
+    from harness.scenario import load_scenario
+    from tests.test_compute_model import SCENARIO
+    from tests.test_scenario import write
+
+    scen, scale = write(tmp_path, SCENARIO), 300.0
+    rc, out, err = cli("run", "--scenario", scen, "--network", "none", "--d-pp", 4, "--d-dp", 1, "--batch", 4,
+                       "--iters", 1, "--scheduler", "identity", "--allocator", "optimal", "--out", tmp_path / "res",
+                       "--compute-model", "--compute-time-scale", scale)
+    assert rc == 0, err
+    run = next((tmp_path / "res" / "half-slow").iterdir())
+    stages = [tuple(s) for s in json.loads((run / "manifest.json").read_text())["spec"]["layout"]["stages"]]
+    topo = load_scenario(str(scen))
+    # the compute model's devices: their profiles times the run's scale (as sim compare predicts them)
+    profiles = [replace(p, slowdown=p.slowdown * scale) for p in device_profiles(topo, dtype="fp32")]
+    want = allocate_stages("optimal", get_model("tiny"), topo, [[0, 1, 2, 3]], 1, 4, "fp32", False, profiles)
+    assert tuple(stages) == want and stages != [(0, 2), (2, 4), (4, 6), (6, 8)]
+    blocks = [b - a for a, b in stages]
+    assert max(blocks[2:]) < min(blocks[:2])  # the slow devices hold fewer blocks
+    assert [tuple(s) for s in json.loads(read_records(run)[0]["config"])["stages"]] == stages
+    # sim compare simulates those stages: its busiest device computes what the allocation modelled
+    from harness import compute
+    from harness.sim.compare import load_measured, simulate_run
+
+    modelled = [4 * sum(compute.rank_phase_seconds(get_model("tiny"), blocks, j, 1, profiles[j], False)[k]
+                        for k in ("forward", "backward"))
+                + compute.rank_phase_seconds(get_model("tiny"), blocks, j, 1, profiles[j], False)["optimizer"]
+                for j in range(4)]
+    assert simulate_run(load_measured(tmp_path / "res")[0])[1] == pytest.approx(max(modelled), rel=1e-9)
+    rc, _, err = cli("run", "--scenario", scen, "--network", "none", "--system", "megatron", "--allocator", "optimal")
+    assert rc == 2 and "--allocator: not an option of --system megatron" in err

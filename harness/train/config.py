@@ -85,6 +85,7 @@ class LayoutRequest:
     dp_sync: str = "sharded-ps"  # ours only
     recompute: bool | None = None  # ours: default on for cuda
     budget: int = 2000  # scheduler evaluations
+    allocator: str | None = None  # ours: each stage's blocks (harness/allocation.py); None: even
     explicit: Layout | None = None  # a full layout (e.g. a grid point of `harness tune`)
 
     def __post_init__(self):
@@ -97,6 +98,10 @@ class LayoutRequest:
             _one_of("layout.schedule", self.schedule, SCHEDULES)
         _one_of("layout.dp_sync", self.dp_sync, DP_SYNCS)
         _positive("layout.budget", self.budget)
+        if self.allocator is not None:
+            from ..allocation import ALLOCATORS
+
+            _one_of("layout.allocator", self.allocator, ALLOCATORS)
 
 
 @dataclass(frozen=True)

@@ -136,6 +136,16 @@ def _place_ours(req: RunRequest, topo: Topology, scheduler: str) -> tuple[Layout
 
         a = schedule(topo, d_pp, d_dp, c_pp, c_dp, scheduler=scheduler, seed=req.model.seed, budget=want.budget)
         lay = layouts.from_pipelines(a.pipelines, cfg.layers, scheduler, **opts)
+    if want.allocator not in (None, "even"):  # the placed pipelines' stages, by the allocator
+        from ..allocation import allocate_stages
+
+        # with the compute model, the devices compute at their profiles times the run's time scale
+        profiles = ([replace(p, slowdown=p.slowdown * req.compute.time_scale)
+                     for p in device_profiles(topo, dtype=req.model.dtype)] if req.compute.model else None)
+        lay = replace(lay, stages=allocate_stages(want.allocator, cfg, topo, lay.pipelines, req.model.micro_batch,
+                                                  req.model.batch // d_dp // req.model.micro_batch,
+                                                  req.model.dtype, lay.recompute, profiles))
+        c_dp = c_dp_bytes(cfg, lay.layers_per_stage, bpv)  # the largest stage's gradients, as allocated
     model = CostModel(topo, d_pp, d_dp, c_pp, c_dp)
     pipes = np.asarray(lay.pipelines)
     total, dp = model.pipeline_cost(pipes), model.datap_cost(pipes.T)

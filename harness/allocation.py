@@ -278,7 +278,9 @@ def optimal(problem: Problem) -> list[int]:
         choice[i] = cand.argmin(0)
         best = cand[choice[i], np.arange(L + 1)]
     if not np.isfinite(best[L]):
-        raise AllocationError("allocation optimal: no contiguous allocation fits every device's memory")
+        raise AllocationError(f"allocation optimal: no contiguous allocation fits every device's memory ({L} "
+                              f"blocks need {mem[-1] / 1e9:.1f} GB; the {D} devices have "
+                              f"{max(problem.memory.sum(), 0) / 1e9:.1f} GB for blocks)")
     counts, end = [], L
     for i in range(D - 1, -1, -1):
         start = int(choice[i][end])

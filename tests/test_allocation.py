@@ -226,3 +226,21 @@ def test_ours_runs_the_allocators_uneven_stages_and_sim_compare_reads_them(cli, 
     assert simulate_run(load_measured(tmp_path / "res")[0])[1] == pytest.approx(max(modelled), rel=1e-9)
     rc, _, err = cli("run", "--scenario", scen, "--network", "none", "--system", "megatron", "--allocator", "optimal")
     assert rc == 2 and "--allocator: not an option of --system megatron" in err
+
+
+def test_sim_allocator_balances_ours_stages_on_sky(cli, tmp_path):
+    common = ("sim", "--scenario", "sky", "--devices", 16, "--model", "bert-large", "--layers", 64, "--batch", 16,
+              "--system", "ours", "--d-pp", 16, "--budget", 20, "--no-cache")
+    seconds = {}
+    for name in ("even", "optimal"):
+        rc, out, err = cli(*common, "--allocator", name, "--json", tmp_path / f"{name}.json", "--out", tmp_path / name)
+        assert rc == 0, err
+        best = [d for d in json.loads((tmp_path / f"{name}.json").read_text()) if d["best"]][0]
+        seconds[name] = best["seconds"]
+        if name == "optimal":
+            stages = best["config"]["stages"]
+            assert best["config"]["allocator"] == "optimal" and stages[0][0] == 0 and stages[-1][1] == 64
+            assert len({b - a for a, b in stages}) > 1  # uneven
+        else:
+            assert "stages" not in best["config"]  # even runs keep their records as before
+    assert seconds["optimal"] < 0.9 * seconds["even"]  # slowdowns over [1, 7]: balancing pays

@@ -24,6 +24,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="do not read or write results/sim/schedules/")
     p.add_argument("--protocol", choices=["nccl", "gloo"], default="nccl",
                    help="communication library's handshakes (default nccl, as the paper's GPUs)")
+    p.add_argument("--allocator", choices=["even", "sky-heuristic", "sky-mip", "optimal"], default="even",
+                   help="ours' and ours-random's blocks per stage over their pipelines (harness allocate; default even)")
 
 
 def register(sub) -> None:
@@ -94,7 +96,7 @@ def _sim_kwargs(args) -> dict:
 
     placements = tuple(p.strip() for p in args.placement.split(",") if p.strip())
     return {"profile_overrides": _overrides(args), "budget": args.budget, "schedule_seed": args.schedule_seed,
-            "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol,
+            "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol, "allocator": args.allocator,
             "cache_dir": None if args.no_cache else RESULTS_DIR / "sim" / "schedules"}
 
 

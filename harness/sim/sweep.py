@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +22,7 @@ from .. import layout as layouts
 from .. import systems as registry
 from ..layout import RANDOM_SEEDS, Layout, LayoutError
 from ..model import GPTConfig
-from ..compute import c_dp_bytes, c_pp_bytes, pflop_per_iteration
+from ..compute import PAPER_DTYPE, c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from ..profiles import ComputeProfile, device_profiles
 from ..results import IterationRecord, atomic_write_json
 from ..scenario import Topology
@@ -63,7 +63,7 @@ class Simulator:
                  d_pp: int = 8, scheduler: str = "ga", schedule_seed: int = 0, budget: int = 5000,
                  cache_dir: Path | None = None, ps_mode: str = "grouped",
                  placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1, protocol: str = "nccl",
-                 nic: str = "shared", profiles: list[ComputeProfile] | None = None):
+                 nic: str = "shared", profiles: list[ComputeProfile] | None = None, allocator: str = "even"):
         if topo.n % d_pp:
             raise SimError(f"--d-pp: {d_pp} does not divide the {topo.n} devices of {topo.name}")
         for p in placements:
@@ -79,6 +79,7 @@ class Simulator:
         self.scheduler, self.schedule_seed, self.budget = scheduler, schedule_seed, budget
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.ps_mode, self.placements, self.micro_batch = ps_mode, placements, micro_batch
+        self.allocator = allocator
         self._assignments: dict[tuple, np.ndarray] = {}
         self._fingerprint = hashlib.sha1(
             np.ascontiguousarray(topo.delay_ms).tobytes() + np.ascontiguousarray(topo.bandwidth_gbps).tobytes()
@@ -157,20 +158,37 @@ class Simulator:
 def candidates_ours(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
     """The scheduler's assignment (cached) with the paper's runtime."""
     pipelines = sim.assignment(cfg, batch)
-    lay = layouts.from_pipelines(pipelines, cfg.layers, sim.scheduler, **PAPER_RUNTIME)
+    lay = _allocated(sim, layouts.from_pipelines(pipelines, cfg.layers, sim.scheduler, **PAPER_RUNTIME), cfg, batch)
     r = systems.simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, ps_mode=sim.ps_mode)
     return [Candidate("ours", {"pp": sim.d_pp, "dp": sim.d_dp, "scheduler": sim.scheduler,
-                               "pipelines": pipelines.tolist()},
+                               "pipelines": pipelines.tolist(), **_allocation_config(sim, lay)},
                       r.seconds, r.compute_seconds, (sim.schedule_seed,))]
+
+
+def _allocated(sim: Simulator, lay: Layout, cfg: GPTConfig, batch: int) -> Layout:
+    """`lay` with its stages chosen by the simulator's allocator (harness/allocation.py) over its
+    pipelines, at the simulated devices' profiles; even: as it is."""
+    if sim.allocator == "even":
+        return lay
+    from ..allocation import allocate_stages
+
+    micro_batches = batch // sim.d_dp // sim.micro_batch
+    return replace(lay, stages=allocate_stages(sim.allocator, cfg, sim.topo, lay.pipelines, sim.micro_batch,
+                                               micro_batches, PAPER_DTYPE, lay.recompute, sim.profiles))
+
+
+def _allocation_config(sim: Simulator, lay: Layout) -> dict:
+    return {} if sim.allocator == "even" else {"allocator": sim.allocator, "stages": [list(s) for s in lay.stages]}
 
 
 def candidates_ours_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
     """The paper's runtime on the seeded placements of RANDOM_SEEDS, averaged."""
-    lays = sim.random_layouts(cfg)
+    lays = [_allocated(sim, lay, cfg, batch) for lay in sim.random_layouts(cfg)]
     runs = [systems.simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, system="ours-random",
                                   ps_mode=sim.ps_mode) for lay in lays]
     return [_mean("ours-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
-                                  "pipelines": [[list(p) for p in lay.pipelines] for lay in lays]},
+                                  "pipelines": [[list(p) for p in lay.pipelines] for lay in lays],
+                                  **({"allocator": sim.allocator} if sim.allocator != "even" else {})},
                   runs, RANDOM_SEEDS)]
 
 

@@ -80,6 +80,15 @@ def test_the_heuristic_gives_slow_devices_fewer_blocks_and_beats_even():
     assert max(sky.stage_seconds) < max(even.stage_seconds)
 
 
+def test_the_heuristics_give_away_branch_fires():
+    """A slow first device over the mean can only shed blocks by giving its last one to the next
+    (Algorithm 2, line 11); the branch that the public code can never reach."""
+    prob = Problem(np.array([7.0, 1.0]) / 1e13, np.full(16, 1e12), np.zeros(2), np.full(16, GIB),
+                   np.full(2, 64.0 * GIB))
+    sky = allocate("sky-heuristic", prob)
+    assert sky.layers_per_device[0] < 8 and max(sky.stage_seconds) < max(allocate("even", prob).stage_seconds)
+
+
 def test_the_heuristic_moves_blocks_off_a_device_short_of_memory():
     # device 0 can hold 2 blocks; the even split gives it 4
     prob = Problem(np.full(3, 1e-13), np.full(12, 1e12), np.zeros(3), np.full(12, GIB),

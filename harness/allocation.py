@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import HarnessError
+from .model import even_split
 
 ALLOCATORS = ("even", "sky-heuristic", "sky-mip", "optimal")
 HEURISTIC_MAX_ITER = 1000  # Algorithm 2's max_iter (the paper leaves it open); it stops earlier when pi settles
@@ -64,14 +65,10 @@ class Problem:
 
     def stage_seconds(self, counts) -> np.ndarray:
         """w_i of every device for blocks-per-device `counts`."""
-        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-        flop = np.concatenate([[0.0], np.cumsum(self.block_flop)])
-        return self.seconds_per_flop * (flop[bounds[1:]] - flop[bounds[:-1]]) + self.fixed_seconds
+        return self.seconds_per_flop * _range_sums(self.block_flop, counts) + self.fixed_seconds
 
     def stage_memory(self, counts) -> np.ndarray:
-        bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
-        mem = np.concatenate([[0.0], np.cumsum(self.block_memory)])
-        return mem[bounds[1:]] - mem[bounds[:-1]]
+        return _range_sums(self.block_memory, counts)
 
     def check(self) -> None:
         if self.blocks < self.devices:
@@ -81,6 +78,13 @@ class Problem:
             i = int(small[0])
             raise AllocationError(f"allocation: {self.name(i)} has {self.memory[i] / 2**30:.2f} GiB for blocks, "
                                   f"less than one block needs ({self.block_memory.min() / 2**30:.2f} GiB)")
+
+
+def _range_sums(values: np.ndarray, counts) -> np.ndarray:
+    """Sum of `values` over each device's contiguous range, for blocks-per-device `counts`."""
+    bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+    prefix = np.concatenate([[0.0], np.cumsum(values)])
+    return prefix[bounds[1:]] - prefix[bounds[:-1]]
 
 
 @dataclass(frozen=True)
@@ -145,6 +149,7 @@ def problem_for(cfg, topo, pipelines, micro_batch: int, micro_batches: int, dtyp
     device's memory less the embedding (first) or the head and its logits (last)."""
     from . import compute as work
     from .profiles import device_profiles
+    from .sim.network import Links, step_times
 
     table = np.atleast_2d(np.asarray(pipelines, dtype=int))  # (replicas, stages)
     profs = profiles if profiles is not None else device_profiles(topo, dtype=dtype)
@@ -152,12 +157,12 @@ def problem_for(cfg, topo, pipelines, micro_batch: int, micro_batches: int, dtyp
     D = table.shape[1]
     per_flop = np.array([[1.0 / profs[d].flops_per_s("transformer") for d in row] for row in table])
     act = work.activation_bytes(cfg, micro_batch, bpv)
-
-    def send(a: int, b: int) -> float:
-        return topo.delay_ms[a, b] / 1e3 + act * 8 / (topo.bandwidth_gbps[a, b] * 1e9)
-
-    fixed = np.array([[(send(d, row[i + 1]) if i + 1 < D else 0.0) + (send(d, row[i - 1]) if i else 0.0)
-                       for i, d in enumerate(row)] for row in table])
+    links = Links.from_topology(topo, nic="per-pair")  # one transfer per link and direction at a time
+    fixed = np.zeros(table.shape)
+    ser, delay = step_times(links, table[:, :-1], table[:, 1:], act)  # activations to the next device
+    fixed[:, :-1] += ser + delay
+    ser, delay = step_times(links, table[:, 1:], table[:, :-1], act)  # gradients to the previous
+    fixed[:, 1:] += ser + delay
     fixed[:, -1] += [3 * work.head_fwd_flop(cfg, micro_batch) / profs[d].flops_per_s("lm_head") for d in table[:, -1]]
     per_param = work.training_bytes_per_param(bpv)
     block_mem = (cfg.block_params * per_param
@@ -184,8 +189,7 @@ def allocate_stages(name: str, cfg, topo, pipelines, micro_batch: int, micro_bat
 
 # ---------------------------------------------------------------------------- even
 def even(problem: Problem) -> list[int]:
-    base, extra = divmod(problem.blocks, problem.devices)
-    return [base + (1 if i < extra else 0) for i in range(problem.devices)]
+    return even_split(problem.blocks, problem.devices)
 
 
 # ---------------------------------------------------------------------------- Sky Computing's heuristic

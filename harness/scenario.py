@@ -266,6 +266,7 @@ def _slowdowns(path, field, d, count: int) -> list[float]:
     for k in _DRAW_KEYS:
         if k not in d:
             _fail(path, f"{field}.{k}", "missing")
+
     def pair(k: str, positive: bool) -> list[float]:
         if not isinstance(d[k], list) or len(d[k]) != 2:
             _fail(path, f"{field}.{k}", "must be a list of two numbers", d[k])

@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 
 from .. import systems
+from ..allocation import ALLOCATORS
 from . import positive_float, positive_int
 
 NETWORK_CHOICES = ("emulated", "none", "shaped")
@@ -109,8 +110,8 @@ def register(sub) -> None:
     p.add_argument("--zero", type=int, choices=(1, 3), help="deepspeed: ZeRO stage (1 with pipeline, 3 alone)")
     p.add_argument("--rank-order",
                    help="baselines: default, or a seed of a random layout (the permutation ours-random uses)")
-    p.add_argument("--allocator", help="ours: each stage's blocks: even (default) | sky-heuristic | sky-mip | "
-                                       "optimal (harness allocate)")
+    p.add_argument("--allocator", choices=ALLOCATORS, help="ours: each stage's blocks (default even; see "
+                                                          "harness allocate)")
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                    help="ours: recompute activations per block in backward (default: on for cuda)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before the run is failed")

@@ -7,6 +7,7 @@ from collections import Counter
 from pathlib import Path
 
 from .. import systems
+from ..allocation import ALLOCATORS
 from . import positive_int
 
 
@@ -24,7 +25,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="do not read or write results/sim/schedules/")
     p.add_argument("--protocol", choices=["nccl", "gloo"], default="nccl",
                    help="communication library's handshakes (default nccl, as the paper's GPUs)")
-    p.add_argument("--allocator", choices=["even", "sky-heuristic", "sky-mip", "optimal"], default="even",
+    p.add_argument("--allocator", choices=ALLOCATORS, default="even",
                    help="ours' and ours-random's blocks per stage over their pipelines (harness allocate; default even)")
 
 

@@ -206,5 +206,12 @@ def pace_optimizer(optimizer: torch.optim.Optimizer, pacer) -> None:
         return
     local = getattr(optimizer, "optim", optimizer)
     t: dict[str, float] = {}
-    local.register_step_pre_hook(lambda opt, args, kwargs: t.__setitem__("step", pacer.begin()))
-    local.register_step_post_hook(lambda opt, args, kwargs: pacer.finish("optimizer", t.pop("step")))
+
+    def before(opt, args, kwargs):
+        t["step"] = pacer.begin()
+
+    def after(opt, args, kwargs):
+        pacer.finish("optimizer", t.pop("step"))
+
+    local.register_step_pre_hook(before)
+    local.register_step_post_hook(after)

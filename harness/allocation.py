@@ -43,7 +43,14 @@ class Problem:
 
     seconds_per_flop: (D,) dt_i; block_flop: (L,) lf_j; fixed_seconds: (D,) ct_i plus the device's
     fixed work (embedding on the first, head on the last); block_memory: (L,) lm_j bytes;
-    memory: (D,) dm_i bytes the blocks may use (the device's memory less its fixed parts)."""
+    memory: (D,) dm_i bytes the blocks may use (the device's memory less its fixed parts).
+
+    Two optional terms for models whose cuts differ (a CNN's activations shrink layer by layer;
+    HetPipe's partitioner, Park et al. 2020 Sec. 7, counts them), taken by `even` and `optimal`:
+    receive_seconds (2, D, L+1): [0, i, a] device i receiving its input when its range starts at
+    block a, [1, i, b] receiving the gradient back when its range ends at b; device_block_memory
+    (D, L): lm_j on device i when it differs per device (activations kept for more micro-batches
+    on earlier stages)."""
 
     seconds_per_flop: np.ndarray
     block_flop: np.ndarray
@@ -51,6 +58,13 @@ class Problem:
     block_memory: np.ndarray
     memory: np.ndarray
     names: tuple[str, ...] = ()  # the devices' names, for messages
+    receive_seconds: np.ndarray | None = None
+    device_block_memory: np.ndarray | None = None
+
+    @property
+    def uniform(self) -> bool:
+        """No cut-dependent or per-device term: every allocator applies."""
+        return self.receive_seconds is None and self.device_block_memory is None
 
     @property
     def devices(self) -> int:
@@ -65,19 +79,30 @@ class Problem:
 
     def stage_seconds(self, counts) -> np.ndarray:
         """w_i of every device for blocks-per-device `counts`."""
-        return self.seconds_per_flop * _range_sums(self.block_flop, counts) + self.fixed_seconds
+        w = self.seconds_per_flop * _range_sums(self.block_flop, counts) + self.fixed_seconds
+        if self.receive_seconds is not None:
+            bounds = np.concatenate([[0], np.cumsum(counts)]).astype(int)
+            i = np.arange(self.devices)
+            w = w + self.receive_seconds[0, i, bounds[:-1]] + self.receive_seconds[1, i, bounds[1:]]
+        return w
 
     def stage_memory(self, counts) -> np.ndarray:
-        return _range_sums(self.block_memory, counts)
+        if self.device_block_memory is None:
+            return _range_sums(self.block_memory, counts)
+        return np.array([_range_sums(row, counts)[i] for i, row in enumerate(self.device_block_memory)])
+
+    def _block_memory(self, i: int) -> np.ndarray:
+        return self.block_memory if self.device_block_memory is None else self.device_block_memory[i]
 
     def check(self) -> None:
         if self.blocks < self.devices:
             raise AllocationError(f"allocation: {self.blocks} blocks cannot give {self.devices} devices one each")
-        small = np.flatnonzero(self.memory < self.block_memory.min())
+        least = np.array([self._block_memory(i).min() for i in range(self.devices)])
+        small = np.flatnonzero(self.memory < least)
         if small.size:
             i = int(small[0])
             raise AllocationError(f"allocation: {self.name(i)} has {self.memory[i] / 2**30:.2f} GiB for blocks, "
-                                  f"less than one block needs ({self.block_memory.min() / 2**30:.2f} GiB)")
+                                  f"less than one block needs ({least[i] / 2**30:.2f} GiB)")
 
 
 def _range_sums(values: np.ndarray, counts) -> np.ndarray:
@@ -110,6 +135,9 @@ def allocate(name: str, problem: Problem, time_limit_s: float = MIP_TIME_LIMIT_S
     """Run allocator `name` on `problem`; AllocationError (one line) when none fits."""
     if name not in ALLOCATORS:
         raise AllocationError(f"--allocator: unknown {name!r} (known: {', '.join(ALLOCATORS)})")
+    if not problem.uniform and name not in ("even", "optimal"):
+        raise AllocationError(f"allocation {name}: models neither cut-dependent communication nor per-device "
+                              "block memory (use optimal)")
     problem.check()
     t0 = time.perf_counter()
     if name == "even":
@@ -267,23 +295,24 @@ def optimal(problem: Problem) -> list[int]:
     exceeds its memory. One (L+1) x (L+1) matrix per device: O(D L^2) time, O(D L) memory."""
     D, L = problem.devices, problem.blocks
     flop = np.concatenate([[0.0], np.cumsum(problem.block_flop)])
-    mem = np.concatenate([[0.0], np.cumsum(problem.block_memory)])
     a, b = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")  # [a, b]: range [a, b)
     span_flop = flop[b] - flop[a]
-    span_mem = mem[b] - mem[a]
     nonempty = b > a
     best = np.full(L + 1, np.inf)
     best[0] = 0.0
     choice = np.zeros((D, L + 1), dtype=int)
     for i in range(D):
         w = problem.seconds_per_flop[i] * span_flop + problem.fixed_seconds[i]
-        ok = nonempty & (span_mem <= problem.memory[i] * (1 + 1e-12))
+        if problem.receive_seconds is not None:
+            w = w + problem.receive_seconds[0, i][:, None] + problem.receive_seconds[1, i][None, :]
+        mem = np.concatenate([[0.0], np.cumsum(problem._block_memory(i))])
+        ok = nonempty & (mem[b] - mem[a] <= problem.memory[i] * (1 + 1e-12))
         cand = np.where(ok, np.maximum(best[:, None], w), np.inf)  # [a, b]
         choice[i] = cand.argmin(0)
         best = cand[choice[i], np.arange(L + 1)]
     if not np.isfinite(best[L]):
         raise AllocationError(f"allocation optimal: no contiguous allocation fits every device's memory ({L} "
-                              f"blocks need {mem[-1] / 1e9:.1f} GB; the {D} devices have "
+                              f"blocks need {problem.block_memory.sum() / 1e9:.1f} GB; the {D} devices have "
                               f"{max(problem.memory.sum(), 0) / 1e9:.1f} GB for blocks)")
     counts, end = [], L
     for i in range(D - 1, -1, -1):

@@ -2,7 +2,8 @@
 
 torchtitan's train-spec idea: a `System` bundles
 - `train`: the function every rank of a real run calls, `train(ctx: RankContext, spec: RunSpec) ->
-  list[IterationStats]`, with the default process group initialised (gloo on CPU, NCCL on GPU);
+  list[IterationStats]`, with the default process group initialised (gloo on CPU, NCCL on GPU)
+  (None: the system runs only in the simulator so far);
 - `layout_rule`: `(RunRequest, Topology) -> (Layout, Placement | None)`, how planning turns the
   request into the run's layout (None: the request must give an explicit layout), with `flags`,
   the `harness run` layout flags the system takes, and `defaults`, the LayoutRequest fields it
@@ -13,6 +14,8 @@ torchtitan's train-spec idea: a `System` bundles
 - `simulate_layout`: `(Links, profiles, cfg, batch, Layout, micro_batch, bytes_per_value) ->
   (seconds, busiest compute seconds)`, the model `sim compare` holds a measured run against;
 - `record_layout`: the layout a measured record ran on, for records older than the layout JSON;
+- `simulate_cnn`: `(Topology, CNNModel, minibatch, CNNOptions) -> list[CNNCandidate]`, its model in
+  `harness sim` of the layer-profile CNNs (harness/cnn.py, harness/sim/cnn.py);
 - `tune_grid`: `(cfg, devices, batch, micro_batch, schedule) -> [Layout]`, the layouts `harness tune`
   runs (None: not tunable);
 - `compute_observed`: its records' compute_seconds are timed inside the iteration;
@@ -58,13 +61,14 @@ def _resolve(ref: Ref | None) -> Callable | None:
 class System:
     name: str
     summary: str  # one line for --help
-    train: Ref
+    train: Ref | None = None
     layout_rule: Ref | None = None
     flags: tuple[str, ...] = ()
     defaults: dict = field(default_factory=dict)  # LayoutRequest fields filled in when unset
     simulate: Ref | None = None
     simulate_layout: Ref = "harness.sim.compare:simulate_runtime_of_layout"
     record_layout: Ref = "harness.sim.compare:legacy_mesh_layout"
+    simulate_cnn: Ref | None = None
     tune_grid: Ref | None = None
     compute_observed: bool = False
     scheduled: bool = False
@@ -99,6 +103,9 @@ class System:
     def tune_grid_fn(self) -> Callable | None:
         return _resolve(self.tune_grid)
 
+    def simulate_cnn_fn(self) -> Callable | None:
+        return _resolve(self.simulate_cnn)
+
     def flag_of(self, field_name: str) -> str:
         """The flag that sets LayoutRequest.`field_name` for this system (the generic one if it takes none)."""
         mine = [f for f in self.flags if LAYOUT_FLAGS[f] == field_name]
@@ -132,11 +139,13 @@ def get(name: str) -> System:
     return SYSTEMS[name]
 
 
-def names(*, simulated: bool = False, tunable: bool = False) -> tuple[str, ...]:
-    """Registered names in registration order; `simulated`: only those `harness sim` can place
-    (a simulator model or a layout rule); `tunable`: only those with a tune grid."""
+def names(*, simulated: bool = False, tunable: bool = False, cnn: bool = False) -> tuple[str, ...]:
+    """Registered names in registration order; `simulated`: only those `harness sim` can place on a GPT
+    (a simulator model or a layout rule); `tunable`: only those with a tune grid; `cnn`: only those
+    `harness sim` runs on a layer-profile CNN."""
     return tuple(s.name for s in SYSTEMS.values()
-                 if (not simulated or s.simulate or s.layout_rule) and (not tunable or s.tune_grid))
+                 if (not simulated or s.simulate or s.layout_rule) and (not tunable or s.tune_grid)
+                 and (not cnn or s.simulate_cnn))
 
 
 def paper_systems() -> dict[str, str]:
@@ -184,4 +193,14 @@ register(System(
     flags=BASELINE_FLAGS[1:] + ("--zero",), defaults={"schedule": "1f1b"},
     simulate="harness.sim.sweep:candidates_deepspeed", record_layout="harness.sim.compare:legacy_zero3_layout",
     tune_grid="harness.layout:deepspeed_grid", paper_role="deepspeed", style=("#2ca02c", "v"),
+))
+register(System(
+    "hetpipe", "HetPipe: virtual workers (pipelines over heterogeneous GPUs), data parallel under Wave Synchronous "
+    "Parallel through a parameter server (simulator; --model vgg19|resnet152)",
+    simulate_cnn="harness.sim.cnn:candidates_hetpipe", style=("#9467bd", "D"),
+))
+register(System(
+    "horovod", "synchronous data parallel with a ring all-reduce, HetPipe's baseline (simulator; --model "
+    "vgg19|resnet152)",
+    simulate_cnn="harness.sim.cnn:candidates_horovod", style=("#8c564b", "P"),
 ))

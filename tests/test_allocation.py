@@ -253,3 +253,35 @@ def test_sim_allocator_balances_ours_stages_on_sky(cli, tmp_path):
         else:
             assert "stages" not in best["config"]  # even runs keep their records as before
     assert seconds["optimal"] < 0.9 * seconds["even"]  # slowdowns over [1, 7]: balancing pays
+
+
+def test_optimal_counts_cut_dependent_receives_and_per_device_memory_exactly():
+    """HetPipe's terms (a CNN's cuts differ in size; earlier stages keep more minibatches): the optimum
+    still equals enumeration over the same stage times and memories, and sky's allocators refuse them."""
+    rng = np.random.default_rng(11)
+    checked = 0
+    for _ in range(80):
+        D = int(rng.integers(2, 5))
+        L = int(rng.integers(D, 10))
+        base = random_problem(rng, D, L, tight=bool(rng.integers(2)))
+        recv = rng.uniform(0, 0.3, (2, D, L + 1))
+        per_device = base.block_memory[None, :] * rng.uniform(0.5, 2.0, (D, 1))
+        prob = Problem(base.seconds_per_flop, base.block_flop, base.fixed_seconds, base.block_memory, base.memory,
+                       receive_seconds=recv, device_block_memory=per_device)
+        exact = brute_force(prob)
+        if not np.isfinite(exact):
+            with pytest.raises(AllocationError):
+                allocate("optimal", prob)
+            continue
+        got = allocate("optimal", prob)
+        assert max(got.stage_seconds) == pytest.approx(exact, rel=1e-12)
+        counts = got.layers_per_device
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        for i in range(D):  # the receive terms are those of the device's own boundaries
+            work = prob.seconds_per_flop[i] * prob.block_flop[bounds[i]:bounds[i + 1]].sum() + prob.fixed_seconds[i]
+            assert got.stage_seconds[i] == pytest.approx(work + recv[0, i, bounds[i]] + recv[1, i, bounds[i + 1]])
+        checked += 1
+    assert checked > 30
+    for name in ("sky-heuristic", "sky-mip"):
+        with pytest.raises(AllocationError, match="use optimal"):
+            allocate(name, prob)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import systems
 from ..allocation import ALLOCATORS
+from ..cnn import CNN_MODELS
 from . import positive_int
 
 
@@ -19,9 +20,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ps-mode", choices=["grouped", "rounds"], default="grouped",
                    help="ours' sharded parameter server: one grouped all-to-all (the runtime) or sequential rounds "
                         "(the order the paper's cost model sums); default grouped")
-    p.add_argument("--placement", default="default,random",
-                   help="baseline placements to try, comma-separated: default (rank order), random (seeds "
-                        "2022-2024, averaged); default both")
+    p.add_argument("--placement",
+                   help="GPT baselines' placements to try, comma-separated: default (rank order), random (seeds "
+                        "2022-2024, averaged); default both. HetPipe (CNN models): the parameter server's, default "
+                        "(shards round-robin over the nodes) or local (each stage's shard on its node; policy ed); "
+                        "default both where the policy allows")
     p.add_argument("--no-cache", action="store_true", help="do not read or write results/sim/schedules/")
     p.add_argument("--protocol", choices=["nccl", "gloo"], default="nccl",
                    help="communication library's handshakes (default nccl, as the paper's GPUs)")
@@ -39,13 +42,24 @@ def register(sub) -> None:
     p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
     p.add_argument("--system", default="all", metavar="SYSTEM",
                    help=f"all (default) or one of: {', '.join(systems.names(simulated=True))}")
-    p.add_argument("--model", default="gpt3-xl", help="model config (default gpt3-xl)")
+    p.add_argument("--model", default="gpt3-xl", help="model config (default gpt3-xl), or a CNN for hetpipe and "
+                   f"horovod: {', '.join(CNN_MODELS)}")
     p.add_argument("--layers", type=positive_int, help="override the model's layer count")
-    p.add_argument("--batch", type=positive_int, default=1024, help="global batch in samples (default 1024)")
+    p.add_argument("--batch", type=positive_int, help="global batch in samples (default 1024); for the CNN models "
+                   "the minibatch of a GPU or virtual worker (default 32, HetPipe's)")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="micro-batch in samples (default 1)")
     p.add_argument("--d-pp", type=positive_int, help="ours' pipeline stages (default as `harness run`: as square as "
                    "possible with the pipeline on the longer side, 8 for 64 devices)")
     p.add_argument("--json", type=Path, help="write every simulated layout as a JSON list of records with `best`")
+    h = p.add_argument_group("HetPipe and Horovod (CNN models)")
+    h.add_argument("--policy", help="HetPipe's resource allocation: np, ed, hd, or VWs as device ids "
+                   "'0,4,8,12;1,5,9,13;...' (default: np, ed and hd)")
+    h.add_argument("--gpus", help="the nodes used, as letters of the scenario's one-letter regions and the GPU "
+                   "count, e.g. V4, VR8, VRQ12, VRQG16 (default: every GPU)")
+    h.add_argument("--staleness", type=int, default=0, metavar="D",
+                   help="WSP's clock distance threshold D (default 0, BSP-like)")
+    h.add_argument("--in-flight", type=positive_int, metavar="N_M",
+                   help="minibatches in flight per virtual worker (default: the fastest up to Max_m)")
     p.add_argument("--out", type=Path, help="run directory for records.csv (default results/<scenario>/<run-id>)")
     _common(p)
     p.set_defaults(func=cmd_sim)
@@ -95,7 +109,7 @@ def _overrides(args):
 def _sim_kwargs(args) -> dict:
     from ..results import RESULTS_DIR
 
-    placements = tuple(p.strip() for p in args.placement.split(",") if p.strip())
+    placements = tuple(p.strip() for p in (args.placement or "default,random").split(",") if p.strip())
     return {"profile_overrides": _overrides(args), "budget": args.budget, "schedule_seed": args.schedule_seed,
             "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol, "allocator": args.allocator,
             "cache_dir": None if args.no_cache else RESULTS_DIR / "sim" / "schedules"}
@@ -111,6 +125,13 @@ def cmd_sim(args) -> int:
 
     if not args.scenario:
         raise HarnessError("--scenario: required (or use `harness sim report|calibrate|compare`)")
+    if args.model in CNN_MODELS:
+        return cmd_sim_cnn(args)
+    for flag, value in (("--policy", args.policy), ("--gpus", args.gpus), ("--in-flight", args.in_flight),
+                        ("--staleness", args.staleness or None)):
+        if value is not None:
+            raise HarnessError(f"{flag}: only for the CNN models of hetpipe and horovod ({', '.join(CNN_MODELS)})")
+    args.batch = args.batch or 1024
     topo = load_scenario(args.scenario, args.devices)
     cfg = get_model(args.model, args.layers)
     known = systems.names(simulated=True)
@@ -158,6 +179,55 @@ def cmd_sim(args) -> int:
     print(f"wrote {Path(out) / 'records.csv'}")
     if args.json:
         atomic_write_json(args.json, [record_json(r, c.best) for c, r in zip(cands, records)])
+        print(f"wrote {args.json}")
+    return 0
+
+
+def cmd_sim_cnn(args) -> int:
+    """`harness sim` on a layer-profile CNN: hetpipe's and horovod's candidates, JSON records."""
+    from ..cnn import get_cnn
+    from ..errors import HarnessError
+    from ..results import atomic_write_json, manifest, new_run_id, run_dir
+    from ..scenario import load_scenario
+    from ..sim.cnn import CNNOptions, record
+
+    known = systems.names(cnn=True)
+    which = known if args.system == "all" else (args.system,)
+    for s in which:
+        if s not in known:
+            raise HarnessError(f"--system: {s!r} does not train {args.model} (known for CNN models: all, {', '.join(known)})")
+    if args.staleness < 0:
+        raise HarnessError(f"--staleness: must be >= 0 (got {args.staleness})")
+    for flag in ("layers", "d_pp", "allocator"):
+        if getattr(args, flag) not in (None, "even"):
+            raise HarnessError(f"--{flag.replace('_', '-')}: not an option of the CNN models")
+    topo = load_scenario(args.scenario, args.devices)
+    model = get_cnn(args.model)
+    opts = CNNOptions(policies=(args.policy,) if args.policy else (),
+                      placements=tuple(p.strip() for p in args.placement.split(",") if p.strip()) if args.placement else (),
+                      staleness=args.staleness, gpus=args.gpus, in_flight=args.in_flight)
+    batch = args.batch or 32  # HetPipe's minibatch (Sec. 8.1)
+    cands = []
+    for s in which:
+        got = systems.get(s).simulate_cnn_fn()(topo, model, batch, opts)
+        if got:
+            max(got, key=lambda c: c.samples_per_s).best = True
+        cands += got
+    run_id = new_run_id("sim")
+    records = [record(c, run_id=run_id, topo=topo, model=model, batch=batch) for c in cands]
+    print(f"{topo.name}: {model.name} ({model.params / 1e6:.1f}M parameters), minibatch {batch}, D={args.staleness}")
+    print(f"{'system':<9} {'config':<22} {'GPUs':>4} {'N_m':>4} {'s/wave':>8} {'samples/s':>10} {'MB across nodes/sample':>23}")
+    for c, r in zip(cands, records):
+        conf = c.config
+        label = f"{conf['policy']}-{conf['placement']}" if "policy" in conf else f"ring ({conf['gpus']})"
+        print(f"{c.system:<9} {label:<22} {c.devices:>4} {conf.get('N_m', '-')!s:>4} {c.seconds:>8.3f} "
+              f"{c.samples_per_s:>10.1f} {r['cross_node_bytes_per_sample'] / 1e6:>23.2f}{'  <- best' if c.best else ''}")
+    out = args.out or run_dir(topo.name, run_id)
+    atomic_write_json(Path(out) / "records.json", records)
+    atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
+    print(f"wrote {Path(out) / 'records.json'}")
+    if args.json:
+        atomic_write_json(args.json, records)
         print(f"wrote {args.json}")
     return 0
 

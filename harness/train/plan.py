@@ -19,6 +19,7 @@ from ..cost import CostModel
 from ..layout import Layout, LayoutError
 from ..model import GPTConfig
 from ..compute import c_dp_bytes, c_pp_bytes
+from ..errors import HarnessError
 from ..profiles import device_profiles
 from ..results import new_run_id
 from ..scenario import Topology, load_scenario, reload_name
@@ -53,7 +54,9 @@ class Plan:
 
 def plan_run(req: RunRequest) -> Plan:
     """Validate the request and build the spec every rank receives."""
-    registry.get(req.run.system)  # unknown system: one line, now
+    entry = registry.get(req.run.system)  # unknown system: one line, now
+    if entry.train is None:
+        raise HarnessError(f"--system: {entry.name} runs only in the simulator so far (harness sim --system {entry.name})")
     topo = load_scenario(req.network.scenario, devices=req.network.devices).scaled(req.network.bandwidth_scale)
     layout, placement = resolve_layout(req, topo)
     resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),

@@ -1,0 +1,201 @@
+"""HetPipe in the simulator (Park et al. 2020): layer profiles from the architectures, the resource
+allocation policies, partitions within memory, Wave Synchronous Parallel's clock bound, and the
+direction of the paper's Figure 4 and Table 4 from first principles."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from harness import cnn
+from harness import hetpipe as hp
+from harness.scenario import load_scenario
+from harness.sim import horovod, wsp
+
+# torchvision's model tables: parameters and multiply-adds ("GFLOPS") of vgg19 and resnet152
+TORCHVISION = {"vgg19": (143_667_240, 19.63e9), "resnet152": (60_192_808, 11.51e9)}
+
+
+@pytest.fixture(scope="module")
+def testbed():
+    return load_scenario("hetpipe-testbed")
+
+
+@pytest.mark.parametrize("name", sorted(TORCHVISION))
+def test_layer_profiles_match_the_architectures(name):
+    m = cnn.get_cnn(name)
+    params, macs = TORCHVISION[name]
+    assert m.params == params
+    assert m.fwd_flop / 2 == pytest.approx(macs, rel=1e-3)
+    assert m.layers[-1].out_values == cnn.CLASSES
+    assert all(l.out_values > 0 and l.kept_values >= l.out_values for l in m.layers)
+
+
+def test_vgg19_profile_counts_what_torch_builds():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    layers, c = [], 3
+    for v in cnn.VGG19_CONFIG:
+        if v != "M":
+            layers.append(nn.Conv2d(c, v, 3, padding=1))
+            c = v
+    body = nn.Sequential(*layers, nn.Linear(512 * 49, 4096), nn.Linear(4096, 4096), nn.Linear(4096, 1000))
+    assert sum(p.numel() for p in body.parameters()) == cnn.vgg19().params
+    with torch.no_grad():  # the activation each conv block hands on, on a quarter-size image (shapes scale)
+        x = torch.zeros(1, 3, 56, 56)
+        sizes = []
+        for layer in layers[:4]:
+            x = layer(x)
+            sizes.append(x.numel())
+    profile = [l.out_values for l in cnn.vgg19().layers if l.name.startswith("conv")][:4]
+    assert [s * 16 for s in sizes[:2]] == profile[:2]  # 224^2 / 56^2 = 16
+
+
+@pytest.mark.parametrize("gpus", [None, "VR8", "VRQ12"])
+@pytest.mark.parametrize("policy", ["np", "ed", "hd"])
+def test_policies_place_every_gpu_once(testbed, policy, gpus):
+    devices = hp.select_gpus(testbed, gpus)
+    if policy == "hd" and gpus == "VRQ12":
+        with pytest.raises(hp.HetPipeError, match="even number of nodes"):
+            hp.group(testbed, devices, policy)
+        return
+    groups = hp.group(testbed, devices, policy)
+    assert sorted(d for g in groups for d in g) == devices
+    nodes = [{testbed.device_region[d] for d in g} for g in groups]
+    if policy == "np":
+        assert all(len(n) == 1 for n in nodes) and len(groups) == len({testbed.device_region[d] for d in devices})
+    if policy == "ed":
+        assert all(len(g) == len(n) == len(nodes[0]) for g, n in zip(groups, nodes))  # one GPU of every node
+
+
+def test_hd_pairs_the_nodes_that_balance_compute_and_memory(testbed):
+    groups = hp.group(testbed, list(range(testbed.n)), "hd")
+    kinds = sorted("".join(sorted(testbed.region_of(d).name for d in g)) for g in groups)
+    assert kinds == ["GGRR", "GGRR", "QQVV", "QQVV"]  # the paper's VVQQ / RRGG, from the balance rule
+
+
+def test_partitions_fit_memory_and_earlier_stages_keep_more(testbed):
+    m = cnn.get_cnn("vgg19")
+    groups = hp.group(testbed, list(range(testbed.n)), "ed")
+    costs = hp.Costs.of(testbed, m, 32, groups)
+    few, many = (hp.best_order(testbed, costs, groups[0], n) for n in (1, 6))
+    for vw in (few, many):
+        assert (np.array(vw.memory) <= np.array(vw.capacity)).all()
+        assert vw.stages[0][0] == 0 and vw.stages[-1][1] == len(m.layers)
+    assert many.memory[0] > few.memory[0]  # the first stage keeps every minibatch in flight
+    with pytest.raises(hp.HetPipeError, match="cannot hold resnet152"):
+        hp.partition(hp.Costs.of(testbed, cnn.get_cnn("resnet152"), 32, [[8]]), [8], 1)  # one RTX 2060: 6 GiB
+
+
+@pytest.fixture(scope="module")
+def np_workers(testbed):
+    """NP's VWs for VGG-19: four pipelines of different speed (one per GPU type)."""
+    m = cnn.get_cnn("vgg19")
+    groups = hp.group(testbed, list(range(testbed.n)), "np")
+    costs = hp.Costs.of(testbed, m, 32, groups)
+    return hp.virtual_workers(testbed, costs, groups, 3)
+
+
+@pytest.mark.parametrize("D", [0, 1, 3])
+def test_wsp_never_lets_a_vw_run_more_than_D_ahead(np_workers, D):
+    r = wsp.simulate(np_workers, 3, 32, D, push_seconds=0.05, pull_seconds=0.05, waves=16)
+    V, W = r.push_done.shape
+    gated = 0
+    for v in range(V):
+        for c in range(W):
+            if not np.isnan(r.resumed[v, c]) and c >= D:
+                # it resumed past clock c only with every VW's wave c - D pushed, and after pulling
+                assert r.resumed[v, c] >= r.push_done[:, c - D].max() + 0.05 - 1e-12
+                gated += 1
+    assert gated > 0
+    assert max(r.distance_at_resume) == D  # the bound holds and binds: the VWs differ in speed
+    assert np.all(np.diff(r.wave_done, axis=1) > 0)
+
+
+def test_without_the_gate_fast_vws_run_far_ahead(np_workers):
+    r = wsp.simulate(np_workers, 3, 32, 1000, push_seconds=0.05, pull_seconds=0.05, waves=16)
+    assert max(r.distance_at_resume, default=0) == 0  # never gated
+    done = r.wave_done
+    first_finished = done[:, -1].min()  # the fastest VW's last wave
+    behind = [int(np.sum(done[v] <= first_finished)) for v in range(len(done))]
+    assert done.shape[1] - min(behind) > 3 + 1  # the slowest VW is then far more than D=3 waves behind
+
+
+@pytest.fixture(scope="module")
+def figure4(testbed):
+    """samples/s of every policy (and ED-local) and Horovod on all 16 GPUs, D = 0."""
+    out = {}
+    for name in ("vgg19", "resnet152"):
+        m = cnn.get_cnn(name)
+        row = {p: hp.plan(testbed, m, 32, p).result.samples_per_s for p in hp.POLICIES}
+        row["ed-local"] = hp.plan(testbed, m, 32, "ed", "local").result.samples_per_s
+        row["horovod"] = horovod.simulate(testbed, m, 32).samples_per_s
+        out[name] = row
+    return out
+
+
+@pytest.mark.parametrize("name", ["vgg19", "resnet152"])
+def test_figure4_direction_ed_local_leads_and_beats_horovod(figure4, name):
+    row = figure4[name]
+    assert row["ed-local"] >= 0.99 * max(row[p] for p in hp.POLICIES)  # equal to ED within 1% when sync hides
+    assert row["ed-local"] > row["hd"] > row["np"]
+    assert row["ed-local"] > row["horovod"]
+
+
+def test_np_is_limited_by_its_smallest_memory_vw(testbed):
+    m = cnn.get_cnn("resnet152")
+    p = hp.plan(testbed, m, 32, "np")
+    groups = hp.group(testbed, list(range(testbed.n)), "np")
+    costs = hp.Costs.of(testbed, m, 32, groups)
+    max_m = {testbed.region_of(g[0]).name: hp.max_in_flight(testbed, costs, g) for g in groups}
+    assert min(max_m, key=max_m.get) == "G"  # the RTX 2060's 6 GiB bound N_m for every VW
+    assert p.max_in_flight == max_m["G"] < max_m["R"]
+    assert p.in_flight <= max_m["G"]
+
+
+def test_table4_direction_whimpy_gpus_help_hetpipe_more(testbed):
+    for name in ("vgg19", "resnet152"):
+        m = cnn.get_cnn(name)
+        het = [hp.plan(testbed, m, 32, "ed", "local", gpus=g).result.samples_per_s for g in ("V4", "VR8", "VRQG16")]
+        hor = [horovod.simulate(testbed, m, 32, g).samples_per_s for g in ("V4", "VR8", "VRQG16")]
+        assert het[0] < het[1] < het[2]
+        assert het[2] / het[0] > hor[2] / hor[0]
+    assert horovod.simulate(testbed, cnn.get_cnn("resnet152"), 32).left_out == [8, 9, 10, 11]  # the RTX 2060s
+
+
+def test_sim_cli_writes_records_and_bad_inputs_are_one_line(cli, tmp_path):
+    rc, out, err = cli("sim", "--scenario", "hetpipe-testbed", "--model", "resnet152", "--gpus", "VR8",
+                       "--policy", "ed", "--out", tmp_path / "run", "--json", tmp_path / "r.json")
+    assert rc == 0, err
+    recs = json.loads((tmp_path / "r.json").read_text())
+    assert {r["system"] for r in recs} == {"hetpipe", "horovod"}
+    het = [r for r in recs if r["system"] == "hetpipe"]
+    assert {r["config"]["placement"] for r in het} == {"default", "local"}
+    for r in het:
+        assert r["config"]["policy"] == "ed" and r["config"]["gpus"] == "VR8" and r["config"]["D"] == 0
+        assert r["samples_per_s"] == pytest.approx(len(r["config"]["vws"]) * r["config"]["N_m"] * 32 / r["seconds"])
+    assert json.loads((tmp_path / "run" / "records.json").read_text()) == recs
+    for args, msg in [
+        (("--policy", "xy"), "--policy: 'xy' is neither one of np, ed, hd"),
+        (("--policy", "np", "--placement", "local"), "--placement local: layer stem is on nodes"),
+        (("--gpus", "VZ8"), "--gpus: 'VZ8' must be distinct node letters"),
+        (("--policy", "8;9;10;11", "--gpus", "G4"), "virtual worker 8: cannot hold resnet152"),
+        (("--system", "ours"), "--system: 'ours' does not train resnet152"),
+    ]:
+        rc, out, err = cli("sim", "--scenario", "hetpipe-testbed", "--model", "resnet152", "--out", tmp_path / "x", *args)
+        assert rc == 2 and msg in err and err.count("\n") == 1, err
+    rc, out, err = cli("sim", "--scenario", "1", "--policy", "ed", "--out", tmp_path / "y")
+    assert rc == 2 and "--policy: only for the CNN models" in err
+
+
+def test_hetpipe_plan_prints_every_vw_stage_and_throughput(cli, tmp_path):
+    rc, out, err = cli("hetpipe", "plan", "--scenario", "hetpipe-testbed", "--policy", "hd", "--model", "vgg19",
+                       "--json", tmp_path / "p.json")
+    assert rc == 0, err
+    doc = json.loads((tmp_path / "p.json").read_text())
+    assert len(doc["vws"]) == 4 and out.count("  stage ") == 16
+    assert f"{doc['samples_per_s']:.1f} samples/s" in out
+    rc, out, err = cli("run", "--system", "hetpipe", "--scenario", "hetpipe-testbed", "--network", "none")
+    assert rc == 2 and "runs only in the simulator" in err

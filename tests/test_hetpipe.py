@@ -124,21 +124,16 @@ def test_without_the_gate_fast_vws_run_far_ahead(np_workers):
 
 
 @pytest.fixture(scope="module")
-def figure4(testbed):
-    """samples/s of every policy (and ED-local) and Horovod on all 16 GPUs, D = 0."""
-    out = {}
-    for name in ("vgg19", "resnet152"):
-        m = cnn.get_cnn(name)
-        row = {p: hp.plan(testbed, m, 32, p).result.samples_per_s for p in hp.POLICIES}
-        row["ed-local"] = hp.plan(testbed, m, 32, "ed", "local").result.samples_per_s
-        row["horovod"] = horovod.simulate(testbed, m, 32).samples_per_s
-        out[name] = row
-    return out
+def evaluation():
+    """The report's sweep: Figure 4 (every policy, ED-local and Horovod on 16 GPUs) and Table 4, D = 0."""
+    from harness.report import hetpipe as hetpipe_report
+
+    return hetpipe_report.sweep()
 
 
 @pytest.mark.parametrize("name", ["vgg19", "resnet152"])
-def test_figure4_direction_ed_local_leads_and_beats_horovod(figure4, name):
-    row = figure4[name]
+def test_figure4_direction_ed_local_leads_and_beats_horovod(evaluation, name):
+    row = {k: e.samples_per_s for k, e in evaluation.fig4[name].items()}
     assert row["ed-local"] >= 0.99 * max(row[p] for p in hp.POLICIES)  # equal to ED within 1% when sync hides
     assert row["ed-local"] > row["hd"] > row["np"]
     assert row["ed-local"] > row["horovod"]
@@ -155,14 +150,28 @@ def test_np_is_limited_by_its_smallest_memory_vw(testbed):
     assert p.in_flight <= max_m["G"]
 
 
-def test_table4_direction_whimpy_gpus_help_hetpipe_more(testbed):
+def test_table4_direction_whimpy_gpus_help_hetpipe_more(evaluation, testbed):
     for name in ("vgg19", "resnet152"):
-        m = cnn.get_cnn(name)
-        het = [hp.plan(testbed, m, 32, "ed", "local", gpus=g).result.samples_per_s for g in ("V4", "VR8", "VRQG16")]
-        hor = [horovod.simulate(testbed, m, 32, g).samples_per_s for g in ("V4", "VR8", "VRQG16")]
-        assert het[0] < het[1] < het[2]
-        assert het[2] / het[0] > hor[2] / hor[0]
+        het = [evaluation.table4[name][g]["hetpipe"].samples_per_s for g in ("V4", "VR8", "VRQ12", "VRQG16")]
+        hor = [evaluation.table4[name][g]["horovod"].samples_per_s for g in ("V4", "VR8", "VRQ12", "VRQG16")]
+        assert het[0] < het[1] < het[2] < het[3]
+        assert het[3] / het[0] > hor[3] / hor[0]
     assert horovod.simulate(testbed, cnn.get_cnn("resnet152"), 32).left_out == [8, 9, 10, 11]  # the RTX 2060s
+
+
+def test_sim_report_hetpipe_section(evaluation, cli, tmp_path, monkeypatch):
+    from harness.report import hetpipe as hetpipe_report
+
+    monkeypatch.setattr(hetpipe_report, "sweep", lambda progress=None: evaluation)  # computed once, above
+    rc, out, err = cli("sim", "report", "--hetpipe-only", "--out", tmp_path)
+    assert rc == 0, err
+    text = (tmp_path / "report.md").read_text()
+    doc = json.loads((tmp_path / "hetpipe.json").read_text())
+    assert (tmp_path / "hetpipe.png").stat().st_size > 0
+    for name in ("vgg19", "resnet152"):
+        e, h = doc["fig4"][name]["ed-local"], doc["fig4"][name]["horovod"]
+        assert f"| {e['samples_per_s'] / h['samples_per_s']:.2f}x |" in text
+        assert f"{doc['table4'][name]['VRQG16']['hetpipe']['samples_per_s']:.0f} ({doc['table4'][name]['VRQG16']['hetpipe']['concurrent']})" in text
 
 
 def test_sim_cli_writes_records_and_bad_inputs_are_one_line(cli, tmp_path):

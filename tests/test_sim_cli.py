@@ -50,7 +50,7 @@ def test_sim_user_errors_are_one_line(cli):
 
 def test_sim_report_writes_tables_and_figures(cli, tmp_path):
     rc, out, err = cli("sim", "report", "--out", tmp_path, "--cases", "5", "--layers", "24", "--batches", "1024",
-                       "--no-fluidstack", "--budget", "300", "--no-cache")
+                       "--no-fluidstack", "--no-hetpipe", "--budget", "300", "--no-cache")
     assert rc == 0, err
     text = (tmp_path / "report.md").read_text()
     assert "| 5 (5-worldwide) |" in text and "Where the model disagrees" in text

@@ -71,6 +71,8 @@ def register(sub) -> None:
     r.add_argument("--layers", type=positive_int, nargs="+", default=[24, 32, 40])
     r.add_argument("--batches", type=positive_int, nargs="+", default=[1024, 2048, 4096])
     r.add_argument("--no-fluidstack", action="store_true", help="skip the FluidStack case (Fig. 7)")
+    r.add_argument("--no-hetpipe", action="store_true", help="skip HetPipe's Figure 4 and Table 4 (hetpipe-testbed)")
+    r.add_argument("--hetpipe-only", action="store_true", help="only HetPipe's section (seconds, not hours)")
     r.add_argument("--workers", type=positive_int, help="processes running the scheduler for uncached "
                    "settings (default: cores, at most 4)")
     _common(r)
@@ -245,6 +247,8 @@ def cmd_report(args) -> int:
     kw = _sim_kwargs(args)
     run_id = new_run_id("sim")
     out = args.out or RESULTS_DIR / "sim" / run_id
+    if args.hetpipe_only:
+        return _report_hetpipe_only(out, run_id)
     total = len(args.cases) * len(args.layers) * len(args.batches) + (0 if args.no_fluidstack else 3)
     with tqdm(total=total, desc="sim report", unit="setting", file=sys.stderr, leave=False) as bar, \
             tqdm(desc="schedules", unit="schedule", file=sys.stderr, leave=False) as sbar:
@@ -259,11 +263,39 @@ def cmd_report(args) -> int:
         opts = {"progress": step, "schedule_progress": scheduled, "workers": args.workers, **kw}
         sweeps = report.sweep_cases(args.cases, args.layers, args.batches, **opts)
         fs = None if args.no_fluidstack else report.sweep_fluidstack(**opts)
-    paths = report.write_report(out, sweeps, fs, run_id, report.sweep_notes(kw))
+        hs = None if args.no_hetpipe else _hetpipe_sweep(bar)
+    paths = report.write_report(out, sweeps, fs, run_id, report.sweep_notes(kw), hetpipe=hs)
     for r in report.summary_rows(sweeps):
         print(f"case {r['case']}: ours vs Megatron {r['vs_megatron_mean']:.2f}x, vs DeepSpeed "
               f"{r['vs_deepspeed_mean']:.2f}x (mean PFLOPS), scheduler vs random up to {r['vs_random'].max():.2f}x")
     print(f"wrote {out}/report.md and {len(paths) - 1} other files")
+    return 0
+
+
+def _hetpipe_sweep(bar):
+    from ..report import hetpipe as hetpipe_report
+
+    bar.total = (bar.total or 0) + len(hetpipe_report.MODELS) * (len(hetpipe_report.FIG4) + len(hetpipe_report.GPU_SETS))
+
+    def step(label):
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(1)
+
+    return hetpipe_report.sweep(progress=step)
+
+
+def _report_hetpipe_only(out: Path, run_id: str) -> int:
+    from tqdm import tqdm
+
+    from ..report import hetpipe as hetpipe_report
+    from ..results import atomic_write_json, atomic_write_text, manifest
+
+    with tqdm(total=0, desc="sim report (hetpipe)", unit="setting", file=sys.stderr, leave=False) as bar:
+        hs = _hetpipe_sweep(bar)
+    paths = hetpipe_report.write(out, hs)
+    atomic_write_text(Path(out) / "report.md", "# Simulated evaluation\n\n" + hetpipe_report.markdown(hs))
+    atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
+    print(f"wrote {out}/report.md and {len(paths)} other files")
     return 0
 
 

@@ -240,7 +240,8 @@ def fluidstack_rows(fs: CaseSweep) -> list[dict]:
 
 
 def write_report(out_dir: Path, sweeps: dict[str, CaseSweep], fs: CaseSweep | None, run_id: str,
-                 notes: dict) -> list[Path]:
+                 notes: dict, hetpipe=None) -> list[Path]:
+    """report.md and its files; `hetpipe` (report/hetpipe.HetPipeSweep) adds HetPipe's section."""
     out_dir = Path(out_dir)
     paths: list[Path] = []
     records, jdocs = [], []
@@ -262,6 +263,11 @@ def write_report(out_dir: Path, sweeps: dict[str, CaseSweep], fs: CaseSweep | No
     if fs:
         paths.append(figure7(fs, out_dir / "fig7-fluidstack.png"))
     text = render_markdown(sweeps, fs, notes)
+    if hetpipe is not None:
+        from . import hetpipe as hetpipe_report
+
+        paths += hetpipe_report.write(out_dir, hetpipe)
+        text += "\n" + hetpipe_report.markdown(hetpipe)
     atomic_write_text(out_dir / "report.md", text)
     paths.append(out_dir / "report.md")
     atomic_write_json(out_dir / "manifest.json", manifest(run_id, "ok", **notes))

@@ -368,6 +368,13 @@ class Plan:
         """Minibatches per wave over all VWs."""
         return len(self.vws) * self.in_flight
 
+    def layout(self):
+        """The VWs as a harness Layout whose pipelines differ per replica (harness/layout.py), each stage's
+        [first, last) layers of the CNN: what a real run of HetPipe will place."""
+        from .layout import from_replicas
+
+        return from_replicas([(vw.devices, vw.stages) for vw in self.vws], placement=f"hetpipe-{self.policy}")
+
 
 def _signature(topo: Topology, devices) -> tuple[int, ...]:
     return tuple(sorted(topo.device_region[d] for d in devices))
@@ -394,8 +401,9 @@ def virtual_workers(topo: Topology, costs: Costs, groups: list[list[int]], in_fl
 
 
 def plan(topo: Topology, model: CNNModel, batch: int, policy: str, placement: str = "default", staleness: int = 0,
-         gpus: str | None = None, in_flight: int | None = None, progress=None) -> Plan:
-    """HetPipe's plan and its simulated throughput; N_m the fastest up to Max_m unless given."""
+         gpus: str | None = None, in_flight: int | None = None, progress=None, profiles=None) -> Plan:
+    """HetPipe's plan and its simulated throughput; N_m the fastest up to Max_m unless given.
+    profiles: every device's ComputeProfile at fp32 (default: the scenario's, harness/profiles.py)."""
     from .sim import wsp
 
     if placement not in PLACEMENTS:
@@ -404,7 +412,7 @@ def plan(topo: Topology, model: CNNModel, batch: int, policy: str, placement: st
         raise HetPipeError(f"--staleness: must be >= 0 (got {staleness})")
     devices = select_gpus(topo, gpus)
     groups = group(topo, devices, policy)
-    costs = Costs.of(topo, model, batch, groups)
+    costs = Costs.of(topo, model, batch, groups, profiles)
     best, n = None, 0
     tries = [in_flight] if in_flight else range(1, MAX_NM + 1)
     for n in tries:

@@ -205,6 +205,23 @@ def test_hetpipe_plan_prints_every_vw_stage_and_throughput(cli, tmp_path):
     assert rc == 0, err
     doc = json.loads((tmp_path / "p.json").read_text())
     assert len(doc["vws"]) == 4 and out.count("  stage ") == 16
+    lay = doc["layout"]  # the VWs as a layout of pipelines per replica (what a real run will place)
+    assert lay["dp"] == 4 and lay["pp"] == 4
     assert f"{doc['samples_per_s']:.1f} samples/s" in out
     rc, out, err = cli("run", "--system", "hetpipe", "--scenario", "hetpipe-testbed", "--network", "none")
     assert rc == 2 and "runs only in the simulator" in err
+
+
+def test_a_calibrated_profile_speeds_the_cnn_systems(cli, tmp_path):
+    from harness.profiles import ComputeProfile, save_profiles
+
+    save_profiles(tmp_path / "p.json", {"*": ComputeProfile("*", 0.0, {"transformer": 0.6, "lm_head": 0.6}, "test")})
+    runs = {}
+    for name, extra in (("default", ()), ("faster", ("--profile", tmp_path / "p.json"))):
+        rc, out, err = cli("sim", "--scenario", "hetpipe-testbed", "--model", "resnet152", "--gpus", "VR8", "--policy",
+                           "ed", "--placement", "local", "--out", tmp_path / name, "--json", tmp_path / f"{name}.json",
+                           *extra)
+        assert rc == 0, err
+        runs[name] = {r["system"]: r["samples_per_s"] for r in json.loads((tmp_path / f"{name}.json").read_text())}
+    for system in ("hetpipe", "horovod"):
+        assert runs["faster"][system] > 1.3 * runs["default"][system]

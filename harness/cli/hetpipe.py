@@ -31,6 +31,12 @@ def register(sub) -> None:
     plan.set_defaults(func=cmd_plan)
 
 
+def _placement_of(layout: dict) -> dict:
+    """The layout's placement fields (devices and layers per VW); its runtime fields (schedule, dp_sync) name
+    the GPT runtimes, not WSP, until HetPipe trains for real."""
+    return {k: layout[k] for k in ("tp", "pp", "dp", "placement", "mesh", "stages", "replicas")}
+
+
 def cmd_plan(args) -> int:
     from tqdm import tqdm
     import sys
@@ -69,6 +75,6 @@ def cmd_plan(args) -> int:
             "scenario": topo.name, "model": model.name, "policy": p.policy, "placement": p.placement,
             "D": p.staleness, "N_m": p.in_flight, "max_N_m": p.max_in_flight, "minibatch": args.batch, "vws": doc,
             "sync_seconds": p.sync_seconds, "cross_node_bytes": p.cross_node_bytes,
-            "seconds_per_wave": r.seconds_per_wave, "samples_per_s": r.samples_per_s})
+            "seconds_per_wave": r.seconds_per_wave, "samples_per_s": r.samples_per_s, "layout": _placement_of(p.layout().to_json())})
         print(f"wrote {args.json}")
     return 0

@@ -205,7 +205,10 @@ def cmd_sim_cnn(args) -> int:
             raise HarnessError(f"--{flag.replace('_', '-')}: not an option of the CNN models")
     topo = load_scenario(args.scenario, args.devices)
     model = get_cnn(args.model)
-    opts = CNNOptions(policies=(args.policy,) if args.policy else (),
+    from ..hetpipe import DTYPE
+    from ..profiles import device_profiles
+
+    opts = CNNOptions(profiles=device_profiles(topo, _overrides(args), dtype=DTYPE),policies=(args.policy,) if args.policy else (),
                       placements=tuple(p.strip() for p in args.placement.split(",") if p.strip()) if args.placement else (),
                       staleness=args.staleness, gpus=args.gpus, in_flight=args.in_flight)
     batch = args.batch or 32  # HetPipe's minibatch (Sec. 8.1)

@@ -23,6 +23,7 @@ class CNNOptions:
     staleness: int = 0
     gpus: str | None = None
     in_flight: int | None = None
+    profiles: list | None = None  # every device's ComputeProfile at fp32 (None: the scenario's defaults)
 
 
 @dataclass
@@ -45,7 +46,8 @@ def candidates_hetpipe(topo: Topology, model: CNNModel, batch: int, opts: CNNOpt
         for placement in opts.placements or ("default", "local"):
             if not explicit and placement == "local" and policy != "ed":
                 continue
-            p = hp.plan(topo, model, batch, policy, placement, opts.staleness, opts.gpus, opts.in_flight)
+            p = hp.plan(topo, model, batch, policy, placement, opts.staleness, opts.gpus, opts.in_flight,
+                        profiles=opts.profiles)
             out.append(_of_plan("hetpipe", p, opts.gpus))
             if progress:
                 progress(f"{policy}-{placement}")
@@ -64,7 +66,7 @@ def _of_plan(system: str, p: hp.Plan, gpus: str | None) -> CNNCandidate:
 
 
 def candidates_horovod(topo: Topology, model: CNNModel, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
-    r = horovod.simulate(topo, model, batch, opts.gpus)
+    r = horovod.simulate(topo, model, batch, opts.gpus, opts.profiles)
     config = {"gpus": opts.gpus or "all", "devices": r.devices, "left_out": r.left_out}
     return [CNNCandidate("horovod", config, r.seconds, r.samples_per_s, len(r.devices), r.cross_node_bytes,
                          len(r.devices), details={"allreduce_seconds": r.allreduce_seconds})]

@@ -19,6 +19,7 @@ from .figures import save_figure
 SCENARIO = "hetpipe-testbed"
 MODELS = ("vgg19", "resnet152")
 GPU_SETS = ("V4", "VR8", "VRQ12", "VRQG16")
+POLICY_BARS = (("np", "default"), ("ed", "default"), ("hd", "default"), ("ed", "local"))  # HetPipe's bars
 FIG4 = ("np", "ed", "hd", "ed-local", "horovod")
 
 # Park et al. 2020, Table 4 (samples/s; HetPipe with ED-local, its total concurrent minibatches in brackets) and
@@ -71,15 +72,13 @@ def sweep(batch: int = 32, progress=None) -> HetPipeSweep:
     for name in MODELS:
         model = get_cnn(name)
         row = {}
-        for label in FIG4:
-            if label == "horovod":
-                row[label] = _horovod_entry(topo, model, None, batch)
-            else:
-                policy, _, placement = label.partition("-")
-                row[label] = _hetpipe_entry(topo, model, hp.plan(topo, model, batch, policy, placement or "default"),
-                                            batch)
+        for (policy, placement), label in zip(POLICY_BARS, FIG4):
+            row[label] = _hetpipe_entry(topo, model, hp.plan(topo, model, batch, policy, placement), batch)
             if progress:
                 progress(f"hetpipe {name} {label}")
+        row[FIG4[-1]] = _horovod_entry(topo, model, None, batch)
+        if progress:
+            progress(f"hetpipe {name} {FIG4[-1]}")
         out.fig4[name] = row
         out.table4[name] = {}
         for gpus in GPU_SETS:
@@ -121,9 +120,9 @@ def markdown(s: HetPipeSweep) -> str:
     L += ["", "### Table 4: adding whimpy GPUs, samples/s (HetPipe ED-local, total minibatches in flight in brackets)",
           "", "| model | system | " + " | ".join(GPU_SETS) + " | last / first |", "|---|---|---|---|---|---|---|"]
     for m in MODELS:
-        for sys in ("horovod", "hetpipe"):
+        for sys, in_flight in (("horovod", False), ("hetpipe", True)):
             vals = [s.table4[m][g][sys] for g in GPU_SETS]
-            cells = [f"{e.samples_per_s:.0f}" + (f" ({e.concurrent})" if sys == "hetpipe" else "") for e in vals]
+            cells = [f"{e.samples_per_s:.0f}" + (f" ({e.concurrent})" if in_flight else "") for e in vals]
             paper = PAPER_TABLE4[m][sys]
             ref = ", ".join("X" if p is None else (f"{p[0]}({p[1]})" if isinstance(p, tuple) else str(p)) for p in paper)
             L.append(f"| {m} | {sys} | {' | '.join(cells)} | {vals[-1].samples_per_s / vals[0].samples_per_s:.2f}x |")

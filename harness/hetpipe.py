@@ -333,18 +333,21 @@ def sync_seconds(topo: Topology, traffic: np.ndarray) -> float:
     return t + float(np.asarray(topo.delay_ms).max()) / 1e3
 
 
+def cut_bytes(topo: Topology, model: CNNModel, vw: VirtualWorker, batch: int) -> float:
+    """Bytes of one minibatch's activations crossing between nodes in `vw` (the gradients come back alike)."""
+    region = topo.device_region
+    return float(sum(model.layers[vw.stages[k][1] - 1].out_values * batch * BYTES_PER_VALUE
+                     for k in range(len(vw.devices) - 1) if region[vw.devices[k]] != region[vw.devices[k + 1]]))
+
+
 def cross_node_bytes(topo: Topology, model: CNNModel, vws: list[VirtualWorker], traffic: np.ndarray,
                      batch: int, in_flight: int) -> float:
     """Bytes crossing between nodes per wave: activations and gradients between stages on different
     nodes for the wave's N_m minibatches of every VW, and the parameter-server push and pull."""
+    pipeline = sum(2 * cut_bytes(topo, model, vw, batch) * in_flight for vw in vws)
     region = np.asarray(topo.device_region)
-    total = 0.0
-    for vw in vws:
-        for k in range(len(vw.devices) - 1):
-            if region[vw.devices[k]] != region[vw.devices[k + 1]]:
-                total += 2 * model.layers[vw.stages[k][1] - 1].out_values * batch * BYTES_PER_VALUE * in_flight
     remote = sum(traffic[d, r] for d in range(topo.n) for r in range(traffic.shape[1]) if r != region[d])
-    return total + 2 * remote
+    return pipeline + 2 * remote
 
 
 # ----------------------------------------------------------------------------- the whole plan

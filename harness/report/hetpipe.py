@@ -50,12 +50,8 @@ class HetPipeSweep:
 
 
 def _hetpipe_entry(topo: Topology, model, p: hp.Plan, batch: int) -> Entry:
-    region = topo.device_region
-    vw = p.vws[0]
-    per_mb = sum(model.layers[vw.stages[k][1] - 1].out_values * batch * hp.BYTES_PER_VALUE
-                 for k in range(len(vw.devices) - 1) if region[vw.devices[k]] != region[vw.devices[k + 1]])
     return Entry(p.result.samples_per_s, p.samples_per_wave, p.cross_node_bytes / (p.samples_per_wave * batch),
-                 float(per_mb))
+                 hp.cut_bytes(topo, model, p.vws[0], batch))
 
 
 def _horovod_entry(topo: Topology, model, gpus: str | None, batch: int) -> Entry:

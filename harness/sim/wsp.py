@@ -32,7 +32,6 @@ class WSPResult:
     push_done: np.ndarray  # (VWs, waves)
     resumed: np.ndarray  # (VWs, waves): when the VW admitted the minibatch gated after wave c (nan: none)
     distance_at_resume: list[int]  # waves pushed by the resuming VW minus the fewest any VW has pushed
-    idle_fraction: float  # busiest GPU's idle share of the measured window, the least idle VW's
 
 
 def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: float, pull_seconds: float,
@@ -41,7 +40,6 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
     V, N = len(vws), in_flight
     total = waves * N
     free = [[0.0] * len(vw.devices) for vw in vws]
-    busy = [[0.0] * len(vw.devices) for vw in vws]
     queues = [[[] for _ in vw.devices] for vw in vws]
     wave_done = np.full((V, waves), np.nan)
     push_done = np.full((V, waves), np.nan)
@@ -112,7 +110,6 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
         dur = {"f": vw.fwd[k], "b": vw.bwd[k], "fb": vw.fwd[k] + vw.bwd[k]}[kind]
         end = t + dur
         free[v][k] = end
-        busy[v][k] += dur
         if kind == "f":
             heapq.heappush(queues[v][k + 1], (end + vw.send_fwd[k], p, 0, "f"))
         elif k > 0:
@@ -124,10 +121,4 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
     clock = push_done.max(0)  # global clock c+1: every VW has pushed wave c
     half = waves // 2
     per_wave = float((clock[-1] - clock[half - 1]) / (waves - half))
-    return WSPResult(per_wave, V * N * batch / per_wave, wave_done, push_done, resumed, distance,
-                     _idle(vws, busy, clock[-1]))
-
-
-def _idle(vws, busy, end: float) -> float:
-    """The least idle VW's busiest GPU: 1 - its busy share of the whole run (a utilisation summary)."""
-    return float(min(1.0 - max(b) / end for b in busy))
+    return WSPResult(per_wave, V * N * batch / per_wave, wave_done, push_done, resumed, distance)

@@ -52,6 +52,16 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Server:
+    """A federated-learning server (OWL's FL workload, harness/fl/): not a device that trains, the host
+    every worker pulls the model from. uplink_gbps None: its uplink is the inter-region link (it sits
+    behind the same fabric as a rack)."""
+
+    delay_ms: float
+    uplink_gbps: float | None = None
+
+
+@dataclass(frozen=True)
 class Region:
     name: str
     devices: int
@@ -77,6 +87,7 @@ class Topology:
     delay_ms: np.ndarray
     bandwidth_gbps: np.ndarray  # already multiplied by bandwidth_scale
     bandwidth_scale: float = 1.0  # the factor applied to the scenario file's bandwidths (scaled())
+    server: Server | None = None  # only scenarios of the FL workload have one
 
     @property
     def n(self) -> int:
@@ -138,10 +149,12 @@ class Topology:
             delay_ms=self.delay_ms[np.ix_(idx, idx)].copy(),
             bandwidth_gbps=self.bandwidth_gbps[np.ix_(idx, idx)].copy(),
             bandwidth_scale=self.bandwidth_scale,
+            server=self.server,
         )
 
 
-_TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region"}
+_TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "server"}
+_SERVER_KEYS = {"delay_ms", "uplink_gbps"}
 _REGION_KEYS = {"name", "devices", "count", "intra_region", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
 _MATRIX_KEYS = {"order", "delay_ms", "bandwidth_gbps"}
@@ -342,6 +355,7 @@ def _parse(doc, path: Path) -> Topology:
     np.fill_diagonal(delay, 0.0)
     np.fill_diagonal(bw, np.inf)
     assert R == len(regions)
+    server = _server(path, doc["server"]) if "server" in doc else None
     return Topology(
         name=str(doc["name"]),
         description=str(doc.get("description", "")),
@@ -350,7 +364,17 @@ def _parse(doc, path: Path) -> Topology:
         device_region=device_region,
         delay_ms=delay,
         bandwidth_gbps=bw,
+        server=server,
     )
+
+
+def _server(path, d) -> Server:
+    _check_keys(path, "server", d, _SERVER_KEYS)
+    if "delay_ms" not in d:
+        _fail(path, "server.delay_ms", "missing")
+    uplink = d.get("uplink_gbps")
+    return Server(_number(path, "server.delay_ms", d["delay_ms"], positive=False),
+                  None if uplink is None else _number(path, "server.uplink_gbps", uplink, positive=True))
 
 
 def _inter(path, d, regions: list[Region]) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,239 @@
+"""How the model reaches the workers before a round: one registry of strategies, one interface.
+
+Every strategy turns (model, federation, batch) into a list of transfers (flows.Transfer) and is
+timed by the same simulator (flows.py), so they differ only in what they send, from where, and
+in which pieces.
+
+- naive: every worker pulls the whole model from the server, then computes (Naive FL [16]).
+- overlap: every worker pulls layer by layer in forward order from the server and computes each
+  layer once it has arrived (Overlap FL [42]).
+- ipart: layers packed in forward order so that a pack's transfer lasts at least the previous
+  pack's computation, the estimate being the worker's share of the server's uplink; fewer
+  messages, each still overlapping computation (IPart [43]).
+- owl: Algorithm 1 groups every base's branches into D_r groups (largest branch into the smallest
+  group); in every rack the workers split into D_r communication groups whose first worker pulls
+  its group from the server (constraint 8: each rack covers every group once), and every other
+  worker pulls it from that worker (constraint 9), its own communication group's first (Fig. 6,
+  centralized deployment); Algorithm 2 tries D = 1..n (D_r = min(D, branches)) and keeps the
+  fastest round.
+- optimal: the same plans as owl over every grouping of every base's branches (every set
+  partition into at most n groups), the fastest round found by exhaustive search: the yardstick
+  for owl, for instances small enough to enumerate.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from .federation import Federation, FLError
+from .flows import SERVER, Transfer, arrivals, forward_end, layer_bytes, layer_ready, layer_seconds
+from .grouping import bell, greedy_groups, partitions
+from .models import BYTES_PER_PARAM, BranchyModel
+
+OPTIMAL_LIMIT = 2000  # groupings the exhaustive search may simulate
+
+
+@dataclass(frozen=True)
+class Round:
+    """One simulated round of one strategy."""
+
+    strategy: str
+    seconds: float  # forward (overlapping distribution) + backward, aggregation and update
+    distribution_seconds: float  # until the last worker holds the whole model
+    forward_seconds: float  # until the last worker's forward ends
+    e0_seconds: float  # backward + gradient all-reduce + update: the same for every strategy
+    server_bytes: float
+    config: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    run: Callable[[BranchyModel, Federation, int], Round]
+    summary: str
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register(name: str, summary: str):
+    def deco(fn):
+        STRATEGIES[name] = Strategy(name, fn, summary)
+        return fn
+    return deco
+
+
+def get(name: str) -> Strategy:
+    if name not in STRATEGIES:
+        raise FLError(f"--strategy: unknown strategy {name!r} (known: {', '.join(STRATEGIES)}, all)")
+    return STRATEGIES[name]
+
+
+def e0_seconds(model: BranchyModel, fed: Federation, batch: int) -> float:
+    """Backward (twice the forward's FLOPs) on the slowest worker, then a ring all-reduce of the gradients
+    over all workers in rack order (2(W-1) steps of 1/W of the model; the ring's slowest hop is an
+    inter-rack one when there are several racks) (Sec. 2.1: aggregation through all-reduce)."""
+    backward = 2 * model.fwd_flop * batch / min(fed.flops_per_s)
+    W = fed.workers
+    multi = len(fed.racks) > 1
+    rate = fed.inter_Bps if multi else fed.intra_Bps
+    delay = fed.inter_delay_s if multi else fed.intra_delay_s
+    nbytes = model.params * BYTES_PER_PARAM
+    allreduce = 2 * (W - 1) * (nbytes / W / rate + delay) if W > 1 else 0.0
+    return backward + allreduce
+
+
+def simulate(name: str, model: BranchyModel, fed: Federation, batch: int, transfers: list[Transfer],
+             config: dict | None = None) -> Round:
+    arrive = arrivals(fed, transfers)
+    ready = layer_ready(model, fed, transfers, arrive)
+    secs = layer_seconds(model, fed, batch)
+    cache: dict[bytes, float] = {}
+    ends = []
+    for w in range(fed.workers):
+        key = ready[w].tobytes() + secs[w].tobytes()
+        if key not in cache:
+            cache[key] = forward_end(model, secs[w], ready[w])
+        ends.append(cache[key])
+    fwd = max(ends)
+    e0 = e0_seconds(model, fed, batch)
+    server = sum(t.nbytes for t in transfers if t.src == SERVER)
+    return Round(name, fwd + e0, float(ready.max()), fwd, e0, float(server), dict(config or {}))
+
+
+def _from_server(fed: Federation, packs: list[list[int]], nbytes: np.ndarray) -> list[Transfer]:
+    return [Transfer(w, SERVER, tuple(p), float(nbytes[p].sum()), "server")
+            for p in packs for w in range(fed.workers)]
+
+
+@register("naive", "the whole model from the server, then computation")
+def naive(model: BranchyModel, fed: Federation, batch: int) -> Round:
+    nbytes = layer_bytes(model)
+    return simulate("naive", model, fed, batch, _from_server(fed, [list(range(len(nbytes)))], nbytes))
+
+
+@register("overlap", "layer by layer from the server, each layer computed once it arrives")
+def overlap(model: BranchyModel, fed: Federation, batch: int) -> Round:
+    nbytes = layer_bytes(model)
+    packs = [[l] for l in range(len(nbytes)) if nbytes[l] > 0]
+    return simulate("overlap", model, fed, batch, _from_server(fed, packs, nbytes), {"messages": len(packs)})
+
+
+def ipart_packs(model: BranchyModel, fed: Federation, batch: int) -> list[list[int]]:
+    """Forward-order packs: a pack closes once its transfer (request round trip + bytes at the worker's
+    share of the server's uplink) lasts at least the previous pack's computation."""
+    nbytes = layer_bytes(model)
+    secs = layer_seconds(model, fed, batch).max(0)
+    share = min(fed.uplink_Bps / fed.workers, fed.inter_Bps)
+    setup = 2 * fed.server_delay_s
+    packs: list[list[int]] = []
+    cur: list[int] = []
+    for l in range(len(nbytes)):
+        cur.append(l)
+        if not packs:
+            packs.append(cur)  # the first layer alone: computation starts as early as it can
+            cur = []
+            continue
+        if setup + nbytes[cur].sum() / share >= secs[packs[-1]].sum():
+            packs.append(cur)
+            cur = []
+    if cur:
+        packs.append(cur)
+    return packs
+
+
+@register("ipart", "layers packed so that each pack's transfer covers the previous pack's computation")
+def ipart(model: BranchyModel, fed: Federation, batch: int) -> Round:
+    nbytes = layer_bytes(model)
+    packs = ipart_packs(model, fed, batch)
+    return simulate("ipart", model, fed, batch, _from_server(fed, packs, nbytes), {"messages": len(packs)})
+
+
+def _branch_layers(model: BranchyModel) -> list[list[list[int]]]:
+    """layers (indices into model.layers) of every branch of every base."""
+    out = [[[] for _ in b.branches] for b in model.bases]
+    for idx, (i, j, _) in enumerate(model.layers):
+        out[i][j].append(idx)
+    return out
+
+
+def sized_branches(model: BranchyModel, base: int) -> list[int]:
+    """The branches of a base that hold parameters (a pooling path has nothing to send)."""
+    return [j for j, br in enumerate(model.bases[base].branches) if br.params > 0]
+
+
+def owl_transfers(model: BranchyModel, fed: Federation, groupings: list[list[list[int]]]) -> list[Transfer]:
+    """Centralized deployment of `groupings` (per base: groups of branch indices) in every rack."""
+    nbytes = layer_bytes(model)
+    layers_of = _branch_layers(model)
+    server_lane: list[Transfer] = []
+    peer: list[tuple[int, int, tuple[int, ...], float, tuple]] = []
+    index: dict[tuple, int] = {}
+    for r in range(len(fed.racks)):
+        members = fed.members(r)
+        for i, groups in enumerate(groupings):
+            if not groups:
+                continue
+            chunks = np.array_split(np.array(members), len(groups))
+            central = [int(c[i % len(c)]) for c in chunks]  # rotates over the bases: spreads the server pulls
+            payload = [tuple(l for j in g for l in layers_of[i][j]) for g in groups]
+            for g, c in enumerate(central):
+                index[(r, i, g)] = len(server_lane)
+                server_lane.append(Transfer(c, SERVER, payload[g], float(nbytes[list(payload[g])].sum()), "server"))
+            for g0, chunk in enumerate(chunks):
+                for w in chunk:
+                    for step in range(len(groups)):
+                        g = (g0 + step) % len(groups)
+                        if central[g] != w:
+                            peer.append((int(w), central[g], payload[g], float(nbytes[list(payload[g])].sum()),
+                                         (r, i, g)))
+    transfers = list(server_lane)
+    transfers += [Transfer(w, src, layers, b, "peer", index[key]) for w, src, layers, b, key in peer]
+    return transfers
+
+
+def _owl_round(name, model, fed, batch, groupings, config) -> Round:
+    return simulate(name, model, fed, batch, owl_transfers(model, fed, groupings), config)
+
+
+@register("owl", "Algorithm 1 grouping + Algorithm 2 deploying: rack peers relay the groups they pulled")
+def owl(model: BranchyModel, fed: Federation, batch: int) -> Round:
+    best = None
+    for D in range(1, max(fed.racks) + 1):
+        groupings = []
+        for i in range(len(model.bases)):
+            sized = sized_branches(model, i)
+            sizes = [model.bases[i].branches[j].params for j in sized]
+            groupings.append([[sized[k] for k in g] for g in greedy_groups(sizes, min(D, len(sized)))] if sized else [])
+        r = _owl_round("owl", model, fed, batch, groupings, {"D": D})
+        if best is None or r.seconds < best.seconds - 1e-12:
+            best = r
+    return best
+
+
+@register("optimal", "every grouping of every base under the same deployment: the exact optimum (small cases)")
+def optimal(model: BranchyModel, fed: Federation, batch: int) -> Round:
+    n = max(fed.racks)
+    per_base = [sized_branches(model, i) for i in range(len(model.bases))]
+    count = int(np.prod([bell(len(s), min(n, len(s))) if s else 1 for s in per_base], dtype=float))
+    if count > OPTIMAL_LIMIT:
+        raise FLError(f"--strategy optimal: {count} groupings of {model.name} on racks of {n} (more than "
+                      f"{OPTIMAL_LIMIT}); use a smaller model or racks (e.g. --model tiny)")
+    choices = [[[[s[k] for k in g] for g in p] for p in partitions(len(s), min(n, len(s)))] if s else [[]]
+               for s in per_base]
+    best = None
+    for groupings in itertools.product(*choices):
+        r = _owl_round("optimal", model, fed, batch, list(groupings),
+                       {"groups": [len(g) for g in groupings], "searched": count})
+        if best is None or r.seconds < best.seconds - 1e-12:
+            best = r
+    return best
+
+
+def run(strategy: str, model: BranchyModel, fed: Federation, batch: int) -> Round:
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise FLError(f"--batch: must be a positive integer (got {batch!r})")
+    return get(strategy).run(model, fed, batch)

@@ -1,0 +1,209 @@
+"""OWL's FL workload in the simulator: models, grouping, federation, flows, strategies, CLI."""
+import json
+import random
+
+import numpy as np
+import pytest
+
+from harness.fl.federation import FLError, federation, load_federation
+from harness.fl.flows import SERVER, Transfer, arrivals, fair_rates, forward_end
+from harness.fl.grouping import bell, bound, exact_groups, greedy_groups, largest, partitions
+from harness.fl.models import BYTES_PER_PARAM, Base, Branch, BranchyModel, Layer, check, get_branchy
+from harness.fl.strategies import STRATEGIES, owl_transfers, run, sized_branches
+from harness.scenario import ScenarioError, load_scenario
+from tests.test_scenario import write
+
+
+# ----------------------------------------------------------------------------- models
+def test_inception_v4_and_dfn_parameter_counts_against_the_paper():
+    inc, dfn = get_branchy("inception-v4"), get_branchy("dfn")
+    # from the architecture (Szegedy et al. 2017), not typed in: the paper reports 42.68 M and 25.41 M
+    assert abs(inc.params - 42.68e6) / 42.68e6 < 1e-3
+    assert abs(dfn.params - 25.41e6) / 25.41e6 < 0.10
+    # 12.25 G multiply-adds per 299x299 image, as Inception-v4 is usually quoted (12.3 GMACs)
+    assert 24.0e9 < inc.fwd_flop < 25.0e9
+    # Inception-A/B/C blocks have four parallel branches, the reductions three
+    widths = [len(b.branches) for b in inc.bases]
+    assert widths.count(4) == 14 and widths.count(3) == 2 and widths[-1] == 1
+
+
+def test_a_model_without_branches_is_refused():
+    chain = BranchyModel("chain", (Base("a", (Branch((Layer("l", 10, 1.0),)),)),), 32)
+    with pytest.raises(FLError, match="no base has two branches"):
+        check(chain)
+    with pytest.raises(FLError, match="unknown FL model"):
+        get_branchy("resnet-9000")
+
+
+# ----------------------------------------------------------------------------- grouping
+def test_greedy_grouping_against_the_exact_one_on_random_instances():
+    rng = random.Random(7)
+    ratios = []
+    for _ in range(400):
+        n = rng.randint(2, 9)
+        D = rng.randint(1, n)
+        sizes = [rng.choice([rng.randint(1, 10), rng.randint(1, 1000)]) for _ in range(n)]
+        greedy, exact = greedy_groups(sizes, D), exact_groups(sizes, D)
+        for g in (greedy, exact):  # a partition into D non-empty groups
+            assert sorted(i for grp in g for i in grp) == list(range(n)) and len(g) == D and all(g)
+        brute = min(largest(sizes, p) for p in partitions(n, D) if len(p) == D)
+        assert largest(sizes, exact) == brute
+        ratio = largest(sizes, greedy) / brute
+        assert ratio <= bound(D) + 1e-12  # Theorem 2
+        ratios.append(ratio)
+    assert max(ratios) > 1.0  # the instances do separate greedy from exact
+
+
+def test_grouping_bound_is_tight_for_the_worst_case_of_lpt():
+    # Graham's example for D=2: sizes 3,3,2,2,2: LPT gives 7, the optimum 6 (ratio 7/6 <= 3/2 - 1/4)
+    sizes = [3, 3, 2, 2, 2]
+    assert largest(sizes, greedy_groups(sizes, 2)) == 7 and largest(sizes, exact_groups(sizes, 2)) == 6
+    assert len(list(partitions(5, 5))) == bell(5, 5) == 52
+    with pytest.raises(FLError, match="empty"):
+        greedy_groups([1, 2], 3)
+
+
+# ----------------------------------------------------------------------------- federation
+def test_testbed_federation_and_alpha():
+    fed = load_federation("owl-testbed")
+    assert (fed.workers, fed.shape, fed.alpha) == (100, "50x2", 0.5)
+    assert fed.uplink_Bps == fed.inter_Bps == 5e9 / 8  # the server sits behind the inter-rack fabric
+    low = load_federation("owl-testbed", alpha=0.2)
+    assert low.inter_Bps == pytest.approx(2e9 / 8) and low.uplink_Bps == low.inter_Bps
+    assert load_federation("owl-8x10").racks == (8,) * 10 and load_federation("owl-4x20").racks == (4,) * 20
+
+
+def test_scale_down_keeps_whole_racks():
+    fed = load_federation("owl-8x10", devices=16)
+    assert fed.racks == (8, 8)
+    with pytest.raises(FLError, match=r"not whole racks.*valid: 8, 16, 40, 80"):
+        load_federation("owl-8x10", devices=12)
+
+
+@pytest.mark.parametrize("alpha", [0, -0.5, 1.5])
+def test_alpha_outside_the_unit_interval_is_refused(alpha):
+    with pytest.raises(FLError, match=r"--alpha: must be in \(0, 1\]"):
+        load_federation("owl-testbed", alpha=alpha)
+
+
+def test_bad_federation_scenarios(tmp_path):
+    lonely = write(tmp_path, """\
+        name: lonely
+        device: {gpu: RTX 3080}
+        regions: [{name: rack, devices: 1, count: 3}]
+        intra_region: {delay_ms: 0.02, bandwidth_gbps: 10}
+        inter_region: {delay_ms: 0.05, bandwidth_gbps: 5}
+        server: {delay_ms: 0.05}
+        """)
+    with pytest.raises(FLError, match="racks of >= 2 workers"):
+        federation(load_scenario(str(lonely)))
+    empty = write(tmp_path, """\
+        name: empty
+        device: {gpu: RTX 3080}
+        regions: [{name: rack, devices: 0}]
+        intra_region: {delay_ms: 0.02, bandwidth_gbps: 10}
+        inter_region: {delay_ms: 0.05, bandwidth_gbps: 5}
+        server: {delay_ms: 0.05}
+        """)
+    with pytest.raises(ScenarioError, match=r"regions\[0\]\.devices: must be an integer >= 1"):
+        load_scenario(str(empty))
+    with pytest.raises(FLError, match="server: missing"):
+        federation(load_scenario("5"))
+
+
+# ----------------------------------------------------------------------------- flows
+def test_fair_rates_textbook_cases():
+    # resources: 0 server uplink (10), 1 and 2 two receivers (cap 10 and 3)
+    caps = np.array([10.0, 10.0, 3.0])
+    r = fair_rates(np.array([0, 0]), np.array([1, 2]), np.array([np.inf, np.inf]), caps)
+    assert r.tolist() == [7.0, 3.0]  # the capped receiver frees the uplink for the other flow
+    r = fair_rates(np.array([0, 0, 0]), np.array([1, 1, 2]), np.array([np.inf, 1.0, np.inf]), caps)
+    assert r.tolist() == [6.0, 1.0, 3.0]
+
+
+def test_a_single_transfer_takes_its_delays_and_its_bytes_at_the_pair_rate():
+    fed = load_federation("owl-testbed", devices=4)
+    nbytes = 1e8
+    a = arrivals(fed, [Transfer(0, SERVER, (0,), nbytes, "server")])
+    assert a[0] == pytest.approx(2 * fed.server_delay_s + nbytes / fed.inter_Bps)
+    # two workers of one rack pull from the server at once: they share its uplink; then a relay inside the rack
+    t = [Transfer(0, SERVER, (0,), nbytes, "server"), Transfer(1, SERVER, (1,), nbytes, "server"),
+         Transfer(1, 0, (0,), nbytes, "peer", after=0)]
+    a = arrivals(fed, t)
+    both = 2 * nbytes / fed.uplink_Bps
+    assert a[0] == pytest.approx(a[1]) == pytest.approx(2 * fed.server_delay_s + both)
+    assert a[2] == pytest.approx(a[0] + 2 * fed.intra_delay_s + nbytes / fed.intra_Bps)
+
+
+def test_forward_waits_for_parameters_and_runs_branches_in_arrival_order():
+    two = BranchyModel("two", (Base("a", (Branch((Layer("x", 1, 1.0),)), Branch((Layer("y", 1, 1.0),)))),
+                               Base("b", (Branch((Layer("z", 1, 1.0),)),))), 8)
+    secs = np.array([1.0, 1.0, 1.0])
+    # y arrives first: it runs at 0..1, x at 5..6, z after both
+    assert forward_end(two, secs, np.array([5.0, 0.0, 0.0])) == 7.0
+    assert forward_end(two, secs, np.zeros(3)) == 3.0
+    assert forward_end(two, secs, np.array([0.0, 0.0, 10.0])) == 11.0
+
+
+# ----------------------------------------------------------------------------- strategies
+def test_naive_round_is_the_congested_server_then_the_computation():
+    fed = load_federation("owl-testbed", devices=10)
+    m = get_branchy("dfn")
+    r = run("naive", m, fed, 32)
+    M = m.params * BYTES_PER_PARAM
+    assert r.server_bytes == pytest.approx(fed.workers * M)
+    assert r.distribution_seconds == pytest.approx(2 * fed.server_delay_s + fed.workers * M / fed.uplink_Bps)
+    forward = 32 * m.fwd_flop / fed.flops_per_s[0]
+    assert r.forward_seconds == pytest.approx(r.distribution_seconds + forward)
+    assert r.seconds == pytest.approx(r.forward_seconds + r.e0_seconds)
+
+
+def test_owl_deployment_meets_constraints_8_and_9():
+    fed = load_federation("owl-8x10", devices=16)
+    m = get_branchy("inception-v4")
+    groupings = [[[j] for j in sized_branches(m, i)] for i in range(len(m.bases))]
+    t = owl_transfers(m, fed, groupings)
+    rack = fed.rack_of
+    for r in range(len(fed.racks)):
+        for i, groups in enumerate(groupings):
+            layers = [tuple(l for l in range(len(m.layers)) if m.layers[l][0] == i and m.layers[l][1] in g)
+                      for g in groups]
+            pulled = [x.layers for x in t if x.src == SERVER and rack[x.dst] == r and x.layers in layers]
+            assert sorted(pulled) == sorted(layers)  # (8): the rack pulls every group from the server once
+    for x in t:
+        if x.src != SERVER:
+            src = t[x.after]
+            assert src.dst == x.src and src.src == SERVER and src.layers == x.layers  # (9)
+            assert rack[x.src] == rack[x.dst]  # relays stay inside the rack
+    for w in range(fed.workers):  # every worker ends with every layer exactly once
+        got = sorted(l for x in t if x.dst == w for l in x.layers)
+        assert got == list(range(len(m.layers)))
+
+
+def test_owl_cuts_the_server_bytes_to_one_model_per_rack():
+    fed = load_federation("owl-4x20", devices=16)
+    m = get_branchy("inception-v4")
+    rounds = {s: run(s, m, fed, 32) for s in ("naive", "overlap", "ipart", "owl")}
+    M = m.params * BYTES_PER_PARAM
+    assert rounds["owl"].server_bytes == pytest.approx(len(fed.racks) * M)
+    assert rounds["overlap"].server_bytes == pytest.approx(fed.workers * M)
+    assert rounds["owl"].seconds < rounds["ipart"].seconds <= rounds["overlap"].seconds * (1 + 1e-9)
+    assert rounds["overlap"].seconds < rounds["naive"].seconds
+    assert len({r.e0_seconds for r in rounds.values()}) == 1
+
+
+@pytest.mark.parametrize("model,scenario,devices", [("tiny", "owl-8x10", 16), ("tiny", "owl-testbed", 10),
+                                                    ("dfn", "owl-4x20", 8)])
+def test_owl_within_ten_percent_of_the_optimum(model, scenario, devices):
+    fed = load_federation(scenario, devices=devices)
+    m = get_branchy(model)
+    owl, best = run("owl", m, fed, 32), run("optimal", m, fed, 32)
+    assert best.seconds <= owl.seconds * (1 + 1e-9)
+    assert owl.seconds <= 1.10 * best.seconds
+    assert best.config["searched"] > 1
+
+
+def test_optimal_refuses_what_it_cannot_enumerate():
+    with pytest.raises(FLError, match="groupings of inception-v4"):
+        run("optimal", get_branchy("inception-v4"), load_federation("owl-testbed"), 32)
+    assert list(STRATEGIES) == ["naive", "overlap", "ipart", "owl", "optimal"]

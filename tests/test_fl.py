@@ -1,6 +1,7 @@
 """OWL's FL workload in the simulator: models, grouping, federation, flows, strategies, CLI."""
 import json
 import random
+import re
 
 import numpy as np
 import pytest
@@ -207,3 +208,47 @@ def test_optimal_refuses_what_it_cannot_enumerate():
     with pytest.raises(FLError, match="groupings of inception-v4"):
         run("optimal", get_branchy("inception-v4"), load_federation("owl-testbed"), 32)
     assert list(STRATEGIES) == ["naive", "overlap", "ipart", "owl", "optimal"]
+
+
+# ----------------------------------------------------------------------------- CLI
+def test_fl_cli_writes_records_and_the_report_draws_them(cli, tmp_path):
+    out = tmp_path / "r.json"
+    rc, stdout, err = cli("fl", "--scenario", "owl-testbed", "--devices", "10", "--alpha", "0.2,1", "--model", "dfn",
+                          "--strategy", "all", "--backend", "sim", "--json", out, "--out", tmp_path / "run")
+    assert rc == 0, err
+    recs = json.loads(out.read_text())
+    assert [r["strategy"] for r in recs] == ["naive", "overlap", "ipart", "owl"] * 2
+    assert {r["alpha"] for r in recs} == {0.2, 1.0} and all(r["workers"] == 10 and r["rack_shape"] == "5x2"
+                                                            for r in recs)
+    for r in recs:
+        assert r["seconds"] > r["distribution_seconds"] > 0 and r["server_bytes"] > 0
+    assert json.loads((tmp_path / "run" / "records.json").read_text()) == recs
+    assert "owl" in stdout and "vs naive" in stdout
+    rc, stdout, err = cli("fl", "report", out, "--out", tmp_path / "rep")
+    assert rc == 0, err
+    png, md = tmp_path / "rep" / "fl.png", (tmp_path / "rep" / "fl.md").read_text()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    owl_rows = [line for line in md.splitlines() if "| owl |" in line]
+    assert len(owl_rows) == 2 and all(float(row.split("|")[9]) < 1 for row in owl_rows)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--alpha", "1.5"), r"--alpha: must be in \(0, 1\]"),
+    (("--alpha", "0"), r"--alpha: must be in \(0, 1\]"),
+    (("--strategy", "fastest"), "unknown strategy 'fastest'"),
+    (("--model", "gpt3"), "unknown FL model 'gpt3'"),
+    (("--devices", "7"), "not whole racks"),
+])
+def test_fl_cli_bad_input_is_one_line(cli, tmp_path, args, message):
+    rc, out, err = cli("fl", "--scenario", "owl-testbed", "--model", "tiny", *args, "--out", tmp_path / "run")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert re.search(message, err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_fl_cli_refuses_a_scenario_without_server_and_a_report_without_records(cli, tmp_path):
+    rc, _, err = cli("fl", "--scenario", "5", "--model", "tiny")
+    assert rc == 2 and "server: missing" in err
+    (tmp_path / "x.json").write_text("[]")
+    rc, _, err = cli("fl", "report", tmp_path / "x.json", "--out", tmp_path / "rep")
+    assert rc == 2 and "no FL records" in err and not (tmp_path / "rep").exists()

@@ -54,14 +54,16 @@ class Strategy:
     name: str
     run: Callable[[BranchyModel, Federation, int], Round]
     summary: str
+    in_all: bool = True  # run by `--strategy all` (the exhaustive search only when named)
 
 
 STRATEGIES: dict[str, Strategy] = {}
+NORMALISE_TO = "naive"  # the paper normalises training time to Naive FL's (Sec. 6.1)
 
 
-def register(name: str, summary: str):
+def register(name: str, summary: str, in_all: bool = True):
     def deco(fn):
-        STRATEGIES[name] = Strategy(name, fn, summary)
+        STRATEGIES[name] = Strategy(name, fn, summary, in_all)
         return fn
     return deco
 
@@ -70,6 +72,11 @@ def get(name: str) -> Strategy:
     if name not in STRATEGIES:
         raise FLError(f"--strategy: unknown strategy {name!r} (known: {', '.join(STRATEGIES)}, all)")
     return STRATEGIES[name]
+
+
+def selected(spec: str) -> list[str]:
+    """`all` or one strategy's name -> the strategies to run."""
+    return [s.name for s in STRATEGIES.values() if s.in_all] if spec == "all" else [get(spec).name]
 
 
 def e0_seconds(model: BranchyModel, fed: Federation, batch: int) -> float:
@@ -214,7 +221,8 @@ def owl(model: BranchyModel, fed: Federation, batch: int) -> Round:
     return best
 
 
-@register("optimal", "every grouping of every base under the same deployment: the exact optimum (small cases)")
+@register("optimal", "every grouping of every base under the same deployment: the exact optimum (small cases)",
+          in_all=False)
 def optimal(model: BranchyModel, fed: Federation, batch: int) -> Round:
     n = max(fed.racks)
     per_base = [sized_branches(model, i) for i in range(len(model.bases))]

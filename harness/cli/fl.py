@@ -25,15 +25,15 @@ def register(sub) -> None:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--scenario", help="an FL scenario: owl-testbed, owl-8x10, owl-4x20 or a path")
     p.add_argument("--devices", type=positive_int, help="keep this many workers, in whole racks")
-    p.add_argument("--alpha", type=_alphas, help="B_inter / B_intra in (0, 1]; several comma-separated "
-                   "(default: the scenario's)")
+    p.add_argument("--alpha", type=_alphas, help="B_inter / B_intra in (0, 1]; several comma-separated; "
+                   "none: the scenario's")
     p.add_argument("--model", default="inception-v4", help="inception-v4, dfn or tiny")
     p.add_argument("--strategy", default="all", help="naive, overlap, ipart, owl, optimal, or all (every one "
                    "but optimal, which runs only when named)")
     p.add_argument("--backend", default="sim", choices=["sim"], help="where it runs (part 2 adds emu)")
     p.add_argument("--batch", type=positive_int, default=32, help="minibatch per worker")
     p.add_argument("--json", type=Path, help="also write the records as a JSON list")
-    p.add_argument("--out", type=Path, help="run directory (default results/<scenario>/<run-id>)")
+    p.add_argument("--out", type=Path, help="run directory; none: results/<scenario>/<run-id>")
     p.set_defaults(func=cmd_fl)
     ss = p.add_subparsers(dest="fl_command", metavar="{report}")
     r = ss.add_parser("report", help="plots and a table comparing strategies from FL records",
@@ -70,11 +70,13 @@ def cmd_fl(args) -> int:
     norm = normalised(records)
     fed = feds[0]
     print(f"{fed.name}: {model.name} ({model.params / 1e6:.2f} M parameters), {fed.workers} workers in "
-          f"{fed.shape} racks, server uplink {fed.uplink_Bps * 8 / 1e9:g} Gbps, batch {args.batch}")
-    print(f"{'alpha':>5} {'strategy':<8} {'round s':>9} {'distrib. s':>10} {'server GB':>9} {'vs naive':>8}  config")
+          f"{fed.shape} racks (racks x workers), B_intra {fed.intra_Bps * 8 / 1e9:g} Gbps, batch {args.batch}")
+    uplink = {round(f.alpha, 6): f.uplink_Bps * 8 / 1e9 for f in feds}
+    print(f"{'alpha':>5} {'uplink':>6} {'strategy':<8} {'round s':>9} {'distrib. s':>10} {'server GB':>9} "
+          f"{'vs naive':>8}  config")
     for k, r in enumerate(records):
         vs = f"{norm[k]:.3f}" if k in norm else "-"
-        print(f"{r.alpha:>5g} {r.strategy:<8} {r.seconds:>9.3f} {r.distribution_seconds:>10.3f} "
+        print(f"{r.alpha:>5g} {uplink[r.alpha]:>6g} {r.strategy:<8} {r.seconds:>9.3f} {r.distribution_seconds:>10.3f} "
               f"{r.server_bytes / 1e9:>9.2f} {vs:>8}  {r.config}")
     out = args.out or run_dir(fed.name, run_id)
     atomic_write_json(Path(out) / "records.json", as_json(records))

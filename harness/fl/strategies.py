@@ -7,9 +7,9 @@ in which pieces.
 - naive: every worker pulls the whole model from the server, then computes (Naive FL [16]).
 - overlap: every worker pulls layer by layer in forward order from the server and computes each
   layer once it has arrived (Overlap FL [42]).
-- ipart: layers packed in forward order so that a pack's transfer lasts at least the previous
-  pack's computation, the estimate being the worker's share of the server's uplink; fewer
-  messages, each still overlapping computation (IPart [43]).
+- ipart: layers packed in forward order so that each pack's transfer overlaps the previous pack's
+  computation while paying fewer set-ups (IPart [43]): the packing that minimises the forward by
+  IPart's estimate (a round trip per pack, bytes at the worker's share of the server's uplink).
 - owl: Algorithm 1 groups every base's branches into D_r groups (largest branch into the smallest
   group); in every rack the workers split into D_r communication groups whose first worker pulls
   its group from the server (constraint 8: each rack covers every group once), and every other
@@ -130,26 +130,35 @@ def overlap(model: BranchyModel, fed: Federation, batch: int) -> Round:
 
 
 def ipart_packs(model: BranchyModel, fed: Federation, batch: int) -> list[list[int]]:
-    """Forward-order packs: a pack closes once its transfer (request round trip + bytes at the worker's
-    share of the server's uplink) lasts at least the previous pack's computation."""
+    """Forward-order packs of layers that minimise the round's forward by IPart's own estimate: a pack costs a
+    request round trip (its set-up) plus its bytes at the worker's share of the server's uplink, packs arrive
+    one after another, and a pack computes once it has arrived and the previous pack has computed. Exact for
+    that estimate: dynamic programming over (last layer, number of packs), which fixes the arrival time."""
     nbytes = layer_bytes(model)
     secs = layer_seconds(model, fed, batch).max(0)
+    L = len(nbytes)
     share = min(fed.uplink_Bps / fed.workers, fed.inter_Bps)
     setup = 2 * fed.server_delay_s
-    packs: list[list[int]] = []
-    cur: list[int] = []
-    for l in range(len(nbytes)):
-        cur.append(l)
-        if not packs:
-            packs.append(cur)  # the first layer alone: computation starts as early as it can
-            cur = []
-            continue
-        if setup + nbytes[cur].sum() / share >= secs[packs[-1]].sum():
-            packs.append(cur)
-            cur = []
-    if cur:
-        packs.append(cur)
-    return packs
+    sent = np.concatenate([[0.0], np.cumsum(nbytes / share)])  # transfer seconds of layers [0, i)
+    work = np.concatenate([[0.0], np.cumsum(secs)])
+    # done[p][i]: the earliest end of computing layers [0, i) in p packs; cut[p][i]: where the last pack starts
+    done = np.full((L + 1, L + 1), np.inf)
+    cut = np.zeros((L + 1, L + 1), dtype=int)
+    done[0][0] = 0.0
+    for p in range(1, L + 1):
+        for i in range(p, L + 1):
+            arrive = p * setup + sent[i]
+            j = np.arange(p - 1, i)
+            ends = np.maximum(done[p - 1][j], arrive) + work[i] - work[j]
+            k = int(np.argmin(ends))
+            done[p][i], cut[p][i] = ends[k], j[k]
+    p = int(np.argmin(done[:, L]))
+    packs, i = [], L
+    while p > 0:
+        j = cut[p][i]
+        packs.append(list(range(j, i)))
+        i, p = j, p - 1
+    return packs[::-1]
 
 
 @register("ipart", "layers packed so that each pack's transfer covers the previous pack's computation")

@@ -266,3 +266,28 @@ def test_ipart_packs_pay_fewer_setups_and_keep_the_overlap():
         rounds = {s: run(s, m, fed, 32) for s in ("naive", "overlap", "ipart")}
         assert rounds["ipart"].config["messages"] == len(packs) < rounds["overlap"].config["messages"]
         assert rounds["ipart"].seconds <= min(rounds["naive"].seconds, rounds["overlap"].seconds) * (1 + 1e-3)
+
+
+def test_tiny_trains_on_cpu_and_matches_its_profile():
+    import torch
+
+    from harness.fl.nets import Concat, Tiny
+
+    torch.manual_seed(0)
+    net, profile = Tiny(), get_branchy("tiny")
+    modules = list(net.bases) + [net.classifier]
+    assert len(modules) == len(profile.bases)
+    for module, base in zip(modules, profile.bases):
+        branches = list(module.branches) if isinstance(module, Concat) else [module]
+        assert [sum(p.numel() for p in b.parameters()) for b in branches] == [br.params for br in base.branches]
+    assert sum(p.numel() for p in net.parameters()) == profile.params
+    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    losses = []
+    for _ in range(5):
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < losses[0]

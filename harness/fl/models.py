@@ -15,7 +15,8 @@ architecture (convolutions without bias, each followed by BatchNorm with its sca
   deep path of three 3x3 convolutions and a shallow path of one, fused by a sum, two blocks in each
   of ResNet-18's four stages (64, 128, 256, 512 channels, 224 x 224 input), a strided 3x3
   convolution between stages. 27.16 M parameters against the paper's 25.41 M (+6.9 %).
-- tiny: two small Inception-style blocks on 32 x 32 images (CIFAR-10): trains on a CPU.
+- tiny: two small Inception-style blocks on 32 x 32 images (CIFAR-10): trains on a CPU (harness/fl/nets.py
+  builds it in PyTorch with the same parameters per branch).
 """
 from __future__ import annotations
 

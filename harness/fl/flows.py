@@ -116,6 +116,17 @@ def arrivals(fed: Federation, transfers: list[Transfer]) -> np.ndarray:
     now = 0.0
     rate = np.zeros(T)
     changed = True
+
+    def landed(ks: np.ndarray) -> None:
+        """Transfers `ks` land one delay from now; those waiting on them start once all they wait for landed."""
+        arrive[ks] = now + delay[ks]
+        for k in ks:
+            for j in dependents[k]:
+                waiting_on[j] -= 1
+                if waiting_on[j] == 0:
+                    start[j] = max(arrive[i] for i in deps[j]) + delay[j]
+                    pending[j] = True
+
     while pending.any() or active.any():
         if changed and active.any():
             idx = np.flatnonzero(active)
@@ -133,25 +144,12 @@ def arrivals(fed: Federation, transfers: list[Transfer]) -> np.ndarray:
             done = idx[ends <= t_next * (1 + 1e-12) + 1e-15]
             left[done] = 0.0
             active[done] = False
-            arrive[done] = now + delay[done]
+            landed(done)
             changed = True
-            for k in done:
-                for j in dependents[k]:
-                    waiting_on[j] -= 1
-                    if waiting_on[j] == 0:
-                        start[j] = max(arrive[i] for i in deps[j]) + delay[j]
-                        pending[j] = True
         starting = np.flatnonzero(pending & (start <= now * (1 + 1e-12) + 1e-15))
         if len(starting):
             pending[starting] = False
-            zero = starting[nbytes[starting] <= 0]
-            arrive[zero] = now + delay[zero]
-            for k in zero:  # nothing to send: lands after the delay
-                for j in dependents[k]:
-                    waiting_on[j] -= 1
-                    if waiting_on[j] == 0:
-                        start[j] = max(arrive[i] for i in deps[j]) + delay[j]
-                        pending[j] = True
+            landed(starting[nbytes[starting] <= 0])  # nothing to send: lands after the delay
             active[starting[nbytes[starting] > 0]] = True
             changed = True
     return arrive

@@ -196,16 +196,16 @@ def owl_transfers(model: BranchyModel, fed: Federation, groupings: list[list[lis
             chunks = np.array_split(np.array(members), len(groups))
             central = [int(c[i % len(c)]) for c in chunks]  # rotates over the bases: spreads the server pulls
             payload = [tuple(l for j in g for l in layers_of[i][j]) for g in groups]
+            size = [float(nbytes[list(p)].sum()) for p in payload]
             for g, c in enumerate(central):
                 index[(r, i, g)] = len(server_lane)
-                server_lane.append(Transfer(c, SERVER, payload[g], float(nbytes[list(payload[g])].sum()), "server"))
+                server_lane.append(Transfer(c, SERVER, payload[g], size[g], "server"))
             for g0, chunk in enumerate(chunks):
                 for w in chunk:
                     for step in range(len(groups)):
                         g = (g0 + step) % len(groups)
                         if central[g] != w:
-                            peer.append((int(w), central[g], payload[g], float(nbytes[list(payload[g])].sum()),
-                                         (r, i, g)))
+                            peer.append((int(w), central[g], payload[g], size[g], (r, i, g)))
     transfers = list(server_lane)
     transfers += [Transfer(w, src, layers, b, "peer", index[key]) for w, src, layers, b, key in peer]
     return transfers

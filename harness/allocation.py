@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -160,52 +161,73 @@ def allocate(name: str, problem: Problem, time_limit_s: float = MIP_TIME_LIMIT_S
 
 
 # ---------------------------------------------------------------------------- from a model and devices
-def problem_for(cfg, topo, pipelines, micro_batch: int, micro_batches: int, dtype: str = "fp16",
-                recompute: bool = True, profiles=None) -> Problem:
-    """The allocation problem of pipelines over scenario devices: `pipelines` is one pipeline's devices
-    in stage order, or a table (replicas, stages) of pipelines that share one allocation (ours'
-    data-parallel replicas hold the same blocks per stage); stage i then takes, per block, the
-    slowest of its devices' times and the smallest of their memories (a bound: the replicas' worst
-    case per stage, exact for one pipeline).
+class StageModel:
+    """The allocation problem's inputs for one model, run and scenario, computed once so that a
+    scheduler can build the problem of every candidate's pipelines cheaply (`problem`).
 
     Per micro-batch: a block's forward, backward (and recomputed forward) FLOPs at each device's
     profile (harness/profiles.py at the run's precision: peak x efficiency / slowdown); ct_i the
     device's sends of one micro-batch's activation to the next device and its gradient to the
-    previous (delay + bytes / bandwidth of the scenario's links); the head's work on the last.
-    Memory: every block's parameters in training (compute.training_bytes_per_param) and the
-    activations of `micro_batches` micro-batches in flight (GPipe keeps them all), within the
-    device's memory less the embedding (first) or the head and its logits (last)."""
-    from . import compute as work
-    from .profiles import device_profiles
-    from .sim.network import Links, step_times
+    previous (delay + bytes / bandwidth of the scenario's links, one transfer per link and direction
+    at a time); the head's work on the last. Memory: every block's parameters in training
+    (compute.training_bytes_per_param) and the activations of `micro_batches` micro-batches in flight
+    (GPipe keeps them all), within the device's memory less the embedding (first) or the head and its
+    logits (last)."""
 
-    table = np.atleast_2d(np.asarray(pipelines, dtype=int))  # (replicas, stages)
-    profs = profiles if profiles is not None else device_profiles(topo, dtype=dtype)
-    bpv = work.BYTES_PER_VALUE[dtype]
-    D = table.shape[1]
-    per_flop = np.array([[1.0 / profs[d].flops_per_s("transformer") for d in row] for row in table])
-    act = work.activation_bytes(cfg, micro_batch, bpv)
-    links = Links.from_topology(topo, nic="per-pair")  # one transfer per link and direction at a time
-    fixed = np.zeros(table.shape)
-    ser, delay = step_times(links, table[:, :-1], table[:, 1:], act)  # activations to the next device
-    fixed[:, :-1] += ser + delay
-    ser, delay = step_times(links, table[:, 1:], table[:, :-1], act)  # gradients to the previous
-    fixed[:, 1:] += ser + delay
-    fixed[:, -1] += [3 * work.head_fwd_flop(cfg, micro_batch) / profs[d].flops_per_s("lm_head") for d in table[:, -1]]
-    per_param = work.training_bytes_per_param(bpv)
-    block_mem = (cfg.block_params * per_param
-                 + micro_batches * work.block_activation_bytes(cfg, micro_batch, bpv, recompute))
-    memory = np.array([[topo.profiles[d].memory_gb * 1e9 for d in row] for row in table], dtype=float).min(0)
-    memory[0] -= cfg.embedding_params * per_param
-    memory[-1] -= cfg.head_params * per_param + micro_batches * micro_batch * cfg.seq * cfg.vocab * bpv  # logits
-    if len(table) == 1:
-        names = tuple(f"device {d} ({topo.profiles[d].gpu}, slowdown {topo.profiles[d].slowdown:.3g})"
-                      for d in table[0])
-    else:
-        names = tuple(f"stage {i} (devices {', '.join(map(str, table[:, i]))})" for i in range(D))
-    # the bound: a stage's slowest device per FLOP and its largest fixed part (equal when one pipeline)
-    return Problem(per_flop.max(0), np.full(cfg.layers, (4 if recompute else 3) * work.block_fwd_flop(cfg, micro_batch)),
-                   fixed.max(0), np.full(cfg.layers, block_mem), memory, names)
+    def __init__(self, cfg, topo, micro_batch: int, micro_batches: int, dtype: str = "fp16",
+                 recompute: bool = True, profiles=None):
+        from . import compute as work
+        from .profiles import device_profiles
+        from .sim.network import Links
+
+        profs = profiles if profiles is not None else device_profiles(topo, dtype=dtype)
+        bpv = work.BYTES_PER_VALUE[dtype]
+        self.cfg, self.topo = cfg, topo
+        self.per_flop = np.array([1.0 / p.flops_per_s("transformer") for p in profs])
+        self.head_seconds = np.array([3 * work.head_fwd_flop(cfg, micro_batch) / p.flops_per_s("lm_head")
+                                      for p in profs])
+        # [a, b]: one micro-batch's activation (or gradient) from a to b, alone on its link (ours sends one
+        # transfer per link and direction at a time, and no two stage pairs of a table share a link)
+        links = Links.from_topology(topo, nic="per-pair")
+        with np.errstate(divide="ignore"):
+            self.send_seconds = work.activation_bytes(cfg, micro_batch, bpv) / links.rate_Bps + links.delay_s
+        per_param = work.training_bytes_per_param(bpv)
+        self.block_flop = np.full(cfg.layers, (4 if recompute else 3) * work.block_fwd_flop(cfg, micro_batch))
+        self.block_memory = np.full(cfg.layers, cfg.block_params * per_param
+                                    + micro_batches * work.block_activation_bytes(cfg, micro_batch, bpv, recompute))
+        self.memory = np.array([d.memory_gb * 1e9 for d in topo.profiles], dtype=float)
+        self.first_memory = cfg.embedding_params * per_param
+        self.last_memory = cfg.head_params * per_param + micro_batches * micro_batch * cfg.seq * cfg.vocab * bpv
+
+    def problem(self, pipelines, named: bool = True, limit_memory: bool = True) -> Problem:
+        """The problem of `pipelines`: one pipeline's devices in stage order, or a table (replicas,
+        stages) of pipelines that share one allocation (ours' data-parallel replicas hold the same
+        blocks per stage); stage i then takes, per block, the slowest of its devices' times and the
+        smallest of their memories (a bound: the replicas' worst case per stage, exact for one pipeline).
+        limit_memory=False: every stage's memory unlimited."""
+        table = np.atleast_2d(np.asarray(pipelines, dtype=int))  # (replicas, stages)
+        fixed = np.zeros(table.shape)
+        fixed[:, :-1] += self.send_seconds[table[:, :-1], table[:, 1:]]  # activations to the next device
+        fixed[:, 1:] += self.send_seconds[table[:, 1:], table[:, :-1]]  # gradients to the previous
+        fixed[:, -1] += self.head_seconds[table[:, -1]]
+        memory = self.memory[table].min(0)
+        memory[0] -= self.first_memory
+        memory[-1] -= self.last_memory
+        if not limit_memory:  # memory not limited (a model that cannot fit anywhere, ranked by time alone)
+            memory = np.full(len(memory), np.inf)
+        names = ()
+        if named and len(table) == 1:
+            names = tuple(f"device {d} ({self.topo.profiles[d].gpu}, slowdown {self.topo.profiles[d].slowdown:.3g})"
+                          for d in table[0])
+        elif named:
+            names = tuple(f"stage {i} (devices {', '.join(map(str, table[:, i]))})" for i in range(table.shape[1]))
+        return Problem(self.per_flop[table].max(0), self.block_flop, fixed.max(0), self.block_memory, memory, names)
+
+
+def problem_for(cfg, topo, pipelines, micro_batch: int, micro_batches: int, dtype: str = "fp16",
+                recompute: bool = True, profiles=None) -> Problem:
+    """The allocation problem of `pipelines` over scenario devices (StageModel.problem)."""
+    return StageModel(cfg, topo, micro_batch, micro_batches, dtype, recompute, profiles).problem(pipelines)
 
 
 def allocate_stages(name: str, cfg, topo, pipelines, micro_batch: int, micro_batches: int, dtype: str,
@@ -292,34 +314,63 @@ def optimal(problem: Problem) -> list[int]:
 
     best[i][b]: the smallest bottleneck of devices 0..i holding blocks [0, b); device i takes
     [a, b): best[i][b] = min over a of max(best[i-1][a], w_i(a, b)), infeasible where the range
-    exceeds its memory. One (L+1) x (L+1) matrix per device: O(D L^2) time, O(D L) memory."""
+    exceeds its memory. One (L+1) x (L+1) matrix per device: O(D L^2) time, O(D L) memory.
+    Among the allocations with that bottleneck, a second pass of the same recursion takes one whose
+    largest range holds the fewest blocks (the smallest gradients to synchronise): the bottleneck alone
+    leaves the other devices' ranges free, and an arbitrary pick can load a fast stage with more
+    blocks than its time needs."""
     D, L = problem.devices, problem.blocks
     flop = np.concatenate([[0.0], np.cumsum(problem.block_flop)])
-    a, b = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")  # [a, b]: range [a, b)
-    span_flop = flop[b] - flop[a]
-    nonempty = b > a
-    best = np.full(L + 1, np.inf)
-    best[0] = 0.0
-    choice = np.zeros((D, L + 1), dtype=int)
-    for i in range(D):
-        w = problem.seconds_per_flop[i] * span_flop + problem.fixed_seconds[i]
-        if problem.receive_seconds is not None:
-            w = w + problem.receive_seconds[0, i][:, None] + problem.receive_seconds[1, i][None, :]
-        mem = np.concatenate([[0.0], np.cumsum(problem._block_memory(i))])
-        ok = nonempty & (mem[b] - mem[a] <= problem.memory[i] * (1 + 1e-12))
-        cand = np.where(ok, np.maximum(best[:, None], w), np.inf)  # [a, b]
-        choice[i] = cand.argmin(0)
-        best = cand[choice[i], np.arange(L + 1)]
-    if not np.isfinite(best[L]):
+    a, b, nonempty, span = _ranges(L)
+    seconds = problem.seconds_per_flop[:, None, None] * (flop[b] - flop[a]) + problem.fixed_seconds[:, None, None]
+    if problem.receive_seconds is not None:
+        seconds = seconds + problem.receive_seconds[0][:, :, None] + problem.receive_seconds[1][:, None, :]
+    if problem.device_block_memory is None:
+        mem = np.concatenate([[0.0], np.cumsum(problem.block_memory)])
+        need = np.broadcast_to(mem[b] - mem[a], (D, L + 1, L + 1))
+    else:
+        mem = np.concatenate([np.zeros((D, 1)), np.cumsum(problem.device_block_memory, axis=1)], axis=1)
+        need = mem[:, b] - mem[:, a]
+    fits = nonempty & (need <= problem.memory[:, None, None] * (1 + 1e-12))
+    bottleneck = _min_max_ranges(seconds, fits)
+    if not np.isfinite(bottleneck[0]):
         raise AllocationError(f"allocation optimal: no contiguous allocation fits every device's memory ({L} "
                               f"blocks need {problem.block_memory.sum() / 1e9:.1f} GB; the {D} devices have "
                               f"{max(problem.memory.sum(), 0) / 1e9:.1f} GB for blocks)")
+    if max(bottleneck[1]) <= -(-L // D):  # already as even as blocks allow: the second pass cannot improve
+        return bottleneck[1]
+    limit = bottleneck[0] * (1 + 1e-9)
+    return _min_max_ranges(np.broadcast_to(span, seconds.shape), fits & (seconds <= limit))[1]
+
+
+@lru_cache(maxsize=64)
+def _ranges(L: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[a, b] grids of the ranges [a, b) over L blocks: a, b, b > a, and b - a (blocks)."""
+    a, b = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+    return a, b, b > a, (b - a).astype(float)
+
+
+def _min_max_ranges(cost: np.ndarray, allowed: np.ndarray) -> tuple[float, list[int]]:
+    """(smallest largest cost[i, a, b], blocks per device) over contiguous ranges [a, b) of the devices
+    in order, range i within allowed[i]. best[b]: the smallest bottleneck of devices 0..i on [0, b)."""
+    L = cost[0].shape[0] - 1
+    best = np.full(L + 1, np.inf)
+    best[0] = 0.0
+    choice = np.zeros((len(cost), L + 1), dtype=int)
+    cols = np.arange(L + 1)
+    masked = np.where(allowed, cost, np.inf)
+    for i in range(len(cost)):
+        cand = np.maximum(best[:, None], masked[i])  # [a, b]
+        choice[i] = cand.argmin(0)
+        best = cand[choice[i], cols]
+    if not np.isfinite(best[L]):
+        return np.inf, []
     counts, end = [], L
-    for i in range(D - 1, -1, -1):
+    for i in range(len(cost) - 1, -1, -1):
         start = int(choice[i][end])
         counts.append(end - start)
         end = start
-    return counts[::-1]
+    return float(best[L]), counts[::-1]
 
 
 # ---------------------------------------------------------------------------- the paper's MIP

@@ -129,7 +129,13 @@ class CostModel:
         dp = self.datap_cost(P)
         W, matchings = self.coarsened_graph(P)
         pp, order = open_loop_tsp(W)
-        # Follow the matchings along the pipeline order to name every tasklet's device.
+        staged = self.staged(P, order, matchings)
+        edges = tuple(float(W[order[k - 1], order[k]]) for k in range(1, self.d_pp))
+        return CommCost(dp=dp, pp=pp, total=dp + pp, partition=staged, pipelines=staged.T.copy(), stage_edges=edges)
+
+    def staged(self, P: np.ndarray, order: list[int], matchings: dict) -> np.ndarray:
+        """Rows of `P` in pipeline `order`, each row's columns permuted so that column i is replica i:
+        follows the matchings along the order to name every tasklet's device."""
         staged = np.empty_like(P)
         staged[0] = P[order[0]]
         pos = np.arange(self.d_dp)  # column in group order[k] of each replica
@@ -142,8 +148,7 @@ class CostModel:
                 inv[matchings[(v, u)]] = np.arange(self.d_dp)
                 pos = inv[pos]
             staged[k] = P[v][pos]
-        edges = tuple(float(W[order[k - 1], order[k]]) for k in range(1, self.d_pp))
-        return CommCost(dp=dp, pp=pp, total=dp + pp, partition=staged, pipelines=staged.T.copy(), stage_edges=edges)
+        return staged
 
     def check_partition(self, partition) -> np.ndarray:
         P = np.asarray(partition, dtype=int)

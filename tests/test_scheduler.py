@@ -13,11 +13,11 @@ from harness.scheduler.exhaustive import balanced_partitions, count_partitions
 from .conftest import random_topology
 
 KEYS = ["scenario", "devices", "d_pp", "d_dp", "scheduler", "seed", "c_pp_gb", "c_dp_gb", "partition", "pipelines",
-        "cost", "trace"]
+        "cost", "trace", "layers", "model"]
 
 
-def test_registry_has_the_four_schedulers():
-    assert set(SCHEDULERS) == {"random", "ga", "ga-kl", "exhaustive"}
+def test_registry_has_the_five_schedulers():
+    assert set(SCHEDULERS) == {"random", "ga", "ga-kl", "exhaustive", "ga-hetero"}
 
 
 @pytest.mark.parametrize("n,d_pp", [(8, 4), (8, 2), (12, 3), (9, 3)])

@@ -29,12 +29,19 @@ def add_layout_arguments(p: argparse.ArgumentParser) -> None:
 def register(sub) -> None:
     p = sub.add_parser(
         "schedule",
-        help="assign tasklets to devices (random | ga | ga-kl | exhaustive); `schedule compare` for Fig. 4",
+        help="assign tasklets to devices (random | ga | ga-kl | exhaustive | ga-hetero); `schedule compare` for Fig. 4",
         description="Search an assignment of D_PP x D_DP tasklets to devices minimising the paper's "
-                    "COMM-COST. Prints the cost breakdown; --json writes the assignment.",
+                    "COMM-COST (ga-hetero: the modelled iteration time). Prints the cost breakdown, every "
+                    "stage's blocks and the modelled iteration (compute, data- and pipeline-parallel "
+                    "communication); --json writes the assignment.",
     )
     add_layout_arguments(p)
-    p.add_argument("--scheduler", default="ga", help="random | ga | ga-kl | exhaustive (default ga)")
+    p.add_argument("--scheduler", default="ga", help="random | ga | ga-kl | exhaustive | ga-hetero (default ga); "
+                   "ga-hetero minimises the modelled iteration time (compute and communication) with the "
+                   "optimal layer allocation of every candidate")
+    p.add_argument("--allocator", help="blocks of every stage for the modelled iteration: even (default) | "
+                   "sky-heuristic | sky-mip | optimal; ga-hetero always takes optimal")
+    p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, help="write the assignment JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -94,13 +101,25 @@ def cmd_schedule(args) -> int:
     from ..results import atomic_write_json
     from ..scheduler import schedule
 
+    from ..iteration_cost import ComputeSetting
+    from ..model import get_model
+    from ..scheduler import default_allocator
+
     topo, d_pp, d_dp, c_pp, c_dp = resolve_layout(args)
+    allocator = default_allocator(args.scheduler, args.allocator)
+    setting = ComputeSetting(get_model(args.model, args.layers), args.batch, args.micro_batch, args.precision)
     bar, update = _progress_bar(args.budget, f"{args.scheduler} seed {args.seed}", args.quiet)
     with bar:
-        a = schedule(topo, d_pp, d_dp, c_pp, c_dp, args.scheduler, args.seed, args.budget, progress=update)
+        a = schedule(topo, d_pp, d_dp, c_pp, c_dp, args.scheduler, args.seed, args.budget, progress=update,
+                     setting=setting, allocator=allocator)
     print(f"{topo.name}: {topo.n} devices, D_PP={d_pp} x D_DP={d_dp}, c_pp={a.c_pp_gb:.4g} GB, "
           f"c_dp={a.c_dp_gb:.4g} GB, scheduler {a.scheduler} seed {a.seed}, {a.trace[-1][0]} candidates")
     print(f"COMM-COST {a.cost['total']:.4f} s = DATAP {a.cost['dp']:.4f} s + PIPELINEP {a.cost['pp']:.4f} s")
+    m = a.model
+    print(f"modelled iteration {m['iteration_s']:.4f} s = compute {m['compute_s']:.4f} s ({m['micro_batches']} "
+          f"micro-batches) + DATAP {m['dp_s']:.4f} s (each stage's own c_dp) + PIPELINEP {m['pp_s']:.4f} s; "
+          f"blocks by {m['allocator']}: " + " ".join(str(b - f) for f, b in a.layers[0])
+          + ("" if m["fits_memory"] else f"; does not fit memory ({m['overflow_gb']:.1f} GB over)"))
     for i, p in enumerate(a.pipelines):
         print(f"  pipeline {i}: " + " -> ".join(map(str, p)))
     if args.json:

@@ -4,6 +4,11 @@ Every scheduler searches over balanced partitions (D_PP groups of D_DP devices)
 and is charged one unit of budget per candidate whose COMM-COST it evaluates;
 its trace lists (candidates evaluated, best cost so far). The best partition is
 then expanded by the cost model into the full assignment sigma (pipelines).
+
+A compute-aware scheduler (`ga-hetero`) searches the same partitions on the modelled iteration
+time instead (harness/iteration_cost.py: communication, the slowest stage's compute and the
+bubble, with the optimal layer allocation of each candidate); it needs a ComputeSetting. Given one,
+every scheduler's assignment also carries its stages' blocks and the modelled parts.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from typing import Callable
 import numpy as np
 
 from ..cost import CostModel
+from ..iteration_cost import ComputeSetting, IterationModel
 from ..errors import HarnessError
 from ..scenario import Topology
 from .search import SearchResult
@@ -23,14 +29,29 @@ class SchedulerError(HarnessError, ValueError):
 
 
 SCHEDULERS: dict[str, Callable[[CostModel, np.random.Generator, int], SearchResult]] = {}
+COMPUTE_AWARE: set[str] = set()  # schedulers whose objective is the modelled iteration time
+COMPUTE_AWARE_ALLOCATOR = "optimal"  # the allocator their objective takes each candidate's stages from
 
 
-def register(name: str):
+def register(name: str, compute_aware: bool = False):
     def deco(fn):
         SCHEDULERS[name] = fn
+        if compute_aware:
+            COMPUTE_AWARE.add(name)
         return fn
 
     return deco
+
+
+def default_allocator(scheduler: str, allocator: str | None) -> str:
+    """The allocator of a run with `scheduler`: a compute-aware scheduler's own (an explicit other one is
+    an error), else `allocator` or even."""
+    if scheduler in COMPUTE_AWARE:
+        if allocator not in (None, COMPUTE_AWARE_ALLOCATOR):
+            raise SchedulerError(f"--allocator: {scheduler} takes every stage's blocks from the "
+                                 f"{COMPUTE_AWARE_ALLOCATOR} allocator (got {allocator})")
+        return COMPUTE_AWARE_ALLOCATOR
+    return allocator or "even"
 
 
 @dataclass
@@ -49,6 +70,10 @@ class Assignment:
     pipelines: list[list[int]]  # device of stage 0..D_PP-1, for each replica i
     cost: dict  # {"dp": s, "pp": s, "total": s}
     trace: list[list[float]] = field(default_factory=list)  # [candidates evaluated, best total]
+    # given a ComputeSetting: [first, last) blocks of stage j, per pipeline (replicas share them),
+    # and the modelled iteration's parts (IterationCost.to_json)
+    layers: list[list[list[int]]] | None = None
+    model: dict | None = None
 
     def to_json(self) -> dict:
         return {
@@ -64,14 +89,22 @@ class Assignment:
             "pipelines": self.pipelines,
             "cost": self.cost,
             "trace": self.trace,
+            "layers": self.layers,
+            "model": self.model,
         }
 
     @classmethod
     def from_json(cls, doc: dict) -> "Assignment":
-        missing = [k for k in cls.__dataclass_fields__ if k not in doc]
+        optional = ("trace", "layers", "model")
+        missing = [k for k in cls.__dataclass_fields__ if k not in doc and k not in optional]
         if missing:
             raise SchedulerError(f"assignment JSON: missing key {missing[0]!r}")
-        return cls(**{k: doc[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: doc[k] for k in cls.__dataclass_fields__ if k in doc})
+
+    @property
+    def stages(self) -> tuple[tuple[int, int], ...] | None:
+        """[first, last) blocks of every stage (Layout.stages), when the assignment carries them."""
+        return tuple(tuple(r) for r in self.layers[0]) if self.layers else None
 
 
 def schedule(
@@ -84,16 +117,32 @@ def schedule(
     seed: int = 0,
     budget: int = 5000,
     progress: Callable[[int, float], None] | None = None,
+    setting: ComputeSetting | None = None,
+    allocator: str | None = None,
 ) -> Assignment:
-    """Search an assignment of D_PP x D_DP tasklets to the devices of `topo`."""
+    """Search an assignment of D_PP x D_DP tasklets to the devices of `topo`.
+
+    With `setting`, the assignment also carries its stages' blocks (the compute-aware scheduler's own,
+    else `allocator`'s, default even) and the modelled iteration's parts."""
     if scheduler not in SCHEDULERS:
         raise SchedulerError(f"--scheduler: unknown scheduler {scheduler!r} (known: {', '.join(SCHEDULERS)})")
     if budget < 1:
         raise SchedulerError(f"--budget: must be >= 1 (got {budget})")
-    model = CostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
+    allocator = default_allocator(scheduler, allocator)
+    if scheduler in COMPUTE_AWARE and setting is None:
+        raise SchedulerError(f"--scheduler: {scheduler} needs the model and batch (a ComputeSetting)")
+    comm = CostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
+    model = IterationModel(comm, setting) if setting is not None else None
     rng = np.random.default_rng(seed)
-    result = SCHEDULERS[scheduler](model, rng, budget, progress)
-    best = model.breakdown(result.partition)
+    result = SCHEDULERS[scheduler](model if scheduler in COMPUTE_AWARE else comm, rng, budget, progress)
+    if scheduler in COMPUTE_AWARE:
+        modelled = model.breakdown(result.partition)
+        pipelines = modelled.pipelines
+    else:
+        pipelines = comm.breakdown(result.partition).pipelines
+        modelled = None if model is None else model.of_pipelines(pipelines, allocator=allocator)
+    total = comm.pipeline_cost(pipelines)
+    dp = comm.datap_cost(pipelines.T)
     return Assignment(
         scenario=topo.name,
         devices=topo.n,
@@ -103,10 +152,12 @@ def schedule(
         seed=seed,
         c_pp_gb=c_pp_bytes / 1e9,
         c_dp_gb=c_dp_bytes / 1e9,
-        partition=best.partition.tolist(),
-        pipelines=best.pipelines.tolist(),
-        cost={"dp": best.dp, "pp": best.pp, "total": best.total},
+        partition=pipelines.T.tolist(),
+        pipelines=pipelines.tolist(),
+        cost={"dp": dp, "pp": total - dp, "total": total},
         trace=[[int(n), float(c)] for n, c in result.trace],
+        layers=None if modelled is None else [[list(s) for s in modelled.stages]] * d_dp,
+        model=None if modelled is None else modelled.to_json(),
     )
 
 

@@ -9,6 +9,14 @@
           fastest-link devices around a cycle of three groups (C_a -> C_b -> C_c -> C_a).
 `ga-kl` : the same GA with Kernighan-Lin passes between two groups on the data-parallel
           link costs (the textbook graph-partitioning local search the paper compares to).
+`ga-hetero`: the same GA on the modelled iteration time of each candidate with its optimal
+          layer allocation (harness/iteration_cost.py), not communication alone, warm-started by
+          `ga` on COMM-COST for half the budget (communication dominates the time on slow links, and
+          a search on the sum alone finds the communication optimum less reliably). Its local search
+          alternates the paper's move with a speed move: a group's slowest device changes places
+          with a faster device whose links are most alike (the links cannot tell them apart,
+          compute can), preferring one whose group already has a device as slow, so that slow
+          devices gather in few stages and the others run at the pace of faster ones.
 
 GA (after Bui & Moon): a population of random partitions; two random parents; the
 child keeps whole groups of one parent and takes the other's labels elsewhere (after
@@ -31,6 +39,7 @@ PATIENCE = 24  # local search stops after this many rejected moves in a row
 MUTATION = 0.5  # chance of one random swap in a child
 STAGNATION = 1000  # candidates without a new best before the population is re-seeded
 EXTRA_SWAPS = 3  # random swaps tried after the two fastest-link swaps with the best gain
+WARM_START = 0.5  # ga-hetero: share of the budget spent by `ga` on COMM-COST before the iteration time
 
 
 @register("ga")
@@ -43,14 +52,32 @@ def ga_kl(model, rng, budget, progress=None):
     return _genetic(model, rng, budget, progress, _kl_move)
 
 
-def _genetic(model, rng, budget, progress, move):
+@register("ga-hetero", compute_aware=True)
+def ga_hetero(model, rng, budget, progress=None):
+    """WARM_START of the budget runs `ga` on COMM-COST; the rest goes on from its population on the
+    modelled iteration time. The trace holds the second part only (its best iteration seconds)."""
+    first = int(budget * WARM_START)
+    if first < POPULATION or budget - first < POPULATION:
+        return _genetic(model, rng, budget, progress, _hetero_move)
+    warm = []
+    _genetic(model.comm, rng, first, progress and (lambda n, best: progress(n, float("nan"))), _paper_move, warm)
+    second = _genetic(model, rng, budget - first, progress and (lambda n, best: progress(first + n, best)),
+                      _hetero_move, warm)
+    second.trace = [(first + n, c) for n, c in second.trace]
+    return second
+
+
+def _genetic(model, rng, budget, progress, move, population: list | None = None):
+    """The GA; `population`: members to start from (else random), and on return the final members."""
     ev = Evaluator(model, budget, progress)
     d_pp, d_dp = model.d_pp, model.d_dp
-    pop: list[np.ndarray] = []
+    pop: list[np.ndarray] = population if population is not None else []
+    start = list(pop)
+    pop.clear()
     costs: list[tuple[float, float]] = []
     try:
-        for _ in range(min(POPULATION, budget)):
-            labels = random_labels(rng, d_pp, d_dp)
+        for k in range(min(POPULATION, budget)):
+            labels = start[k] if k < len(start) else random_labels(rng, d_pp, d_dp)
             pop.append(labels)
             costs.append(ev(labels))
         last_best = (ev.evaluated, ev.best_score)
@@ -164,6 +191,33 @@ def _paper_move(model, labels, rng):
     for d, e in pairs:
         cand = labels.copy()
         cand[d], cand[e] = jj, j
+        out.append(cand)
+    return out
+
+
+def _hetero_move(model, labels, rng):
+    """The paper's move or, half the time, the speed move (module docstring)."""
+    return _speed_move(model, labels, rng) if rng.random() < 0.5 else _paper_move(model, labels, rng)
+
+
+def _speed_move(model, labels, rng):
+    slow = model.seconds_per_flop  # per device: larger is slower
+    j = rng.integers(model.d_pp)
+    members = np.flatnonzero(labels == j)
+    worst = members[slow[members] >= slow[members].max() * (1 - 1e-9)]
+    d = rng.choice(worst)
+    faster = np.flatnonzero((slow < slow[d] * (1 - 1e-9)) & (labels != j))
+    if not faster.size:  # no faster device elsewhere (identical devices): the paper's move
+        return _paper_move(model, labels, rng)
+    group_slowest = np.full(model.d_pp, 0.0)
+    np.maximum.at(group_slowest, labels, slow)
+    new_straggler = group_slowest[labels[faster]] < slow[d] * (1 - 1e-9)  # e's group would slow down
+    unlike = np.abs(model.pp_link[faster] - model.pp_link[d]).sum(1)  # how far e's links are from d's
+    order = np.lexsort((rng.random(faster.size), unlike, new_straggler))
+    out = []
+    for e in faster[order[:2]]:
+        cand = labels.copy()
+        cand[d], cand[e] = labels[e], j
         out.append(cand)
     return out
 

@@ -113,3 +113,40 @@ def test_schedule_cli_prints_the_modelled_iteration_and_rejects_a_foreign_alloca
     assert doc["scheduler"] == "ga-hetero" and doc["model"]["allocator"] == "optimal"
     rc, out, err = cli("schedule", "--scenario", "4", "--scheduler", "ga-hetero", "--allocator", "even", "--quiet")
     assert rc != 0 and "--allocator" in err and len(err.strip().splitlines()) == 1
+
+
+def test_sim_simulates_ours_on_ga_hetero_stages(cli, tmp_path):
+    path = write(tmp_path, TWO_KINDS)
+    out_json = tmp_path / "sim.json"
+    rc, out, err = cli("sim", "--scenario", str(path), "--system", "ours", "--scheduler", "ga-hetero", "--model",
+                       "gpt3-xl", "--layers", "8", "--batch", "64", "--d-pp", "2", "--budget", "200", "--no-cache",
+                       "--out", str(tmp_path / "run"), "--json", str(out_json))
+    assert rc == 0, err
+    (rec,) = json.loads(out_json.read_text())
+    cfg = rec["config"]
+    assert cfg["scheduler"] == "ga-hetero" and cfg["allocator"] == "optimal"
+    counts = [b - a for a, b in cfg["stages"]]
+    kinds = [{load_scenario(path).profiles[p[j]].gpu for p in cfg["pipelines"]} for j in range(2)]
+    assert all(len(k) == 1 for k in kinds)  # every stage of one kind
+    fast = 0 if kinds[0] == {"A100"} else 1
+    assert counts[fast] > counts[1 - fast]  # and the fast stage holds more blocks
+    rc, out, err = cli("sim", "--scenario", str(path), "--system", "ours", "--scheduler", "ga-hetero",
+                       "--allocator", "even", "--no-cache", "--out", str(tmp_path / "run2"))
+    assert rc != 0 and "--allocator" in err
+
+
+def test_run_plan_takes_ga_hetero_assignment_and_blocks(tmp_path):
+    from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+    from harness.train.plan import resolve_layout
+
+    path = write(tmp_path, TWO_KINDS)
+    topo = load_scenario(path)
+    req = RunRequest(network=NetworkSection(scenario=str(path), mode="none"),
+                     model=ModelSection(name="gpt3-xl", layers=8, batch=64, dtype="fp16"),
+                     run=RunSection(system="ours"),
+                     layout=LayoutRequest(pp=2, dp=4, scheduler="ga-hetero", budget=200))
+    lay, placement = resolve_layout(req, topo)
+    a = schedule(topo, 2, 4, c_pp_bytes(CFG, 64, 4), c_dp_bytes(CFG, 2), scheduler="ga-hetero", seed=0, budget=200,
+                 setting=ComputeSetting(CFG, 64, 1, "fp16", False))
+    assert [list(p) for p in lay.pipelines] == a.pipelines
+    assert tuple(lay.stages) == a.stages and len(set(lay.layers_per_stage)) == 2  # uneven, as chosen

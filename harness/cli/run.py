@@ -97,7 +97,8 @@ def register(sub) -> None:
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations (default 3)")
     p.add_argument("--seed", type=int, default=0, help="data, init and random-assignment seed (default 0)")
     p.add_argument("--scheduler", help="ours: ga (default) | ga-kl | random | exhaustive | identity | "
-                                       "random-assignment")
+                                       "random-assignment | ga-hetero (compute and network together, with the "
+                                       "optimal allocation; see harness schedule)")
     p.add_argument("--budget", type=positive_int, help="scheduler evaluations (default 2000)")
     p.add_argument("--d-pp", type=positive_int, help="pipeline stages (default: as square as possible)")
     p.add_argument("--d-dp", type=positive_int, help="data-parallel replicas")
@@ -110,8 +111,8 @@ def register(sub) -> None:
     p.add_argument("--zero", type=int, choices=(1, 3), help="deepspeed: ZeRO stage (1 with pipeline, 3 alone)")
     p.add_argument("--rank-order",
                    help="baselines: default, or a seed of a random layout (the permutation ours-random uses)")
-    p.add_argument("--allocator", choices=ALLOCATORS, help="ours: each stage's blocks (default even; see "
-                                                          "harness allocate)")
+    p.add_argument("--allocator", choices=ALLOCATORS, help="ours: each stage's blocks (default even, optimal with "
+                                                          "ga-hetero; see harness allocate)")
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                    help="ours: recompute activations per block in backward (default: on for cuda)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before the run is failed")

@@ -28,8 +28,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cache", action="store_true", help="do not read or write results/sim/schedules/")
     p.add_argument("--protocol", choices=["nccl", "gloo"], default="nccl",
                    help="communication library's handshakes (default nccl, as the paper's GPUs)")
-    p.add_argument("--allocator", choices=ALLOCATORS, default="even",
-                   help="ours' and ours-random's blocks per stage over their pipelines (harness allocate; default even)")
+    p.add_argument("--allocator", choices=ALLOCATORS,
+                   help="ours' and ours-random's blocks per stage over their pipelines (harness allocate; default "
+                        "even; with --scheduler ga-hetero its own optimal)")
+    p.add_argument("--scheduler", default="ga",
+                   help="ours' scheduler: ga (default) | ga-kl | random | exhaustive | ga-hetero (compute and "
+                        "network together, with the optimal allocation; harness schedule)")
 
 
 def register(sub) -> None:
@@ -114,6 +118,7 @@ def _sim_kwargs(args) -> dict:
     placements = tuple(p.strip() for p in (args.placement or "default,random").split(",") if p.strip())
     return {"profile_overrides": _overrides(args), "budget": args.budget, "schedule_seed": args.schedule_seed,
             "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol, "allocator": args.allocator,
+            "scheduler": args.scheduler,
             "cache_dir": None if args.no_cache else RESULTS_DIR / "sim" / "schedules"}
 
 
@@ -203,6 +208,8 @@ def cmd_sim_cnn(args) -> int:
     for flag in ("layers", "d_pp", "allocator"):
         if getattr(args, flag) not in (None, "even"):
             raise HarnessError(f"--{flag.replace('_', '-')}: not an option of the CNN models")
+    if args.scheduler != "ga":
+        raise HarnessError("--scheduler: not an option of the CNN models (hetpipe and horovod place their own)")
     topo = load_scenario(args.scenario, args.devices)
     model = get_cnn(args.model)
     from ..hetpipe import DTYPE

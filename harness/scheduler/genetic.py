@@ -11,12 +11,12 @@
           link costs (the textbook graph-partitioning local search the paper compares to).
 `ga-hetero`: the same GA on the modelled iteration time of each candidate with its optimal
           layer allocation (harness/iteration_cost.py), not communication alone, warm-started by
-          `ga` on COMM-COST for half the budget (communication dominates the time on slow links, and
+          `ga` on COMM-COST for 70 % of the budget (communication dominates the time on slow links, and
           a search on the sum alone finds the communication optimum less reliably). Its local search
           alternates the paper's move with a speed move: a group's slowest device changes places
           with a faster device whose links are most alike (the links cannot tell them apart,
-          compute can), preferring one whose group already has a device as slow, so that slow
-          devices gather in few stages and the others run at the pace of faster ones.
+          compute can), preferring one whose group already has devices as slow (the most first),
+          so that slow devices gather in few stages and the others run at faster devices' pace.
 
 GA (after Bui & Moon): a population of random partitions; two random parents; the
 child keeps whole groups of one parent and takes the other's labels elsewhere (after
@@ -39,7 +39,7 @@ PATIENCE = 24  # local search stops after this many rejected moves in a row
 MUTATION = 0.5  # chance of one random swap in a child
 STAGNATION = 1000  # candidates without a new best before the population is re-seeded
 EXTRA_SWAPS = 3  # random swaps tried after the two fastest-link swaps with the best gain
-WARM_START = 0.5  # ga-hetero: share of the budget spent by `ga` on COMM-COST before the iteration time
+WARM_START = 0.7  # ga-hetero: share of the budget spent by `ga` on COMM-COST before the iteration time
 
 
 @register("ga")
@@ -80,6 +80,9 @@ def _genetic(model, rng, budget, progress, move, population: list | None = None)
             labels = start[k] if k < len(start) else random_labels(rng, d_pp, d_dp)
             pop.append(labels)
             costs.append(ev(labels))
+        if start:  # a warm start: first improve its best member by local search on this objective
+            k = min(range(len(costs)), key=costs.__getitem__)
+            pop[k], costs[k] = _local_search(model, ev, pop[k], costs[k], rng, move)
         last_best = (ev.evaluated, ev.best_score)
         while True:
             if ev.best_score < last_best[1]:
@@ -209,11 +212,11 @@ def _speed_move(model, labels, rng):
     faster = np.flatnonzero((slow < slow[d] * (1 - 1e-9)) & (labels != j))
     if not faster.size:  # no faster device elsewhere (identical devices): the paper's move
         return _paper_move(model, labels, rng)
-    group_slowest = np.full(model.d_pp, 0.0)
-    np.maximum.at(group_slowest, labels, slow)
-    new_straggler = group_slowest[labels[faster]] < slow[d] * (1 - 1e-9)  # e's group would slow down
+    as_slow = np.bincount(labels, weights=slow >= slow[d] * (1 - 1e-9), minlength=model.d_pp)[labels[faster]]
+    new_straggler = as_slow == 0  # e's group would slow down
     unlike = np.abs(model.pp_link[faster] - model.pp_link[d]).sum(1)  # how far e's links are from d's
-    order = np.lexsort((rng.random(faster.size), unlike, new_straggler))
+    # no new straggler first, then the likest links, then the group with the most devices as slow as d
+    order = np.lexsort((rng.random(faster.size), -as_slow, unlike, new_straggler))
     out = []
     for e in faster[order[:2]]:
         cand = labels.copy()

@@ -37,10 +37,11 @@ PAPER_RUNTIME = dict(schedule="gpipe", dp_sync="sharded-ps", recompute=True)  # 
 
 @functools.lru_cache(maxsize=None)
 def _scheduler_source_digest() -> bytes:
-    """Digest of the scheduler and cost-model sources: a changed scheduler never reuses old cached schedules.
+    """Digest of the scheduler and cost-model sources (ga-hetero's iteration model and allocator among them):
+    a changed scheduler never reuses old cached schedules.
     Taken once per process, as the code a process runs is the code it imported."""
     root = Path(__file__).resolve().parent.parent
-    files = sorted((root / "scheduler").glob("*.py")) + [root / "cost.py"]
+    files = sorted((root / "scheduler").glob("*.py")) + [root / f for f in ("cost.py", "iteration_cost.py", "allocation.py")]
     return hashlib.sha1(b"".join(f.read_bytes() for f in files if f.exists())).digest()
 
 
@@ -63,7 +64,7 @@ class Simulator:
                  d_pp: int = 8, scheduler: str = "ga", schedule_seed: int = 0, budget: int = 5000,
                  cache_dir: Path | None = None, ps_mode: str = "grouped",
                  placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1, protocol: str = "nccl",
-                 nic: str = "shared", profiles: list[ComputeProfile] | None = None, allocator: str = "even"):
+                 nic: str = "shared", profiles: list[ComputeProfile] | None = None, allocator: str | None = None):
         if topo.n % d_pp:
             raise SimError(f"--d-pp: {d_pp} does not divide the {topo.n} devices of {topo.name}")
         for p in placements:
@@ -79,8 +80,13 @@ class Simulator:
         self.scheduler, self.schedule_seed, self.budget = scheduler, schedule_seed, budget
         self.cache_dir = Path(cache_dir) if cache_dir else None
         self.ps_mode, self.placements, self.micro_batch = ps_mode, placements, micro_batch
-        self.allocator = allocator
+        from ..scheduler import SCHEDULERS, SchedulerError, default_allocator
+
+        if scheduler not in SCHEDULERS:
+            raise SchedulerError(f"--scheduler: unknown scheduler {scheduler!r} (known: {', '.join(SCHEDULERS)})")
+        self.allocator = default_allocator(scheduler, allocator)
         self._assignments: dict[tuple, np.ndarray] = {}
+        self._layers: dict[tuple, list | None] = {}
         self._fingerprint = hashlib.sha1(
             np.ascontiguousarray(topo.delay_ms).tobytes() + np.ascontiguousarray(topo.bandwidth_gbps).tobytes()
             + _scheduler_source_digest()
@@ -88,10 +94,17 @@ class Simulator:
 
     # ---------------------------------------------------------------- assignments
     def _job(self, cfg: GPTConfig, batch: int) -> tuple[tuple, Path | None, tuple]:
+        from ..iteration_cost import ComputeSetting
+        from ..scheduler import COMPUTE_AWARE
+
         cpp, cdp = c_pp_bytes(cfg, batch, self.d_dp), c_dp_bytes(cfg, self.d_pp)
         key = (self._fingerprint, self.d_pp, self.d_dp, round(cpp), round(cdp), self.scheduler, self.schedule_seed, self.budget)
-        path = self.cache_dir / ("-".join(map(str, key)) + ".json") if self.cache_dir else None
         args = (self.topo, self.d_pp, self.d_dp, cpp, cdp, self.scheduler, self.schedule_seed, self.budget)
+        if self.scheduler in COMPUTE_AWARE:  # its objective reads the model, batch and every device's profile
+            setting = ComputeSetting(cfg, batch, self.micro_batch, PAPER_DTYPE, PAPER_RUNTIME["recompute"],
+                                     tuple(self.profiles))
+            key, args = key + (setting.digest(),), args + (setting,)
+        path = self.cache_dir / ("-".join(map(str, key)) + ".json") if self.cache_dir else None
         return key, path, args
 
     def _store(self, key, path, doc: dict) -> np.ndarray:
@@ -99,7 +112,18 @@ class Simulator:
         if path is not None and not path.exists():
             atomic_write_json(path, doc)
         self._assignments[key] = pipelines
+        self._layers[key] = doc.get("layers")
         return pipelines
+
+    def assigned_stages(self, cfg: GPTConfig, batch: int) -> tuple[tuple[int, int], ...] | None:
+        """The blocks of every stage a compute-aware scheduler chose with its assignment, else None."""
+        from ..scheduler import COMPUTE_AWARE
+
+        if self.scheduler not in COMPUTE_AWARE:
+            return None
+        self.assignment(cfg, batch)
+        layers = self._layers.get(self._job(cfg, batch)[0])
+        return tuple(tuple(r) for r in layers[0]) if layers else None
 
     def missing(self, cfg: GPTConfig, batch: int) -> tuple | None:
         """The scheduling job for (cfg, batch) when neither memory nor disk has it, else None."""
@@ -158,7 +182,9 @@ class Simulator:
 def candidates_ours(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
     """The scheduler's assignment (cached) with the paper's runtime."""
     pipelines = sim.assignment(cfg, batch)
-    lay = _allocated(sim, layouts.from_pipelines(pipelines, cfg.layers, sim.scheduler, **PAPER_RUNTIME), cfg, batch)
+    lay = layouts.from_pipelines(pipelines, cfg.layers, sim.scheduler, **PAPER_RUNTIME)
+    stages = sim.assigned_stages(cfg, batch)
+    lay = replace(lay, stages=stages) if stages is not None else _allocated(sim, lay, cfg, batch)
     r = systems.simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, ps_mode=sim.ps_mode)
     return [Candidate("ours", {"pp": sim.d_pp, "dp": sim.d_dp, "scheduler": sim.scheduler,
                                "pipelines": pipelines.tolist(), **_allocation_config(sim, lay)},
@@ -251,9 +277,9 @@ def schedule_job(args: tuple, progress=None) -> dict:
     progress(candidates evaluated, best cost) as the scheduler's own callback."""
     from ..scheduler import schedule  # imported late: only needed when a schedule is not cached
 
-    topo, d_pp, d_dp, cpp, cdp, scheduler, seed, budget = args
+    topo, d_pp, d_dp, cpp, cdp, scheduler, seed, budget, *setting = args
     return schedule(topo, d_pp, d_dp, cpp, cdp, scheduler=scheduler, seed=seed, budget=budget,
-                    progress=progress).to_json()
+                    progress=progress, setting=setting[0] if setting else None).to_json()
 
 
 def prefetch_assignments(jobs: list[tuple["Simulator", GPTConfig, int]], workers: int = 1, progress=None) -> int:

@@ -130,25 +130,34 @@ def _place_ours(req: RunRequest, topo: Topology, scheduler: str) -> tuple[Layout
     c_pp, c_dp = c_pp_bytes(cfg, req.model.batch, d_dp, bpv), c_dp_bytes(cfg, d_pp, bpv)
     opts = dict(schedule=want.schedule or "gpipe", dp_sync=want.dp_sync,
                 recompute=want.recompute if want.recompute is not None else req.run.device_type == "cuda")
+    # with the compute model, the devices compute at their profiles times the run's time scale
+    profiles = ([replace(p, slowdown=p.slowdown * req.compute.time_scale)
+                 for p in device_profiles(topo, dtype=req.model.dtype)] if req.compute.model else None)
+    allocator, chosen = want.allocator or "even", None  # chosen: blocks a compute-aware scheduler chose
     if scheduler == RANDOM_ASSIGNMENT:  # the paper's ablation ("ours without scheduler")
         lay = layouts.seeded(1, d_pp, d_dp, cfg.layers, req.model.seed, **opts)
     elif scheduler == "identity":
         lay = layouts.from_pipelines(np.arange(topo.n).reshape(d_dp, d_pp), cfg.layers, "identity", **opts)
     else:
-        from ..scheduler import schedule
+        from ..iteration_cost import ComputeSetting
+        from ..scheduler import COMPUTE_AWARE, default_allocator, schedule
 
-        a = schedule(topo, d_pp, d_dp, c_pp, c_dp, scheduler=scheduler, seed=req.model.seed, budget=want.budget)
-        lay = layouts.from_pipelines(a.pipelines, cfg.layers, scheduler, **opts)
-    if want.allocator not in (None, "even"):  # the placed pipelines' stages, by the allocator
+        allocator = default_allocator(scheduler, want.allocator)
+        setting = (ComputeSetting(cfg, req.model.batch, req.model.micro_batch, req.model.dtype, opts["recompute"],
+                                  None if profiles is None else tuple(profiles))
+                   if scheduler in COMPUTE_AWARE else None)
+        a = schedule(topo, d_pp, d_dp, c_pp, c_dp, scheduler=scheduler, seed=req.model.seed, budget=want.budget,
+                     setting=setting)
+        lay, chosen = layouts.from_pipelines(a.pipelines, cfg.layers, scheduler, **opts), a.stages
+    if chosen is not None:
+        lay = replace(lay, stages=chosen)
+    elif allocator != "even":  # the placed pipelines' stages, by the allocator
         from ..allocation import allocate_stages
 
-        # with the compute model, the devices compute at their profiles times the run's time scale
-        profiles = ([replace(p, slowdown=p.slowdown * req.compute.time_scale)
-                     for p in device_profiles(topo, dtype=req.model.dtype)] if req.compute.model else None)
-        lay = replace(lay, stages=allocate_stages(want.allocator, cfg, topo, lay.pipelines, req.model.micro_batch,
+        lay = replace(lay, stages=allocate_stages(allocator, cfg, topo, lay.pipelines, req.model.micro_batch,
                                                   req.model.batch // d_dp // req.model.micro_batch,
                                                   req.model.dtype, lay.recompute, profiles))
-        c_dp = c_dp_bytes(cfg, lay.layers_per_stage, bpv)  # the largest stage's gradients, as allocated
+    c_dp = c_dp_bytes(cfg, lay.layers_per_stage, bpv)  # the largest stage's gradients, as allocated
     model = CostModel(topo, d_pp, d_dp, c_pp, c_dp)
     pipes = np.asarray(lay.pipelines)
     total, dp = model.pipeline_cost(pipes), model.datap_cost(pipes.T)

@@ -237,6 +237,20 @@ def allocate_stages(name: str, cfg, topo, pipelines, micro_batch: int, micro_bat
     return allocate(name, problem).stages
 
 
+def allocate_if_it_fits(name: str, model: StageModel, pipelines) -> tuple[Allocation, float]:
+    """(allocation, bytes over memory summed over stages) of `name` on `pipelines`: within memory when
+    one fits, else its choice without memory limits and by how much that overflows. For models that
+    rank or simulate time, which memory does not change (the simulator, ga-hetero's iteration time)."""
+    problem = model.problem(pipelines, named=False)
+    try:
+        return allocate(name, problem), 0.0
+    except AllocationError:
+        pass
+    free = allocate(name, model.problem(pipelines, named=False, limit_memory=False))
+    over = np.maximum(problem.stage_memory(free.layers_per_device) - problem.memory, 0).sum()
+    return free, float(over)
+
+
 # ---------------------------------------------------------------------------- even
 def even(problem: Problem) -> list[int]:
     return even_split(problem.blocks, problem.devices)

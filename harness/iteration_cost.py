@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .allocation import AllocationError, StageModel, allocate, optimal
+from .allocation import AllocationError, StageModel, allocate_if_it_fits, optimal
 from .cost import CostModel, open_loop_tsp
 from .model import GPTConfig
 
@@ -111,18 +111,6 @@ class IterationModel:
         self._flop_prefix = np.concatenate([[0.0], np.cumsum(self.stage_model.block_flop)])
         self.seconds_per_flop = self.stage_model.per_flop  # per device, for the search's speed move
 
-    def _allocation(self, S: np.ndarray, allocator: str) -> tuple[np.ndarray, float]:
-        """(blocks per stage, bytes over memory summed over stages) of `allocator` on the pipelines S:
-        within memory when it can, else its choice without memory limits and the overflow."""
-        problem = self.stage_model.problem(S, named=False)
-        try:
-            return np.array(allocate(allocator, problem).layers_per_device), 0.0
-        except AllocationError:
-            pass
-        counts = np.array(allocate(allocator, self.stage_model.problem(S, named=False, limit_memory=False))
-                          .layers_per_device)
-        return counts, self._overflow(problem, counts)
-
     @staticmethod
     def _overflow(problem, counts) -> float:
         return float(np.maximum(problem.stage_memory(counts) - problem.memory, 0).sum())
@@ -133,7 +121,8 @@ class IterationModel:
         by `allocator` over its pipelines (without memory limits when none fits: `overflow_bytes`)."""
         S = np.asarray(pipelines, dtype=int)
         if stages is None:
-            counts, over = self._allocation(S, allocator)
+            alloc, over = allocate_if_it_fits(allocator, self.stage_model, S)
+            counts = np.array(alloc.layers_per_device)
         else:
             counts = np.array([b - a for a, b in stages])
             over = self._overflow(self.stage_model.problem(S, named=False), counts)

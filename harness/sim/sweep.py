@@ -193,14 +193,16 @@ def candidates_ours(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidat
 
 def _allocated(sim: Simulator, lay: Layout, cfg: GPTConfig, batch: int) -> Layout:
     """`lay` with its stages chosen by the simulator's allocator (harness/allocation.py) over its
-    pipelines, at the simulated devices' profiles; even: as it is."""
+    pipelines, at the simulated devices' profiles, within memory when they fit (else without memory
+    limits: the simulator does not model memory); even: as it is."""
     if sim.allocator == "even":
         return lay
-    from ..allocation import allocate_stages
+    from ..allocation import StageModel, allocate_if_it_fits
 
-    micro_batches = batch // sim.d_dp // sim.micro_batch
-    return replace(lay, stages=allocate_stages(sim.allocator, cfg, sim.topo, lay.pipelines, sim.micro_batch,
-                                               micro_batches, PAPER_DTYPE, lay.recompute, sim.profiles))
+    micro_batches = max(1, batch // sim.d_dp // sim.micro_batch)
+    model = StageModel(cfg, sim.topo, sim.micro_batch, micro_batches, PAPER_DTYPE, lay.recompute, sim.profiles)
+    alloc, _ = allocate_if_it_fits(sim.allocator, model, lay.pipelines)  # the simulator does not limit memory
+    return replace(lay, stages=alloc.stages)
 
 
 def _allocation_config(sim: Simulator, lay: Layout) -> dict:

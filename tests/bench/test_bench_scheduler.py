@@ -50,3 +50,14 @@ def test_quality_ga_vs_ga_kl_vs_random(case, benchmark):
         f"{costs[n + '_s']:.1f} s/run)" for n in ("random", "ga-kl", "ga")))
     assert np.mean(costs["ga"]) <= np.mean(costs["ga-kl"]) + 1e-9
     assert min(costs["ga"]) <= min(costs["random"]) + 1e-9
+
+
+def test_ga_hetero_5000_candidates_64_devices(benchmark):
+    """Issue 28 target: ga-hetero, 5000 candidates (each with its optimal allocation) on 64 devices <= 10 s."""
+    from harness.iteration_cost import ComputeSetting
+
+    topo = load_scenario("hetero-regional")
+    a = benchmark.pedantic(lambda: schedule(topo, 8, 8, *SIZES, scheduler="ga-hetero", seed=0, budget=5000,
+                                            setting=ComputeSetting(CFG, 1024)), rounds=1, iterations=1)
+    assert a.trace[-1][0] == 5000
+    assert benchmark.stats.stats.max <= 10.0

@@ -92,6 +92,10 @@ class Problem:
             return _range_sums(self.block_memory, counts)
         return np.array([_range_sums(row, counts)[i] for i, row in enumerate(self.device_block_memory)])
 
+    def overflow(self, counts) -> float:
+        """Bytes over memory of blocks-per-device `counts`, summed over devices (0 when they fit)."""
+        return float(np.maximum(self.stage_memory(counts) - self.memory, 0).sum())
+
     def _block_memory(self, i: int) -> np.ndarray:
         return self.block_memory if self.device_block_memory is None else self.device_block_memory[i]
 
@@ -247,8 +251,7 @@ def allocate_if_it_fits(name: str, model: StageModel, pipelines) -> tuple[Alloca
     except AllocationError:
         pass
     free = allocate(name, model.problem(pipelines, named=False, limit_memory=False))
-    over = np.maximum(problem.stage_memory(free.layers_per_device) - problem.memory, 0).sum()
-    return free, float(over)
+    return free, problem.overflow(free.layers_per_device)
 
 
 # ---------------------------------------------------------------------------- even

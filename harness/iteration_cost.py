@@ -111,10 +111,6 @@ class IterationModel:
         self._flop_prefix = np.concatenate([[0.0], np.cumsum(self.stage_model.block_flop)])
         self.seconds_per_flop = self.stage_model.per_flop  # per device, for the search's speed move
 
-    @staticmethod
-    def _overflow(problem, counts) -> float:
-        return float(np.maximum(problem.stage_memory(counts) - problem.memory, 0).sum())
-
     # ---------------------------------------------------------------- fixed assignment
     def of_pipelines(self, pipelines, stages=None, allocator: str = "even") -> IterationCost:
         """The model of a fixed assignment (no re-matching, no re-ordering); its stages as given, or
@@ -125,7 +121,7 @@ class IterationModel:
             counts = np.array(alloc.layers_per_device)
         else:
             counts = np.array([b - a for a, b in stages])
-            over = self._overflow(self.stage_model.problem(S, named=False), counts)
+            over = self.stage_model.problem(S, named=False).overflow(counts)
         pp = sum(float(self.pp_link[S[:, k], S[:, k + 1]].max()) for k in range(self.d_pp - 1))
         return self._parts(S, counts, pp, allocator, over=over)
 

@@ -11,7 +11,7 @@ HARNESS := $(VENV)/bin/harness
 STAMP  := $(VENV)/.installed
 SCENARIO5_OUT ?= results/5-worldwide
 
-.PHONY: all venv system-deps test bench scenario-5 clean net-clean
+.PHONY: all venv system-deps test bench regress scenario-5 clean net-clean
 
 all: test
 
@@ -42,6 +42,11 @@ system-deps:
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest tests --ignore=tests/bench -q
+
+# The throughput regression gate against the committed baseline (tests/regress/baseline.json);
+# CI runs it after the tests. Renew the baseline on purpose: $(HARNESS) regress --update-baseline
+regress: $(STAMP)
+	$(HARNESS) regress
 
 bench: $(STAMP) system-deps
 	$(PY) -m pytest tests/bench --benchmark-only --benchmark-columns=min,median,max,rounds -q

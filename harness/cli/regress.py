@@ -1,0 +1,71 @@
+"""`harness regress`: the throughput regression gate (harness/regress.py) and `harness regress history`."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+
+def register(sub) -> None:
+    from ..regress import BASELINE, SUITE
+
+    p = sub.add_parser(
+        "regress",
+        help="throughput regression gate: the suite's figures against the committed baseline",
+        description="Computes a fixed suite of figures a regression would move and compares them with the "
+                    f"committed baseline ({BASELINE.relative_to(BASELINE.parents[2])}). Exact figures (the "
+                    f"scheduler's COMM-COST and the simulator's iteration seconds of every system, paper cases "
+                    f"{', '.join(map(str, SUITE.cases))} at {SUITE.devices} devices, {SUITE.model}, batch "
+                    f"{SUITE.batch}, seed {SUITE.seed}, budget {SUITE.budget}) fail on any change beyond float "
+                    "rounding. Prints one table (figure, baseline, now, change, verdict), appends a line to the "
+                    "history and exits 1 on a regression.",
+    )
+    p.add_argument("--update-baseline", action="store_true",
+                   help="renew the baseline with this commit's figures (on purpose: say why in the commit)")
+    p.add_argument("--baseline", type=Path, default=BASELINE, help="baseline JSON (default: the committed one)")
+    p.add_argument("--history", type=Path, help="history file, one JSON line per run "
+                                                "(default results/regress/history.jsonl)")
+    p.set_defaults(func=_regress)
+    hsub = p.add_subparsers(dest="regress_command", metavar="{history}")
+    h = hsub.add_parser("history", help="plot every figure over the gate's runs",
+                        description="One panel per figure over the runs of the history file, by commit.")
+    h.add_argument("--history", dest="history_file", type=Path, help="history file (default results/regress/history.jsonl)")
+    h.add_argument("--out", type=Path, help="PNG to write (default results/regress/history.png)")
+    h.set_defaults(func=_history)
+
+
+def _default(name: str) -> Path:
+    from ..results import RESULTS_DIR
+
+    return RESULTS_DIR / "regress" / name
+
+
+def _regress(args) -> int:
+    from .. import regress
+
+    baseline = None if args.update_baseline else regress.read_baseline(args.baseline)  # fail before the work
+    figures = regress.exact_figures(progress=lambda label: print(f"regress: {label}", file=sys.stderr, flush=True))
+    if args.update_baseline:
+        regress.write_baseline(args.baseline, figures)
+        print(f"wrote {args.baseline} ({len(figures)} figures)")
+        return 0
+    rows = regress.compare(baseline, figures)
+    print(regress.format_table(rows))
+    failed = [r for r in rows if r.fails]
+    history = args.history or _default("history.jsonl")
+    regress.append_history(history, figures, bool(failed))
+    if failed:
+        print(f"regress: {len(failed)} of {len(rows)} figures failed ({', '.join(r.figure for r in failed)}); "
+              "if the change is intended, renew the baseline with `harness regress --update-baseline`",
+              file=sys.stderr)
+        return 1
+    print(f"regress: {len(rows)} figures ok (history: {history})")
+    return 0
+
+
+def _history(args) -> int:
+    from .. import regress
+
+    history = regress.read_history(args.history_file or _default("history.jsonl"))
+    out = regress.plot_history(history, args.out or _default("history.png"))
+    print(f"wrote {out} ({len(history)} runs)")
+    return 0

@@ -1,0 +1,257 @@
+"""The throughput regression gate: a fixed suite of figures a regression would move, compared with a
+committed baseline.
+
+Exact figures are deterministic (the scheduler's COMM-COST of each paper case at a fixed seed and
+budget, the simulator's iteration seconds of every system on each case): any change beyond float
+rounding fails until the baseline is renewed on purpose (`harness regress --update-baseline`),
+because a figure that should not move and did is either a bug or a change someone must own.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .errors import HarnessError
+
+BASELINE = Path(__file__).resolve().parent.parent / "tests" / "regress" / "baseline.json"
+EXACT_RTOL = 1e-9  # float rounding across BLAS builds; anything larger is a changed figure
+SCHEMA = 1
+
+
+class RegressError(HarnessError):
+    pass
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure of the suite; `higher_is_worse` says which way a regression moves it."""
+
+    name: str
+    value: float
+    unit: str
+    kind: str = "exact"
+    higher_is_worse: bool = True
+
+
+@dataclass(frozen=True)
+class Suite:
+    """What the exact figures are computed on; the baseline records it, and a different suite is no baseline."""
+
+    cases: tuple[int, ...] = (1, 2, 3, 4, 5)
+    devices: int = 64  # the paper's scale: about 8 s here
+    model: str = "gpt3-xl"
+    batch: int = 1024
+    budget: int = 1000
+    seed: int = 0
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "cases": list(self.cases)}
+
+
+SUITE = Suite()
+
+
+def exact_figures(suite: Suite | None = None, progress=None) -> list[Figure]:
+    """Scheduler COMM-COST (eqs. 1-4 of Yuan et al. 2022) and simulated iteration seconds of each system's
+    best layout, per paper case, at the suite's fixed seed and budget. `progress(label)` before each case."""
+    import numpy as np
+
+    from . import systems
+    from .compute import c_dp_bytes, c_pp_bytes
+    from .cost import CostModel
+    from .layout import default_pipeline_degrees
+    from .model import get_model
+    from .scenario import load_scenario
+    from .sim.sweep import Simulator
+
+    suite = suite or SUITE
+    cfg = get_model(suite.model)
+    out = []
+    for case in suite.cases:
+        if progress:
+            progress(f"case {case}")
+        topo = load_scenario(str(case), devices=suite.devices)
+        d_pp, d_dp = default_pipeline_degrees(topo.n, cfg.layers)
+        sim = Simulator(topo, d_pp=d_pp, budget=suite.budget, schedule_seed=suite.seed)
+        pipes = np.asarray(sim.assignment(cfg, suite.batch))
+        comm = CostModel(topo, d_pp, d_dp, c_pp_bytes(cfg, suite.batch, d_dp), c_dp_bytes(cfg, d_pp))
+        out.append(Figure(f"case-{case}/schedule/comm-cost", float(comm.pipeline_cost(pipes)), "s"))
+        cands = sim.sweep(cfg, suite.batch, systems.names(simulated=True))
+        for system in dict.fromkeys(c.system for c in cands):
+            best = min(c.seconds for c in cands if c.system == system)
+            out.append(Figure(f"case-{case}/sim/{system}", float(best), "s/iter"))
+    return out
+
+
+# ----------------------------------------------------------------------------- baseline
+def machine() -> dict:
+    """How the machine is identified: absolute measured times compare only on the same kind."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"arch": platform.machine(), "cpu": model or platform.processor(), "cpus": os.cpu_count(),
+            "system": platform.system()}
+
+
+def versions() -> dict:
+    import numpy
+    import scipy
+
+    return {"python": platform.python_version(), "numpy": numpy.__version__, "scipy": scipy.__version__}
+
+
+def write_baseline(path: Path, figures: list[Figure], suite: Suite | None = None) -> None:
+    from .results import atomic_write_json, git_commit
+
+    atomic_write_json(Path(path), {
+        "schema": SCHEMA, "commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": machine(), "versions": versions(), "suite": (suite or SUITE).to_json(),
+        "figures": {f.name: {k: v for k, v in asdict(f).items() if k != "name"} for f in figures},
+    })
+
+
+def read_baseline(path: Path, suite: Suite | None = None) -> dict[str, Figure]:
+    """The baseline's figures; a missing, unreadable or foreign-suite file is one RegressError line."""
+    path, suite = Path(path), suite or SUITE
+    renew = "renew it with `harness regress --update-baseline`"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RegressError(f"regress: baseline {path}: missing; {renew}") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RegressError(f"regress: baseline {path}: unreadable ({type(e).__name__}); {renew}") from None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("figures"), dict):
+        raise RegressError(f"regress: baseline {path}: schema: expected {SCHEMA} with figures; {renew}")
+    if doc.get("suite") != suite.to_json():
+        raise RegressError(f"regress: baseline {path}: suite: recorded for {doc.get('suite')}, the gate runs "
+                           f"{suite.to_json()}; {renew}")
+    out = {}
+    for name, f in doc["figures"].items():
+        try:
+            out[name] = Figure(name, float(f["value"]), str(f["unit"]), str(f.get("kind", "exact")),
+                               bool(f.get("higher_is_worse", True)))
+        except (KeyError, TypeError, ValueError):
+            raise RegressError(f"regress: baseline {path}: figures.{name}: expected value and unit; {renew}") from None
+    return out
+
+
+# ----------------------------------------------------------------------------- comparison
+@dataclass(frozen=True)
+class Row:
+    figure: str
+    unit: str
+    baseline: float | None
+    now: float | None
+    verdict: str  # ok | regressed | changed | improved | new | missing
+
+    @property
+    def change(self) -> float | None:
+        if self.baseline is None or self.now is None or self.baseline == 0:
+            return None
+        return self.now / self.baseline - 1
+
+    @property
+    def fails(self) -> bool:
+        return self.verdict in ("regressed", "changed", "missing")
+
+
+def compare(baseline: dict[str, Figure], now: list[Figure]) -> list[Row]:
+    """One row per figure. An exact figure that moved beyond float rounding is `regressed` when it moved
+    the worse way and `changed` otherwise: both fail, the second so that an unexplained change is owned.
+    A figure of the baseline the suite no longer gives is `missing` (fails); one it newly gives is `new`."""
+    rows = []
+    got = {f.name: f for f in now}
+    for f in now:
+        b = baseline.get(f.name)
+        if b is None:
+            rows.append(Row(f.name, f.unit, None, f.value, "new"))
+            continue
+        if math.isclose(f.value, b.value, rel_tol=EXACT_RTOL, abs_tol=1e-12):
+            verdict = "ok"
+        else:
+            worse = (f.value > b.value) == b.higher_is_worse
+            verdict = "regressed" if worse else "changed"
+        rows.append(Row(f.name, f.unit, b.value, f.value, verdict))
+    rows += [Row(n, b.unit, b.value, None, "missing") for n, b in baseline.items() if n not in got]
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    width = max([len("figure")] + [len(r.figure) for r in rows])
+    num = lambda x: "-" if x is None else f"{x:.6g}"  # noqa: E731
+    lines = [f"{'figure':<{width}}  {'unit':<7} {'baseline':>12} {'now':>12} {'change':>9}  verdict"]
+    for r in rows:
+        change = "-" if r.change is None else f"{r.change:+.2%}"
+        lines.append(f"{r.figure:<{width}}  {r.unit:<7} {num(r.baseline):>12} {num(r.now):>12} {change:>9}  "
+                     f"{r.verdict.upper() if r.fails else r.verdict}")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- history
+def append_history(path: Path, figures: list[Figure], failed: bool) -> None:
+    """One JSON line per gate run: commit, time, verdict and every figure's value."""
+    from .results import git_commit
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = {"commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "failed": failed, "figures": {f.name: f.value for f in figures}}
+    with path.open("a") as fh:
+        fh.write(json.dumps(line) + "\n")
+
+
+def read_history(path: Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        raise RegressError(f"regress history: {path}: no history yet (run `harness regress` first)")
+    out = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            if not isinstance(doc.get("figures"), dict):
+                raise ValueError
+        except (json.JSONDecodeError, ValueError, AttributeError):
+            raise RegressError(f"regress history: {path}:{i}: expected a JSON object with figures") from None
+        out.append(doc)
+    return out
+
+
+def plot_history(history: list[dict], out: Path) -> Path:
+    """One panel per figure over the gate's runs (x: run, labelled by short commit)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = sorted({n for h in history for n in h["figures"]})
+    cols = 3
+    rows = max(1, -(-len(names) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 2.4 * rows), squeeze=False)
+    labels = [str(h.get("commit", "?"))[:7] for h in history]
+    for ax, name in zip(axes.flat, names):
+        xs = [i for i, h in enumerate(history) if name in h["figures"]]
+        ax.plot(xs, [history[i]["figures"][name] for i in xs], marker="o", ms=3)
+        ax.set_title(name, fontsize=8)
+        ax.set_xticks(range(len(history)), labels, rotation=90, fontsize=6)
+        ax.tick_params(axis="y", labelsize=7)
+    for ax in list(axes.flat)[len(names):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+

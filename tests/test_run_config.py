@@ -49,3 +49,11 @@ def test_debug_options_are_parsed_by_their_field_type():
         DebugSection.parse(["fault_rank=x"])
     with pytest.raises(ConfigError, match="KEY one of"):
         DebugSection.parse(["send_delay"])
+
+
+def test_planted_regression_options_are_typed_and_checked():
+    assert DebugSection.parse(["send_delay_s=0.02", "overlap=0"]) == DebugSection(send_delay_s=0.02, overlap=False)
+    with pytest.raises(ConfigError, match=r"debug.send_delay_s: must be a number >= 0"):
+        DebugSection(send_delay_s=-1)
+    with pytest.raises(ConfigError, match=r"overlap: not a valid bool"):
+        DebugSection.parse(["overlap=maybe"])

@@ -148,3 +148,13 @@ def test_mixed_precision_path_trains_close_to_reference(dtype, reference):
     exercised on CPU: losses stay within mixed-precision tolerance of the fp32 reference."""
     run = run_local(spec(identity_layout(2, 2), dtype=dtype), timeout_s=90)
     assert [s.loss for s in run.stats] == pytest.approx(reference[0], rel=1e-3)
+
+
+def test_planted_send_delay_and_no_overlap_slow_ours_down_and_leave_the_math_alone(reference):
+    """The regression gate's planted regressions (debug section): every send of a 2-stage pipeline waits
+    `delay` first, and completes before the stage computes on. The critical path holds each of the
+    first stage's activation sends and each of the last stage's gradient sends: at least 2 x M delays."""
+    delay, micro_batches = 0.05, BATCH // MICRO
+    run = run_local(spec(identity_layout(2, 1), send_delay_s=delay, overlap=False), timeout_s=90)
+    assert all(s.seconds >= 2 * micro_batches * delay for s in run.stats)
+    assert [s.loss for s in run.stats] == pytest.approx(reference[0], rel=1e-5)

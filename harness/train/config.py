@@ -174,9 +174,15 @@ class DebugSection:
     fault_after_s: float = 0.0
     fault_mode: str = "kill"  # kill: SIGKILL itself; exit: os._exit(17)
     trace: bool = False  # ours: per-iteration phase times of every rank on stderr
+    # planted regressions (harness regress --debug): ours' point-to-point sends
+    send_delay_s: float = 0.0  # every send waits this long before it is posted
+    overlap: bool = True  # off: every send completes before the stage computes on
 
     def __post_init__(self):
         _one_of("debug.fault_mode", self.fault_mode, FAULT_MODES)
+        if isinstance(self.send_delay_s, bool) or not isinstance(self.send_delay_s, (int, float)) \
+                or not 0 <= self.send_delay_s < float("inf"):
+            raise ConfigError(f"debug.send_delay_s: must be a number >= 0 (got {self.send_delay_s!r})")
 
     @classmethod
     def parse(cls, items: list[str] | None) -> "DebugSection":

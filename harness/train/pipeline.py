@@ -114,6 +114,7 @@ class PipelineStageRunner:
         self.loss_scale = FP16_LOSS_SCALE if m.dtype == "fp16" else 1.0
         self.act_shape = (m.micro_batch, cfg.seq, cfg.hidden)
         self.trace = spec.debug.trace  # per-iteration phase times on stderr
+        self.send_delay_s, self.overlap = spec.debug.send_delay_s, spec.debug.overlap  # planted regressions
         self.pacer = pacer_for(spec, self.stage_idx, ctx.device_index, ctx.device)  # the compute model, if on
 
     # -- one iteration ---------------------------------------------------------
@@ -158,6 +159,18 @@ class PipelineStageRunner:
             buf = torch.empty(self.act_shape, dtype=self.comm_dtype, device=self.ctx.device)
             posted["grad"][k] = (buf, dist.irecv(buf, src=self.next, tag=tag(it, KIND_GRAD, k)))
 
+    def _send(self, sends: list, tensor, dst: int, tag_: int) -> None:
+        """The sending slot: an async isend, waited at the end of the iteration. The debug section can
+        plant a regression: a delay before every send, or no overlap (the send completes before the
+        stage computes on)."""
+        if self.send_delay_s:
+            time.sleep(self.send_delay_s)
+        work = dist.isend(tensor, dst=dst, tag=tag_)
+        if self.overlap:
+            sends.append(work)
+        else:
+            work.wait()
+
     def iteration(self, it: int, posted: dict, post_next=None) -> tuple[float, float]:
         """Run iteration `it` on pre-posted receives; calls `post_next()` once this iteration's
         sends are queued (so the next iteration's receives are ready before its data comes).
@@ -193,7 +206,7 @@ class PipelineStageRunner:
                     else:
                         out = y.detach().to(self.comm_dtype).contiguous()
                 if not self.last:
-                    sends.append(dist.isend(out, dst=self.next, tag=tag(it, KIND_ACT, k)))
+                    self._send(sends, out, self.next, tag(it, KIND_ACT, k))
                     if dev.type == "cuda" and k == self.n_local - 1:
                         # NCCL: gradient receives share the stream of our activation sends to
                         # that peer, so they are posted only after the last of those sends.
@@ -213,7 +226,7 @@ class PipelineStageRunner:
                         y.backward(buf.to(y.dtype))
                 if not self.first:
                     g = x.grad.to(self.comm_dtype).contiguous()
-                    sends.append(dist.isend(g, dst=self.prev, tag=tag(it, KIND_GRAD, k)))
+                    self._send(sends, g, self.prev, tag(it, KIND_GRAD, k))
         if post_next is not None:
             post_next()
         # Data-parallel sync in C_j, then the same step on every replica.

@@ -20,6 +20,7 @@ from .errors import HarnessError
 
 BASELINE = Path(__file__).resolve().parent.parent / "tests" / "regress" / "baseline.json"
 EXACT_RTOL = 1e-9  # float rounding across BLAS builds; anything larger is a changed figure
+ALPHA = 0.01  # measured figures: one-sided false-alarm rate per figure and gate run under normal run-to-run noise
 SCHEMA = 1
 
 
@@ -34,8 +35,9 @@ class Figure:
     name: str
     value: float
     unit: str
-    kind: str = "exact"
+    kind: str = "exact"  # exact | measured | absolute (a measured time: compared on the same machine only)
     higher_is_worse: bool = True
+    samples: tuple[float, ...] = ()  # measured: one value per repeated run
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,74 @@ def exact_figures(suite: Suite | None = None, progress=None) -> list[Figure]:
     return out
 
 
+# ----------------------------------------------------------------------------- measured figures
+# make scenario-5's emulated runs: tiny GPT over case 5 at 1/100 of the paper's bandwidth, so that
+# communication dominates as in the paper; ours against the paper's ablation (its seeded placement)
+EMULATED = ("--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8",
+            "--micro-batch", "1", "--bandwidth-scale", "0.01", "--iters", "3", "--warmup", "3")
+MEASURED_SYSTEMS = {"ours": ("--system", "ours"), "ours-random": ("--system", "ours-random", "--seed", "2022")}
+REPEATS = 3  # runs of each system: the noise of every figure is their spread
+
+
+def emulated_run(argv: tuple[str, ...], out_root: Path, debug: tuple[str, ...] = ()) -> Path:
+    """One `harness run` with `argv` (and --debug options) under `out_root`; its run directory."""
+    from . import systems
+    from .cli import build_parser
+    from .cli.run import layout_request, request_from_args
+    from .train.experiment import execute
+
+    flags = [x for d in debug for x in ("--debug", d)]
+    args = build_parser().parse_args(["run", *argv, "--out", str(out_root), *flags])
+    return execute(request_from_args(args, layout_request(args, systems.get(args.system))))
+
+
+def run_figures(run: Path) -> dict[str, float]:
+    """Per-run values: mean iteration seconds, measured / simulated (sim compare of the run as it ran)
+    and, where the run has a placement, measured / its communication lower bound."""
+    import numpy as np
+
+    from .sim.compare import compare, load_measured
+
+    records = load_measured(run)
+    if not records:
+        raise RegressError(f"regress: {run}: no records")
+    seconds = float(np.mean([float(r["seconds"]) for r in records]))
+    out = {"seconds": seconds, "measured-over-sim": seconds / compare(records)[0].simulated_s}
+    placement = json.loads((Path(run) / "manifest.json").read_text()).get("placement") or {}
+    bound = (placement.get("comm_lower_bound_s") or {}).get("total")
+    if bound:
+        out["measured-over-comm-bound"] = seconds / float(bound)
+    return out
+
+
+def measured_figures(out_root: Path, debug: tuple[str, ...] = (), repeats: int = REPEATS,
+                     argv: tuple[str, ...] = EMULATED, systems: dict | None = None, progress=None) -> list[Figure]:
+    """The noisy figures, one sample per run: each system's absolute seconds (compared on the same kind of
+    machine only), measured / simulated and measured / bound, and ours / ours-random, which the machine's
+    speed cancels out of. Runs alternate between the systems so that a slow spell hits both."""
+    import numpy as np
+
+    systems = systems or MEASURED_SYSTEMS
+    per: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
+    for r in range(repeats):
+        for name, sys_argv in systems.items():
+            if progress:
+                progress(f"emulated {name} ({r + 1}/{repeats})")
+            per[name].append(run_figures(emulated_run((*argv, *sys_argv), out_root, debug)))
+    out = []
+    for name, runs in per.items():
+        for key, unit, kind in (("seconds", "s/iter", "absolute"), ("measured-over-sim", "ratio", "measured"),
+                                ("measured-over-comm-bound", "ratio", "measured")):
+            if all(key in x for x in runs):
+                samples = tuple(x[key] for x in runs)
+                out.append(Figure(f"emulated/{name}/{key}", float(np.mean(samples)), unit, kind, True, samples))
+    if {"ours", "ours-random"} <= set(per):
+        samples = tuple(a["seconds"] / b["seconds"] for a, b in zip(per["ours"], per["ours-random"]))
+        out.append(Figure("emulated/ours-over-ours-random", float(np.mean(samples)), "ratio", "measured", True,
+                          samples))
+    return out
+
+
 # ----------------------------------------------------------------------------- baseline
 def machine() -> dict:
     """How the machine is identified: absolute measured times compare only on the same kind."""
@@ -120,6 +190,14 @@ def write_baseline(path: Path, figures: list[Figure], suite: Suite | None = None
     })
 
 
+def baseline_machine(path: Path) -> dict | None:
+    """The machine a (readable) baseline was recorded on."""
+    try:
+        return json.loads(Path(path).read_text()).get("machine")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def read_baseline(path: Path, suite: Suite | None = None) -> dict[str, Figure]:
     """The baseline's figures; a missing, unreadable or foreign-suite file is one RegressError line."""
     path, suite = Path(path), suite or SUITE
@@ -139,7 +217,7 @@ def read_baseline(path: Path, suite: Suite | None = None) -> dict[str, Figure]:
     for name, f in doc["figures"].items():
         try:
             out[name] = Figure(name, float(f["value"]), str(f["unit"]), str(f.get("kind", "exact")),
-                               bool(f.get("higher_is_worse", True)))
+                               bool(f.get("higher_is_worse", True)), tuple(float(x) for x in f.get("samples", ())))
         except (KeyError, TypeError, ValueError):
             raise RegressError(f"regress: baseline {path}: figures.{name}: expected value and unit; {renew}") from None
     return out
@@ -152,7 +230,8 @@ class Row:
     unit: str
     baseline: float | None
     now: float | None
-    verdict: str  # ok | regressed | changed | improved | new | missing
+    verdict: str  # ok | regressed | changed | improved | new | missing | other machine
+    noise: float | None = None  # measured: the relative change that is still noise (the threshold)
 
     @property
     def change(self) -> float | None:
@@ -165,9 +244,26 @@ class Row:
         return self.verdict in ("regressed", "changed", "missing")
 
 
-def compare(baseline: dict[str, Figure], now: list[Figure]) -> list[Row]:
+def noise_threshold(base: Figure, now: Figure) -> float | None:
+    """The largest change of a measured figure's mean that is still noise, relative to the baseline:
+    the one-sided (1 - ALPHA) prediction bound of the mean of now's runs from the baseline's runs
+    (Student's t with n - 1 degrees of freedom on their spread); None with fewer than 2 baseline runs."""
+    import numpy as np
+    from scipy import stats
+
+    b = np.asarray(base.samples, dtype=float)
+    if len(b) < 2 or base.value == 0:
+        return None
+    m = max(1, len(now.samples))
+    return float(stats.t.ppf(1 - ALPHA, len(b) - 1) * b.std(ddof=1) * math.sqrt(1 / len(b) + 1 / m)
+                 / abs(base.value))
+
+
+def compare(baseline: dict[str, Figure], now: list[Figure], same_machine: bool = True) -> list[Row]:
     """One row per figure. An exact figure that moved beyond float rounding is `regressed` when it moved
     the worse way and `changed` otherwise: both fail, the second so that an unexplained change is owned.
+    A measured figure fails (`regressed`) only when it moved the worse way by more than its noise
+    threshold; an absolute time is compared only on the baseline's kind of machine (`other machine`).
     A figure of the baseline the suite no longer gives is `missing` (fails); one it newly gives is `new`."""
     rows = []
     got = {f.name: f for f in now}
@@ -176,12 +272,21 @@ def compare(baseline: dict[str, Figure], now: list[Figure]) -> list[Row]:
         if b is None:
             rows.append(Row(f.name, f.unit, None, f.value, "new"))
             continue
-        if math.isclose(f.value, b.value, rel_tol=EXACT_RTOL, abs_tol=1e-12):
+        worse = (f.value > b.value) == b.higher_is_worse
+        if b.kind == "exact":
+            close = math.isclose(f.value, b.value, rel_tol=EXACT_RTOL, abs_tol=1e-12)
+            rows.append(Row(f.name, f.unit, b.value, f.value, "ok" if close else "regressed" if worse else "changed"))
+            continue
+        noise = noise_threshold(b, f)
+        if b.kind == "absolute" and not same_machine:
+            verdict = "other machine"
+        elif noise is None:
+            verdict = "missing"  # a measured figure without the baseline's spread cannot be judged
+        elif abs(f.value / b.value - 1) <= noise:
             verdict = "ok"
         else:
-            worse = (f.value > b.value) == b.higher_is_worse
-            verdict = "regressed" if worse else "changed"
-        rows.append(Row(f.name, f.unit, b.value, f.value, verdict))
+            verdict = "regressed" if worse else "improved"
+        rows.append(Row(f.name, f.unit, b.value, f.value, verdict, noise))
     rows += [Row(n, b.unit, b.value, None, "missing") for n, b in baseline.items() if n not in got]
     return rows
 
@@ -189,11 +294,12 @@ def compare(baseline: dict[str, Figure], now: list[Figure]) -> list[Row]:
 def format_table(rows: list[Row]) -> str:
     width = max([len("figure")] + [len(r.figure) for r in rows])
     num = lambda x: "-" if x is None else f"{x:.6g}"  # noqa: E731
-    lines = [f"{'figure':<{width}}  {'unit':<7} {'baseline':>12} {'now':>12} {'change':>9}  verdict"]
+    lines = [f"{'figure':<{width}}  {'unit':<7} {'baseline':>12} {'now':>12} {'change':>9} {'noise':>8}  verdict"]
     for r in rows:
         change = "-" if r.change is None else f"{r.change:+.2%}"
-        lines.append(f"{r.figure:<{width}}  {r.unit:<7} {num(r.baseline):>12} {num(r.now):>12} {change:>9}  "
-                     f"{r.verdict.upper() if r.fails else r.verdict}")
+        noise = "-" if r.noise is None else f"{r.noise:.1%}"
+        lines.append(f"{r.figure:<{width}}  {r.unit:<7} {num(r.baseline):>12} {num(r.now):>12} {change:>9} "
+                     f"{noise:>8}  {r.verdict.upper() if r.fails else r.verdict}")
     return "\n".join(lines)
 
 

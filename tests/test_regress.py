@@ -6,7 +6,16 @@ import pytest
 from harness import regress
 from harness.regress import Figure, RegressError, Suite
 
+from .test_scenario import write
+
 SMALL = Suite(cases=(1, 4), devices=8, budget=40)
+FOUR = """
+name: four
+regions:
+  - {name: a, devices: 4, device: {gpu: V100}}
+intra_region: {delay_ms: 1, bandwidth_gbps: 10}
+inter_region: {delay_ms: 1, bandwidth_gbps: 10}
+"""
 
 
 @pytest.fixture
@@ -27,6 +36,21 @@ def test_compare_fails_on_any_exact_change_and_on_a_missing_figure():
     assert rows["gone"].verdict == "missing" and rows["gone"].fails
     table = regress.format_table(list(rows.values()))
     assert "REGRESSED" in table and "+1.00%" in table and "MISSING" in table
+
+
+def test_measured_figures_fail_only_beyond_their_noise_and_absolute_times_only_on_their_machine():
+    base = {"r": Figure("r", 1.0, "ratio", "measured", True, (1.0, 1.02, 0.98)),
+            "t": Figure("t", 2.0, "s/iter", "absolute", True, (2.0, 2.04, 1.96)),
+            "q": Figure("q", 1.0, "ratio", "measured", True, (1.0,))}
+    noise = regress.noise_threshold(base["r"], Figure("r", 1.1, "ratio", "measured", True, (1.1,)))
+    assert noise == pytest.approx(6.965 * 0.02 * (1 / 3 + 1) ** 0.5, rel=1e-3)  # t(0.99, 2 dof) x s x sqrt(1/n + 1)
+    verdicts = lambda now, same=True: {r.figure: r.verdict for r in regress.compare(base, now, same)}  # noqa: E731
+    fig = lambda n, v: Figure(n, v, "x", "measured", True, (v,))  # noqa: E731
+    assert verdicts([fig("r", 1.15), fig("t", 2.3), fig("q", 1.0)]) == {"r": "ok", "t": "ok", "q": "missing"}
+    assert verdicts([fig("r", 1.17), fig("t", 2.4)])["r"] == "regressed"
+    assert verdicts([fig("r", 0.8), fig("t", 2.4)], same=False) == {"r": "improved", "t": "other machine",
+                                                                     "q": "missing"}
+    assert verdicts([fig("t", 2.4)])["t"] == "regressed"
 
 
 def test_exact_figures_are_deterministic_and_a_slower_network_regresses_every_one(monkeypatch):
@@ -66,26 +90,38 @@ def test_baseline_round_trip_and_one_line_errors(tmp_path):
         regress.read_baseline(path, SMALL)
 
 
-def test_cli_missing_baseline_is_one_line_and_writes_nothing(cli, tmp_path):
+def test_cli_missing_baseline_or_bad_debug_is_one_line_and_writes_nothing(cli, tmp_path):
     rc, out, err = cli("regress", "--baseline", str(tmp_path / "b.json"), "--history", str(tmp_path / "h.jsonl"))
     assert rc == 2 and "baseline" in err and "--update-baseline" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "h.jsonl").exists()
+    rc, out, err = cli("regress", "--quick", "--debug", "overlap=0")
+    assert rc == 2 and "--quick" in err
+    rc, out, err = cli("regress", "--debug", "nonsense=1", "--baseline", str(tmp_path / "b.json"))
+    assert rc == 2 and "--debug" in err and "nonsense" in err
 
 
 def test_cli_update_then_gate_passes_then_catches_a_planted_change(cli, tmp_path, small_suite, monkeypatch):
     base, hist = tmp_path / "b.json", tmp_path / "h.jsonl"
-    rc, out, err = cli("regress", "--update-baseline", "--baseline", str(base))
+    rc, out, err = cli("regress", "--quick", "--update-baseline", "--baseline", str(base))
     assert rc == 0 and base.exists() and not hist.exists()
-    rc, out, err = cli("regress", "--baseline", str(base), "--history", str(hist))
+    # a renewal of the exact figures keeps the baseline's measured ones
+    doc = json.loads(base.read_text())
+    doc["figures"]["emulated/ours/seconds"] = {"value": 2.0, "unit": "s/iter", "kind": "absolute",
+                                               "samples": [2.0, 2.1]}
+    base.write_text(json.dumps(doc))
+    rc, out, err = cli("regress", "--quick", "--update-baseline", "--baseline", str(base))
+    assert rc == 0 and "emulated/ours/seconds" in json.loads(base.read_text())["figures"]
+    rc, out, err = cli("regress", "--quick", "--baseline", str(base), "--history", str(hist))
     assert rc == 0, err
-    assert out.splitlines()[0].split() == ["figure", "unit", "baseline", "now", "change", "verdict"]
+    assert out.splitlines()[0].split() == ["figure", "unit", "baseline", "now", "change", "noise", "verdict"]
+    assert "emulated" not in out  # --quick runs no emulation: its figures are neither compared nor missing
     assert "figures ok" in out
 
     import harness.scenario as scenario
 
     load = scenario.load_scenario
     monkeypatch.setattr(scenario, "load_scenario", lambda *a, **k: load(*a, **k).scaled(0.95))
-    rc, out, err = cli("regress", "--baseline", str(base), "--history", str(hist))
+    rc, out, err = cli("regress", "--quick", "--baseline", str(base), "--history", str(hist))
     assert rc == 1 and "REGRESSED" in out and "case-1/schedule/comm-cost" in err
     lines = [json.loads(x) for x in hist.read_text().splitlines()]
     assert [x["failed"] for x in lines] == [False, True] and len(lines[0]["figures"]) > 4
@@ -96,3 +132,27 @@ def test_cli_update_then_gate_passes_then_catches_a_planted_change(cli, tmp_path
     hist.write_text(hist.read_text() + "[1]\n")
     rc, out, err = cli("regress", "history", "--history", str(hist), "--out", str(png))
     assert rc == 2 and "h.jsonl:3" in err
+
+
+def test_measured_figures_from_repeated_runs_and_a_planted_delay_is_caught(tmp_path):
+    """The measured suite's machinery on loopback (no shaping): one sample per run, the ratios of
+    ours to ours-random and to the simulator; a planted send delay moves ours' seconds beyond its noise."""
+    scenario = write(tmp_path, FOUR)
+    argv = ("--network", "none", "--scenario", str(scenario), "--model", "tiny", "--layers", "4",
+            "--batch", "8", "--iters", "2", "--warmup", "1")
+    systems = {"ours": ("--system", "ours"), "ours-random": ("--system", "ours-random", "--seed", "2022")}
+    base = regress.measured_figures(tmp_path / "a", argv=argv, systems=systems, repeats=2)
+    names = {f.name: f for f in base}
+    assert set(names) >= {"emulated/ours/seconds", "emulated/ours/measured-over-sim",
+                          "emulated/ours/measured-over-comm-bound", "emulated/ours-random/seconds",
+                          "emulated/ours-over-ours-random"}
+    assert all(len(f.samples) == 2 and f.value == pytest.approx(sum(f.samples) / 2) for f in base)
+    seconds = names["emulated/ours/seconds"]
+    # 2 x 2 devices, 4 micro-batches a replica: every iteration's critical path holds the first stage's
+    # 4 activation sends and the last stage's 4 gradient sends, each delayed
+    delay = 0.25
+    slow = regress.measured_figures(tmp_path / "b", debug=(f"send_delay_s={delay}",), argv=argv,
+                                    systems={"ours": systems["ours"]}, repeats=1)
+    row = {r.figure: r for r in regress.compare({f.name: f for f in base}, slow)}["emulated/ours/seconds"]
+    assert row.now >= 8 * delay > seconds.value
+    assert row.verdict == "regressed"

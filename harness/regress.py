@@ -96,6 +96,7 @@ def exact_figures(suite: Suite | None = None, progress=None) -> list[Figure]:
 EMULATED = ("--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8",
             "--micro-batch", "1", "--bandwidth-scale", "0.01", "--iters", "3", "--warmup", "3")
 MEASURED_SYSTEMS = {"ours": ("--system", "ours"), "ours-random": ("--system", "ours-random", "--seed", "2022")}
+MEASURED_RATIOS = (("ours", "ours-random"),)  # (numerator, denominator) systems: seconds the machine cancels from
 REPEATS = 3  # runs of each system: the noise of every figure is their spread
 
 
@@ -151,10 +152,11 @@ def measured_figures(out_root: Path, debug: tuple[str, ...] = (), repeats: int =
             if all(key in x for x in runs):
                 samples = tuple(x[key] for x in runs)
                 out.append(Figure(f"emulated/{name}/{key}", float(np.mean(samples)), unit, kind, True, samples))
-    if {"ours", "ours-random"} <= set(per):
-        samples = tuple(a["seconds"] / b["seconds"] for a, b in zip(per["ours"], per["ours-random"]))
-        out.append(Figure("emulated/ours-over-ours-random", float(np.mean(samples)), "ratio", "measured", True,
-                          samples))
+    for num, den in MEASURED_RATIOS:
+        if num in per and den in per:
+            samples = tuple(a["seconds"] / b["seconds"] for a, b in zip(per[num], per[den]))
+            out.append(Figure(f"emulated/{num}-over-{den}", float(np.mean(samples)), "ratio", "measured", True,
+                              samples))
     return out
 
 

@@ -2,7 +2,8 @@
 committed baseline.
 
 Exact figures are deterministic (the scheduler's COMM-COST of each paper case at a fixed seed and
-budget, the simulator's iteration seconds of every system on each case): any change beyond float
+budget, the simulator's iteration seconds of every system on each case, the bytes on the wire per
+rank per iteration that the runtimes count in a short run): any change beyond float
 rounding fails until the baseline is renewed on purpose (`harness regress --update-baseline`),
 because a figure that should not move and did is either a bug or a change someone must own.
 """
@@ -50,9 +51,10 @@ class Suite:
     batch: int = 1024
     budget: int = 1000
     seed: int = 0
+    wire: tuple[str, ...] = ("ours", "megatron", "deepspeed")  # WIRE_SYSTEMS whose bytes on the wire count
 
     def to_json(self) -> dict:
-        return {**asdict(self), "cases": list(self.cases)}
+        return {**asdict(self), "cases": list(self.cases), "wire": list(self.wire)}
 
 
 SUITE = Suite()
@@ -90,11 +92,51 @@ def exact_figures(suite: Suite | None = None, progress=None) -> list[Figure]:
     return out
 
 
-# ----------------------------------------------------------------------------- measured figures
 # make scenario-5's emulated runs: tiny GPT over case 5 at 1/100 of the paper's bandwidth, so that
 # communication dominates as in the paper; ours against the paper's ablation (its seeded placement)
 EMULATED = ("--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8",
             "--micro-batch", "1", "--bandwidth-scale", "0.01", "--iters", "3", "--warmup", "3")
+
+
+# ----------------------------------------------------------------------------- bytes on the wire
+# Counted by the runtimes (harness/train/wire.py) in a short run of make scenario-5's setting on loopback:
+# the count depends on the layout and the model, not on the links, so CI needs no emulated cluster
+WIRE_SYSTEMS = {"ours": ("--system", "ours"),
+                "megatron": ("--system", "megatron", "--tp", "2", "--pp", "2", "--dp", "2"),
+                "deepspeed": ("--system", "deepspeed", "--pp", "2", "--dp", "4", "--zero", "1")}
+WIRE_RUN = ("--network", "none", "--iters", "2", "--warmup", "1")  # the warm-up takes the set-up's bytes
+
+
+def wire_bytes(run: Path) -> list[int]:
+    """Each rank's bytes on the wire per iteration in a counted run; the same in every timed iteration,
+    or the count is no exact figure."""
+    per_rank = json.loads((Path(run) / "manifest.json").read_text()).get("wire_bytes_per_rank")
+    if not per_rank or any(not r or None in r for r in per_rank):
+        raise RegressError(f"regress: {run}: no bytes on the wire counted (debug.count_wire)")
+    for rank, its in enumerate(per_rank):
+        if len(set(its)) != 1:
+            raise RegressError(f"regress: {run}: rank {rank} put {its} bytes on the wire in its iterations; "
+                               "a runtime whose traffic changes between iterations gives no exact figure")
+    return [its[0] for its in per_rank]
+
+
+def wire_figures(out_root: Path, debug: tuple[str, ...] = (), suite: Suite | None = None,
+                 argv: tuple[str, ...] = EMULATED, progress=None) -> list[Figure]:
+    """Bytes on the wire per rank per iteration of the suite's systems (ours, one Megatron and one
+    DeepSpeed layout): the busiest rank's and the mean over ranks (exact: a runtime that sends more
+    moved them)."""
+    out = []
+    for name in (suite or SUITE).wire:
+        if progress:
+            progress(f"bytes on the wire: {name}")
+        run = emulated_run((*argv, *WIRE_SYSTEMS[name], *WIRE_RUN), out_root, (*debug, "count_wire=1"))
+        per_rank = wire_bytes(run)
+        out.append(Figure(f"wire/{name}/busiest-rank", float(max(per_rank)), "B/iter"))
+        out.append(Figure(f"wire/{name}/mean-rank", sum(per_rank) / len(per_rank), "B/iter"))
+    return out
+
+
+# ----------------------------------------------------------------------------- measured figures
 MEASURED_SYSTEMS = {"ours": ("--system", "ours"), "ours-random": ("--system", "ours-random", "--seed", "2022")}
 MEASURED_RATIOS = (("ours", "ours-random"),)  # (numerator, denominator) systems: seconds the machine cancels from
 REPEATS = 3  # runs of each system: the noise of every figure is their spread
@@ -200,8 +242,9 @@ def baseline_machine(path: Path) -> dict | None:
         return None
 
 
-def read_baseline(path: Path, suite: Suite | None = None) -> dict[str, Figure]:
-    """The baseline's figures; a missing, unreadable or foreign-suite file is one RegressError line."""
+def read_baseline(path: Path, suite: Suite | None = None, same_suite: bool = True) -> dict[str, Figure]:
+    """The baseline's figures; a missing, unreadable or (with `same_suite`) foreign-suite file is one
+    RegressError line."""
     path, suite = Path(path), suite or SUITE
     renew = "renew it with `harness regress --update-baseline`"
     try:
@@ -212,7 +255,7 @@ def read_baseline(path: Path, suite: Suite | None = None) -> dict[str, Figure]:
         raise RegressError(f"regress: baseline {path}: unreadable ({type(e).__name__}); {renew}") from None
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or not isinstance(doc.get("figures"), dict):
         raise RegressError(f"regress: baseline {path}: schema: expected {SCHEMA} with figures; {renew}")
-    if doc.get("suite") != suite.to_json():
+    if same_suite and doc.get("suite") != suite.to_json():
         raise RegressError(f"regress: baseline {path}: suite: recorded for {doc.get('suite')}, the gate runs "
                            f"{suite.to_json()}; {renew}")
     out = {}
@@ -295,7 +338,7 @@ def compare(baseline: dict[str, Figure], now: list[Figure], same_machine: bool =
 
 def format_table(rows: list[Row]) -> str:
     width = max([len("figure")] + [len(r.figure) for r in rows])
-    num = lambda x: "-" if x is None else f"{x:.6g}"  # noqa: E731
+    num = lambda x: "-" if x is None else f"{x:.0f}" if float(x).is_integer() else f"{x:.6g}"  # noqa: E731
     lines = [f"{'figure':<{width}}  {'unit':<7} {'baseline':>12} {'now':>12} {'change':>9} {'noise':>8}  verdict"]
     for r in rows:
         change = "-" if r.change is None else f"{r.change:+.2%}"

@@ -8,7 +8,7 @@ from harness.regress import Figure, RegressError, Suite
 
 from .test_scenario import write
 
-SMALL = Suite(cases=(1, 4), devices=8, budget=40)
+SMALL = Suite(cases=(1, 4), devices=8, budget=40, wire=())  # bytes on the wire: their own test
 FOUR = """
 name: four
 regions:
@@ -94,8 +94,6 @@ def test_cli_missing_baseline_or_bad_debug_is_one_line_and_writes_nothing(cli, t
     rc, out, err = cli("regress", "--baseline", str(tmp_path / "b.json"), "--history", str(tmp_path / "h.jsonl"))
     assert rc == 2 and "baseline" in err and "--update-baseline" in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "h.jsonl").exists()
-    rc, out, err = cli("regress", "--quick", "--debug", "overlap=0")
-    assert rc == 2 and "--quick" in err
     rc, out, err = cli("regress", "--debug", "nonsense=1", "--baseline", str(tmp_path / "b.json"))
     assert rc == 2 and "--debug" in err and "nonsense" in err
 
@@ -156,3 +154,23 @@ def test_measured_figures_from_repeated_runs_and_a_planted_delay_is_caught(tmp_p
     row = {r.figure: r for r in regress.compare({f.name: f for f in base}, slow)}["emulated/ours/seconds"]
     assert row.now >= 8 * delay > seconds.value
     assert row.verdict == "regressed"
+
+
+def test_bytes_on_the_wire_are_exact_figures_and_more_micro_batches_regress_them(tmp_path, monkeypatch):
+    """Counted in short loopback runs: the same per rank in every iteration (so exact); a change that
+    sends more (here twice the batch: twice the activations) is a regression of the busiest rank's bytes."""
+    scenario = write(tmp_path, FOUR)
+    argv = ("--scenario", str(scenario), "--model", "tiny", "--layers", "4", "--batch", "8", "--d-pp", "2")
+    monkeypatch.setitem(regress.WIRE_SYSTEMS, "ours", ("--system", "ours"))
+    suite = Suite(wire=("ours",))
+    base = regress.wire_figures(tmp_path / "a", suite=suite, argv=argv)
+    assert [f.name for f in base] == ["wire/ours/busiest-rank", "wire/ours/mean-rank"]
+    assert all(f.kind == "exact" and f.value > 0 for f in base)
+    again = regress.wire_figures(tmp_path / "b", suite=suite, argv=argv)
+    assert [r.verdict for r in regress.compare({f.name: f for f in base}, again)] == ["ok", "ok"]
+    more = regress.wire_figures(tmp_path / "c", suite=suite, argv=(*argv, "--batch", "16"))
+    rows = regress.compare({f.name: f for f in base}, more)
+    assert [r.verdict for r in rows] == ["regressed", "regressed"]
+    uncounted = regress.emulated_run((*argv, "--network", "none", "--iters", "1"), tmp_path / "d")
+    with pytest.raises(RegressError, match="no bytes on the wire counted"):
+        regress.wire_bytes(uncounted)

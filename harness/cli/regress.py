@@ -15,8 +15,9 @@ def register(sub) -> None:
                     f"committed baseline ({BASELINE.relative_to(BASELINE.parents[2])}). Exact figures (the "
                     f"scheduler's COMM-COST and the simulator's iteration seconds of every system, paper cases "
                     f"{', '.join(map(str, SUITE.cases))} at {SUITE.devices} devices, {SUITE.model}, batch "
-                    f"{SUITE.batch}, seed {SUITE.seed}, budget {SUITE.budget}) fail on any change beyond float "
-                    f"rounding. Measured figures (emulated case-5 runs of {', '.join(MEASURED_SYSTEMS)}, "
+                    f"{SUITE.batch}, seed {SUITE.seed}, budget {SUITE.budget}; the bytes on the wire per rank "
+                    f"per iteration of {', '.join(SUITE.wire)} counted in short loopback runs of case 5) fail on "
+                    "any change beyond float rounding. Measured figures (emulated case-5 runs of {', '.join(MEASURED_SYSTEMS)}, "
                     f"{REPEATS} each, about a minute a run; not with --quick) fail when they moved the worse way "
                     "by more than their noise. Prints one table (figure, baseline, now, change, noise, verdict), "
                     "appends a line to the history and exits 1 on a regression.",
@@ -24,10 +25,10 @@ def register(sub) -> None:
     p.add_argument("--update-baseline", action="store_true",
                    help="renew the baseline with this commit's figures (on purpose: say why in the commit)")
     p.add_argument("--quick", action="store_true",
-                   help="exact figures only, seconds (what CI runs); with --update-baseline the baseline keeps "
+                   help="exact figures only, about half a minute (what CI runs); with --update-baseline the baseline keeps "
                         "its measured figures")
     p.add_argument("--debug", action="append", metavar="KEY=VALUE", default=[],
-                   help="debug options of every emulated run (repeatable; harness run --debug), e.g. "
+                   help="debug options of every run of the suite (repeatable; harness run --debug), e.g. "
                         "send_delay_s=0.01 or overlap=0 to plant a regression")
     p.add_argument("--baseline", type=Path, default=BASELINE, help="baseline JSON (default: the committed one)")
     p.add_argument("--history", type=Path, help="history file, one JSON line per run "
@@ -49,21 +50,20 @@ def _default(name: str) -> Path:
 
 def _regress(args) -> int:
     from .. import regress
-    from ..errors import HarnessError
     from ..train.config import DebugSection
 
-    if args.quick and args.debug:
-        raise HarnessError("--debug: options of the emulated runs, which --quick leaves out")
     DebugSection.parse(args.debug)  # a bad option is one line now, not after the exact figures
     keep: dict = {}
     if args.update_baseline:
-        if args.quick and args.baseline.exists():  # renew the exact figures, keep the measured ones
-            keep = {n: f for n, f in regress.read_baseline(args.baseline).items() if f.kind != "exact"}
+        if args.quick and args.baseline.exists():  # renew the exact figures (and suite), keep the measured ones
+            keep = {n: f for n, f in regress.read_baseline(args.baseline, same_suite=False).items()
+                    if f.kind != "exact"}
         baseline = None
     else:
         baseline = regress.read_baseline(args.baseline)  # fail before the work
     say = lambda label: print(f"regress: {label}", file=sys.stderr, flush=True)  # noqa: E731
     figures = regress.exact_figures(progress=say)
+    figures += regress.wire_figures(_default("runs"), tuple(args.debug), progress=say)
     if not args.quick:
         figures += regress.measured_figures(_default("runs"), tuple(args.debug), progress=say)
     if args.update_baseline:

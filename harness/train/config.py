@@ -177,6 +177,7 @@ class DebugSection:
     # planted regressions (harness regress --debug): ours' point-to-point sends
     send_delay_s: float = 0.0  # every send waits this long before it is posted
     overlap: bool = True  # off: every send completes before the stage computes on
+    count_wire: bool = False  # every rank counts its bytes on the wire per iteration (wire.py; slows compute)
 
     def __post_init__(self):
         _one_of("debug.fault_mode", self.fault_mode, FAULT_MODES)

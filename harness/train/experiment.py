@@ -148,6 +148,8 @@ def record_run(plan: Plan, launch) -> Path:
         write_records(out / "records.csv", to_records(spec, stats))
         if spec.compute.model:
             extra = {**extra, "compute_model": compute_model_summary(spec, stats, per_rank)}
+        if spec.debug.count_wire:  # each rank's bytes on the wire in each timed iteration (wire.py)
+            extra = {**extra, "wire_bytes_per_rank": [[s.wire_bytes for s in r] for r in per_rank]}
         final(lambda: atomic_write_json(out / "manifest.json", manifest(
             run_id, "ok", wall_seconds=time.monotonic() - t0, kernel=kernel, **info, **extra)))
         return out

@@ -33,6 +33,7 @@ from .config import RunSpec
 from .rank import RankContext, iteration_progress, torch_dtype
 from .reference import make_optimizer, micro_batches
 from .stats import IterationStats
+from . import wire
 
 KIND_ACT, KIND_GRAD = 1, 2
 FP16_LOSS_SCALE = 1024.0  # static loss scale so fp16 activation gradients do not underflow
@@ -274,9 +275,10 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         if it >= warmup:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
                                         exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss, end=t,
-                                        compute_overruns=runner.pacer.take()))
+                                        compute_overruns=runner.pacer.take(), wire_bytes=wire.take()))
         else:
-            runner.pacer.take()  # warm-up overruns are not the timed iterations'
+            runner.pacer.take()  # warm-up overruns and bytes are not the timed iterations'
+            wire.take()
         if ctx.rank == 0:
             iteration_progress(it, steps, warmup, t - t_prev)
         t_prev = t

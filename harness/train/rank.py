@@ -19,6 +19,7 @@ import torch.distributed as dist
 
 from .config import DebugSection, RunSpec
 from .. import systems
+from . import wire
 from .stats import IterationStats
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -118,7 +119,8 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: 
                       device=device, addr=env.addr, ifname=env.ifname, collect_state=collect_state)
     ctx.marks["forked"] = t_forked
     ctx.mark("process_group")
-    stats = fn(ctx, spec)
+    with wire.counting(spec.debug.count_wire):
+        stats = fn(ctx, spec)
     result = RankResult(env.rank, stats, ctx.state, ctx.marks)
     if gather:
         everyone = [None] * env.world_size if env.rank == 0 else None

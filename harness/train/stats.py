@@ -16,6 +16,7 @@ class IterationStats:
     loss: float
     end: float = math.nan
     compute_overruns: int = 0  # phases whose real computation outran the compute model's time
+    wire_bytes: int | None = None  # bytes this rank put on the wire in the iteration (debug.count_wire)
 
 
 def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False) -> list[IterationStats]:

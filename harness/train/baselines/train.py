@@ -36,6 +36,7 @@ from ..gpt import GPT, lm_loss, synthetic_batch
 from ..rank import iteration_progress
 from ..reference import make_optimizer, micro_batches
 from ..stats import IterationStats
+from .. import wire
 from .parallelize import (
     apply_ddp,
     apply_fsdp,
@@ -177,7 +178,8 @@ def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, see
     loss = float(torch.stack(losses).detach().mean()) if last else math.nan
     compute = min(br.compute_seconds, seconds)
     overruns = br.pacer.take() if br.pacer is not None else 0
-    return IterationStats(seconds, compute, seconds - compute, loss, end, compute_overruns=overruns)
+    return IterationStats(seconds, compute, seconds - compute, loss, end, compute_overruns=overruns,
+                          wire_bytes=wire.take())
 
 
 def train_baseline(

@@ -40,6 +40,15 @@ def test_ours_sends_what_the_cost_model_assumes_and_both_dp_syncs_send_the_same(
     assert counted(pipelines(2, 2, schedule="1f1b", dp_sync="allreduce")) == got
 
 
+def test_without_overlap_every_message_is_acknowledged_by_its_receiver():
+    """The planted no-overlap regression (debug.overlap=0) makes each pipeline send a rendezvous: the
+    receiver sends a one-value delivery note back for every activation and gradient it takes."""
+    lay = pipelines(2, 2, schedule="gpipe", dp_sync="sharded-ps")
+    plain, rendezvous = counted(lay), counted(lay, overlap=False)
+    notes = BATCH // lay.dp // MICRO * FP32  # one fp32 value per micro-batch and direction
+    assert {d: [b - a for a, b in zip(plain[d], rendezvous[d])] for d in plain} == {d: [notes, notes] for d in plain}
+
+
 def test_uncounted_runs_report_no_bytes():
     spec = local_spec(pipelines(2, 1), "ours", name="tiny", batch=4, micro_batch=1, iters=1, timeout_s=60)
     assert all(s.wire_bytes is None for r in run_local(spec).ranks for s in r.stats)

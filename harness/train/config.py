@@ -176,7 +176,7 @@ class DebugSection:
     trace: bool = False  # ours: per-iteration phase times of every rank on stderr
     # planted regressions (harness regress --debug): ours' point-to-point sends
     send_delay_s: float = 0.0  # every send waits this long before it is posted
-    overlap: bool = True  # off: every send completes before the stage computes on
+    overlap: bool = True  # off: every send is a rendezvous, done once the peer took the data (GPipe, CPU)
     count_wire: bool = False  # every rank counts its bytes on the wire per iteration (wire.py; slows compute)
 
     def __post_init__(self):

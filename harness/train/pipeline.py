@@ -36,6 +36,7 @@ from .stats import IterationStats
 from . import wire
 
 KIND_ACT, KIND_GRAD = 1, 2
+ACK = 5 * 10_000  # tag of a message's delivery note: its tag + ACK (kinds 6 and 7, apart from dp_sync's 3 and 4)
 FP16_LOSS_SCALE = 1024.0  # static loss scale so fp16 activation gradients do not underflow
 
 
@@ -82,6 +83,10 @@ class PipelineStageRunner:
             # NCCL runs a pair's sends and receives on one stream in issue order; 1F1B's
             # interleaving needs batched send/recv pairs, which this runtime does not do yet.
             raise HarnessError("layout.schedule: 1f1b is CPU (gloo) only; use gpipe on cuda")
+        if not spec.debug.overlap and (spec.run.device_type == "cuda" or L.schedule != "gpipe"):
+            # a rendezvous send waits for the peer to take the data: under 1F1B two neighbours can each
+            # wait for the other's note; NCCL would order the notes behind the pre-posted receives
+            raise HarnessError("debug.overlap=0: GPipe on CPU (gloo) only")
         cfg = self.cfg = spec.cfg
         self.stage_idx, self.replica, _ = L.coords(ctx.rank)
         self.first, self.last = self.stage_idx == 0, self.stage_idx == L.pp - 1
@@ -162,8 +167,10 @@ class PipelineStageRunner:
 
     def _send(self, sends: list, tensor, dst: int, tag_: int) -> None:
         """The sending slot: an async isend, waited at the end of the iteration. The debug section can
-        plant a regression: a delay before every send, or no overlap (the send completes before the
-        stage computes on)."""
+        plant a regression: a delay before every send, or no overlap: a rendezvous send, which returns
+        only once the peer took the data (its delivery note, `_taken`), so the stage computes nothing
+        while its message is in flight. (Waiting on the isend alone would not do: gloo's send completes
+        once the data is in the kernel's socket buffer, and the transfer still overlaps.)"""
         if self.send_delay_s:
             time.sleep(self.send_delay_s)
         work = dist.isend(tensor, dst=dst, tag=tag_)
@@ -171,6 +178,12 @@ class PipelineStageRunner:
             sends.append(work)
         else:
             work.wait()
+            dist.recv(torch.empty(1), src=dst, tag=tag_ + ACK)
+
+    def _taken(self, sends: list, src: int, tag_: int) -> None:
+        """Without overlap: tell the sender of message `tag_` that it arrived (see _send)."""
+        if not self.overlap:
+            sends.append(dist.isend(torch.zeros(1), dst=src, tag=tag_ + ACK))
 
     def iteration(self, it: int, posted: dict, post_next=None) -> tuple[float, float]:
         """Run iteration `it` on pre-posted receives; calls `post_next()` once this iteration's
@@ -197,6 +210,7 @@ class PipelineStageRunner:
                     tw = time.perf_counter()
                     work.wait()
                     waits["act"] += time.perf_counter() - tw
+                    self._taken(sends, self.prev, tag(it, KIND_ACT, k))
                     x = buf.float().requires_grad_() if self.autocast else buf.requires_grad_()
                 with clock.compute(), self.pacer.phase("forward"):
                     y = self._forward(x)
@@ -223,6 +237,7 @@ class PipelineStageRunner:
                     tw = time.perf_counter()
                     work.wait()
                     waits["grad"] += time.perf_counter() - tw
+                    self._taken(sends, self.next, tag(it, KIND_GRAD, k))
                     with clock.compute(), self.pacer.phase("backward"):
                         y.backward(buf.to(y.dtype))
                 if not self.first:

@@ -137,9 +137,14 @@ def wire_figures(out_root: Path, debug: tuple[str, ...] = (), suite: Suite | Non
 
 
 # ----------------------------------------------------------------------------- measured figures
-MEASURED_SYSTEMS = {"ours": ("--system", "ours"), "ours-random": ("--system", "ours-random", "--seed", "2022")}
-MEASURED_RATIOS = (("ours", "ours-random"),)  # (numerator, denominator) systems: seconds the machine cancels from
-REPEATS = 3  # runs of each system: the noise of every figure is their spread
+# Megatron: its rank-order layout without tensor parallelism (TP all-reduces across continents would take
+# minutes an iteration); 11 s an iteration here, so one warm-up and two timed iterations
+MEASURED_SYSTEMS = {"ours": ("--system", "ours"), "ours-random": ("--system", "ours-random", "--seed", "2022"),
+                    "megatron": ("--system", "megatron", "--tp", "1", "--pp", "4", "--dp", "2",
+                                 "--warmup", "1", "--iters", "2")}
+MEASURED_RATIOS = (("ours", "ours-random"), ("ours", "megatron"))  # (numerator, denominator): the machine cancels
+REPEATS = 3  # runs of each system in a gate run
+BASELINE_REPEATS = 5  # and in a baseline: its spread is the noise, and more runs narrow Student's t
 
 
 def emulated_run(argv: tuple[str, ...], out_root: Path, debug: tuple[str, ...] = ()) -> Path:

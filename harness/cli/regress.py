@@ -6,7 +6,7 @@ from pathlib import Path
 
 
 def register(sub) -> None:
-    from ..regress import BASELINE, MEASURED_SYSTEMS, REPEATS, SUITE
+    from ..regress import BASELINE, BASELINE_REPEATS, MEASURED_SYSTEMS, REPEATS, SUITE
 
     p = sub.add_parser(
         "regress",
@@ -18,7 +18,8 @@ def register(sub) -> None:
                     f"{SUITE.batch}, seed {SUITE.seed}, budget {SUITE.budget}; the bytes on the wire per rank "
                     f"per iteration of {', '.join(SUITE.wire)} counted in short loopback runs of case 5) fail on "
                     "any change beyond float rounding. Measured figures (emulated case-5 runs of {', '.join(MEASURED_SYSTEMS)}, "
-                    f"{REPEATS} each, about a minute a run; not with --quick) fail when they moved the worse way "
+                    f"{REPEATS} each, {BASELINE_REPEATS} for a baseline, one to two and a half minutes a run; not "
+                    "with --quick) fail when they moved the worse way "
                     "by more than their noise. Prints one table (figure, baseline, now, change, noise, verdict), "
                     "appends a line to the history and exits 1 on a regression.",
     )
@@ -65,7 +66,8 @@ def _regress(args) -> int:
     figures = regress.exact_figures(progress=say)
     figures += regress.wire_figures(_default("runs"), tuple(args.debug), progress=say)
     if not args.quick:
-        figures += regress.measured_figures(_default("runs"), tuple(args.debug), progress=say)
+        repeats = regress.BASELINE_REPEATS if args.update_baseline else regress.REPEATS
+        figures += regress.measured_figures(_default("runs"), tuple(args.debug), repeats=repeats, progress=say)
     if args.update_baseline:
         regress.write_baseline(args.baseline, figures + list(keep.values()))
         print(f"wrote {args.baseline} ({len(figures) + len(keep)} figures)")

@@ -346,7 +346,8 @@ def format_table(rows: list[Row]) -> str:
     num = lambda x: "-" if x is None else f"{x:.0f}" if float(x).is_integer() else f"{x:.6g}"  # noqa: E731
     lines = [f"{'figure':<{width}}  {'unit':<7} {'baseline':>12} {'now':>12} {'change':>9} {'noise':>8}  verdict"]
     for r in rows:
-        change = "-" if r.change is None else f"{r.change:+.2%}"
+        change = "-" if r.change is None else f"{r.change:+.2%}" if r.change == 0 or abs(r.change) >= 5e-5 \
+            else f"{r.change * 100:+.0e}%"  # an exact figure's small move still shows
         noise = "-" if r.noise is None else f"{r.noise:.1%}"
         lines.append(f"{r.figure:<{width}}  {r.unit:<7} {num(r.baseline):>12} {num(r.now):>12} {change:>9} "
                      f"{noise:>8}  {r.verdict.upper() if r.fails else r.verdict}")

@@ -27,7 +27,9 @@ def small_suite(monkeypatch):
 def test_compare_fails_on_any_exact_change_and_on_a_missing_figure():
     base = {f.name: f for f in (Figure("a", 1.0, "s"), Figure("b", 2.0, "s"), Figure("c", 3.0, "s"),
                                 Figure("gone", 4.0, "s"))}
-    now = [Figure("a", 1.0 * (1 + 1e-12), "s"), Figure("b", 2.02, "s"), Figure("c", 2.97, "s"), Figure("d", 1.0, "s")]
+    now = [Figure("a", 1.0 * (1 + 1e-12), "s"), Figure("b", 2.02, "s"), Figure("c", 2.97, "s"), Figure("d", 1.0, "s"),
+           Figure("e", 1e6 + 16, "B/iter")]
+    base["e"] = Figure("e", 1e6, "B/iter")
     rows = {r.figure: r for r in regress.compare(base, now)}
     assert rows["a"].verdict == "ok" and not rows["a"].fails  # float rounding
     assert rows["b"].verdict == "regressed" and rows["b"].change == pytest.approx(0.01)
@@ -36,6 +38,7 @@ def test_compare_fails_on_any_exact_change_and_on_a_missing_figure():
     assert rows["gone"].verdict == "missing" and rows["gone"].fails
     table = regress.format_table(list(rows.values()))
     assert "REGRESSED" in table and "+1.00%" in table and "MISSING" in table
+    assert rows["e"].verdict == "regressed" and "+2e-03%" in table  # 16 bytes more: shown, not +0.00%
 
 
 def test_measured_figures_fail_only_beyond_their_noise_and_absolute_times_only_on_their_machine():

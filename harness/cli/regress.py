@@ -17,7 +17,8 @@ def register(sub) -> None:
                     f"{', '.join(map(str, SUITE.cases))} at {SUITE.devices} devices, {SUITE.model}, batch "
                     f"{SUITE.batch}, seed {SUITE.seed}, budget {SUITE.budget}; the bytes on the wire per rank "
                     f"per iteration of {', '.join(SUITE.wire)} counted in short loopback runs of case 5) fail on "
-                    "any change beyond float rounding. Measured figures (emulated case-5 runs of {', '.join(MEASURED_SYSTEMS)}, "
+                    "any change beyond float rounding. Measured figures (emulated case-5 runs of "
+                    f"{', '.join(MEASURED_SYSTEMS)}, "
                     f"{REPEATS} each, {BASELINE_REPEATS} for a baseline, one to two and a half minutes a run; not "
                     "with --quick) fail when they moved the worse way "
                     "by more than their noise. Prints one table (figure, baseline, now, change, noise, verdict), "
@@ -26,8 +27,8 @@ def register(sub) -> None:
     p.add_argument("--update-baseline", action="store_true",
                    help="renew the baseline with this commit's figures (on purpose: say why in the commit)")
     p.add_argument("--quick", action="store_true",
-                   help="exact figures only, about half a minute (what CI runs); with --update-baseline the baseline keeps "
-                        "its measured figures")
+                   help="exact figures only, about half a minute (what CI runs); with --update-baseline the "
+                        "baseline keeps its measured figures")
     p.add_argument("--debug", action="append", metavar="KEY=VALUE", default=[],
                    help="debug options of every run of the suite (repeatable; harness run --debug), e.g. "
                         "send_delay_s=0.01 or overlap=0 to plant a regression")

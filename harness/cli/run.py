@@ -45,9 +45,9 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
     p.add_argument("--debug", action="append", metavar="KEY=VALUE",
                    help="debug options carried to every rank (repeatable): fault_rank=R, fault_after_s=S, "
                         "fault_mode=kill|exit, trace=1; ours' planted regressions: send_delay_s=S (every send "
-                        "waits S first), overlap=0 (every send waits until the peer took the data; GPipe on CPU); count_wire=1: "
-                        "every rank counts its bytes on the wire per iteration (manifest: wire_bytes_per_rank; "
-                        "slows the compute) (harness/train/config.py: DebugSection)")
+                        "waits S first), overlap=0 (every send waits until the peer took the data; GPipe on "
+                        "CPU); count_wire=1: every rank counts its bytes on the wire per iteration (manifest: "
+                        "wire_bytes_per_rank; slows the compute) (harness/train/config.py: DebugSection)")
 
 
 def network_from_args(args):

@@ -91,9 +91,7 @@ def charged_bytes(name: str, call: dict) -> float:
         return 2 * (p - 1) / p * _nbytes(data)
     if name in ALL_GATHER:
         return float((p - 1) * _nbytes(data))
-    if name in SCATTER_LIKE:
-        return (p - 1) / p * _nbytes(data)
-    if name in ("broadcast_", "broadcast", "reduce_"):
+    if name in SCATTER_LIKE or name in ("broadcast_", "broadcast", "reduce_"):
         return (p - 1) / p * _nbytes(data)
     if name == "gather_":  # the root collects p inputs
         return (p - 1) / p * p * _nbytes(data)
@@ -117,14 +115,11 @@ class WireCounter(TorchDispatchMode):
         super().__init__()
         self.total = 0.0
         self._taken = 0.0
-        self.calls: dict[str, int] = {}
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func.namespace in _NAMESPACES:
-            name = func._opname
-            self.total += charged_bytes(name, named_arguments(func, args, kwargs))
-            self.calls[name] = self.calls.get(name, 0) + 1
+            self.total += charged_bytes(func._opname, named_arguments(func, args, kwargs))
         return func(*args, **kwargs)
 
     def take(self) -> int:

@@ -9,9 +9,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 HARNESS := $(VENV)/bin/harness
 STAMP  := $(VENV)/.installed
-SCENARIO5_OUT ?= results/5-worldwide
 
-.PHONY: all venv system-deps test bench regress scenario-5 clean net-clean
+.PHONY: all venv system-deps test bench regress clean net-clean
 
 all: test
 
@@ -52,28 +51,38 @@ regress: $(STAMP) system-deps
 bench: $(STAMP) system-deps
 	$(PY) -m pytest tests/bench --benchmark-only --benchmark-columns=min,median,max,rounds -q
 
-# The world-wide case (case 5). Paper scale: scenario heatmaps, the GA assignment, the
-# scheduler comparison (Fig. 4) and the simulator. Emulated (8 devices = one per region,
-# tiny GPT, links at 1/100 of the paper's bandwidth so communication dominates as in the
-# paper): ours, ours-random (the paper's seeds) and the baselines; then the simulator's
-# prediction for each run (compute speed calibrated from the runs' own compute timings, since
-# emulated devices are CPU processes), and one table + PFLOPS plots of all runs beside it.
-EMU5 := --scenario 5 --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 \
-        --bandwidth-scale 0.01 --iters 3 --warmup 3 --out $(SCENARIO5_OUT)/emu
-scenario-5: $(STAMP) system-deps
-	$(HARNESS) scenario show 5 --out $(SCENARIO5_OUT)/scenario
-	$(HARNESS) schedule --scenario 5 --scheduler ga --json $(SCENARIO5_OUT)/schedule-ga.json
-	$(HARNESS) schedule compare --scenario 5 --out $(SCENARIO5_OUT)/compare
-	$(HARNESS) sim --scenario 5 --json $(SCENARIO5_OUT)/sim.json --out $(SCENARIO5_OUT)/sim
-	$(HARNESS) run $(EMU5) --system ours
-	for s in 2022 2023 2024; do $(HARNESS) run $(EMU5) --system ours-random --seed $$s || exit 1; done
-	$(HARNESS) run $(EMU5) --system megatron --tp 1 --pp 4 --dp 2
-	$(HARNESS) run $(EMU5) --system megatron --tp 1 --pp 4 --dp 2 --rank-order 2022
-	$(HARNESS) run $(EMU5) --system deepspeed --zero 1 --pp 4 --dp 2
-	$(HARNESS) sim calibrate $(SCENARIO5_OUT)/emu --out $(SCENARIO5_OUT)/emu-profile.json
-	$(HARNESS) sim compare $(SCENARIO5_OUT)/emu --profile $(SCENARIO5_OUT)/emu-profile.json \
-	    --csv $(SCENARIO5_OUT)/sim-vs-emu.csv
-	$(HARNESS) report runs $(SCENARIO5_OUT)/emu
+# Every case of the paper from one rule: `make scenario-N` (N = 1 ... 5, fluidstack) writes to
+# results/<case>/ (e.g. results/5-worldwide/). Paper scale (simulated): scenario heatmaps, the GA
+# assignment, the scheduler comparison (Fig. 4) and the simulator. Emulated (measured): 8 devices
+# (the scaled-down case; each scenario file says how its 8 were chosen), tiny GPT, links at 1/100
+# of the paper's bandwidth so communication dominates as in the paper: ours, ours-random (the
+# paper's seeds) and the baselines; then the simulator's prediction for each run (compute speed
+# calibrated from the runs' own compute timings, since emulated devices are CPU processes), one
+# table + PFLOPS plots of all runs, and report.md over all of it.
+# QUICK=1: the same outputs from fewer repetitions and iterations, into results/<case>/quick/.
+SCENARIO_CASES := 1 2 3 4 5 fluidstack
+CASE_NAME = $(basename $(notdir $(firstword $(wildcard scenarios/$*-*.yaml scenarios/$*.yaml))))
+CASE_OUT  = $(or $(SCENARIO_OUT),results/$(CASE_NAME)$(if $(QUICK),/quick))
+EMU       = --scenario $* --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 --bandwidth-scale 0.01 \
+            $(if $(QUICK),--iters 2 --warmup 1,--iters 3 --warmup 3) --out $(CASE_OUT)/emu
+RANDOM_SEEDS = $(if $(QUICK),2022,2022 2023 2024)
+SEARCH    = $(if $(QUICK),--budget 1000)
+.PHONY: $(addprefix scenario-,$(SCENARIO_CASES))
+$(addprefix scenario-,$(SCENARIO_CASES)): scenario-%: $(STAMP) system-deps
+	$(HARNESS) scenario show $* --out $(CASE_OUT)/scenario
+	$(HARNESS) scenario show $* --devices 8 --out $(CASE_OUT)/scenario-8
+	$(HARNESS) schedule --scenario $* --scheduler ga $(SEARCH) --json $(CASE_OUT)/schedule-ga.json
+	$(HARNESS) schedule compare --scenario $* $(SEARCH) $(if $(QUICK),--seeds 0) --out $(CASE_OUT)/compare
+	$(HARNESS) sim --scenario $* $(SEARCH) --json $(CASE_OUT)/sim.json --out $(CASE_OUT)/sim
+	$(HARNESS) run $(EMU) --system ours
+	for s in $(RANDOM_SEEDS); do $(HARNESS) run $(EMU) --system ours-random --seed $$s || exit 1; done
+	$(HARNESS) run $(EMU) --system megatron --tp 1 --pp 4 --dp 2
+	$(if $(QUICK),,$(HARNESS) run $(EMU) --system megatron --tp 1 --pp 4 --dp 2 --rank-order 2022)
+	$(HARNESS) run $(EMU) --system deepspeed --zero 1 --pp 4 --dp 2
+	$(HARNESS) sim calibrate $(CASE_OUT)/emu --out $(CASE_OUT)/emu-profile.json
+	$(HARNESS) sim compare $(CASE_OUT)/emu --profile $(CASE_OUT)/emu-profile.json --csv $(CASE_OUT)/sim-vs-emu.csv
+	$(HARNESS) report runs $(CASE_OUT)/emu
+	$(HARNESS) report case $(CASE_OUT)
 
 net-clean: $(STAMP)
 	$(HARNESS) net clean

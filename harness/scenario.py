@@ -420,11 +420,13 @@ def _inter(path, d, regions: list[Region]) -> tuple[np.ndarray, np.ndarray]:
 def scale_down(topo: Topology, devices: int) -> Topology:
     """Keep the structure with fewer devices: every region kind keeps the same share.
 
-    With factor f = N/K, every region keeps devices/f of its devices when f divides
-    them (case 5 with 8 devices keeps 1 per region, with 16 keeps 2); otherwise a
-    group of identical regions (an entry with `count`) keeps count/f whole regions
-    (case 2 with 8 devices keeps one 4-GPU node and four 1-GPU nodes). Kept devices
-    are the first ones, so ids stay in region order.
+    With factor f = N/K, a region of its own keeps devices/f of its devices (case 5 with 8
+    devices keeps 1 per region, with 16 keeps 2). A group of identical regions (an entry with
+    `count`) shrinks both the number of regions and the devices in each, as evenly as the
+    divisors allow, so that both its links survive: case 1 (8 nodes x 8) at 8 devices keeps
+    2 nodes x 4, case 2's 4-GPU nodes keep 2 nodes x 2 beside 4 of its 1-GPU nodes; a group
+    whose regions cannot shrink keeps count/f whole regions. Kept devices are the first ones,
+    so ids stay in region order.
     """
     n = topo.n
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
@@ -456,10 +458,26 @@ def _kept_devices(topo: Topology, k: int) -> list[int] | None:
     keep = []
     for members in groups.values():
         sizes = {topo.regions[r].devices for r in members}
-        if all(s % f == 0 for s in sizes):
+        if len(sizes) != 1:
+            if not all(s % f == 0 for s in sizes):
+                return None
             keep += [d for r in members for d in range(starts[r], starts[r] + topo.regions[r].devices // f)]
-        elif len(sizes) == 1 and len(members) % f == 0:
-            keep += [d for r in members[: len(members) // f] for d in range(starts[r], starts[r] + topo.regions[r].devices)]
-        else:
+            continue
+        split = _even_split(len(members), sizes.pop(), f)
+        if split is None:
             return None
+        regions, per_region = split
+        keep += [d for r in members[:regions] for d in range(starts[r], starts[r] + per_region)]
     return sorted(keep)
+
+
+def _even_split(count: int, size: int, f: int) -> tuple[int, int] | None:
+    """(regions kept, devices kept per region) of `count` regions of `size` devices shrunk by f:
+    f = f_regions x f_devices with each factor dividing its dimension, the two as close as possible
+    (ties: fewer regions of more devices); None when no such split exists."""
+    splits = [(f // fd, fd) for fd in range(1, f + 1)
+              if f % fd == 0 and size % fd == 0 and count % (f // fd) == 0]
+    if not splits:
+        return None
+    fr, fd = min(splits, key=lambda s: (abs(math.log(s[0] / s[1])), s[1]))
+    return count // fr, size // fd

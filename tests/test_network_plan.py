@@ -84,7 +84,7 @@ def test_a_scaled_topology_is_one_value_scaled_once():
 
 
 def test_node_internal_links_stay_unshaped():
-    topo = load_scenario("1", devices=16)  # 2 nodes x 8 GPUs, NVLink inside
+    topo = load_scenario("1", devices=16)  # 4 nodes x 4 GPUs, NVLink inside
     plan = _plan(topo)
     for dev in plan.devices:
         same = {e for e in range(topo.n) if e != dev.index and topo.device_region[e] == topo.device_region[dev.index]}

@@ -47,10 +47,16 @@ def test_scale_down_keeps_one_share_per_region(k, per_region):
     assert t.delay_ms[0, tokyo] == full.delay_ms[0, 24] and t.bandwidth_gbps[0, tokyo] == full.bandwidth_gbps[0, 24]
 
 
-def test_scale_down_keeps_whole_nodes_when_regions_cannot_shrink():
-    t = load_scenario("2", devices=8)  # 8 x 4-GPU nodes + 32 single nodes -> 1 node of 4 + 4 singles
-    assert [r.devices for r in t.regions] == [4, 1, 1, 1, 1]
-    assert t.bandwidth_gbps[0, 3] == 100 and t.bandwidth_gbps[0, 4] == 10 and t.bandwidth_gbps[4, 5] == 10
+def test_scale_down_shrinks_groups_of_nodes_evenly_so_both_links_survive():
+    t = load_scenario("2", devices=8)  # 8 x 4-GPU nodes + 32 single nodes -> 2 nodes of 2 + 4 singles
+    assert [r.devices for r in t.regions] == [2, 2, 1, 1, 1, 1]
+    assert t.bandwidth_gbps[0, 1] == 100 and t.bandwidth_gbps[1, 2] == 10 and t.bandwidth_gbps[4, 5] == 10
+    one = load_scenario("1", devices=8)  # 8 nodes x 8 -> 2 nodes x 4: NVLink inside, 25 Gbps between
+    assert [r.devices for r in one.regions] == [4, 4]
+    assert one.bandwidth_gbps[0, 3] == 1200 and one.bandwidth_gbps[3, 4] == 25
+    assert [r.devices for r in load_scenario("1", devices=16).regions] == [4] * 4
+    assert [r.devices for r in load_scenario("1", devices=32).regions] == [8] * 4  # a tie: fewer, larger nodes
+    assert [r.devices for r in load_scenario("sky", devices=16).regions] == [1] * 16  # 1-GPU nodes: whole
 
 
 def test_scale_down_that_breaks_structure_lists_valid_counts():

@@ -1,4 +1,5 @@
-"""`harness report runs DIR`: measured runs side by side, as a table and plots."""
+"""`harness report runs DIR`: measured runs side by side, as a table and plots; `harness report case DIR`:
+one page per case of `make scenario-N`."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,6 +16,11 @@ def register(sub) -> None:
     r.add_argument("--sim-csv", type=Path, help="`harness sim compare --csv` output to plot beside the measurements "
                    "(default DIR/../sim-vs-emu.csv when it exists)")
     r.set_defaults(func=cmd_runs)
+    c = ss.add_parser("case", help="DIR/report.md: one page over what `make scenario-N` wrote to DIR (scenario, "
+                      "schedule, simulator, emulated runs, simulator vs runs; which commit and machine; what is "
+                      "measured and what simulated)")
+    c.add_argument("dir", type=Path, help="e.g. results/5-worldwide")
+    c.set_defaults(func=cmd_case)
 
 
 def cmd_runs(args) -> int:
@@ -30,4 +36,11 @@ def cmd_runs(args) -> int:
     print(f"simulated PFLOPS from {sim_csv}" if sim_csv else "no sim compare CSV: measured PFLOPS only")
     for p in paths:
         print(f"wrote {p}")
+    return 0
+
+
+def cmd_case(args) -> int:
+    from ..report.case import write_case_report
+
+    print(f"wrote {write_case_report(args.dir)}")
     return 0

@@ -1,0 +1,74 @@
+"""`make scenario-N QUICK=1` end to end on the cheapest case, and `harness report case` on bad input."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.network import kernel
+from harness.report.case import REQUIRED
+from harness.results import read_records
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEMS = {"ours", "ours-random", "megatron", "deepspeed"}
+
+
+def _no_emulation() -> str:
+    try:
+        kernel.choose("auto")
+        return ""
+    except kernel.KernelError as e:
+        return str(e)
+
+
+@pytest.mark.skipif(bool(_no_emulation()), reason=f"no kernel to emulate links with: {_no_emulation()}")
+def test_quick_case_1_writes_consistent_outputs(tmp_path):
+    out = tmp_path / "case1"
+    proc = subprocess.run(["make", "-C", str(ROOT), "scenario-1", "QUICK=1", f"SCENARIO_OUT={out}"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for rel in REQUIRED + ("report.md", "scenario/delay.png", "scenario-8/summary.txt", "compare/compare.png",
+                           "emu/pflops.png", "emu/iterations.png"):
+        assert (out / rel).is_file(), rel
+    assert "8 devices in 2 regions" in (out / "scenario-8/summary.txt").read_text()  # 2 nodes x 4
+
+    runs = {}
+    for manifest in (out / "emu").rglob("manifest.json"):
+        m = json.loads(manifest.read_text())
+        assert m["status"] == "ok", m
+        assert m["spec"]["run"]["iters"] == 2 and m["spec"]["run"]["warmup"] == 1  # QUICK's iterations
+        runs[m["run_id"]] = (m["spec"]["run"]["system"], read_records(manifest.parent / "records.csv"))
+    assert sorted(s for s, _ in runs.values()) == sorted(SYSTEMS)  # one run each: QUICK's repetitions
+
+    # The plot's data (runs.csv) is the records': per system the mean over its runs of each run's mean.
+    table = pd.read_csv(out / "emu/runs.csv")
+    assert set(table.system) == SYSTEMS
+    for row in table.itertuples():
+        recs = [r for s, rr in runs.values() if s == row.system for r in rr]
+        assert row.pflops == pytest.approx(sum(r["pflops"] for r in recs) / len(recs), rel=1e-9)
+        assert row.seconds == pytest.approx(sum(r["seconds"] for r in recs) / len(recs), rel=1e-9)
+    # The simulator's prediction per run is next to the same measurement.
+    sim = pd.read_csv(out / "sim-vs-emu.csv")
+    assert len(sim) == len(runs)
+    measured = sorted(sum(r["seconds"] for r in rr) / len(rr) for _, rr in runs.values())
+    assert sorted(sim.measured_s) == pytest.approx(measured, rel=1e-4)
+
+    report = (out / "report.md").read_text()
+    assert report.startswith("# 1-datacenter: ")
+    for row in table.itertuples():  # every measured row, with its figures as in runs.csv
+        assert f"| {row.label} | {row.runs} | {row.seconds:.3f} | {row.pflops * 1e6:.3g} (" in report
+    assert "**measured**" in report and "simulated" in report
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    assert f"`{head}`" in report
+
+
+def test_report_case_names_the_missing_output(cli, tmp_path):
+    (tmp_path / "scenario").mkdir()
+    (tmp_path / "scenario/summary.txt").write_text("scenario 1-datacenter: x\n")
+    rc, out, err = cli("report", "case", str(tmp_path))
+    assert rc != 0 and len(err.strip().splitlines()) == 1
+    assert f"{tmp_path}: schedule-ga.json: missing" in err
+    assert not (tmp_path / "report.md").exists()

@@ -64,9 +64,9 @@ SCENARIO_CASES := 1 2 3 4 5 fluidstack
 CASE_NAME = $(basename $(notdir $(firstword $(wildcard scenarios/$*-*.yaml scenarios/$*.yaml))))
 CASE_OUT  = $(or $(SCENARIO_OUT),results/$(CASE_NAME)$(if $(QUICK),/quick))
 EMU       = --scenario $* --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 --bandwidth-scale 0.01 \
-            $(if $(QUICK),--iters 2 --warmup 1,--iters 3 --warmup 3) --out $(CASE_OUT)/emu
+            $(if $(QUICK),--iters 1 --warmup 1,--iters 3 --warmup 3) --out $(CASE_OUT)/emu
 RANDOM_SEEDS = $(if $(QUICK),2022,2022 2023 2024)
-SEARCH    = $(if $(QUICK),--budget 1000)
+SEARCH    = $(if $(QUICK),--budget 2000)
 .PHONY: $(addprefix scenario-,$(SCENARIO_CASES))
 $(addprefix scenario-,$(SCENARIO_CASES)): scenario-%: $(STAMP) system-deps
 	$(HARNESS) scenario show $* --out $(CASE_OUT)/scenario

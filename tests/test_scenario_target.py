@@ -39,7 +39,7 @@ def test_quick_case_1_writes_consistent_outputs(tmp_path):
     for manifest in (out / "emu").rglob("manifest.json"):
         m = json.loads(manifest.read_text())
         assert m["status"] == "ok", m
-        assert m["spec"]["run"]["iters"] == 2 and m["spec"]["run"]["warmup"] == 1  # QUICK's iterations
+        assert m["spec"]["run"]["iters"] == 1 and m["spec"]["run"]["warmup"] == 1  # QUICK's iterations
         runs[m["run_id"]] = (m["spec"]["run"]["system"], read_records(manifest.parent / "records.csv"))
     assert sorted(s for s, _ in runs.values()) == sorted(SYSTEMS)  # one run each: QUICK's repetitions
 

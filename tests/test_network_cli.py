@@ -1,10 +1,15 @@
 """CLI and kernel choice of the network layer, without booting anything."""
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from harness.cli import main
-from harness.network import kernel
+from harness.network import kernel, registry
 from harness.network.emulate import EmulationError, run_emulated
 from harness.scenario import load_scenario
 
@@ -68,3 +73,26 @@ def test_show_and_clean_run_without_leftovers(capsys):
     assert "run(s)" in capsys.readouterr().out
     assert main(["net", "clean"]) == 0
     assert "net clean:" in capsys.readouterr().out
+
+
+def test_kill_uml_waits_for_every_process_of_the_kernel_after_its_main_one_is_gone():
+    """UML runs as several host processes; when the main one is already gone (a killed launcher), the
+    others, still exiting or not, are found by their umid= argument and are gone when kill_uml returns."""
+    rid = registry.new_run_id()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])  # a main process that has exited
+    gone.wait()
+    helpers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", f"umid={registry.umid(rid)}"])
+               for _ in range(2)]
+    try:
+        deadline = time.monotonic() + 30
+        while len(registry._uml_pids(rid)) < 2 and time.monotonic() < deadline:  # cmdline readable
+            time.sleep(0.01)
+        assert sorted(registry._uml_pids(rid)) == sorted(p.pid for p in helpers)
+        registry.kill_uml(gone.pid, rid)
+        assert registry._uml_pids(rid) == []
+        assert [p.wait(timeout=10) for p in helpers] == [-signal.SIGKILL] * 2
+    finally:
+        for p in helpers:
+            if p.poll() is None:
+                p.kill()
+                p.wait()

@@ -117,21 +117,46 @@ def _is_our_uml(pid: int, rid: str) -> bool:
     return f"umid={umid(rid)}".encode() in cmd
 
 
+#: How long kill_uml waits for the last host process of a UML kernel to go.
+UML_EXIT_DEADLINE_S = 10.0
+
+
+def _uml_pids(rid: str) -> list[int]:
+    """Live host processes of run `rid`'s UML kernel: UML runs as several, all with its umid= argument."""
+    key = f"umid={umid(rid)}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if key in cmd and pid_alive(int(name)):
+            found.append(int(name))
+    return found
+
+
 def kill_uml(pid: int, rid: str) -> None:
-    """Stop the UML kernel of run `rid` (its whole process group), after checking it is ours."""
-    if not _is_our_uml(pid, rid):
-        return
-    try:
-        pgid = os.getpgid(pid)
-        if pgid == pid:
-            os.killpg(pgid, signal.SIGKILL)
-        else:
-            os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        return
-    for _ in range(100):
-        if not pid_alive(pid):
-            break
+    """Stop the UML kernel of run `rid`: its process group (after checking the main process is ours),
+    then every other host process with its umid, and return once none is left (or after the deadline).
+    The main process may already be gone while the others are still exiting (a killed launcher)."""
+    if _is_our_uml(pid, rid):
+        try:
+            pgid = os.getpgid(pid)
+            if pgid == pid:
+                os.killpg(pgid, signal.SIGKILL)
+            else:
+                os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + UML_EXIT_DEADLINE_S
+    while (left := _uml_pids(rid)) and time.monotonic() < deadline:
+        for p in left:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         time.sleep(0.05)
 
 

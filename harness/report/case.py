@@ -120,7 +120,7 @@ def _measured(runs: pd.DataFrame, manifests: list[dict]) -> list[str]:
     L = ["## Emulated runs (measured)", "",
          f"{net.get('devices', '?')} devices, {model.get('name', '?')} GPT ({model.get('layers', '?')} layers), "
          f"batch {model.get('batch', '?')}, links at {net.get('bandwidth_scale', '?')} of the scenario's bandwidth; "
-         f"{run.get('warmup', '?')} warm-up and {run.get('iters', '?')} timed iterations per run. GFLOPS: the "
+         f"{run.get('warmup', '?')} warm-up and {run.get('iters', '?')} timed iteration(s) per run. GFLOPS: the "
          "measured FLOP rate (mean over runs, min-max in brackets); simulated: `sim compare`'s prediction of the "
          "same runs.", "",
          "| system | runs | iteration s | GFLOPS measured | GFLOPS simulated |", "|---|---|---|---|---|"]

@@ -27,20 +27,16 @@ def _inventory(tmp_path, text: str) -> Path:
     return p
 
 
-# case 1 scaled to 16 devices: 8 nodes x 2 GPUs, NVLink inside a node, 25 Gbps between
+# case 1 scaled to 16 devices: 4 nodes x 4 GPUs, NVLink inside a node, 25 Gbps between
 CASE1 = """
     scenario: 1
     devices: 16
     subnet: 10.214.0.0/16
     nodes:
-      - {name: gpu-a, nic: eth0, devices: [0, 1]}
-      - {name: gpu-b, nic: ens5, devices: [2, 3]}
-      - {name: gpu-c, nic: ens5, devices: [4, 5]}
-      - {name: gpu-d, nic: ens5, devices: [6, 7]}
-      - {name: gpu-e, nic: ens5, devices: [8, 9]}
-      - {name: gpu-f, nic: ens5, devices: [10, 11]}
-      - {name: gpu-g, nic: ens5, devices: [12, 13]}
-      - {name: gpu-h, nic: ens5, devices: [14, 15]}
+      - {name: gpu-a, nic: eth0, devices: [0, 1, 2, 3]}
+      - {name: gpu-b, nic: ens5, devices: [4, 5, 6, 7]}
+      - {name: gpu-c, nic: ens5, devices: [8, 9, 10, 11]}
+      - {name: gpu-d, nic: ens5, devices: [12, 13, 14, 15]}
 """
 
 
@@ -49,16 +45,16 @@ def test_dry_run_shapes_only_pairs_between_nodes(tmp_path, capsys):
     assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run"]) == 0
     out = capsys.readouterr().out
     topo = load_scenario("1", devices=16)
-    assert topo.device_region[0] == topo.device_region[1] != topo.device_region[2]
-    assert out.count("ip netns add harness-") == 2
-    assert out.count("link eth0 type macvlan mode bridge") == 2 and "ens5" not in out
-    # NVLink between devices 0 and 1 stays unshaped: 2 devices x 14 destinations on other nodes
-    assert out.count(" htb rate ") == 28
+    assert topo.device_region[0] == topo.device_region[3] != topo.device_region[4]
+    assert out.count("ip netns add harness-") == 4
+    assert out.count("link eth0 type macvlan mode bridge") == 4 and "ens5" not in out
+    # NVLink among devices 0-3 stays unshaped: 4 devices x 12 destinations on other nodes
+    assert out.count(" htb rate ") == 48
     assert "rate 12500000000bit ceil 12500000000bit" in out  # 25 Gbps x 0.5
-    assert "match ip dst 10.214.0.3/32" in out and "match ip dst 10.214.0.2/32" not in out
+    assert "match ip dst 10.214.0.5/32" in out and "match ip dst 10.214.0.2/32" not in out
     assert "10.214.0.1/16 dev hnp-" in out and "NCCL_NET=Socket" in out
-    assert main(["net", "clear", "--inventory", str(inv), "--node", "gpu-h", "--dry-run"]) == 0
-    assert capsys.readouterr().out.count("ip netns del harness-") == 2
+    assert main(["net", "clear", "--inventory", str(inv), "--node", "gpu-d", "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("ip netns del harness-") == 4
 
 
 def test_bandwidth_scale_comes_only_from_the_inventory(tmp_path, capsys):
@@ -72,16 +68,16 @@ def test_bandwidth_scale_comes_only_from_the_inventory(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("text, needle", [
-    (CASE1.replace("[14, 15]", "[14]"), "nodes: devices [15] of the scenario are on no node"),
-    (CASE1.replace("[2, 3]", "[1, 3]"), "nodes[1].devices: device 1 is already on node 'gpu-a'"),
-    (CASE1.replace("[2, 3]", "[2, 33]"), "nodes[1].devices: device 33 is not in the scenario"),
-    (CASE1.replace("[2, 3]", "[2, true]"), "nodes[1].devices: must be a non-empty list of device ids (got [2, True])"),
+    (CASE1.replace("[12, 13, 14, 15]", "[12, 13, 14]"), "nodes: devices [15] of the scenario are on no node"),
+    (CASE1.replace("[4, 5, 6, 7]", "[1, 5, 6, 7]"), "nodes[1].devices: device 1 is already on node 'gpu-a'"),
+    (CASE1.replace("[4, 5, 6, 7]", "[4, 5, 6, 33]"), "nodes[1].devices: device 33 is not in the scenario"),
+    (CASE1.replace("[4, 5, 6, 7]", "[4, true]"), "nodes[1].devices: must be a non-empty list of device ids (got [4, True])"),
     (CASE1.replace("subnet:", "sub_net:"), "sub_net: unknown key"),
     (CASE1.replace("{name: gpu-b,", "{name: gpu-b, gpus: 2,"), "nodes[1].gpus: unknown key"),
     (CASE1.replace("10.214.0.0/16", "8.8.0.0/16"), "subnet: must be a private range (got '8.8.0.0/16')"),
     (CASE1.replace("10.214.0.0/16", "10.214.0.0/29"), "subnet: has room for 6 devices, need 16 (got '10.214.0.0/29')"),
     (CASE1.replace("nic: ens5, ", ""), "nodes[1].nic: missing"),
-    (CASE1.replace("nic: ens5, devices: [2", "nic: averyveryverylongnic, devices: [2"),
+    (CASE1.replace("nic: ens5, devices: [4", "nic: averyveryverylongnic, devices: [4"),
      "nodes[1].nic: must be a name of letters, digits and . _ : -, at most 15 characters (got 'averyveryverylongnic')"),
     (CASE1.replace("{name: gpu-b, nic: ens5,", "{name: gpu-b, nic: ens5, host: 'a b',"), "nodes[1].host: must be a name"),
     (CASE1.replace("name: gpu-c", "name: gpu-b"), "nodes: two nodes have the same name (got 'gpu-b')"),

@@ -141,7 +141,9 @@ def kill_uml(pid: int, rid: str) -> None:
     """Stop the UML kernel of run `rid`: its process group (after checking the main process is ours),
     then every other host process with its umid, and return once none is left (or after the deadline).
     The main process may already be gone while the others are still exiting (a killed launcher)."""
+    seen = set()
     if _is_our_uml(pid, rid):
+        seen.add(pid)
         try:
             pgid = os.getpgid(pid)
             if pgid == pid:
@@ -150,13 +152,19 @@ def kill_uml(pid: int, rid: str) -> None:
                 os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    # An exiting process may have released its memory, and with it its command line, while it is
+    # still alive: wait on every process seen, not only on those the umid still finds.
     deadline = time.monotonic() + UML_EXIT_DEADLINE_S
-    while (left := _uml_pids(rid)) and time.monotonic() < deadline:
-        for p in left:
+    while time.monotonic() < deadline:
+        found = _uml_pids(rid)
+        for p in found:
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        seen = {p for p in seen | set(found) if pid_alive(p)}
+        if not seen:
+            return
         time.sleep(0.05)
 
 

@@ -123,18 +123,8 @@ UML_EXIT_DEADLINE_S = 10.0
 
 def _uml_pids(rid: str) -> list[int]:
     """Live host processes of run `rid`'s UML kernel: UML runs as several, all with its umid= argument."""
-    key = f"umid={umid(rid)}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{name}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if key in cmd and pid_alive(int(name)):
-            found.append(int(name))
-    return found
+    return [int(name) for name in os.listdir("/proc")
+            if name.isdigit() and _is_our_uml(int(name), rid) and pid_alive(int(name))]
 
 
 def kill_uml(pid: int, rid: str) -> None:

@@ -38,8 +38,9 @@ def render(d: Path) -> str:
     ga = json.loads((d / "schedule-ga.json").read_text())
     runs = pd.read_csv(d / "emu/runs.csv")
     manifests = [json.loads(p.read_text()) for p in sorted((d / "emu").rglob("manifest.json"))]
-    scenario = ga["scenario"]
-    L = [f"# {scenario}: {_description(d)}", ""]
+    summary = (d / "scenario/summary.txt").read_text().rstrip()
+    first = summary.splitlines()[0]
+    L = [f"# {ga['scenario']}: {first.split(': ', 1)[1] if ': ' in first else first}", ""]
     L += _provenance(manifests)
     L += ["## What is measured, what is simulated", "",
           "| output | kind | scale |", "|---|---|---|",
@@ -51,24 +52,19 @@ def render(d: Path) -> str:
           "CPU processes, links shaped by tc/netem | 8 devices, tiny GPT |",
           "| simulator vs emulated runs (`sim-vs-emu.csv`) | simulated, compute calibrated from the measured "
           "runs (`emu-profile.json`) | 8 devices, tiny GPT |", ""]
-    L += ["## Scenario", "", "Paper scale:", "", "```", (d / "scenario/summary.txt").read_text().rstrip(), "```", ""]
+    L += ["## Scenario", "", "Paper scale:", "", "```", summary, "```", ""]
     small = d / "scenario-8/summary.txt"
+    images = ["![delay](scenario/delay.png) ![bandwidth](scenario/bandwidth.png)", ""]
     if small.is_file():
         L += ["The emulated version (how it was chosen: the comment at the top of the scenario file):", "",
               "```", small.read_text().rstrip(), "```", ""]
-    L += ["![delay](scenario/delay.png) ![bandwidth](scenario/bandwidth.png)", ""]
-    if small.is_file():
-        L += ["8 devices:", "", "![delay](scenario-8/delay.png) ![bandwidth](scenario-8/bandwidth.png)", ""]
+        images += ["8 devices:", "", "![delay](scenario-8/delay.png) ![bandwidth](scenario-8/bandwidth.png)", ""]
+    L += images
     L += _schedule(d, ga)
     L += _simulated(sim)
     L += _measured(runs, manifests)
     L += _sim_vs_emu(d)
     return "\n".join(L) + "\n"
-
-
-def _description(d: Path) -> str:
-    first = (d / "scenario/summary.txt").read_text().splitlines()[0]
-    return first.split(": ", 1)[1] if ": " in first else first
 
 
 def _provenance(manifests: list[dict]) -> list[str]:

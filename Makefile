@@ -58,7 +58,8 @@ bench: $(STAMP) system-deps
 # of the paper's bandwidth so communication dominates as in the paper: ours, ours-random (the
 # paper's seeds) and the baselines; then the simulator's prediction for each run (compute speed
 # calibrated from the runs' own compute timings, since emulated devices are CPU processes), one
-# table + PFLOPS plots of all runs, and report.md over all of it.
+# table + PFLOPS plots of all runs, and report.md over all of it. The emulated runs share one boot
+# of the cluster (one set of imports and warm-up; each run forks fresh ranks).
 # QUICK=1: the same outputs from fewer repetitions and iterations, into results/<case>/quick/.
 SCENARIO_CASES := 1 2 3 4 5 fluidstack
 CASE_NAME = $(basename $(notdir $(firstword $(wildcard scenarios/$*-*.yaml scenarios/$*.yaml))))
@@ -66,6 +67,11 @@ CASE_OUT  = $(or $(SCENARIO_OUT),results/$(CASE_NAME)$(if $(QUICK),/quick))
 EMU       = --scenario $* --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 --bandwidth-scale 0.01 \
             $(if $(QUICK),--iters 1 --warmup 1,--iters 3 --warmup 3) --out $(CASE_OUT)/emu
 RANDOM_SEEDS = $(if $(QUICK),2022,2022 2023 2024)
+MEGATRON  = --system megatron --tp 1 --pp 4 --dp 2
+# every emulated run of the case in one boot of the cluster (harness run --each), one after another
+EACH      = --each '--system ours' $(foreach s,$(RANDOM_SEEDS),--each '--system ours-random --seed $(s)') \
+            --each '$(MEGATRON)' $(if $(QUICK),,--each '$(MEGATRON) --rank-order 2022') \
+            --each '--system deepspeed --zero 1 --pp 4 --dp 2'
 SEARCH    = $(if $(QUICK),--budget 2000)
 .PHONY: $(addprefix scenario-,$(SCENARIO_CASES))
 $(addprefix scenario-,$(SCENARIO_CASES)): scenario-%: $(STAMP) system-deps
@@ -74,11 +80,7 @@ $(addprefix scenario-,$(SCENARIO_CASES)): scenario-%: $(STAMP) system-deps
 	$(HARNESS) schedule --scenario $* --scheduler ga $(SEARCH) --json $(CASE_OUT)/schedule-ga.json
 	$(HARNESS) schedule compare --scenario $* $(SEARCH) $(if $(QUICK),--seeds 0) --out $(CASE_OUT)/compare
 	$(HARNESS) sim --scenario $* $(SEARCH) --json $(CASE_OUT)/sim.json --out $(CASE_OUT)/sim
-	$(HARNESS) run $(EMU) --system ours
-	for s in $(RANDOM_SEEDS); do $(HARNESS) run $(EMU) --system ours-random --seed $$s || exit 1; done
-	$(HARNESS) run $(EMU) --system megatron --tp 1 --pp 4 --dp 2
-	$(if $(QUICK),,$(HARNESS) run $(EMU) --system megatron --tp 1 --pp 4 --dp 2 --rank-order 2022)
-	$(HARNESS) run $(EMU) --system deepspeed --zero 1 --pp 4 --dp 2
+	$(HARNESS) run $(EMU) $(EACH)
 	$(HARNESS) sim calibrate $(CASE_OUT)/emu --out $(CASE_OUT)/emu-profile.json
 	$(HARNESS) sim compare $(CASE_OUT)/emu --profile $(CASE_OUT)/emu-profile.json --csv $(CASE_OUT)/sim-vs-emu.csv
 	$(HARNESS) report runs $(CASE_OUT)/emu

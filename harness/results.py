@@ -64,8 +64,18 @@ class IterationRecord:
 RECORD_FIELDS = [f.name for f in fields(IterationRecord)]
 
 
+_issued_run_ids: set[str] = set()
+
+
 def new_run_id(system: str) -> str:
-    return time.strftime("%Y%m%d-%H%M%S") + f"-{system}-{os.getpid()}"
+    """time-system-pid; unique within the process too (runs planned together in one second get -2, -3...)."""
+    base = time.strftime("%Y%m%d-%H%M%S") + f"-{system}-{os.getpid()}"
+    rid, k = base, 1
+    while rid in _issued_run_ids:
+        k += 1
+        rid = f"{base}-{k}"
+    _issued_run_ids.add(rid)
+    return rid
 
 
 def run_dir(scenario: str, run_id: str, root: Path | None = None) -> Path:

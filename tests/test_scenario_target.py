@@ -35,13 +35,15 @@ def test_quick_case_1_writes_consistent_outputs(tmp_path):
         assert (out / rel).is_file(), rel
     assert "8 devices in 2 regions" in (out / "scenario-8/summary.txt").read_text()  # 2 nodes x 4
 
-    runs = {}
+    runs, boots = {}, []
     for manifest in (out / "emu").rglob("manifest.json"):
         m = json.loads(manifest.read_text())
         assert m["status"] == "ok", m
         assert m["spec"]["run"]["iters"] == 1 and m["spec"]["run"]["warmup"] == 1  # QUICK's iterations
         runs[m["run_id"]] = (m["spec"]["run"]["system"], read_records(manifest.parent / "records.csv"))
+        boots.append(m["cluster_boot"]["runs"])
     assert sorted(s for s, _ in runs.values()) == sorted(SYSTEMS)  # one run each: QUICK's repetitions
+    assert all(sorted(b) == sorted(runs) for b in boots)  # every run of the case in one boot
 
     # The plot's data (runs.csv) is the records': per system the mean over its runs of each run's mean.
     table = pd.read_csv(out / "emu/runs.csv")

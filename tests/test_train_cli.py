@@ -243,3 +243,30 @@ def test_sigterm_fails_the_manifest_while_the_rank_is_blocked_in_cxx(tmp_path):
         p.kill()
         p.wait()
         p.stderr.close()
+
+
+def test_each_runs_in_turn_on_the_shared_flags(tmp_path, capsys):
+    """`--each`: the flags outside are every run's, each adds its own; one directory per run, in order."""
+    assert main(ARGS[:-4] + ["--iters", "1", "--warmup", "0", "--out", str(tmp_path), "--seed", "7",
+                              "--each", "--system ours", "--each", "--system ours-random --iters 2",
+                              "--each", "--system ours-random --seed 2022"]) == 0
+    out = capsys.readouterr().out.split()
+    assert len(out) == 3 and len(set(out)) == 3  # distinct run ids, though planned in one second
+    mans = [json.loads((tmp_path / "5-worldwide" / p.rsplit("/", 1)[1] / "manifest.json").read_text()) for p in out]
+    got = [(m["spec"]["run"]["system"], m["spec"]["model"]["seed"], m["spec"]["run"]["iters"]) for m in mans]
+    assert got == [("ours", 7, 1), ("ours-random", 7, 2), ("ours-random", 2022, 1)]
+    assert mans[1]["placement"]["pipelines"] != mans[2]["placement"]["pipelines"]  # the seed places the devices
+
+
+@pytest.mark.parametrize("each,message", [
+    ("--system ours --devices 4", "--devices is shared by every run of one command"),
+    ("--system ours --bandwidth-scale 2", "--bandwidth-scale is shared by every run of one command"),
+    ("--system ours --iters x", "argument --iters: must be a positive integer"),
+    ("--system ours --pp 2", "--pp: not an option of --system ours"),
+    ("--system 'ours", "No closing quotation"),
+])
+def test_each_mistake_is_one_line_and_nothing_runs(tmp_path, capsys, each, message):
+    rc = main(ARGS + ["--out", str(tmp_path), "--each", "--system ours-random", "--each", each])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and message in err, err
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())

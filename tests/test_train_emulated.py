@@ -46,11 +46,28 @@ def test_trains_in_the_emulated_cluster(tmp_path, capsys):
     assert (d / "ranks.log").exists()
 
 
-def test_killed_rank_in_the_emulated_cluster_fails_the_run(tmp_path, capsys):
-    rc = main(ARGS + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120",
-                      "--debug", "fault_rank=2", "--debug", "fault_after_s=3"])
+def test_runs_share_one_boot_and_a_killed_rank_fails_only_its_own_run(tmp_path, capsys):
+    """`--each`: three runs in one boot of the cluster; the second's rank 2 is killed. That run fails
+    with a manifest naming the rank and no records; the ones before and after it train, each with
+    its own manifest, records and log, and only the first pays the imports."""
+    each = ["--each", "--system ours --iters 2",
+            "--each", "--system ours --iters 100000 --timeout 120 --debug fault_rank=2 --debug fault_after_s=3",
+            "--each", "--system ours-random --seed 1 --iters 1"]
+    rc = main(ARGS + ["--warmup", "1", "--out", str(tmp_path)] + each)
     err = capsys.readouterr().err
-    assert rc == 2 and "rank 2 (device 2, " in err and "killed by signal SIGKILL" in err
-    m = json.loads((only_run(tmp_path) / "manifest.json").read_text())
-    assert m["status"] == "failed" and m["reason"].startswith("rank 2 (device 2, ")
-    assert not (only_run(tmp_path) / "records.csv").exists()
+    assert rc == 1 and "1 of 3 runs did not finish" in err and "rank 2 (device 2, " in err
+    dirs = sorted((p for p in tmp_path.glob("3-multi-dc/*") if p.is_dir()),
+                  key=lambda p: json.loads((p / "manifest.json").read_text())["cluster_boot"]["position"])
+    mans = [json.loads((d / "manifest.json").read_text()) for d in dirs]
+    assert [m["status"] for m in mans] == ["ok", "failed", "ok"]
+    assert all(m["cluster_boot"]["runs"] == [x["run_id"] for x in mans] for m in mans)
+    killed = mans[1]
+    assert killed["reason"].startswith("rank 2 (device 2, ") and "killed by signal SIGKILL" in killed["reason"]
+    assert not (dirs[1] / "records.csv").exists()
+    assert "imports" in mans[0]["startup_breakdown_s"] and "imports" not in mans[2]["startup_breakdown_s"]
+    assert 0 < mans[2]["startup_s"] < mans[0]["startup_s"]  # no imports, no warm-up
+    for d, m, iters in ((dirs[0], mans[0], 2), (dirs[2], mans[2], 1)):
+        assert [r["iteration"] for r in read_records(d / "records.csv")] == list(range(1, iters + 1))
+        assert m["readback"] and m["kernel"] in ("host", "uml")
+        log = (d / "ranks.log").read_text()  # its own progress lines only
+        assert log.count("harness: iteration") == 1 + iters, log

@@ -92,8 +92,24 @@ def register(sub) -> None:
         help="train a system on a scenario and write per-iteration records",
         description="Schedule, launch one rank per device (emulated cluster with shaping, or loopback with "
                     "--network none), train, and write results/<scenario>/<run-id>/{manifest.json,records.csv}. "
-                    "Under torchrun on real nodes pass --inventory.",
+                    "Under torchrun on real nodes pass --inventory. With --each, several runs in turn that share "
+                    "the flags given before; emulated, they share one boot of the cluster.",
     )
+    _add_run_arguments(p)
+    p.add_argument("--each", action="append", metavar="'FLAGS'",
+                   help="one run of several (repeatable, in order): its own flags on top of the others, e.g. "
+                        "--each '--system ours' --each '--system megatron --pp 4 --dp 2'. The runs share one "
+                        "network (--scenario, --devices, --bandwidth-scale, --network, --kernel go outside) and, "
+                        "emulated, one boot of the cluster, one set of imports and one warm-up; each run is its "
+                        "own fork of fresh ranks with its own results directory. Exit status 1 if any failed")
+    p.set_defaults(func=_run)
+
+
+#: Flags every run of one `harness run --each ...` shares: they make the cluster.
+SHARED_ONLY = ("scenario", "devices", "bandwidth_scale", "network", "kernel", "inventory")
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_training_arguments(p, inventory=True)
     p.add_argument("--system", default="ours", metavar="SYSTEM",
                    help=f"what trains (default ours): {systems.help_text()}")
@@ -122,7 +138,6 @@ def register(sub) -> None:
     p.add_argument("--inventory", type=Path,
                    help="real nodes: run under torchrun with this cluster.yaml, the one source of scenario, "
                         "devices and bandwidth scale (see README)")
-    p.set_defaults(func=_run)
 
 
 def rank_order(text: str | None) -> int | None:
@@ -156,9 +171,46 @@ def layout_request(args, system):
     return LayoutRequest(**given)
 
 
+class _EachParser(argparse.ArgumentParser):
+    """Parses one --each: its errors are one-line HarnessErrors naming it, not a usage and exit."""
+
+    def error(self, message):
+        from ..errors import HarnessError
+
+        raise HarnessError(f"--each {self.text!r}: {message}")
+
+
+def each_requests(args) -> list:
+    """The run request of every --each: the flags outside, then its own on top (one line per mistake)."""
+    import shlex
+
+    from ..errors import HarnessError
+
+    if args.inventory:
+        raise HarnessError("--each: runs on real nodes (--inventory) start one at a time under torchrun")
+    parser = _EachParser(prog="harness run --each", add_help=False)
+    _add_run_arguments(parser)
+    reqs = []
+    for text in args.each:
+        parser.text = text
+        try:
+            tokens = shlex.split(text)
+        except ValueError as e:
+            raise HarnessError(f"--each {text!r}: {e}") from None
+        each = parser.parse_args(tokens, namespace=argparse.Namespace(**vars(args)))
+        moved = [f"--{k.replace('_', '-')}" for k in SHARED_ONLY if getattr(each, k) != getattr(args, k)]
+        if moved:
+            raise HarnessError(f"--each {text!r}: {', '.join(moved)} is shared by every run of one command; "
+                               f"give it before the first --each")
+        reqs.append(request_from_args(each, layout_request(each, systems.get(each.system))))
+    return reqs
+
+
 def _run(args) -> int:
     from ..train.experiment import execute
 
+    if args.each:
+        return _run_each(args)
     req = request_from_args(args, layout_request(args, systems.get(args.system)))
     if args.inventory:
         from ..train.cluster import run_under_torchrun
@@ -169,3 +221,25 @@ def _run(args) -> int:
     if out is not None:
         print(out)
     return 0
+
+
+def _run_each(args) -> int:
+    """Every --each in turn; prints each run directory, a line per failed or unstarted run; 1 if any."""
+    import sys
+
+    from ..errors import HarnessError
+    from ..train.experiment import execute_many
+
+    reqs = each_requests(args)
+    results = execute_many(reqs)
+    bad = 0
+    for text, res in zip(args.each, results):
+        if isinstance(res, Path):
+            print(res)
+        else:
+            bad += 1
+            why = res if isinstance(res, HarnessError) else "not started (stopped before)"
+            print(f"harness: --each {text!r}: {why}", file=sys.stderr)
+    if bad:
+        print(f"harness: error: {bad} of {len(results)} runs did not finish", file=sys.stderr)
+    return 1 if bad else 0

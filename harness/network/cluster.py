@@ -127,6 +127,7 @@ class Cluster:
             "run_id": self.run_id,
             "bandwidth_scale": self.plan.bandwidth_scale,
             "devices": [vars(d) for d in self.devices],
+            "readback": self.readback,  # the shaping as the kernel holds it; each run's manifest keeps it
         }
 
 

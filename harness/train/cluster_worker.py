@@ -1,7 +1,8 @@
-"""Launcher-mode program inside the emulated cluster: `python -m harness.train.cluster_worker SPEC OUT`.
+"""Launcher-mode program inside the emulated cluster: `python -m harness.train.cluster_worker SPEC OUT [SPEC OUT ...]`.
 
-Runs once per run (inside user-mode Linux or the host kernel) with HARNESS_CLUSTER
-naming the cluster description. It imports torch once, forks one rank per device;
+Runs once per boot of the cluster (inside user-mode Linux or the host kernel) with
+HARNESS_CLUSTER naming the cluster description, for one run or several in turn. It
+imports torch once, then for each run forks one rank per device;
 each rank enters its device's namespace, binds gloo to the device's interface and
 trains (runner.rank_main). The outcome goes to OUT as JSON, also on failure:
 {"status": "ok"|"failed", "reason", "kernel", "startup_s", "ranks": [[IterationStats...]...]}.
@@ -39,7 +40,15 @@ def _keep_tcp_window_when_idle() -> None:
         pass
 
 
-def main(spec_path: str, out_path: str) -> int:
+#: Lines the launcher prints around each run of a batch, so the host can cut the log per run
+#: and knows that run's outcome file is complete (train/emulated.py).
+BEGIN_MARK, END_MARK = "harness-run-begin ", "harness-run-end "
+
+
+def main(pairs: list[tuple[str, str]]) -> int:
+    """Train each (SPEC, OUT) in turn in this cluster: torch and every system imported once, one
+    warm-up, then per run a fresh fork of its ranks (a run is measured as it would be alone,
+    without paying the imports again). Returns 1 if any run failed."""
     t_launch = _process_start_time()
     from ..launch import RankFailure, fork_ranks
     from .. import systems
@@ -48,49 +57,68 @@ def main(spec_path: str, out_path: str) -> int:
     from .config import RunSpec
     from .rank import RankEnv, rank_main, warm_up_parent
 
-    out = Path(out_path)
+    failed = 0
     try:
         cluster = json.loads(Path(os.environ["HARNESS_CLUSTER"]).read_text())
-        spec = RunSpec.from_json(json.loads(Path(spec_path).read_text()))
-        spec = spec.with_resolved(kernel=cluster.get("kernel", spec.resolved.kernel))
-        devs = sorted(cluster["devices"], key=lambda d: d["index"])
-        if len(devs) != spec.layout.devices:
-            raise RuntimeError(f"cluster has {len(devs)} devices, the run needs {spec.layout.devices}")
-        master = devs[0]["addr"]
-        systems.get(spec.run.system).train_fn()  # import the system once, before forking
+        specs = [RunSpec.from_json(json.loads(Path(sp).read_text())) for sp, _ in pairs]
+        for spec in specs:
+            systems.get(spec.run.system).train_fn()  # import every system once, before forking
         t_imported = time.time()
-        if spec.run.device_type == "cpu":
-            warm_up_parent(spec)
+        if any(spec.run.device_type == "cpu" for spec in specs):
+            warm_up_parent(specs[0])
         t_warm = time.time()
-        # Connect gloo pairs on first use: a pipeline rank talks to its neighbours and its
-        # C_j only, and a full mesh over 100+ ms links costs seconds of start-up.
-        os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
-
-        def target(rank: int):
-            d = devs[rank]
-            netns.enter(d["netns_path"])
-            _keep_tcp_window_when_idle()
-            env = RankEnv(rank=rank, world_size=len(devs), master_addr=master, master_port=MASTER_PORT,
-                          addr=d["addr"], ifname=d["ifname"], device_index=d["index"])
-            return rank_main(spec, env)
-
-        label = lambda r: f"rank {r} (device {devs[r]['index']}, {devs[r]['addr']})"  # noqa: E731
-        results = fork_ranks(len(devs), target, timeout_s=spec.run.timeout_s,
-                             label=label)
-        ready = [r.marks["training"] for r in results if "training" in r.marks]
-        atomic_write_json(out, {
-            "status": "ok", "reason": "", "kernel": spec.resolved.kernel,
-            "startup_s": (max(ready) - t_launch) if ready else None,
-            "startup_breakdown_s": {"imports": t_imported - t_launch, "warm_up": t_warm - t_launch, **{
-                k: max(r.marks[k] for r in results) - t_launch for k in results[0].marks}},
-            "ranks": [[asdict(s) for s in r.stats] for r in results],
-        })
-        return 0
-    except (RankFailure, Exception) as e:  # noqa: BLE001 - carried to the host as data
-        atomic_write_json(out, {"status": "failed", "reason": f"{e}" if isinstance(e, RankFailure)
-                                else f"{type(e).__name__}: {e}", "ranks": []})
+    except Exception as e:  # noqa: BLE001 - carried to the host as data
+        for _, out in pairs:
+            atomic_write_json(Path(out), {"status": "failed", "reason": f"{type(e).__name__}: {e}", "ranks": []})
         return 1
+    devs = sorted(cluster["devices"], key=lambda d: d["index"])
+    master = devs[0]["addr"]
+    # Connect gloo pairs on first use: a pipeline rank talks to its neighbours and its
+    # C_j only, and a full mesh over 100+ ms links costs seconds of start-up.
+    os.environ.setdefault("TORCH_GLOO_LAZY_INIT", "1")
+    for k, ((_, out_path), spec) in enumerate(zip(pairs, specs)):
+        out = Path(out_path)
+        _mark(BEGIN_MARK, k)
+        t_start = t_launch if k == 0 else time.time()  # a later run starts where the one before ended
+        try:
+            spec = spec.with_resolved(kernel=cluster.get("kernel", spec.resolved.kernel))
+            if len(devs) != spec.layout.devices:
+                raise RuntimeError(f"cluster has {len(devs)} devices, the run needs {spec.layout.devices}")
+
+            def target(rank: int, spec=spec, port=MASTER_PORT + k):  # a fresh port: no wait on the last one's
+                d = devs[rank]
+                netns.enter(d["netns_path"])
+                _keep_tcp_window_when_idle()
+                env = RankEnv(rank=rank, world_size=len(devs), master_addr=master, master_port=port,
+                              addr=d["addr"], ifname=d["ifname"], device_index=d["index"])
+                return rank_main(spec, env)
+
+            label = lambda r: f"rank {r} (device {devs[r]['index']}, {devs[r]['addr']})"  # noqa: E731
+            results = fork_ranks(len(devs), target, timeout_s=spec.run.timeout_s, label=label)
+            ready = [r.marks["training"] for r in results if "training" in r.marks]
+            shared = {"imports": t_imported - t_launch, "warm_up": t_warm - t_launch} if k == 0 else {}
+            atomic_write_json(out, {
+                "status": "ok", "reason": "", "kernel": spec.resolved.kernel,
+                "startup_s": (max(ready) - t_start) if ready else None,
+                "startup_breakdown_s": {**shared, **{
+                    m: max(r.marks[m] for r in results) - t_start for m in results[0].marks}},
+                "readback": cluster.get("readback", {}),
+                "ranks": [[asdict(s) for s in r.stats] for r in results],
+            })
+        except (RankFailure, Exception) as e:  # noqa: BLE001 - carried to the host as data
+            failed += 1
+            atomic_write_json(out, {"status": "failed", "reason": f"{e}" if isinstance(e, RankFailure)
+                                    else f"{type(e).__name__}: {e}", "ranks": []})
+        _mark(END_MARK, k)
+    return 1 if failed else 0
+
+
+def _mark(prefix: str, k: int) -> None:
+    print(f"{prefix}{k}", flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    args = sys.argv[1:]
+    if not args or len(args) % 2:
+        sys.exit("usage: python -m harness.train.cluster_worker SPEC OUT [SPEC OUT ...]")
+    sys.exit(main(list(zip(args[::2], args[1::2]))))

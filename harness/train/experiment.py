@@ -113,15 +113,39 @@ def execute(req: RunRequest) -> Path:
     return record_run(plan_run(req), _launch)
 
 
-def record_run(plan: Plan, launch) -> Path:
+def execute_many(reqs: list[RunRequest]) -> list[Path | HarnessError | None]:
+    """Run every request in turn; returns, per request, its run directory, the error that failed it, or
+    None when a stop came first. All are planned before any starts (a bad one stops all, as one line).
+    They must share one network section; emulated, they share one boot of the cluster (emulated.py)."""
+    plans = [plan_run(r) for r in reqs]
+    networks = {p.spec.network for p in plans}
+    if len(networks) > 1:
+        raise HarnessError(f"runs of one command share one network (scenario, devices, bandwidth scale, "
+                           f"kernel); got {len(networks)} different ones")
+    if plans[0].spec.network.mode == "emulated":
+        from .emulated import record_in_one_boot
+
+        return record_in_one_boot(plans, record_run)
+    results: list[Path | HarnessError | None] = []
+    for plan in plans:
+        try:
+            results.append(record_run(plan, _launch))
+        except HarnessError as e:
+            results.append(e)
+    return results
+
+
+def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
     """Write the manifest (running), call `launch(spec, topo, out) -> (kernel, per-rank stats,
-    extra manifest fields)`, then the records and the final manifest; `failed` + reason on any error."""
+    extra manifest fields)`, then the records and the final manifest; `failed` + reason on any error.
+    `shared`: manifest fields of every state (e.g. the runs it shared a cluster boot with)."""
     spec, topo, placement = plan.spec, plan.topo, plan.placement
     out = run_dir(spec.resolved.scenario, spec.resolved.run_id, spec.run.results_root)
     info = {
         "spec": spec.to_json(),
         "host_cpus": os.cpu_count(),  # emulated ranks share them (sim compare's cpu load)
         "placement": None if placement is None else placement.to_json(spec.layout),
+        **(shared or {}),
     }
     run_id = spec.resolved.run_id
 

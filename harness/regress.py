@@ -149,14 +149,33 @@ BASELINE_REPEATS = 5  # and in a baseline: its spread is the noise, and more run
 
 def emulated_run(argv: tuple[str, ...], out_root: Path, debug: tuple[str, ...] = ()) -> Path:
     """One `harness run` with `argv` (and --debug options) under `out_root`; its run directory."""
+    from .train.experiment import execute
+
+    return execute(_request(argv, out_root, debug))
+
+
+def emulated_runs(argvs: list[tuple[str, ...]], out_root: Path, debug: tuple[str, ...] = ()) -> list[Path]:
+    """`harness run` of each argv in turn (one network: emulated, one boot of the cluster, as
+    `harness run --each`); their run directories. A failed run fails the gate, in one line."""
+    from .train.experiment import execute_many
+
+    results = execute_many([_request(argv, out_root, debug) for argv in argvs])
+    bad = [(argv, r) for argv, r in zip(argvs, results) if not isinstance(r, Path)]
+    if bad:
+        argv, why = bad[0]
+        raise RegressError(f"regress: {len(bad)} of {len(argvs)} emulated runs did not finish; "
+                           f"first: {' '.join(argv)}: {why or 'not started'}")
+    return results
+
+
+def _request(argv: tuple[str, ...], out_root: Path, debug: tuple[str, ...]):
     from . import systems
     from .cli import build_parser
     from .cli.run import layout_request, request_from_args
-    from .train.experiment import execute
 
     flags = [x for d in debug for x in ("--debug", d)]
     args = build_parser().parse_args(["run", *argv, "--out", str(out_root), *flags])
-    return execute(request_from_args(args, layout_request(args, systems.get(args.system))))
+    return request_from_args(args, layout_request(args, systems.get(args.system)))
 
 
 def run_figures(run: Path) -> dict[str, float]:
@@ -186,12 +205,13 @@ def measured_figures(out_root: Path, debug: tuple[str, ...] = (), repeats: int =
     import numpy as np
 
     systems = systems or MEASURED_SYSTEMS
+    order = [name for _ in range(repeats) for name in systems]
+    if progress:
+        progress(f"emulated: {repeats} x {', '.join(systems)} in one boot of the cluster")
+    runs = emulated_runs([(*argv, *systems[name]) for name in order], out_root, debug)
     per: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
-    for r in range(repeats):
-        for name, sys_argv in systems.items():
-            if progress:
-                progress(f"emulated {name} ({r + 1}/{repeats})")
-            per[name].append(run_figures(emulated_run((*argv, *sys_argv), out_root, debug)))
+    for name, run in zip(order, runs):
+        per[name].append(run_figures(run))
     out = []
     for name, runs in per.items():
         for key, unit, kind in (("seconds", "s/iter", "absolute"), ("measured-over-sim", "ratio", "measured"),

@@ -19,7 +19,7 @@ def register(sub) -> None:
                     f"per iteration of {', '.join(SUITE.wire)} counted in short loopback runs of case 5) fail on "
                     "any change beyond float rounding. Measured figures (emulated case-5 runs of "
                     f"{', '.join(MEASURED_SYSTEMS)}, "
-                    f"{REPEATS} each, {BASELINE_REPEATS} for a baseline, one to two and a half minutes a run; not "
+                    f"{REPEATS} each, {BASELINE_REPEATS} for a baseline, all in one boot of the emulated cluster; not "
                     "with --quick) fail when they moved the worse way "
                     "by more than their noise. Prints one table (figure, baseline, now, change, noise, verdict), "
                     "appends a line to the history and exits 1 on a regression.",

@@ -9,6 +9,7 @@ the field and the value, so the CLI can print one line and exit non-zero.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -342,6 +343,7 @@ def _parse(doc, path: Path) -> Topology:
         seen.add(r.name)
 
     R = len(regions)
+    _check_fits(path, sum(r.devices for r in regions), R)
     inter_delay, inter_bw = _inter(path, doc["inter_region"], regions)
     device_region = tuple(r for r, reg in enumerate(regions) for _ in range(reg.devices))
     dr = np.asarray(device_region)
@@ -366,6 +368,23 @@ def _parse(doc, path: Path) -> Topology:
         bandwidth_gbps=bw,
         server=server,
     )
+
+
+#: float64 N x N matrices alive at once while a scenario of N devices is parsed (delay, bandwidth and
+#: their intermediates); consumers (scheduler, simulator, shaping plan) hold a few more.
+PARSE_MATRICES = 6
+
+
+def _check_fits(path: Path, devices: int, regions: int) -> None:
+    """One line, before any allocation, when the link matrices would not fit in this machine's memory
+    (a traceback from numpy, or the machine swapping, otherwise)."""
+    need = PARSE_MATRICES * 8 * (devices ** 2 + regions ** 2)
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        most = math.isqrt(have // (PARSE_MATRICES * 8))
+        _fail(path, "regions", f"{devices:,} devices in {regions:,} region(s) need {need / 2**30:,.1f} GiB for "
+                               f"their device x device link matrices, more than this machine's "
+                               f"{have / 2**30:.1f} GiB (at most about {most:,} devices here)")
 
 
 def _server(path, d) -> Server:

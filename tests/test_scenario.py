@@ -136,3 +136,16 @@ def test_cli_export_and_show(cli, tmp_path):
     for f in ("summary.txt", "delay.png", "bandwidth.png"):
         assert (tmp_path / f).stat().st_size > 0
     assert (tmp_path / "delay.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("devices,count", [(100000, 1), (1, 100000)])
+def test_a_scenario_too_large_for_this_machine_fails_in_one_line_before_allocating(cli, tmp_path, devices,
+                                                                                   count):
+    """100000 devices (or regions): the device x device matrices alone would need hundreds of GiB."""
+    import os
+
+    assert 6 * 8 * 100000 ** 2 > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # the premise
+    p = write(tmp_path, GOOD.replace("{name: A, devices: 2}", f"{{name: A, devices: {devices}, count: {count}}}"))
+    rc, out, err = cli("scenario", "show", p, "--no-plots")
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{p}: regions: 100,00" in err and "more than this machine's" in err and "at most about" in err

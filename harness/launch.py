@@ -84,15 +84,17 @@ def fork_ranks(
     timeout_s: float,
     label: Callable[[int], str] = lambda r: f"rank {r}",
     grace_s: float = GRACE_S,
+    tmp_dir: Path | None = None,
 ) -> list[Any]:
     """Fork `n` children running `target(rank)`; return their results in rank order.
 
     Raises RankFailure (naming the first failed rank, then others) if any rank fails,
     or if the ranks are not all done within `timeout_s`. Returns only when every
-    child has exited.
+    child has exited. The ranks' results pass through a directory in `tmp_dir` (a run's
+    own, so that whoever removes the run's leftovers removes it too; default the system's).
     """
     ctx = mp.get_context("fork")
-    outdir = Path(tempfile.mkdtemp(prefix="harness-ranks-"))
+    outdir = Path(tempfile.mkdtemp(prefix="harness-ranks-", dir=tmp_dir))
     procs = [ctx.Process(target=_child, args=(r, target, str(outdir), os.getpid()), name=f"rank{r}")
              for r in range(n)]
     failed: list[int] = []

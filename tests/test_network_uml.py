@@ -209,23 +209,76 @@ def test_launcher_mode_and_teardown_inside_the_guest(tmp_path):
     _no_leftovers_of(res.run_id)
 
 
-@pytest.mark.timeout(120)
-def test_net_clean_after_sigkill_leaves_nothing(capsys):
+def _leftovers_of(rid: str) -> list[str]:
+    """What of run `rid` is still here (empty: nothing)."""
+    found = [f"entry {e.kind}" for e in registry.entries() if e.run_id == rid]
+    found += [str(p) for p in (Path.home() / ".uml" / registry.umid(rid),) if p.exists()]
+    found += [str(p) for p in Path("/tmp").glob(f"harness-net-{rid}-*")]
+    return found + [f"pid {p}" for p in registry._uml_pids(rid)]
+
+
+def _wait_until(condition, deadline_s: float, what: str):
+    """Poll `condition()` until it is truthy or the deadline passes (then fail naming `what`)."""
+    deadline = time.monotonic() + deadline_s
+    while not (got := condition()):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+    return got
+
+
+def _emulate_then_sigkill(first=lambda entry: None):
+    """`harness emulate -- sleep 90` in a subprocess, SIGKILLed once its cluster is up (after `first(entry)`);
+    its registry entry."""
     proc = subprocess.Popen([sys.executable, "-m", "harness", "emulate", "--scenario", NET4, "--kernel", "uml",
                              "--timeout", "100", "--", "sleep", "90"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    entry = None
     try:
-        for _ in range(600):
-            entry = next((e for e in registry.entries() if e.pid == proc.pid and e.uml_pid), None)
-            if entry and (Path(entry.job_dir) / "peers.json").exists():
-                break
-            time.sleep(0.1)
-        assert entry is not None and (Path(entry.job_dir) / "peers.json").exists()
+        def up():
+            e = next((e for e in registry.entries() if e.pid == proc.pid and e.uml_pid), None)
+            return e if e and (Path(e.job_dir) / "peers.json").exists() else None
+
+        entry = _wait_until(up, 60, "the emulated cluster did not come up")
+        first(entry)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-    assert registry.pid_alive(entry.uml_pid)  # the kernel outlives its killed launcher...
+    return entry
+
+
+def _reaper_pids(rid: str) -> list[int]:
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and registry.pid_alive(int(p))
+            and _cmdline(int(p))[-4:-2] == [b"harness.network.reaper", rid.encode()]]
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return []
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_harness_takes_its_emulated_cluster_with_it():
+    """SIGKILL of `harness emulate`: its reaper removes the kernel, every host process of it and the
+    rest within seconds, without `net clean`."""
+    entry = _emulate_then_sigkill()
+    t0 = time.monotonic()
+    _wait_until(lambda: not _leftovers_of(entry.run_id), 10, f"left after 10 s: {_leftovers_of(entry.run_id)}")
+    assert time.monotonic() - t0 < 10
+    _no_leftovers_of(entry.run_id)
+    _wait_until(lambda: not _reaper_pids(entry.run_id), 10, "the reaper stayed after its work")
+
+
+@pytest.mark.timeout(120)
+def test_net_clean_after_sigkill_of_harness_and_reaper_leaves_nothing(capsys):
+    def kill_reaper(entry):  # the harness's own reaper (started by the process above), first
+        pids = _reaper_pids(entry.run_id)
+        assert len(pids) == 1
+        os.kill(pids[0], signal.SIGKILL)
+        _wait_until(lambda: not _reaper_pids(entry.run_id), 10, "the reaper outlived SIGKILL")
+
+    entry = _emulate_then_sigkill(kill_reaper)
+    assert registry.pid_alive(entry.uml_pid)  # the kernel outlives its killed launcher and reaper...
     assert main(["net", "show"]) == 0
     assert f"run {entry.run_id} uml" in capsys.readouterr().out
     assert main(["net", "clean"]) == 0

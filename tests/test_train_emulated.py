@@ -71,3 +71,51 @@ def test_runs_share_one_boot_and_a_killed_rank_fails_only_its_own_run(tmp_path, 
         assert m["readback"] and m["kernel"] in ("host", "uml")
         log = (d / "ranks.log").read_text()  # its own progress lines only
         assert log.count("harness: iteration") == 1 + iters, log
+
+
+def test_a_killed_harness_run_leaves_no_process_directory_or_running_manifest(tmp_path):
+    """SIGKILL of `harness run` while its ranks train: within 10 s, without `net clean`, the kernel and
+    every rank are gone, so are the run's temporary directories, and its manifest says failed."""
+    import signal
+    import subprocess
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from harness.network import registry
+
+    proc = subprocess.Popen([sys.executable, "-m", "harness", *ARGS, "--iters", "100000", "--warmup", "0",
+                             "--timeout", "120", "--out", str(tmp_path)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def wait_until(condition, seconds, what):
+        deadline = time.monotonic() + seconds
+        while not (got := condition()):
+            assert time.monotonic() < deadline, what
+            time.sleep(0.1)
+        return got
+
+    def running(condition):
+        assert proc.poll() is None, f"harness run ended by itself: {proc.returncode}"
+        return condition()
+
+    tmp = Path(tempfile.gettempdir())
+    try:
+        entry = wait_until(lambda: running(lambda: next((e for e in registry.entries() if e.pid == proc.pid), None)),
+                           60, "no emulated cluster registered")
+        work = wait_until(lambda: running(lambda: [d for d in tmp.glob("harness-run-*") if any(d.glob("harness-ranks-*"))]),
+                          120, "the ranks never started")  # forked: their results directory is in the run's
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    manifest = only_run(tmp_path) / "manifest.json"
+
+    def clean():
+        return (not any(e.run_id == entry.run_id for e in registry.entries())
+                and not registry._uml_pids(entry.run_id) and not any(d.exists() for d in work)
+                and json.loads(manifest.read_text())["status"] != "running")
+
+    wait_until(clean, 10, "after 10 s the run's kernel, directories or running manifest were still there")
+    m = json.loads(manifest.read_text())
+    assert m["status"] == "failed" and m["reason"].startswith(f"killed: the harness process (pid {proc.pid})")

@@ -10,6 +10,7 @@ runner.py    run a command per device / once (launcher) in a cluster of the curr
 guest.py     entry point inside UML
 emulate.py   run_emulated(): the launcher used by trainers, baselines and `harness emulate`
 registry.py  what each run created; `net clean` / `net show`
+reaper.py    one process per run that tears it down (as `net clean`) once its harness process is gone
 probe.py     in-cluster RTT + goodput measurements; verify.py: targets, pass rules, report
 node.py      real nodes: macvlan namespaces per GPU process from the inventory (`net apply|clear`), a rank's network
 dryrun.py    the local cluster as ip/tc commands

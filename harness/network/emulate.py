@@ -20,7 +20,8 @@ at most 32 GiB. The result says which kernel ran.
 Failure: a non-zero return code of any device, or the timeout (rc 124 for the devices
 still running), makes the result non-zero; once one device fails the others get
 runner.FAIL_GRACE_S to finish. Teardown happens on success, exceptions, SIGINT and
-SIGTERM; after a SIGKILL, `harness net clean` removes what is left.
+SIGTERM; after a SIGKILL of this process, its reaper (reaper.py) does the same within seconds
+(`harness net clean` removes what any other accident left).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HarnessError
-from . import registry, uml
+from . import reaper, registry, uml
 from .kernel import choose
 from .runner import TIMEOUT_RC, Job, log_path, read_result, run_job
 
@@ -78,9 +79,11 @@ class EmulationError(HarnessError, RuntimeError):
 
 def run_emulated(topo, command: list[str], *, mode: str = "per-device",
                  kernel: str = "auto", timeout_s: float = 600.0, env: dict[str, str] | None = None,
-                 stream=None) -> EmulationResult:
+                 stream=None, temp_dirs: list[str] = (), manifests: list[str] = ()) -> EmulationResult:
     """Run `command` in the emulated cluster of `topo` (Topology.scaled: its links are shaped as they are);
-    see the module docstring."""
+    see the module docstring. `temp_dirs` and `manifests` are the caller's, registered with the run: if
+    this process dies first, its reaper (reaper.py) removes the directories and fails the manifests
+    still `running`."""
     if mode not in MODES:
         raise EmulationError(f"mode: must be one of {', '.join(MODES)} (got {mode!r})")
     if not command:
@@ -95,10 +98,13 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
               env={**os.environ, **(env or {})}, cwd=os.getcwd(), topo=topo)
     tailer = _Tailer([log_path(job_dir, i) for i in range(n_logs)], stream, n_logs > 1)
     entry = registry.Entry(run_id=rid, pid=os.getpid(), kind="uml" if which == "uml" else "job",
-                           job_dir=str(job_dir))
+                           job_dir=str(job_dir), temp_dirs=[str(d) for d in temp_dirs],
+                           manifests=[str(m) for m in manifests])
+    guard = None
     try:
         with _signals_as_exceptions():
             entry.save()
+            guard = reaper.start(rid)
             tailer.start()
             if which == "host":
                 result = run_job(job, kernel="host")
@@ -107,8 +113,11 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
     finally:
         tailer.stop()
         outputs = [_read(log_path(job_dir, i)) for i in range(n_logs)]
+        entry.manifests, entry.temp_dirs = [], []  # the caller's: it is alive and finishes them itself
         registry.teardown(entry)  # UML kernel, job dir
         shutil.rmtree(job_dir, ignore_errors=True)
+        if guard is not None:
+            guard.release()
     if result.get("error"):
         raise EmulationError(f"emulated cluster ({which}): {result['error']}")
     rcs = result["returncodes"]

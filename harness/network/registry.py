@@ -71,6 +71,8 @@ class Entry:
     uml_pid: int = 0
     job_dir: str = ""
     created: float = field(default_factory=time.time)
+    temp_dirs: list[str] = field(default_factory=list)  # the run's own temporary directories
+    manifests: list[str] = field(default_factory=list)  # the runs' manifest.json: failed if left `running`
 
     @property
     def path(self) -> Path:
@@ -162,19 +164,35 @@ def remove_uml_leftovers(rid: str) -> None:
     shutil.rmtree(Path.home() / ".uml" / umid(rid), ignore_errors=True)
 
 
-def teardown(entry: Entry) -> None:
-    """Remove everything `entry` lists (missing pieces are fine: idempotent)."""
+def teardown(entry: Entry, reason: str = "") -> None:
+    """Remove everything `entry` lists (missing pieces are fine: idempotent); its manifests still
+    `running` become `failed` with `reason` (default: its owner is gone)."""
     if entry.kind == "uml":
         kill_uml(entry.uml_pid, entry.run_id)
         remove_uml_leftovers(entry.run_id)
-    if entry.job_dir:
-        shutil.rmtree(entry.job_dir, ignore_errors=True)
+    for d in [entry.job_dir, *entry.temp_dirs]:
+        if d:
+            shutil.rmtree(d, ignore_errors=True)
+    for m in entry.manifests:
+        fail_if_running(Path(m), reason or f"killed: its harness process (pid {entry.pid}) is gone")
     if entry.netns or entry.links:
         from .apply import delete_links, delete_netns
 
         delete_netns([n for n in entry.netns if NETNS_RE.match(n)])
         delete_links([n for n in entry.links if LINK_RE.match(n)])
     entry.drop()
+
+
+def fail_if_running(path: Path, reason: str) -> bool:
+    """Rewrite a run's manifest from `running` to `failed` with `reason` (atomically); True if it did."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(doc, dict) or doc.get("status") != "running":
+        return False
+    atomic_write_json(path, {**doc, "status": "failed", "reason": reason})
+    return True
 
 
 def clean(*, include_live: bool = False) -> list[Entry]:

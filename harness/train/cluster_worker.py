@@ -94,7 +94,8 @@ def main(pairs: list[tuple[str, str]]) -> int:
                 return rank_main(spec, env)
 
             label = lambda r: f"rank {r} (device {devs[r]['index']}, {devs[r]['addr']})"  # noqa: E731
-            results = fork_ranks(len(devs), target, timeout_s=spec.run.timeout_s, label=label)
+            results = fork_ranks(len(devs), target, timeout_s=spec.run.timeout_s, label=label,
+                                 tmp_dir=out.parent)  # the run's work directory (the host removes it)
             ready = [r.marks["training"] for r in results if "training" in r.marks]
             shared = {"imports": t_imported - t_launch, "warm_up": t_warm - t_launch} if k == 0 else {}
             atomic_write_json(out, {

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import HarnessError
 from ..launch import RankFailure
-from ..results import atomic_write_json, atomic_write_text
+from ..results import atomic_write_json, atomic_write_text, run_dir
 from ..scenario import Topology
 from .cluster_worker import BEGIN_MARK, END_MARK
 from .config import RunSpec
@@ -98,6 +98,12 @@ class _Boot:
         shutil.rmtree(self.work, ignore_errors=True)
 
     @property
+    def manifests(self) -> list[str]:
+        """Where each run's manifest is (experiment.record_run writes them)."""
+        return [str(run_dir(s.resolved.scenario, s.resolved.run_id, s.run.results_root) / "manifest.json")
+                for s in self.specs]
+
+    @property
     def timeout_s(self) -> float:
         return sum(s.run.timeout_s + RUN_OVERHEAD_S for s in self.specs)
 
@@ -112,7 +118,8 @@ class _Boot:
                *(str(p) for pair in self.pairs for p in pair)]
         try:
             self.res = run_emulated(topo, cmd, mode="launcher", kernel=self.specs[0].network.kernel,
-                                    timeout_s=self.timeout_s, env=env, stream=self.log)
+                                    timeout_s=self.timeout_s, env=env, stream=self.log,
+                                    temp_dirs=[str(self.work)], manifests=self.manifests)
         except BaseException as e:
             self.error = e
             raise

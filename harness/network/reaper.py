@@ -1,0 +1,82 @@
+"""The run dies with its owner: one small process per emulated cluster that, once the harness
+process that started the run is gone for any reason (SIGKILL included), tears down what the
+run's registry entries list, as `harness net clean` would: the user-mode Linux kernel and all
+its host processes (so every rank inside it), namespaces, links, job and temporary
+directories, and each of the run's manifests still `running` becomes `failed`.
+
+`start(rid)` runs `python -m harness.network.reaper RID OWNER_PID` in a session of its own (a
+terminal's Ctrl-C or a kill of the owner's process group does not reach it); the owner calls
+`Reaper.release()` after its own teardown. The reaper waits on a pidfd of the owner and on its
+stdin, no polling; it imports only the registry.
+"""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+#: What the owner writes on the reaper's stdin when the run ended and was torn down by the owner.
+RELEASE = b"release\n"
+
+
+class Reaper:
+    """The owner's handle on its reaper process."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc = proc
+
+    def release(self) -> None:
+        """The run is torn down: the reaper exits without touching anything."""
+        try:
+            self.proc.stdin.write(RELEASE)
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        self.proc.wait()
+
+
+def start(rid: str) -> Reaper:
+    """A reaper for the registry entries of run `rid`, owned by this process."""
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": root + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "harness.network.reaper", rid, str(os.getpid())],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=env, start_new_session=True)
+    return Reaper(proc)
+
+
+def main(rid: str, owner: int) -> int:
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)  # only the owner's end, or its release, ends the reaper
+    stdin, watch, got = sys.stdin.fileno(), [sys.stdin.fileno()], b""
+    try:
+        watch.append(os.pidfd_open(owner))
+    except ProcessLookupError:
+        watch = []  # gone already
+    except OSError:
+        pass  # no pidfds (Linux < 5.3): the owner's end of our stdin closes when it dies
+    if watch:
+        while True:
+            ready, _, _ = select.select(watch, [], [])
+            if stdin in ready:
+                data = os.read(stdin, 64)
+                got += data
+                if got.startswith(RELEASE):
+                    return 0
+                if data:
+                    continue
+            break  # the owner exited (its pidfd is readable, or its end of our stdin closed)
+    from . import registry
+
+    for entry in registry.entries():
+        if entry.run_id == rid:
+            registry.teardown(entry, reason=f"killed: the harness process (pid {owner}) that ran it "
+                                            f"ended before the run did")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2])))

@@ -39,6 +39,25 @@ def test_runs_table_groups_by_system_and_layout_and_skips_failed_runs(tmp_path, 
     assert "megatron" in out
 
 
+def test_runs_left_out_are_listed_with_their_state_and_a_running_one_whose_harness_is_gone_is_killed(tmp_path, cli):
+    import os
+    import platform
+    import subprocess
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that ran and is gone
+    run(tmp_path, "a", "ok", [2.0])
+    run(tmp_path, "b", "failed", [1.0])
+    atomic_write_json(tmp_path / "b/manifest.json", {"status": "failed", "reason": "rank 2 failed: boom"})
+    for name, pid in (("c", gone.pid), ("d", os.getpid())):
+        atomic_write_json(tmp_path / name / "manifest.json", {"status": "running", "host": platform.node(), "pid": pid})
+    rc, out, _ = cli("report", "runs", tmp_path)
+    assert rc == 0
+    left = [ln for ln in out.splitlines() if ln.startswith("left out: ")]
+    assert left == [f"left out: {tmp_path / 'b'}: failed (rank 2 failed: boom)", f"left out: {tmp_path / 'c'}: killed",
+                    f"left out: {tmp_path / 'd'}: running"]
+
+
 def test_runs_table_needs_successful_runs(tmp_path, cli):
     run(tmp_path, "c", "failed", [1.0])
     rc, _, err = cli("report", "runs", tmp_path)

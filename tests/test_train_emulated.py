@@ -74,8 +74,9 @@ def test_runs_share_one_boot_and_a_killed_rank_fails_only_its_own_run(tmp_path, 
 
 
 def test_a_killed_harness_run_leaves_no_process_directory_or_running_manifest(tmp_path):
-    """SIGKILL of `harness run` while its ranks train: within 10 s, without `net clean`, the kernel and
-    every rank are gone, so are the run's temporary directories, and its manifest says failed."""
+    """SIGKILL of `harness run` once its cluster boots: within 10 s, without `net clean`, the kernel (and
+    so every rank in it) is gone, so is the run's work directory (which also holds the ranks' results
+    directory), and its manifest says failed."""
     import signal
     import subprocess
     import sys
@@ -104,8 +105,9 @@ def test_a_killed_harness_run_leaves_no_process_directory_or_running_manifest(tm
     try:
         entry = wait_until(lambda: running(lambda: next((e for e in registry.entries() if e.pid == proc.pid), None)),
                            60, "no emulated cluster registered")
-        work = wait_until(lambda: running(lambda: [d for d in tmp.glob("harness-run-*") if any(d.glob("harness-ranks-*"))]),
-                          120, "the ranks never started")  # forked: their results directory is in the run's
+        work = wait_until(lambda: running(lambda: [d for d in tmp.glob("harness-run-*") if (d / "spec-0.json").exists()]),
+                          60, "no work directory")
+        wait_until(lambda: running(lambda: registry._uml_pids(entry.run_id)), 60, "no kernel booting")
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

@@ -85,7 +85,7 @@ def cmd_show(args) -> int:
 
     entries = registry.entries()
     for e in entries:
-        state = "running" if registry.pid_alive(e.pid) else "stale (owner gone: harness net clean)"
+        state = "running" if registry.pid_alive(e.pid) else "killed (its harness process is gone: harness net clean)"
         print(f"run {e.run_id} {e.kind:8s} pid {e.pid} {state}: {len(e.netns)} namespaces, {len(e.links)} links"
               + (f", UML pid {e.uml_pid}" if e.uml_pid else ""))
     left = registry.leftovers()

@@ -25,7 +25,7 @@ def register(sub) -> None:
 
 def cmd_runs(args) -> int:
     from ..errors import HarnessError
-    from ..report.runs import default_sim_csv, write_runs_table
+    from ..report.runs import default_sim_csv, unfinished_runs, write_runs_table
 
     sim_csv = args.sim_csv
     if sim_csv is not None and not sim_csv.exists():
@@ -36,6 +36,8 @@ def cmd_runs(args) -> int:
     print(f"simulated PFLOPS from {sim_csv}" if sim_csv else "no sim compare CSV: measured PFLOPS only")
     for p in paths:
         print(f"wrote {p}")
+    for run, state, reason in unfinished_runs(args.dir):
+        print(f"left out: {run}: {state}" + (f" ({reason})" if reason else ""))
     return 0
 
 

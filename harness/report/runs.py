@@ -3,6 +3,7 @@ simulator's prediction beside it when `sim compare --csv` output is given; runs.
 from __future__ import annotations
 
 import json
+import platform
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,28 @@ def load_runs(root: Path) -> pd.DataFrame:
     df["layout"] = df.apply(_layout, axis=1)
     df["label"] = df.apply(_label, axis=1)
     return df
+
+
+def unfinished_runs(root: Path) -> list[tuple[Path, str, str]]:
+    """Runs below `root` left out of the table: (run directory, state, reason). State: the manifest's
+    (`failed`, `running`), or `killed` for one still `running` whose harness process on this host is gone
+    (`harness net clean` fails such a manifest)."""
+    from ..network.registry import pid_alive
+
+    out = []
+    for manifest in sorted(Path(root).rglob("manifest.json")):
+        try:
+            m = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            out.append((manifest.parent, "unreadable", "manifest.json is not JSON"))
+            continue
+        state = m.get("status")
+        if state == "ok":
+            continue
+        if state == "running" and m.get("host") == platform.node() and m.get("pid") and not pid_alive(m["pid"]):
+            state = "killed"
+        out.append((manifest.parent, str(state), str(m.get("reason") or "")))
+    return out
 
 
 def runs_table(root: Path | pd.DataFrame, sim_csv: Path | None = None) -> pd.DataFrame:

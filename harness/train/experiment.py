@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import signal
 import socket
 import threading
@@ -144,6 +145,7 @@ def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
     info = {
         "spec": spec.to_json(),
         "host_cpus": os.cpu_count(),  # emulated ranks share them (sim compare's cpu load)
+        "host": platform.node(), "pid": os.getpid(),  # whose run it is: `running` with the pid gone is killed
         "placement": None if placement is None else placement.to_json(spec.layout),
         **(shared or {}),
     }

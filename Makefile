@@ -39,8 +39,10 @@ system-deps:
 	  echo "system-deps: run as root (apt-get install $(SYSTEM_PACKAGES))"; exit 1; \
 	fi
 
+# two pytest-xdist workers; tests of machine-wide state (marked net or machine) run on one of them, one at a time
+TEST_JOBS ?= 2
 test: $(STAMP) system-deps
-	$(PY) -m pytest tests --ignore=tests/bench -q
+	$(PY) -m pytest tests --ignore=tests/bench -q -n $(TEST_JOBS) --dist loadgroup --durations=15
 
 # The throughput regression gate against the committed baseline (tests/regress/baseline.json):
 # exact figures and emulated case-5 runs (about 7 min); QUICK=1: the exact figures only (seconds),

@@ -42,6 +42,16 @@ def assert_same_json(got, want, where: str = "") -> None:
         assert got == want, where
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the groups
+def pytest_collection_modifyitems(config, items):
+    """`make test` runs on two pytest-xdist workers; tests of machine-wide state (the network registry under /run,
+    namespaces, the user-mode Linux kernel with half the machine's memory, Slurm's fixed ports, make targets that
+    boot it) go to one of them together, one at a time, as they would run alone."""
+    for item in items:
+        if item.get_closest_marker("net") or item.get_closest_marker("machine"):
+            item.add_marker(pytest.mark.xdist_group("machine"))
+
+
 @pytest.fixture
 def cli(capsys):
     """Run `harness ARGS...` in-process; returns (exit code, stdout, stderr)."""

@@ -14,6 +14,7 @@ from harness.network.emulate import EmulationError, run_emulated
 from harness.scenario import load_scenario
 
 NET4 = "tests/data/net-4dev.yaml"
+pytestmark = pytest.mark.machine  # the network registry, namespaces, the emulated cluster
 
 
 @pytest.mark.parametrize("argv, needle", [

@@ -19,6 +19,7 @@ from harness.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 NET4 = str(ROOT / "tests/data/net-4dev.yaml")
+pytestmark = pytest.mark.machine  # the network registry, namespaces, the emulated cluster
 
 
 def _inventory(tmp_path, text: str) -> Path:

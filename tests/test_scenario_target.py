@@ -14,6 +14,7 @@ from harness.results import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = {"ours", "ours-random", "megatron", "deepspeed"}
+pytestmark = pytest.mark.machine  # the network registry, namespaces, the emulated cluster
 
 
 def _no_emulation() -> str:

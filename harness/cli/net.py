@@ -71,8 +71,7 @@ def cmd_clean(args) -> int:
 
     done = registry.clean(include_live=args.all)
     for e in done:
-        what = f"UML kernel pid {e.uml_pid}" if e.kind == "uml" else f"{len(e.netns)} namespaces, {len(e.links)} links"
-        print(f"removed run {e.run_id} ({e.kind}: {what})")
+        print(f"removed run {e.run_id} ({e.kind}: {e.holds()})")
     left = registry.leftovers()
     if left["netns"] or left["links"]:
         print(f"still present (not in any registry entry, not touched): {left}", file=sys.stderr)
@@ -86,8 +85,7 @@ def cmd_show(args) -> int:
     entries = registry.entries()
     for e in entries:
         state = "running" if registry.pid_alive(e.pid) else "killed (its harness process is gone: harness net clean)"
-        print(f"run {e.run_id} {e.kind:8s} pid {e.pid} {state}: {len(e.netns)} namespaces, {len(e.links)} links"
-              + (f", UML pid {e.uml_pid}" if e.uml_pid else ""))
+        print(f"run {e.run_id} {e.kind:8s} pid {e.pid} {state}: {e.holds()}")
     left = registry.leftovers()
     print(f"{len(entries)} run(s); namespaces here: {len(left['netns'])}, links here: {len(left['links'])}")
     for kind in ("netns", "links"):

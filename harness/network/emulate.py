@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import signal
 import threading
 from contextlib import contextmanager
@@ -79,11 +78,10 @@ class EmulationError(HarnessError, RuntimeError):
 
 def run_emulated(topo, command: list[str], *, mode: str = "per-device",
                  kernel: str = "auto", timeout_s: float = 600.0, env: dict[str, str] | None = None,
-                 stream=None, temp_dirs: list[str] = (), manifests: list[str] = ()) -> EmulationResult:
+                 stream=None) -> EmulationResult:
     """Run `command` in the emulated cluster of `topo` (Topology.scaled: its links are shaped as they are);
-    see the module docstring. `temp_dirs` and `manifests` are the caller's, registered with the run: if
-    this process dies first, its reaper (reaper.py) removes the directories and fails the manifests
-    still `running`."""
+    see the module docstring. Write-ahead (reaper.py): the reaper starts, then the registry entry names
+    the job dir, then it is created, so that a kill at any moment leaves nothing behind."""
     if mode not in MODES:
         raise EmulationError(f"mode: must be one of {', '.join(MODES)} (got {mode!r})")
     if not command:
@@ -92,19 +90,18 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
         raise EmulationError(f"timeout: must be > 0 (got {timeout_s})")
     which = choose(kernel)
     rid = registry.new_run_id()
-    job_dir = uml.new_job_dir(rid)
+    job_dir = uml.job_dir_path(rid)
     n_logs = topo.n if mode == "per-device" else 1
     job = Job(run_id=rid, job_dir=str(job_dir), mode=mode, command=tuple(command), timeout_s=float(timeout_s),
               env={**os.environ, **(env or {})}, cwd=os.getcwd(), topo=topo)
     tailer = _Tailer([log_path(job_dir, i) for i in range(n_logs)], stream, n_logs > 1)
     entry = registry.Entry(run_id=rid, pid=os.getpid(), kind="uml" if which == "uml" else "job",
-                           job_dir=str(job_dir), temp_dirs=[str(d) for d in temp_dirs],
-                           manifests=[str(m) for m in manifests])
-    guard = None
+                           job_dir=str(job_dir))
+    guard = reaper.start(rid)
     try:
         with _signals_as_exceptions():
             entry.save()
-            guard = reaper.start(rid)
+            job_dir.mkdir(mode=0o700)
             tailer.start()
             if which == "host":
                 result = run_job(job, kernel="host")
@@ -113,11 +110,8 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
     finally:
         tailer.stop()
         outputs = [_read(log_path(job_dir, i)) for i in range(n_logs)]
-        entry.manifests, entry.temp_dirs = [], []  # the caller's: it is alive and finishes them itself
         registry.teardown(entry)  # UML kernel, job dir
-        shutil.rmtree(job_dir, ignore_errors=True)
-        if guard is not None:
-            guard.release()
+        guard.release()
     if result.get("error"):
         raise EmulationError(f"emulated cluster ({which}): {result['error']}")
     rcs = result["returncodes"]

@@ -8,15 +8,24 @@ directories, and each of the run's manifests still `running` becomes `failed`.
 terminal's Ctrl-C or a kill of the owner's process group does not reach it); the owner calls
 `Reaper.release()` after its own teardown. The reaper waits on a pidfd of the owner and on its
 stdin, no polling; it imports only the registry.
+
+Write-ahead: the reaper starts first, then the run's entry names what it is about to create, then
+the run creates it; a kill at any moment leaves nothing the reaper does not know of.
+`guarded(manifests)` does this for a training command (train/experiment.py): its manifests and
+its one work directory, on any network.
 """
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import signal
 import subprocess
 import sys
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 #: What the owner writes on the reaper's stdin when the run ended and was torn down by the owner.
 RELEASE = b"release\n"
@@ -46,6 +55,28 @@ def start(rid: str) -> Reaper:
                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             env=env, start_new_session=True)
     return Reaper(proc)
+
+
+@contextmanager
+def guarded(manifests: list[str], work_parent: str | None = None) -> Iterator[Path]:
+    """Register a training command of this process with a reaper before it writes anything: if this
+    process dies, the reaper fails each of `manifests` still `running` and removes the command's
+    work directory (yielded: created after its registration, in `work_parent` or the system's
+    temporary directory, removed at the end)."""
+    from . import registry
+
+    rid = registry.new_run_id()
+    work = Path(work_parent or tempfile.gettempdir()) / f"harness-run-{rid}-{secrets.token_hex(4)}"
+    guard = start(rid)
+    entry = registry.Entry(run_id=rid, pid=os.getpid(), kind="run", temp_dirs=[str(work)],
+                           manifests=[str(m) for m in manifests])
+    try:
+        entry.save()
+        work.mkdir(mode=0o700)
+        yield work
+    finally:
+        registry.teardown(entry, reason="failed: the harness stopped before the run ended")
+        guard.release()
 
 
 def main(rid: str, owner: int) -> int:

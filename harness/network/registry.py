@@ -66,6 +66,7 @@ class Entry:
     run_id: str
     pid: int  # owner; the entry is stale once it is gone
     kind: str  # "cluster" (namespaces here) | "uml" (a UML kernel) | "job" (a job dir) | "node" (net apply)
+    #          | "run" (a training command's work dir and manifests, reaper.guarded)
     netns: list[str] = field(default_factory=list)
     links: list[str] = field(default_factory=list)
     uml_pid: int = 0
@@ -77,6 +78,14 @@ class Entry:
     @property
     def path(self) -> Path:
         return REGISTRY_DIR / f"{self.kind}-{self.run_id}.json"
+
+    def holds(self) -> str:
+        """What the entry lists, for `net show` and `net clean`."""
+        parts = [f"UML kernel pid {self.uml_pid}"] if self.uml_pid else []
+        parts += [f"{len(self.netns)} namespaces, {len(self.links)} links"] if self.netns or self.links else []
+        parts += [f"{len(self.temp_dirs)} temporary directories"] if self.temp_dirs else []
+        parts += [f"{len(self.manifests)} manifests"] if self.manifests else []
+        return ", ".join(parts) or "nothing yet"
 
     def save(self) -> None:
         REGISTRY_DIR.mkdir(parents=True, exist_ok=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -145,5 +146,6 @@ def console_tail(job_dir: Path, lines: int = 5) -> str:
     return " | ".join(keep[-lines:])
 
 
-def new_job_dir(rid: str) -> Path:
-    return Path(tempfile.mkdtemp(prefix=f"harness-net-{rid}-"))
+def job_dir_path(rid: str) -> Path:
+    """Where run `rid`'s job dir will be: named before it is created (the registry's write-ahead)."""
+    return Path(tempfile.gettempdir()) / f"harness-net-{rid}-{secrets.token_hex(4)}"

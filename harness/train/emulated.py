@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
-import tempfile
 import threading
 from pathlib import Path
 
 from ..errors import HarnessError
 from ..launch import RankFailure
-from ..results import atomic_write_json, atomic_write_text, run_dir
+from ..results import atomic_write_json, atomic_write_text
 from ..scenario import Topology
 from .cluster_worker import BEGIN_MARK, END_MARK
 from .config import RunSpec
@@ -32,76 +30,65 @@ TAIL_CHARS = 2000
 RUN_OVERHEAD_S = 30.0
 
 
-def run_in_emulated_cluster(spec: RunSpec, topo: Topology, *,
+def run_in_emulated_cluster(spec: RunSpec, topo: Topology, work: Path, *,
                             log_path: Path | None = None) -> tuple[str, list[list[IterationStats]], dict]:
     """Train `spec` alone in the emulated cluster of `topo` (scaled: its links are shaped as they are);
     the launcher's output goes to `log_path`. Returns (kernel, per-rank stats, manifest extras)."""
-    with _Boot([spec]) as boot:
-        try:
-            boot.run_cluster(topo)
-        finally:
-            boot.done.set()
-        return boot.result(0, log_path)
+    boot = _Boot([spec], work)
+    try:
+        boot.run_cluster(topo)
+    finally:
+        boot.done.set()
+    return boot.result(0, log_path)
 
 
-def record_in_one_boot(plans: list, record) -> list[Path | HarnessError]:
+def record_in_one_boot(plans: list, record, work: Path) -> list[Path | HarnessError]:
     """Run every plan (one topology: equal network sections) in turn in one boot of the emulated
     cluster; `record(plan, launch, shared)` (experiment.record_run) writes each run's manifest and records as
     its outcome arrives. Returns, per plan, its run directory or the error that failed it; raises
     KeyboardInterrupt after a stop (the run under way is then failed, later ones never start)."""
     results: list[Path | HarnessError | None] = [None] * len(plans)
     run_ids = [p.spec.resolved.run_id for p in plans]  # each manifest names the runs of its boot
-    with _Boot([p.spec for p in plans]) as boot:
-        def record_each() -> None:
-            for k, plan in enumerate(plans):
-                if k > 0 and boot.never_started(k):
-                    return
-                try:
-                    results[k] = record(plan, lambda spec, topo, out, k=k: boot.result(k, out / "ranks.log"),
-                                        {"cluster_boot": {"runs": run_ids, "position": k}})
-                except HarnessError as e:
-                    results[k] = e
-                except BaseException as e:  # noqa: BLE001 - kept as this run's error, the thread goes on
-                    results[k] = HarnessError(f"run {plan.spec.resolved.run_id} failed: {type(e).__name__}: {e}")
+    boot = _Boot([p.spec for p in plans], work)
 
-        recorder = threading.Thread(target=record_each, name="harness-record", daemon=True)
-        recorder.start()
-        try:
-            boot.run_cluster(plans[0].topo)
-        finally:
-            boot.done.set()  # runs not reported by now fail with the cluster's reason
-            recorder.join()
+    def record_each() -> None:
+        for k, plan in enumerate(plans):
+            if k > 0 and boot.never_started(k):
+                return
+            try:
+                results[k] = record(plan, lambda spec, topo, out, k=k: boot.result(k, out / "ranks.log"),
+                                    {"cluster_boot": {"runs": run_ids, "position": k}})
+            except HarnessError as e:
+                results[k] = e
+            except BaseException as e:  # noqa: BLE001 - kept as this run's error, the thread goes on
+                results[k] = HarnessError(f"run {plan.spec.resolved.run_id} failed: {type(e).__name__}: {e}")
+
+    recorder = threading.Thread(target=record_each, name="harness-record", daemon=True)
+    recorder.start()
+    try:
+        boot.run_cluster(plans[0].topo)
+    finally:
+        boot.done.set()  # runs not reported by now fail with the cluster's reason
+        recorder.join()
     return results  # type: ignore[return-value]
 
 
 class _Boot:
-    """One boot of the emulated cluster running a list of specs; `result(k)` waits for run k."""
+    """One boot of the emulated cluster running a list of specs; `result(k)` waits for run k. The specs
+    and outcomes are exchanged through `work` (the command's work directory, reaper.guarded: seen by
+    the guest, removed with the command)."""
 
-    def __init__(self, specs: list[RunSpec]):
-        self.specs = specs
+    def __init__(self, specs: list[RunSpec], work: Path):
+        self.specs, self.work = specs, Path(work)
         self.done = threading.Event()  # the cluster has stopped; every line it printed is in `log`
         self.res = None  # the EmulationResult, when it returned one
         self.error: BaseException | None = None  # why the cluster stopped otherwise
         self.log = _MarkedLog(sys.stderr)
-
-    def __enter__(self) -> "_Boot":
-        first = self.specs[0].resolved.run_id
-        self.work = Path(tempfile.mkdtemp(prefix=f"harness-run-{first}-", dir=_shared_tmp()))
         self.pairs = []
         for k, spec in enumerate(self.specs):
             spec_path, out_path = self.work / f"spec-{k}.json", self.work / f"ranks-{k}.json"
             atomic_write_json(spec_path, spec.to_json())
             self.pairs.append((spec_path, out_path))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        shutil.rmtree(self.work, ignore_errors=True)
-
-    @property
-    def manifests(self) -> list[str]:
-        """Where each run's manifest is (experiment.record_run writes them)."""
-        return [str(run_dir(s.resolved.scenario, s.resolved.run_id, s.run.results_root) / "manifest.json")
-                for s in self.specs]
 
     @property
     def timeout_s(self) -> float:
@@ -118,8 +105,7 @@ class _Boot:
                *(str(p) for pair in self.pairs for p in pair)]
         try:
             self.res = run_emulated(topo, cmd, mode="launcher", kernel=self.specs[0].network.kernel,
-                                    timeout_s=self.timeout_s, env=env, stream=self.log,
-                                    temp_dirs=[str(self.work)], manifests=self.manifests)
+                                    timeout_s=self.timeout_s, env=env, stream=self.log)
         except BaseException as e:
             self.error = e
             raise
@@ -202,6 +188,7 @@ def _tail(res) -> str:
     return text[-TAIL_CHARS:] or "no output"
 
 
-def _shared_tmp() -> str | None:
-    """A directory both the host and a user-mode Linux guest see (hostfs maps the host's /)."""
+def shared_tmp() -> str | None:
+    """Where a command's work directory goes: one both the host and a user-mode Linux guest see
+    (hostfs maps the host's /); HARNESS_WORK_DIR, or the system's temporary directory."""
     return os.environ.get("HARNESS_WORK_DIR") or None

@@ -54,16 +54,29 @@ def compute_model_summary(spec: RunSpec, stats: list[IterationStats], per_rank: 
             "rank_compute_seconds": [sum(s.compute_seconds for s in r) / len(r) if r else None for r in per_rank]}
 
 
-def _launch(spec: RunSpec, topo: Topology, out: Path) -> tuple[str, list[list[IterationStats]], dict]:
-    """Run the ranks; returns (kernel, per-rank stats, extra manifest fields)."""
-    if spec.network.mode == "none":
-        from .local import run_local
+def _launcher(work: Path):
+    """launch(spec, topo, out) for record_run: the ranks on loopback or in the emulated cluster, with
+    the command's work directory `work`; returns (kernel, per-rank stats, extra manifest fields)."""
+    def launch(spec: RunSpec, topo: Topology, out: Path) -> tuple[str, list[list[IterationStats]], dict]:
+        if spec.network.mode == "none":
+            from .local import run_local
 
-        run = run_local(spec)
-        return "none", [r.stats for r in run.ranks], {}
-    from .emulated import run_in_emulated_cluster
+            run = run_local(spec, tmp_dir=work)
+            return "none", [r.stats for r in run.ranks], {}
+        from .emulated import run_in_emulated_cluster
 
-    return run_in_emulated_cluster(spec, topo, log_path=out / "ranks.log")
+        return run_in_emulated_cluster(spec, topo, work, log_path=out / "ranks.log")
+    return launch
+
+
+def _guarded(plans: list[Plan]):
+    """The command's reaper (network/reaper.py), registered before any manifest or directory exists:
+    if this process is killed, the runs' manifests still `running` fail and the work directory goes."""
+    from ..network.reaper import guarded
+    from .emulated import shared_tmp
+
+    return guarded([str(run_dir(p.spec.resolved.scenario, p.spec.resolved.run_id, p.spec.run.results_root)
+                        / "manifest.json") for p in plans], work_parent=shared_tmp())
 
 
 class _Interrupted(BaseException):
@@ -111,7 +124,9 @@ class _TermWatch:
 
 def execute(req: RunRequest) -> Path:
     """Run `req`; returns the run directory. Raises HarnessError (after writing a failed manifest)."""
-    return record_run(plan_run(req), _launch)
+    plan = plan_run(req)
+    with _guarded([plan]) as work:
+        return record_run(plan, _launcher(work))
 
 
 def execute_many(reqs: list[RunRequest]) -> list[Path | HarnessError | None]:
@@ -123,17 +138,18 @@ def execute_many(reqs: list[RunRequest]) -> list[Path | HarnessError | None]:
     if len(networks) > 1:
         raise HarnessError(f"runs of one command share one network (scenario, devices, bandwidth scale, "
                            f"kernel); got {len(networks)} different ones")
-    if plans[0].spec.network.mode == "emulated":
-        from .emulated import record_in_one_boot
+    with _guarded(plans) as work:
+        if plans[0].spec.network.mode == "emulated":
+            from .emulated import record_in_one_boot
 
-        return record_in_one_boot(plans, record_run)
-    results: list[Path | HarnessError | None] = []
-    for plan in plans:
-        try:
-            results.append(record_run(plan, _launch))
-        except HarnessError as e:
-            results.append(e)
-    return results
+            return record_in_one_boot(plans, record_run, work)
+        results: list[Path | HarnessError | None] = []
+        for plan in plans:
+            try:
+                results.append(record_run(plan, _launcher(work)))
+            except HarnessError as e:
+                results.append(e)
+        return results
 
 
 def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:

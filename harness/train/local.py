@@ -39,8 +39,9 @@ class LocalRun:
 
 
 def run_local(spec: RunSpec, world_size: int | None = None, *, collect_state: bool = False,
-              timeout_s: float | None = None) -> LocalRun:
-    """Fork `world_size` ranks (default: the layout's devices) on loopback and run `spec` on them.
+              timeout_s: float | None = None, tmp_dir: Path | None = None) -> LocalRun:
+    """Fork `world_size` ranks (default: the layout's devices) on loopback and run `spec` on them
+    (their results pass through `tmp_dir`: the run's work directory, or the system's).
 
     Raises launch.RankFailure naming the rank if any rank fails; never hangs past the
     timeout (default the spec's run.timeout_s, + a few seconds of grace to stop the rest).
@@ -53,7 +54,7 @@ def run_local(spec: RunSpec, world_size: int | None = None, *, collect_state: bo
         env = RankEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1", master_port=port, ifname="lo")
         return rank_main(spec, env, collect_state)
 
-    return LocalRun(fork_ranks(world_size, target, timeout_s=timeout_s or spec.run.timeout_s))
+    return LocalRun(fork_ranks(world_size, target, timeout_s=timeout_s or spec.run.timeout_s, tmp_dir=tmp_dir))
 
 
 def local_spec(layout, system: str = "ours", **fields) -> RunSpec:

@@ -52,6 +52,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("machine"))
 
 
+def pytest_collection_finish(session):
+    """On an xdist worker under --dist loadgroup: fail at once if the machine-wide tests were not grouped
+    (xdist once stopped grouping silently, under pytest 9), rather than run emulations side by side."""
+    if getattr(session.config.option, "loadgroup", False):
+        loose = [i.nodeid for i in session.items if i.get_closest_marker("xdist_group") and "@" not in i.nodeid]
+        if loose:
+            raise pytest.UsageError(f"pytest-xdist did not group {len(loose)} machine-wide tests, e.g. {loose[0]}")
+
+
 @pytest.fixture
 def cli(capsys):
     """Run `harness ARGS...` in-process; returns (exit code, stdout, stderr)."""

@@ -58,8 +58,9 @@ def _child(rank: int, target: Callable[[int], Any], outdir: str, parent: int) ->
             pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, Path(outdir) / f"rank{rank}.pkl")
     except BaseException as e:  # noqa: BLE001 - the parent reports it, naming the rank
+        when = time.monotonic_ns()  # one clock for all ranks: the parent names the earliest failure
         msg = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
-        (Path(outdir) / f"rank{rank}.err").write_text(msg)
+        (Path(outdir) / f"rank{rank}.err").write_text(f"{when}\n{msg}")
         traceback.print_exc(file=sys.stderr)
         sys.stderr.flush()
         os._exit(1)
@@ -68,10 +69,30 @@ def _child(rank: int, target: Callable[[int], Any], outdir: str, parent: int) ->
     os._exit(0)
 
 
+def _error(rank: int, outdir: Path) -> tuple[int, str] | None:
+    """(when, message) of the exception rank `rank` ended with, if it ended with one."""
+    try:
+        when, _, msg = (outdir / f"rank{rank}.err").read_text().partition("\n")
+        return int(when), msg.strip()
+    except (OSError, ValueError):
+        return None
+
+
+def _cause(failed: list[int], others: list[int], outdir: Path) -> int:
+    """The rank to name first: the first seen to fail, unless it raised and another rank raised earlier
+    (two ranks' ends can be seen in one wait, in any order: the peer of a raising rank fails on the
+    closed connection a moment after it). A rank killed by a signal has no time: seen first, it stays."""
+    first = failed[0]
+    if _error(first, outdir) is None:
+        return first
+    raised = [(e[0], r) for r in failed + others if (e := _error(r, outdir)) is not None]
+    return min(raised)[1]
+
+
 def _describe(rank: int, exitcode: int | None, outdir: Path, label: Callable[[int], str]) -> str:
-    err = outdir / f"rank{rank}.err"
-    if err.exists():
-        return f"{label(rank)} failed: {err.read_text().strip()}"
+    err = _error(rank, outdir)
+    if err is not None:
+        return f"{label(rank)} failed: {err[1]}"
     if exitcode is not None and exitcode < 0:
         return f"{label(rank)} was killed by signal {signal.Signals(-exitcode).name}"
     return f"{label(rank)} exited with status {exitcode}"
@@ -127,9 +148,9 @@ def fork_ranks(
                 running = [r for r, p in enumerate(procs) if p.sentinel in pending]
                 msg = f"timed out after {timeout_s:g} s; still running: {', '.join(label(r) for r in running)}"
                 raise RankFailure(msg, rank=running[0] if running else None)
-            first = failed[0]
+            first = _cause(failed, others, outdir)
             msg = _describe(first, procs[first].exitcode, outdir, label)
-            also = sorted(set(failed[1:] + others))
+            also = sorted(set(failed + others) - {first})
             if also:
                 msg += f" (then: {'; '.join(_describe(r, procs[r].exitcode, outdir, label) for r in also)})"
             raise RankFailure(msg, rank=first)

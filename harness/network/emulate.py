@@ -90,7 +90,7 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
         raise EmulationError(f"timeout: must be > 0 (got {timeout_s})")
     which = choose(kernel)
     rid = registry.new_run_id()
-    job_dir = uml.job_dir_path(rid)
+    job_dir = registry.planned_dir("harness-net-", rid)
     n_logs = topo.n if mode == "per-device" else 1
     job = Job(run_id=rid, job_dir=str(job_dir), mode=mode, command=tuple(command), timeout_s=float(timeout_s),
               env={**os.environ, **(env or {})}, cwd=os.getcwd(), topo=topo)

@@ -17,12 +17,10 @@ its one work directory, on any network.
 from __future__ import annotations
 
 import os
-import secrets
 import select
 import signal
 import subprocess
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -66,7 +64,7 @@ def guarded(manifests: list[str], work_parent: str | None = None) -> Iterator[Pa
     from . import registry
 
     rid = registry.new_run_id()
-    work = Path(work_parent or tempfile.gettempdir()) / f"harness-run-{rid}-{secrets.token_hex(4)}"
+    work = registry.planned_dir("harness-run-", rid, work_parent)
     guard = start(rid)
     entry = registry.Entry(run_id=rid, pid=os.getpid(), kind="run", temp_dirs=[str(work)],
                            manifests=[str(m) for m in manifests])

@@ -14,6 +14,7 @@ import re
 import secrets
 import shutil
 import signal
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -39,6 +40,12 @@ LINK_RE = re.compile(r"^hn[bvp]-[0-9a-f]{6}(-\d+)?$")
 
 def new_run_id() -> str:
     return secrets.token_hex(3)
+
+
+def planned_dir(prefix: str, rid: str, parent: str | None = None) -> Path:
+    """A fresh directory path for run `rid`, named before it is created (an entry lists it first);
+    in `parent` or the system's temporary directory."""
+    return Path(parent or tempfile.gettempdir()) / f"{prefix}{rid}-{secrets.token_hex(4)}"
 
 
 def netns_name(rid: str, i: int) -> str:

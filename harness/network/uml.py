@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -145,7 +143,3 @@ def console_tail(job_dir: Path, lines: int = 5) -> str:
     keep = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(" [<")]
     return " | ".join(keep[-lines:])
 
-
-def job_dir_path(rid: str) -> Path:
-    """Where run `rid`'s job dir will be: named before it is created (the registry's write-ahead)."""
-    return Path(tempfile.gettempdir()) / f"harness-net-{rid}-{secrets.token_hex(4)}"

@@ -187,8 +187,3 @@ def _tail(res) -> str:
     text = " | ".join(str(o)[-TAIL_CHARS:].strip().replace("\n", " / ") for o in outs if o)
     return text[-TAIL_CHARS:] or "no output"
 
-
-def shared_tmp() -> str | None:
-    """Where a command's work directory goes: one both the host and a user-mode Linux guest see
-    (hostfs maps the host's /); HARNESS_WORK_DIR, or the system's temporary directory."""
-    return os.environ.get("HARNESS_WORK_DIR") or None

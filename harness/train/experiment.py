@@ -73,10 +73,10 @@ def _guarded(plans: list[Plan]):
     """The command's reaper (network/reaper.py), registered before any manifest or directory exists:
     if this process is killed, the runs' manifests still `running` fail and the work directory goes."""
     from ..network.reaper import guarded
-    from .emulated import shared_tmp
 
+    # HARNESS_WORK_DIR: where it goes (a user-mode Linux guest must see it; hostfs maps the host's /)
     return guarded([str(run_dir(p.spec.resolved.scenario, p.spec.resolved.run_id, p.spec.run.results_root)
-                        / "manifest.json") for p in plans], work_parent=shared_tmp())
+                        / "manifest.json") for p in plans], work_parent=os.environ.get("HARNESS_WORK_DIR") or None)
 
 
 class _Interrupted(BaseException):

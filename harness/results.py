@@ -1,9 +1,9 @@
-"""One record schema for every backend and system, and atomic writes of run outputs.
+"""One record schema for every backend and system, and the layout of run directories.
 
 A run directory is results/<scenario>/<run-id>/ holding manifest.json (status
 running|ok|failed, reason, versions, git commit, command) and records.csv (one row
 per iteration). Files appear whole or not at all: everything is written to a
-temporary file in the same directory and renamed.
+temporary file in the same directory and renamed (harness/files.py).
 """
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from .compute import FLOP_FORMULA
+from .files import atomic_write_text
 
 RESULTS_DIR = Path(os.environ.get("HARNESS_RESULTS", Path(__file__).resolve().parent.parent / "results"))
 
@@ -80,34 +81,6 @@ def new_run_id(system: str) -> str:
 
 def run_dir(scenario: str, run_id: str, root: Path | None = None) -> Path:
     return Path(root or RESULTS_DIR) / scenario / run_id
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, default=_json_default) + "\n")
-
-
-def _json_default(o):
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    if hasattr(o, "item"):
-        return o.item()
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 def records_csv(records: list[IterationRecord]) -> str:

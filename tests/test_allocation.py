@@ -151,7 +151,7 @@ def test_a_bad_slowdown_draw_is_one_line(tmp_path, draw, field):
 
 def test_the_model_problem_slows_each_device_by_its_penalty_and_puts_the_head_last():
     from harness import compute
-    from harness.model import get_model
+    from harness.compute.model import get_model
     from harness.scenario import load_scenario
 
     topo, cfg = load_scenario("sky", devices=16), get_model("bert-large", 32)
@@ -202,8 +202,8 @@ def test_ours_runs_the_allocators_uneven_stages_and_sim_compare_reads_them(cli, 
     from harness.allocation import allocate_stages
     from dataclasses import replace
 
-    from harness.model import get_model
-    from harness.profiles import device_profiles
+    from harness.compute.model import get_model
+    from harness.compute.profiles import device_profiles
     from harness.results import read_records
     from harness.scenario import load_scenario
     from tests.test_compute_model import SCENARIO

@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from harness.launch import RankFailure
+from harness.train.launch import RankFailure
 from harness import layout as layouts
 from harness.layout import Layout
 from harness.train.baselines.systems import train_deepspeed, train_megatron
-from harness.train.config import RunSpec
+from harness.plan.request import RunSpec
 from harness.train.local import local_spec, run_local
-from harness.systems import register_system
+from harness.plan.systems import register_system
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -12,7 +12,7 @@ import torch
 
 from harness import layout as layouts
 from harness.layout import Layout
-from harness.train.config import RunSpec
+from harness.plan.request import RunSpec
 from harness.train.gpt import GPT
 from harness.train.local import local_spec, run_local
 from harness.train.reference import reference_train
@@ -25,7 +25,7 @@ REL = 1e-5
 
 @pytest.fixture(scope="module")
 def reference():
-    from harness.model import get_model
+    from harness.compute.model import get_model
 
     return reference_train(get_model(MODEL, LAYERS), BATCH, MICRO, STEPS, SEED, LR)
 
@@ -61,7 +61,7 @@ def assert_matches_reference(run, reference):
 
 
 def run_cfg():
-    from harness.model import get_model
+    from harness.compute.model import get_model
 
     return get_model(MODEL, LAYERS)
 

@@ -9,7 +9,7 @@ from torch.distributed.tensor import DTensor
 from harness import layout as layouts
 from harness.train.baselines.train import build_rank, train_step
 from harness.train.local import local_spec, run_local
-from harness.systems import register_system
+from harness.plan.systems import register_system
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -40,7 +40,7 @@ def inspect(tp: int, pp: int, dp: int, zero: int = 0) -> dict[int, tuple[int, in
 
 
 def full_params() -> int:
-    from harness.model import get_model
+    from harness.compute.model import get_model
 
     return get_model("tiny", 2).params
 
@@ -65,7 +65,7 @@ def test_ddp_keeps_everything_and_tp_halves_the_blocks():
     ddp = inspect(1, 1, 2)
     assert all(local == total and state == total for local, state in ddp.values())
     tp = inspect(2, 1, 1)
-    from harness.model import get_model
+    from harness.compute.model import get_model
 
     cfg = get_model("tiny", 2)
     replicated = cfg.embedding_params + cfg.head_params + cfg.layers * 4 * cfg.hidden  # + LayerNorms

@@ -11,10 +11,10 @@ import pytest
 from harness import layout as layouts
 from harness.errors import HarnessError
 from harness.layout import Layout
-from harness.model import get_model
+from harness.compute.model import get_model
 from harness.results import read_records
 from harness.train.baselines.tune import tune
-from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 
 pytestmark = pytest.mark.timeout(240)
 

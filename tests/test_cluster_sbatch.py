@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
-from harness.cluster_batch import sbatch_script
-from harness.inventory import InventoryError, load_inventory
+from harness.train.cluster_batch import sbatch_script
+from harness.scenario.inventory import InventoryError, load_inventory
 from harness.network.node import device_names, rank_network, this_rank_network
 
 ROOT = Path(__file__).resolve().parent.parent

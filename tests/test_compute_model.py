@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from harness import compute
-from harness.model import get_model, stage_params
-from harness.profiles import ComputeProfile, device_profiles
+from harness.compute.model import get_model, stage_params
+from harness.compute.profiles import ComputeProfile, device_profiles
 from harness.results import read_records
 from harness.scenario import load_scenario
 from harness.train.compute_model import ComputePacer, pace_stage_module
-from harness.train.config import ComputeSection, ConfigError
+from harness.plan.request import ComputeSection, ConfigError
 
 SLOW = 4.0
 # two fast and two slow devices (Sky Computing's penalty factor on region B)

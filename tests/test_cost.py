@@ -4,7 +4,7 @@ import itertools
 import numpy as np
 import pytest
 
-from harness.cost import CostModel, LayoutError, bottleneck_matching, open_loop_tsp
+from harness.scheduler.cost import CostModel, LayoutError, bottleneck_matching, open_loop_tsp
 from harness.scenario import load_scenario
 
 from .conftest import make_topology, random_topology

@@ -6,11 +6,11 @@ import re
 import numpy as np
 import pytest
 
-from harness.fl.federation import FLError, federation, load_federation
-from harness.fl.flows import SERVER, Transfer, arrivals, fair_rates, forward_end
-from harness.fl.grouping import bell, bound, exact_groups, greedy_groups, largest, partitions
-from harness.fl.models import BYTES_PER_PARAM, Base, Branch, BranchyModel, Layer, check, get_branchy
-from harness.fl.strategies import STRATEGIES, owl_transfers, run, sized_branches
+from harness.workloads.fl.federation import FLError, federation, load_federation
+from harness.workloads.fl.flows import SERVER, Transfer, arrivals, fair_rates, forward_end
+from harness.workloads.fl.grouping import bell, bound, exact_groups, greedy_groups, largest, partitions
+from harness.workloads.fl.models import BYTES_PER_PARAM, Base, Branch, BranchyModel, Layer, check, get_branchy
+from harness.workloads.fl.strategies import STRATEGIES, owl_transfers, run, sized_branches
 from harness.scenario import ScenarioError, load_scenario
 from tests.test_scenario import write
 
@@ -257,7 +257,7 @@ def test_fl_cli_refuses_a_scenario_without_server_and_a_report_without_records(c
 def test_ipart_packs_pay_fewer_setups_and_keep_the_overlap():
     """tiny is latency-bound (0.2 MB in 18 layers: layer by layer pays 18 round trips), inception-v4 bound by the
     server's uplink: in both IPart is no slower than the better of naive and overlap, with fewer messages."""
-    from harness.fl.strategies import ipart_packs
+    from harness.workloads.fl.strategies import ipart_packs
 
     for model, scenario, devices in (("tiny", "owl-4x20", 8), ("inception-v4", "owl-testbed", 100)):
         m, fed = get_branchy(model), load_federation(scenario, devices=devices)
@@ -271,7 +271,7 @@ def test_ipart_packs_pay_fewer_setups_and_keep_the_overlap():
 def test_tiny_trains_on_cpu_and_matches_its_profile():
     import torch
 
-    from harness.fl.nets import Concat, Tiny
+    from harness.workloads.fl.nets import Concat, Tiny
 
     torch.manual_seed(0)
     net, profile = Tiny(), get_branchy("tiny")

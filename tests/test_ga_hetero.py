@@ -6,9 +6,9 @@ import pytest
 
 from harness.allocation import Problem, allocate
 from harness.compute import c_dp_bytes, c_pp_bytes
-from harness.cost import CostModel
-from harness.iteration_cost import ComputeSetting, IterationModel
-from harness.model import get_model, stage_params
+from harness.scheduler.cost import CostModel
+from harness.scheduler.iteration_cost import ComputeSetting, IterationModel
+from harness.compute.model import get_model, stage_params
 from harness.scenario import load_scenario
 from harness.scheduler import Assignment, SchedulerError, schedule
 
@@ -136,8 +136,8 @@ def test_sim_simulates_ours_on_ga_hetero_stages(cli, tmp_path):
 
 
 def test_run_plan_takes_ga_hetero_assignment_and_blocks(tmp_path):
-    from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
-    from harness.train.plan import resolve_layout
+    from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+    from harness.plan.layouts import resolve_layout
 
     path = write(tmp_path, TWO_KINDS)
     topo = load_scenario(path)

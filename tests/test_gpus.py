@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from harness.gpus import GPU_TYPES, find_gpu
-from harness.profiles import device_profiles
+from harness.scenario.gpus import GPU_TYPES, find_gpu
+from harness.compute.profiles import device_profiles
 from harness.scenario import ScenarioError, list_scenarios, load_scenario
 from tests.test_scenario import write
 

@@ -8,10 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from harness import cnn
+from harness.workloads import cnn
 from harness import hetpipe as hp
 from harness.scenario import load_scenario
-from harness.sim import horovod, wsp
+from harness.hetpipe import horovod
+from harness.hetpipe import wsp
 
 # torchvision's model tables: parameters and multiply-adds ("GFLOPS") of vgg19 and resnet152
 TORCHVISION = {"vgg19": (143_667_240, 19.63e9), "resnet152": (60_192_808, 11.51e9)}
@@ -213,7 +214,7 @@ def test_hetpipe_plan_prints_every_vw_stage_and_throughput(cli, tmp_path):
 
 
 def test_a_calibrated_profile_speeds_the_cnn_systems(cli, tmp_path):
-    from harness.profiles import ComputeProfile, save_profiles
+    from harness.compute.profiles import ComputeProfile, save_profiles
 
     save_profiles(tmp_path / "p.json", {"*": ComputeProfile("*", 0.0, {"transformer": 0.6, "lm_head": 0.6}, "test")})
     runs = {}

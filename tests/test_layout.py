@@ -9,7 +9,7 @@ import pytest
 from harness import layout as layouts
 from harness.errors import HarnessError
 from harness.layout import Layout, LayoutError
-from harness.model import get_model
+from harness.compute.model import get_model
 
 
 def test_megatron_grid_is_the_papers_space_for_gpt3_xl_on_64_devices():
@@ -159,8 +159,8 @@ def test_pipelines_that_differ_are_checked_with_one_line_errors(replicas, messag
 
 def test_a_layout_whose_pipelines_differ_is_refused_where_a_uniform_mesh_is_needed():
     from harness.sim import systems as simsys
-    from harness.sim.network import Links
-    from harness.profiles import device_profiles
+    from harness.compute.links import Links
+    from harness.compute.profiles import device_profiles
     from harness.scenario import load_scenario
 
     lay = layouts.from_replicas(HETERO, "hetpipe-np")

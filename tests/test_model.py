@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from harness.model import ModelError, get_model, stage_layers, stage_params
+from harness.compute.model import ModelError, get_model, stage_layers, stage_params
 from harness.compute import c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from harness.train.gpt import GPT
 

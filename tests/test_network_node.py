@@ -1,4 +1,4 @@
-"""Real nodes: inventory parsing (harness/inventory.py), dry-run commands (the physical-NIC part), and the namespace
+"""Real nodes: inventory parsing (harness/scenario/inventory.py), dry-run commands (the physical-NIC part), and the namespace
 wiring + shaping of `net apply`/`net clear` run for real inside user-mode Linux (macvlan on
 a dummy NIC, and veth on a bridge)."""
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from harness.cli import main
 from harness.network import kernel
 from harness.network.emulate import run_emulated
-from harness.inventory import InventoryError, load_inventory
+from harness.scenario.inventory import InventoryError, load_inventory
 from harness.network.node import node_commands
 from harness.scenario import load_scenario
 
@@ -111,7 +111,7 @@ GUEST = textwrap.dedent("""
     from pyroute2 import IPRoute
     from harness.network import registry
     from harness.network.netns import enter
-    from harness.inventory import load_inventory
+    from harness.scenario.inventory import load_inventory
     from harness.network.node import apply_node, clear_node, node_run_id
     inv_path = sys.argv[1]
     with IPRoute() as ipr:

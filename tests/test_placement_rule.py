@@ -7,9 +7,9 @@ import json
 import pytest
 
 from harness.sim.compare import record_layout
-from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 from harness.train.experiment import to_records
-from harness.train.plan import plan_run
+from harness.plan.layouts import plan_run
 from harness.train.stats import IterationStats
 
 SEED = 2022

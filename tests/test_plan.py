@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from harness import systems
-from harness.cli import build_parser
-from harness.cli.run import layout_request, request_from_args
+from harness.plan import systems
+from harness.plan.flags import run_request
 from tests.conftest import assert_same_json
 
 from harness.layout import LayoutError
-from harness.train.config import ConfigError, LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
-from harness.train.plan import plan_run
+from harness.plan.request import ConfigError, LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+from harness.plan.layouts import plan_run
 
 
 def plan(system: str, **layout):
@@ -76,8 +75,7 @@ PLAN_SNAPSHOT = Path(__file__).parent / "data" / "plan_snapshot_scenario5.json"
 @pytest.mark.parametrize("i", range(7))
 def test_make_scenario_5_runs_plan_the_layouts_they_planned_before(i):
     want = json.loads(PLAN_SNAPSHOT.read_text())[i]
-    args = build_parser().parse_args(["run", *EMU5, *want["cmd"]])
-    plan = plan_run(request_from_args(args, layout_request(args, systems.get(args.system))))
+    plan = plan_run(run_request([*EMU5, *want["cmd"]]))
     got = {"cmd": want["cmd"], "layout": plan.spec.layout.to_json(),
            "placement": None if plan.placement is None else plan.placement.to_json(plan.spec.layout)}
     assert_same_json(json.loads(json.dumps(got)), want, " ".join(want["cmd"]))

@@ -4,7 +4,8 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from harness.results import IterationRecord, atomic_write_json, write_records
+from harness.files import atomic_write_json
+from harness.results import IterationRecord, write_records
 
 BASE = IterationRecord(
     run_id="r", scenario="5-worldwide", system="ours", backend="emu", kernel="uml", devices=8, d_pp=4, d_dp=2,

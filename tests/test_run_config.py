@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from harness import layout as layouts
-from harness.train.config import (ConfigError, DebugSection, ModelSection, NetworkSection, Resolved, RunSection,
+from harness.plan.request import (ConfigError, DebugSection, ModelSection, NetworkSection, Resolved, RunSection,
                                   RunSpec)
 
 

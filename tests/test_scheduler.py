@@ -3,8 +3,8 @@ import json
 import numpy as np
 import pytest
 
-from harness.cost import CostModel
-from harness.model import get_model
+from harness.scheduler.cost import CostModel
+from harness.compute.model import get_model
 from harness.compute import c_dp_bytes, c_pp_bytes
 from harness.scenario import load_scenario
 from harness.scheduler import SCHEDULERS, Assignment, SchedulerError, schedule

@@ -8,8 +8,8 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from harness.model import get_model
-from harness.profiles import load_profiles
+from harness.compute.model import get_model
+from harness.compute.profiles import load_profiles
 from harness.results import IterationRecord, read_records, write_records
 from harness.scenario import load_scenario
 from harness.sim.compare import compare, simulate_record, simulate_run
@@ -180,8 +180,8 @@ def test_calibrate_makes_the_simulated_compute_equal_the_measured(cli, tmp_path)
     cal_eff = prof["V100"].efficiency["transformer"]
     # the busiest device (the last stage) computes at the efficiency; its optimizer step is memory-bound
     from harness.compute import optimizer_seconds
-    from harness.model import stage_params
-    from harness.profiles import device_profiles
+    from harness.compute.model import stage_params
+    from harness.compute.profiles import device_profiles
 
     v100 = device_profiles(load_scenario("5", devices=8))[0]
     opt = [optimizer_seconds(stage_params(get_model(r["model"], r["layers"]), r["config"]["pp"])[-1]

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.sim import network
-from harness.sim.network import Links
+from harness.compute import links as network
+from harness.compute.links import Links
 from tests.conftest import make_topology, random_topology
 
 

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 
 from harness import layout as layouts
-from harness.cost import CostModel
-from harness.model import stage_params, even_split, get_model
+from harness.scheduler.cost import CostModel
+from harness.compute.model import stage_params, even_split, get_model
 from harness.compute import c_pp_bytes
-from harness.profiles import device_profiles
+from harness.compute.profiles import device_profiles
 from harness.scenario import load_scenario
 from harness import compute
 from harness.sim import systems
-from harness.sim.network import Links
+from harness.compute.links import Links
 from harness.sim.sweep import PAPER_RUNTIME
 from tests.conftest import make_topology, random_topology
 

@@ -5,11 +5,13 @@ import numpy as np
 import pytest
 
 from harness import layout as layouts
-from harness.model import GPTConfig, even_split, get_model, stage_params
-from harness.profiles import device_profiles
+from harness.compute.model import GPTConfig, even_split, get_model, stage_params
+from harness.compute.profiles import device_profiles
 from harness import compute
-from harness.sim import network, pipeline, torch_runtime
-from harness.sim.network import Links
+from harness.compute import links as network
+from harness.sim import pipeline
+from harness.sim import torch_runtime
+from harness.compute.links import Links
 from tests.conftest import make_topology
 
 TINY = get_model("tiny", 4)

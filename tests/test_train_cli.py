@@ -195,9 +195,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-from harness.train.config import ModelSection, NetworkSection, RunRequest, RunSection
+from harness.plan.request import ModelSection, NetworkSection, RunRequest, RunSection
 from harness.train.experiment import record_run
-from harness.train.plan import plan_run
+from harness.plan.layouts import plan_run
 
 req = RunRequest(network=NetworkSection(scenario="3", devices=2, mode="none"),
                  model=ModelSection(name="tiny", layers=2, batch=4), run=RunSection(results_root=sys.argv[1]))

@@ -4,15 +4,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.model import get_model
+from harness.compute.model import get_model
 from harness.compute import c_dp_bytes, c_pp_bytes
 from harness.scenario import load_scenario
 from harness import layout as layouts
 from harness.layout import Layout
-from harness.train.config import RunSpec
+from harness.plan.request import RunSpec
 from harness.train.gpt import GPT
 from harness.train.local import local_spec, run_local
-from harness.schedule_order import stage_order
+from harness.layout.schedule_order import stage_order
 from harness.train.reference import reference_train
 
 pytestmark = pytest.mark.timeout(120)
@@ -109,7 +109,7 @@ def test_bad_layout_is_one_line_error():
         layouts.from_pipelines([[0, 0]], 4, "test")
 
 
-from harness.systems import register_system  # noqa: E402
+from harness.plan.systems import register_system  # noqa: E402
 from harness.train.stats import IterationStats  # noqa: E402
 
 

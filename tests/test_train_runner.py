@@ -9,13 +9,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness.launch import RankFailure
-from harness.model import get_model
+from harness.train.launch import RankFailure
+from harness.compute.model import get_model
 from harness import layout as layouts
-from harness.train.config import RunSpec
+from harness.plan.request import RunSpec
 from harness.train.local import local_spec, run_local
 from harness.train.reference import reference_train
-from harness.systems import register_system
+from harness.plan.systems import register_system
 from harness.train.stats import IterationStats, merge_stats
 
 pytestmark = pytest.mark.timeout(120)
@@ -78,7 +78,7 @@ def test_raising_rank_fails_run_naming_it():
 def test_the_rank_that_raised_first_is_named_first_however_the_ends_were_seen(tmp_path):
     """A busy machine may show a peer's end (the closed connection) before the raising rank's: the report
     still names the earliest exception; a rank killed by a signal, seen first, stays first."""
-    from harness.launch import _cause
+    from harness.train.launch import _cause
 
     (tmp_path / "rank0.err").write_text("2000\nRuntimeError: Connection closed by peer")
     (tmp_path / "rank1.err").write_text("1000\nValueError: boom on purpose")

@@ -7,7 +7,7 @@ import pytest
 
 from harness import layout as layouts
 from harness.compute import c_pp_bytes
-from harness.model import get_model, stage_params
+from harness.compute.model import get_model, stage_params
 from harness.train.local import local_spec, run_local
 
 pytestmark = pytest.mark.timeout(180)

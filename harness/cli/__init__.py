@@ -12,6 +12,7 @@ import pkgutil
 import sys
 
 from ..errors import HarnessError
+from ..plan.flags import positive_float, positive_int  # noqa: F401  (the argparse types of every command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,28 +40,6 @@ def main(argv: list[str] | None = None) -> int:
         print("harness: interrupted", file=sys.stderr)
         return 130
     return int(rc or 0)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
-    return v
-
-
-def positive_float(text: str) -> float:
-    """argparse type: a finite number > 0."""
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number > 0 (got {text!r})") from None
-    if not (v > 0 and v != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be a number > 0 (got {text!r})")
-    return v
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""`harness allocate`: each device's block range on one pipeline, by every layer allocator (harness/allocation.py)."""
+"""`harness allocate`: each device's block range on one pipeline, by every layer allocator (harness/allocation/)."""
 from __future__ import annotations
 
 import json
@@ -33,8 +33,9 @@ def register(sub) -> None:
 
 
 def _allocate(args) -> int:
-    from ..allocation import ALLOCATORS, AllocationError, allocate, problem_for, simulate_allocation
-    from ..model import get_model
+    from ..allocation import ALLOCATORS, AllocationError, allocate, problem_for
+    from ..sim.systems import simulate_allocation
+    from ..compute.model import get_model
     from ..scenario import load_scenario
 
     topo = load_scenario(args.scenario, devices=args.devices)

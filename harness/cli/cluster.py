@@ -26,9 +26,9 @@ def register(sub) -> None:
 
 
 def cmd_sbatch(args) -> int:
-    from ..cluster_batch import sbatch_script
-    from ..inventory import load_inventory
-    from ..results import atomic_write_text
+    from ..train.cluster_batch import sbatch_script
+    from ..scenario.inventory import load_inventory
+    from ..files import atomic_write_text
 
     inv = load_inventory(args.inventory.resolve())
     text = sbatch_script(inv, args.run_args, partition=args.partition, time=args.time,

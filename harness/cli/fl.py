@@ -47,11 +47,12 @@ def register(sub) -> None:
 def cmd_fl(args) -> int:
     from tqdm import tqdm
 
-    from ..fl import strategies as st
-    from ..fl.federation import FLError, load_federation
-    from ..fl.models import get_branchy
-    from ..fl.records import as_json, normalised, to_record
-    from ..results import atomic_write_json, manifest, new_run_id, run_dir
+    from ..workloads.fl import strategies as st
+    from ..workloads.fl.federation import FLError, load_federation
+    from ..workloads.fl.models import get_branchy
+    from ..workloads.fl.records import as_json, normalised, to_record
+    from ..files import atomic_write_json
+    from ..results import manifest, new_run_id, run_dir
 
     if args.scenario is None:
         raise FLError("--scenario: required (e.g. owl-testbed)")
@@ -89,7 +90,7 @@ def cmd_fl(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from ..fl.records import read
+    from ..workloads.fl.records import read
     from ..report import fl as report
 
     paths = report.write(args.out, read(args.paths))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..cnn import CNN_MODELS
+from ..workloads.cnn import CNN_MODELS
 from . import positive_int
 
 
@@ -42,8 +42,8 @@ def cmd_plan(args) -> int:
     import sys
 
     from .. import hetpipe as hp
-    from ..cnn import get_cnn
-    from ..results import atomic_write_json
+    from ..workloads.cnn import get_cnn
+    from ..files import atomic_write_json
     from ..scenario import load_scenario
 
     topo = load_scenario(args.scenario)

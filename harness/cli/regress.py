@@ -1,4 +1,4 @@
-"""`harness regress`: the throughput regression gate (harness/regress.py) and `harness regress history`."""
+"""`harness regress`: the throughput regression gate (harness/regress/) and `harness regress history`."""
 from __future__ import annotations
 
 import sys
@@ -52,7 +52,7 @@ def _default(name: str) -> Path:
 
 def _regress(args) -> int:
     from .. import regress
-    from ..train.config import DebugSection
+    from ..plan.request import DebugSection
 
     DebugSection.parse(args.debug)  # a bad option is one line now, not after the exact figures
     keep: dict = {}

@@ -40,7 +40,8 @@ def cmd_list(args) -> int:
 
 def cmd_show(args) -> int:
     from ..report.scenario import scenario_summary, write_heatmaps
-    from ..results import RESULTS_DIR, atomic_write_text
+    from ..files import atomic_write_text
+    from ..results import RESULTS_DIR
     from ..scenario import load_scenario
 
     topo = load_scenario(args.scenario, args.devices)

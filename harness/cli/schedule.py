@@ -59,7 +59,7 @@ def register(sub) -> None:
 def resolve_layout(args):
     """(topology, d_pp, d_dp, c_pp_bytes, c_dp_bytes) from the shared flags."""
     from ..layout import LayoutError
-    from ..model import get_model
+    from ..compute.model import get_model
     from ..compute import c_dp_bytes, c_pp_bytes
     from ..scenario import load_scenario
 
@@ -98,11 +98,11 @@ def _progress_bar(total: int, desc: str, quiet: bool):
 
 
 def cmd_schedule(args) -> int:
-    from ..results import atomic_write_json
+    from ..files import atomic_write_json
     from ..scheduler import schedule
 
-    from ..iteration_cost import ComputeSetting
-    from ..model import get_model
+    from ..scheduler.iteration_cost import ComputeSetting
+    from ..compute.model import get_model
     from ..scheduler import default_allocator
 
     topo, d_pp, d_dp, c_pp, c_dp = resolve_layout(args)

@@ -6,9 +6,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from .. import systems
+from ..plan import systems
 from ..allocation import ALLOCATORS
-from ..cnn import CNN_MODELS
+from ..workloads.cnn import CNN_MODELS
 from . import positive_int
 
 
@@ -107,7 +107,7 @@ def register(sub) -> None:
 def _overrides(args):
     if not getattr(args, "profile", None):
         return None
-    from ..profiles import load_profiles
+    from ..compute.profiles import load_profiles
 
     return load_profiles(args.profile)
 
@@ -125,8 +125,9 @@ def _sim_kwargs(args) -> dict:
 def cmd_sim(args) -> int:
     from ..errors import HarnessError
     from ..layout import default_pipeline_degrees
-    from ..model import get_model
-    from ..results import atomic_write_json, manifest, new_run_id, run_dir, write_records
+    from ..compute.model import get_model
+    from ..files import atomic_write_json
+    from ..results import manifest, new_run_id, run_dir, write_records
     from ..scenario import load_scenario
     from ..sim.sweep import Simulator, record_json, to_record
 
@@ -192,11 +193,12 @@ def cmd_sim(args) -> int:
 
 def cmd_sim_cnn(args) -> int:
     """`harness sim` on a layer-profile CNN: hetpipe's and horovod's candidates, JSON records."""
-    from ..cnn import get_cnn
+    from ..workloads.cnn import get_cnn
     from ..errors import HarnessError
-    from ..results import atomic_write_json, manifest, new_run_id, run_dir
+    from ..files import atomic_write_json
+    from ..results import manifest, new_run_id, run_dir
     from ..scenario import load_scenario
-    from ..sim.cnn import CNNOptions, record
+    from ..hetpipe.sim import CNNOptions, record
 
     known = systems.names(cnn=True)
     which = known if args.system == "all" else (args.system,)
@@ -213,7 +215,7 @@ def cmd_sim_cnn(args) -> int:
     topo = load_scenario(args.scenario, args.devices)
     model = get_cnn(args.model)
     from ..hetpipe import DTYPE
-    from ..profiles import device_profiles
+    from ..compute.profiles import device_profiles
 
     opts = CNNOptions(profiles=device_profiles(topo, _overrides(args), dtype=DTYPE),policies=(args.policy,) if args.policy else (),
                       placements=tuple(p.strip() for p in args.placement.split(",") if p.strip()) if args.placement else (),
@@ -298,7 +300,8 @@ def _report_hetpipe_only(out: Path, run_id: str) -> int:
     from tqdm import tqdm
 
     from ..report import hetpipe as hetpipe_report
-    from ..results import atomic_write_json, atomic_write_text, manifest
+    from ..files import atomic_write_json, atomic_write_text
+    from ..results import manifest
 
     with tqdm(total=0, desc="sim report (hetpipe)", unit="setting", file=sys.stderr, leave=False) as bar:
         hs = _hetpipe_sweep(bar)
@@ -310,7 +313,7 @@ def _report_hetpipe_only(out: Path, run_id: str) -> int:
 
 
 def cmd_calibrate(args) -> int:
-    from ..profiles import save_profiles
+    from ..compute.profiles import save_profiles
     from ..sim.compare import calibrate_records, load_measured
 
     profiles = calibrate_records(_read(args.records, load_measured))
@@ -322,7 +325,7 @@ def cmd_calibrate(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from ..results import atomic_write_text
+    from ..files import atomic_write_text
     from ..sim.compare import compare, format_table, load_measured
 
     rows = compare(_read(args.records, load_measured), _overrides(args), args.dtype)

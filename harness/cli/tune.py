@@ -3,8 +3,8 @@ from __future__ import annotations
 
 
 from . import positive_float, positive_int
-from .. import systems
-from .run import add_training_arguments, rank_order, request_from_args
+from ..plan import systems
+from ..plan.flags import add_training_arguments, rank_order, request_from_args
 
 
 def register(sub) -> None:
@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 def _tune(args) -> int:
     from ..train.baselines.tune import tune
-    from ..train.config import LayoutRequest
+    from ..plan.request import LayoutRequest
 
     req = request_from_args(args, LayoutRequest(schedule=args.schedule))
     result = tune(req, args.system, rank_order=rank_order(args.rank_order))

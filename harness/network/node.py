@@ -5,7 +5,7 @@ NIC through a macvlan (bridge mode) with its own IP, shaped exactly like the loc
 emulated cluster (plan.py). Pairs the scenario leaves unshaped (NVLink inside a node)
 get no class. The shaping stays until `net clear` (it is not a run: `net clean` leaves it).
 
-The inventory (`cluster.yaml`, harness/inventory.py) says which devices each node holds and
+The inventory (`cluster.yaml`, harness/scenario/inventory.py) says which devices each node holds and
 on which NIC. Namespaces are named `harness-<id>-<device>` and interfaces `hnp-<id>-<device>`,
 where <id> is derived from the node name, so `clear` finds them and the trainer and
 `harness cluster sbatch` name them the same way (`device_names`, `rank_network`).
@@ -18,7 +18,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..inventory import Inventory, InventoryError, load_inventory
+from ..scenario.inventory import Inventory, InventoryError, load_inventory
 from . import registry
 from .plan import build_plan, device_addresses, namespace_commands, render_commands
 

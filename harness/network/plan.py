@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from ..errors import HarnessError
+from ..units import bits_to_bytes, gbps_to_bits_per_s, ms_to_us
 
 #: Links with zero delay at or above this rate are inside a node (NVLink, PCIe): not shaped.
 UNSHAPED_MIN_GBPS = 100.0
@@ -154,16 +155,16 @@ def build_plan(
             if delay_ms == 0 and gbps >= unshaped_min_gbps:
                 unshaped.append(e)
                 continue
-            rate_bps = int(round(gbps * 1e9))
+            rate_bps = int(round(gbps_to_bits_per_s(gbps)))
             if rate_bps < 8 * frame:
                 raise PlanError(
                     f"{topo.source}: bandwidth_gbps[{d}][{e}] x bandwidth_scale {topo.bandwidth_scale:g} = {rate_bps} bit/s: "
                     f"below one {frame}-byte frame per second"
                 )
-            rate_Bps = rate_bps / 8
+            rate_Bps = bits_to_bytes(rate_bps)
             burst = max(2 * frame, math.ceil(rate_Bps * BURST_SECONDS))
             quantum = int(min(HTB_QUANTUM_MAX_BYTES, max(frame, rate_Bps / 10)))
-            jitter_us = int(round(jitter_ms * 1000))
+            jitter_us = int(round(ms_to_us(jitter_ms)))
             # netem holds the packets in flight on this one-way delay, plus a queue of two
             # round trips' worth (a buffer of ~1-2 BDP lets one TCP flow fill the link; much more
             # only adds bufferbloat and makes slow start overshoot for seconds).
@@ -173,7 +174,7 @@ def build_plan(
             links.append(ShapedLink(
                 dst=e, dst_addr=addrs[e], class_minor=e + 1, netem_major=0x100 + e,
                 rate_bps=rate_bps, burst_bytes=burst, cburst_bytes=burst, quantum_bytes=quantum,
-                delay_us=int(round(delay_ms * 1000)), jitter_us=jitter_us, loss_pct=float(loss_pct),
+                delay_us=int(round(ms_to_us(delay_ms))), jitter_us=jitter_us, loss_pct=float(loss_pct),
                 limit_packets=limit,
             ))
         devices.append(DevicePlan(d, addrs[d], ifnames[d], tuple(links), tuple(unshaped)))

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..results import atomic_write_json
+from ..files import atomic_write_json
 
 def _registry_dir() -> Path:
     """/run/harness-net for root (gone at reboot, like namespaces); per user otherwise

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..results import atomic_write_json
+from ..files import atomic_write_json
 from . import netns as harness_netns
 from .cluster import Cluster
 

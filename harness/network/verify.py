@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import HarnessError
-from ..results import atomic_write_json, atomic_write_text
+from ..files import atomic_write_json, atomic_write_text
 from .emulate import run_emulated
 from .plan import build_plan, device_addresses, target_matrices, tcp_efficiency
 

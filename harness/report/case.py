@@ -14,7 +14,8 @@ import pandas as pd
 
 from ..errors import HarnessError
 from ..regress import machine
-from ..results import atomic_write_text, git_commit
+from ..files import atomic_write_text
+from ..results import git_commit
 
 # What `make scenario-N` writes below its directory (see the Makefile and results/README.md).
 REQUIRED = ("scenario/summary.txt", "schedule-ga.json", "compare/compare.csv", "sim.json", "emu/runs.csv",

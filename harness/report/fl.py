@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from ..fl.records import FLRecord, normalised
+from ..workloads.fl.records import FLRecord, normalised
 from . import plots
 from .figures import save_figure
 
@@ -68,7 +68,7 @@ def markdown(records: list[FLRecord]) -> str:
 
 
 def write(out_dir: Path, records: list[FLRecord]) -> list[Path]:
-    from ..results import atomic_write_text
+    from ..files import atomic_write_text
 
     out_dir = Path(out_dir)
     md = out_dir / "fl.md"

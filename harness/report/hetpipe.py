@@ -1,7 +1,7 @@
 """HetPipe's evaluation in `harness sim report`: Figure 4 (policies vs Horovod) and Table 4 (adding whimpy GPUs).
 
 On the `hetpipe-testbed` scenario with D = 0 (as the paper's Figure 4 and Table 4), simulated by
-harness/hetpipe.py, harness/sim/wsp.py and harness/sim/horovod.py. The paper's numbers appear only as
+harness/hetpipe/, harness/hetpipe/wsp.py and harness/hetpipe/horovod.py. The paper's numbers appear only as
 references beside the predictions.
 """
 from __future__ import annotations
@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import hetpipe as hp
-from ..cnn import get_cnn
+from ..workloads.cnn import get_cnn
 from ..scenario import Topology, load_scenario
-from ..sim import horovod
+from ..hetpipe import horovod
 from . import plots
 from .figures import save_figure
 
@@ -103,7 +103,7 @@ def figure(s: HetPipeSweep, out: Path) -> Path:
 def markdown(s: HetPipeSweep) -> str:
     L = ["## HetPipe (Park et al. 2020): virtual workers and WSP vs Horovod, simulated", "",
          f"Scenario `{s.topo.name}` ({s.topo.description}); minibatch 32, fp32, D = 0. Compute: fp32 peak x the "
-         "dense-GEMM efficiency of harness/profiles.py (no CNN measurement); memory: parameters, gradients, momentum "
+         "dense-GEMM efficiency of harness/compute/profiles.py (no CNN measurement); memory: parameters, gradients, momentum "
          "and the wave's update, and the activations of every minibatch in flight on a stage.", "",
          "### Figure 4: samples/s per policy (N_m in brackets: minibatches in flight per VW)", "",
          "| model | NP | ED | HD | ED-local | Horovod | ED-local / Horovod | paper |", "|---|---|---|---|---|---|---|---|"]
@@ -136,7 +136,7 @@ def markdown(s: HetPipeSweep) -> str:
 
 
 def write(out_dir: Path, s: HetPipeSweep) -> list[Path]:
-    from ..results import atomic_write_json
+    from ..files import atomic_write_json
 
     doc = {"fig4": {m: {k: vars(e) for k, e in row.items()} for m, row in s.fig4.items()},
            "table4": {m: {g: {k: vars(e) for k, e in d.items()} for g, d in row.items()} for m, row in s.table4.items()}}

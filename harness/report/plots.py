@@ -5,7 +5,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from .. import systems
+from ..plan import systems
 from . import figures  # noqa: F401  (selects the headless backend before pyplot is imported)
 
 

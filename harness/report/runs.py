@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from ..errors import HarnessError
-from ..results import atomic_write_text, read_records
+from ..files import atomic_write_text
+from ..results import read_records
 from . import plots
 from .figures import save_figure
 
@@ -115,7 +116,7 @@ def _config(r) -> dict | None:
 def _placement(c: dict) -> str:
     """Seeded placements of one kind share a row (the paper's mean over random layouts)."""
     p = str(c.get("placement", ""))
-    if p.startswith("seed-") or c.get("rank_order"):  # (records before harness/layout.py: rank_order)
+    if p.startswith("seed-") or c.get("rank_order"):  # (records before harness/layout/: rank_order)
         return "seeded"
     return p
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..profiles import default_profile
+from ..compute.profiles import default_profile
 from ..scenario import Topology
 from .figures import save_figure
 

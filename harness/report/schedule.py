@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 from tqdm import tqdm
 
-from ..results import atomic_write_text
+from ..files import atomic_write_text
 from ..scenario import Topology
 from .figures import save_figure
 

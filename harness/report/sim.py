@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import get_model
+from ..compute.model import get_model
 from ..compute import pflop_per_iteration
-from ..results import atomic_write_json, atomic_write_text, manifest, write_records
+from ..files import atomic_write_json, atomic_write_text
+from ..results import manifest, write_records
 from ..scenario import Topology, load_scenario
-from .. import systems as registry
+from ..plan import systems as registry
 from ..sim.sweep import Candidate, Simulator, prefetch_assignments, record_json, to_record
 from . import plots
 from .figures import save_figure
@@ -400,7 +401,7 @@ MODEL_TEXT = """\
 - Compute: forward of a block = 24*b*s*h^2*(1+s/6h) FLOP, backward 2x, recompute 1x (the 96 of the FLOP formula);
   the LM head (2*b*s*h*V forward) runs on the last stage. Seconds = FLOP / (peak x efficiency).
 - Links: delay + bytes / rate on the scenario's directed pair; transfers sharing a sender's egress or a receiver's
-  ingress (capacity = the device's fastest link) share it max-min fairly (harness/sim/network.py).
+  ingress (capacity = the device's fastest link) share it max-min fairly (harness/compute/links.py).
 - Ours: GPipe, micro-batch 1, receive / compute / send on separate streams (sends serialised per direction);
   each C_j then runs the sharded parameter server (grouped all-to-all of gradient shards, then of the sums).
 - Megatron: 1F1B with blocking point-to-point; per layer and micro-batch 2 (forward) + 2 (recompute) + 2 (backward)
@@ -420,7 +421,7 @@ MODEL_TEXT = """\
 
 
 def sweep_notes(sim_kwargs: dict) -> dict:
-    from ..profiles import device_profiles
+    from ..compute.profiles import device_profiles
 
     prof = device_profiles(load_scenario("5"), sim_kwargs.get("profile_overrides"))[0]
     return {"scheduler": sim_kwargs.get("scheduler", "ga"), "schedule_seed": sim_kwargs.get("schedule_seed", 0),

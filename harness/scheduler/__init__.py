@@ -6,7 +6,7 @@ its trace lists (candidates evaluated, best cost so far). The best partition is
 then expanded by the cost model into the full assignment sigma (pipelines).
 
 A compute-aware scheduler (`ga-hetero`) searches the same partitions on the modelled iteration
-time instead (harness/iteration_cost.py: communication, the slowest stage's compute and the
+time instead (harness/scheduler/iteration_cost.py: communication, the slowest stage's compute and the
 bubble, with the optimal layer allocation of each candidate); it needs a ComputeSetting. Given one,
 every scheduler's assignment also carries its stages' blocks and the modelled parts.
 """
@@ -17,30 +17,11 @@ from typing import Callable
 
 import numpy as np
 
-from ..cost import CostModel
-from ..iteration_cost import ComputeSetting, IterationModel
-from ..errors import HarnessError
+from .cost import CostModel
+from .iteration_cost import ComputeSetting, IterationModel
 from ..scenario import Topology
+from .registry import COMPUTE_AWARE, COMPUTE_AWARE_ALLOCATOR, SCHEDULERS, SchedulerError, register  # noqa: F401
 from .search import SearchResult
-
-
-class SchedulerError(HarnessError, ValueError):
-    """Unknown scheduler, bad budget, or an instance a scheduler cannot handle."""
-
-
-SCHEDULERS: dict[str, Callable[[CostModel, np.random.Generator, int], SearchResult]] = {}
-COMPUTE_AWARE: set[str] = set()  # schedulers whose objective is the modelled iteration time
-COMPUTE_AWARE_ALLOCATOR = "optimal"  # the allocator their objective takes each candidate's stages from
-
-
-def register(name: str, compute_aware: bool = False):
-    def deco(fn):
-        SCHEDULERS[name] = fn
-        if compute_aware:
-            COMPUTE_AWARE.add(name)
-        return fn
-
-    return deco
 
 
 def default_allocator(scheduler: str, allocator: str | None) -> str:

@@ -6,7 +6,7 @@ from math import comb, factorial
 
 import numpy as np
 
-from . import SchedulerError, register
+from .registry import SchedulerError, register
 from .search import BudgetExhausted, Evaluator
 
 MAX_PARTITIONS = 200_000

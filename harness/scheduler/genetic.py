@@ -10,7 +10,7 @@
 `ga-kl` : the same GA with Kernighan-Lin passes between two groups on the data-parallel
           link costs (the textbook graph-partitioning local search the paper compares to).
 `ga-hetero`: the same GA on the modelled iteration time of each candidate with its optimal
-          layer allocation (harness/iteration_cost.py), not communication alone, warm-started by
+          layer allocation (harness/scheduler/iteration_cost.py), not communication alone, warm-started by
           `ga` on COMM-COST for 70 % of the budget (communication dominates the time on slow links, and
           a search on the sum alone finds the communication optimum less reliably). Its local search
           alternates the paper's move with a speed move: a group's slowest device changes places
@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.optimize import linear_sum_assignment
 
-from . import register
+from .registry import register
 from .search import BudgetExhausted, Evaluator, random_labels
 
 POPULATION = 8

@@ -1,7 +1,7 @@
 """`random`: the best of `budget` uniformly random balanced partitions (the paper's baseline)."""
 from __future__ import annotations
 
-from . import register
+from .registry import register
 from .search import BudgetExhausted, Evaluator, random_labels
 
 

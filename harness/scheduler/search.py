@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..cost import CostModel
+from .cost import CostModel
 
 
 @dataclass

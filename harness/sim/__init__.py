@@ -1,5 +1,5 @@
 """Iteration simulator: predicts one training iteration of every system at any scale, from first principles
-(FLOPs, bytes and seconds of the work: harness/compute.py).
+(FLOPs, bytes and seconds of the work: harness/compute/).
 
 network.py   links (delay + bytes/rate, max-min fair sharing) and collectives as point-to-point steps
 pipeline.py  event timeline of GPipe / 1F1B stages, overlapped or blocking point-to-point

@@ -21,12 +21,12 @@ from pathlib import Path
 import numpy as np
 
 from .. import layout as layouts
-from .. import systems as registry
+from ..plan import systems as registry
 from ..errors import HarnessError
 from ..layout import Layout
-from ..model import get_model
+from ..compute.model import get_model
 from ..compute import BYTES_PER_VALUE
-from ..profiles import OP_CLASSES, ComputeProfile, device_profiles
+from ..compute.profiles import OP_CLASSES, ComputeProfile, device_profiles
 from ..results import read_records
 from ..scenario import load_scenario
 from . import systems, torch_runtime
@@ -223,7 +223,7 @@ def calibrate_records(records: list[dict]) -> dict[str, ComputeProfile]:
 
     For each measured record, the run is simulated at efficiency 1 and 1/2: the busiest device's
     compute is A / efficiency + B, where A is its FLOP-bound work (its stage, the LM head,
-    recomputation or not) and B its memory-bound optimizer step (harness/compute.py), so
+    recomputation or not) and B its memory-bound optimizer step (harness/compute/), so
     efficiency = A / (measured compute_seconds - B). The median over records is used; records of
     compute_observed systems (registry) are preferred when present.
     """

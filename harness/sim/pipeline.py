@@ -1,7 +1,7 @@
 """Event-driven timeline of one pipelined iteration, vectorised over data-parallel replicas.
 
 Each stage runs an ordered list of tasks, F(m) and B(m) for micro-batch m, in the
-trainer's order (harness/schedule_order.py): GPipe (all forwards, then all backwards
+trainer's order (harness/layout/schedule_order.py): GPipe (all forwards, then all backwards
 in reverse) or 1F1B (P-1-j warm-up forwards, then one forward / one backward, then
 the remaining backwards; Narayanan et al. 2021).
 F(m) on stage j > 0 waits for the activation of m from j-1; B(m) on j < P-1 for
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .. import schedule_order
+from ..layout import schedule_order
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class StageTimes:
 
 
 def task_order(schedule: str, P: int, M: int, j: int) -> list[tuple[str, int]]:
-    """Stage j's tasks: the order the trainer runs (harness/schedule_order.py)."""
+    """Stage j's tasks: the order the trainer runs (harness/layout/schedule_order.py)."""
     return schedule_order.stage_order(schedule, P, j, M)
 
 

@@ -1,6 +1,6 @@
 """Every system, layout and placement for one scenario and setting; the best of each; records.
 
-Placements come from harness/layout.py: `default` is rank order (device ids follow the
+Placements come from harness/layout/: `default` is rank order (device ids follow the
 scenario's regions), `random` the mean over the seeded placements 2022, 2023, 2024 (the
 paper's random layouts, Yuan et al. App. D.1; the same rule and seeds as `harness run
 --system ours-random --seed S` and the baselines' `--rank-order S`, so a row here and an
@@ -19,16 +19,17 @@ from pathlib import Path
 import numpy as np
 
 from .. import layout as layouts
-from .. import systems as registry
+from ..plan import systems as registry
 from ..layout import RANDOM_SEEDS, Layout, LayoutError
-from ..model import GPTConfig
+from ..compute.model import GPTConfig
 from ..compute import PAPER_DTYPE, c_dp_bytes, c_pp_bytes, pflop_per_iteration
-from ..profiles import ComputeProfile, device_profiles
-from ..results import IterationRecord, atomic_write_json
+from ..compute.profiles import ComputeProfile, device_profiles
+from ..files import atomic_write_json
+from ..results import IterationRecord
 from ..scenario import Topology
 from .. import compute as work
 from . import systems
-from .network import PROTOCOLS, Links
+from ..compute.links import PROTOCOLS, Links
 from .systems import SimError, SimResult
 
 PLACEMENTS = ("default", "random")
@@ -41,8 +42,8 @@ def _scheduler_source_digest() -> bytes:
     a changed scheduler never reuses old cached schedules.
     Taken once per process, as the code a process runs is the code it imported."""
     root = Path(__file__).resolve().parent.parent
-    files = sorted((root / "scheduler").glob("*.py")) + [root / f for f in ("cost.py", "iteration_cost.py", "allocation.py")]
-    return hashlib.sha1(b"".join(f.read_bytes() for f in files if f.exists())).digest()
+    files = sorted((root / "scheduler").glob("*.py")) + sorted((root / "allocation").glob("*.py"))
+    return hashlib.sha1(b"".join(f.read_bytes() for f in files)).digest()
 
 
 @dataclass
@@ -94,7 +95,7 @@ class Simulator:
 
     # ---------------------------------------------------------------- assignments
     def _job(self, cfg: GPTConfig, batch: int) -> tuple[tuple, Path | None, tuple]:
-        from ..iteration_cost import ComputeSetting
+        from ..scheduler.iteration_cost import ComputeSetting
         from ..scheduler import COMPUTE_AWARE
 
         cpp, cdp = c_pp_bytes(cfg, batch, self.d_dp), c_dp_bytes(cfg, self.d_pp)
@@ -151,7 +152,7 @@ class Simulator:
         return out
 
     def random_layouts(self, cfg: GPTConfig) -> list[Layout]:
-        """ours-random's layouts: the seeded placement rule for each of RANDOM_SEEDS (harness/layout.py)."""
+        """ours-random's layouts: the seeded placement rule for each of RANDOM_SEEDS (harness/layout/)."""
         return [layouts.seeded(1, self.d_pp, self.d_dp, cfg.layers, s, **PAPER_RUNTIME) for s in RANDOM_SEEDS]
 
     # ---------------------------------------------------------------- systems
@@ -192,7 +193,7 @@ def candidates_ours(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidat
 
 
 def _allocated(sim: Simulator, lay: Layout, cfg: GPTConfig, batch: int) -> Layout:
-    """`lay` with its stages chosen by the simulator's allocator (harness/allocation.py) over its
+    """`lay` with its stages chosen by the simulator's allocator (harness/allocation/) over its
     pipelines, at the simulated devices' profiles, within memory when they fit (else without memory
     limits: the simulator does not model memory); even: as it is."""
     if sim.allocator == "even":
@@ -262,8 +263,8 @@ def candidates_of_rule(sim: Simulator, entry, cfg: GPTConfig, batch: int) -> lis
     """A system without its own simulator model: the layout its rule picks for this scenario, model and
     batch (as `harness run` would plan it), simulated by the runtime the layout names
     (entry.simulate_layout, at the simulator's protocol and fp16 on the wire)."""
-    from ..train.config import ModelSection, NetworkSection, RunRequest, RunSection
-    from ..train.plan import resolve_layout
+    from ..plan.request import ModelSection, NetworkSection, RunRequest, RunSection
+    from ..plan.layouts import resolve_layout
 
     req = RunRequest(network=NetworkSection(scenario=sim.topo.name, mode="none"),
                      model=ModelSection(name=cfg.name, layers=cfg.layers, batch=batch, micro_batch=sim.micro_batch),

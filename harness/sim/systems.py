@@ -28,11 +28,12 @@ import numpy as np
 
 from ..errors import HarnessError
 from ..layout import Layout
-from ..model import GPTConfig, stage_params
-from ..profiles import ComputeProfile
+from ..compute.model import GPTConfig, stage_params
+from ..compute.profiles import ComputeProfile
 from .. import compute as work
-from . import network, pipeline
-from .network import Links
+from ..compute import links as network
+from . import pipeline
+from ..compute.links import Links
 
 
 class SimError(HarnessError, ValueError):
@@ -244,3 +245,17 @@ def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, layout: L
     return SimResult("deepspeed", {"zero": 3, "dp": N}, M * per_micro + opt, M * compute_mb + opt,
                      dp_comm_seconds=M * comm_mb,
                      details={"micro_batches": M, "allgather_block_seconds": ag_block})
+
+
+def simulate_allocation(cfg, topo, devices, allocation, batch: int, micro_batch: int, dtype: str = "fp16",
+                        recompute: bool = True) -> float:
+    """Seconds of one iteration of ours' runtime (GPipe, one pipeline over `devices` in stage order,
+    the allocation's uneven stages; harness.allocation.Allocation) in the simulator, at the devices' profiles."""
+    from .. import layout as layouts
+    from ..compute.profiles import device_profiles
+
+    lay = layouts.from_replicas([(list(devices), allocation.stages)], placement=allocation.allocator,
+                                schedule="gpipe", recompute=recompute)
+    r = simulate_ours(Links.from_topology(topo), device_profiles(topo, dtype=dtype), cfg, batch, lay,
+                      micro_batch, bytes_per_value=work.BYTES_PER_VALUE[dtype])
+    return r.seconds

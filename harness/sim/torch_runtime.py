@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..layout import Layout
-from ..model import GPTConfig
+from ..compute.model import GPTConfig
 from .. import compute as work
-from . import network
-from .network import Links
+from ..compute import links as network
+from ..compute.links import Links
 from .systems import SimError, _check_layers, _micro_batches, optimizer_step
 
 #: ProcessGroupGloo's worker threads (torch's default Options: 2): collectives in flight per process.

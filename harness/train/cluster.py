@@ -4,7 +4,7 @@
         -m harness run --inventory cluster.yaml --system ours ...
 
 (`harness cluster sbatch` writes the Slurm job that does this.) The inventory is the one
-of `harness net apply` (harness/inventory.py) and the one source of the run's scenario,
+of `harness net apply` (harness/scenario/inventory.py) and the one source of the run's scenario,
 device count and bandwidth scale: run arguments may repeat them, and fail in one line when
 they disagree, so the records say what was shaped. Local rank k on node HARNESS_NODE (else the
 host name) plays the node's k-th device, and its process-group rank is that device id, not
@@ -28,43 +28,16 @@ import os
 from dataclasses import replace
 from pathlib import Path
 
-from ..inventory import Inventory, InventoryError, load_inventory
+from ..scenario.inventory import InventoryError, load_inventory
 from ..network.node import this_rank_network
-from ..scenario import ScenarioError, load_scenario, reload_name
-from .config import NetworkSection, RunRequest
+from ..plan.request import RunRequest
 from .experiment import record_run
-from .plan import plan_run
+from ..plan.layouts import plan_run
 from .rank import RankEnv, rank_main
 
 STORE_PORT = 29401  # device 0's store (HARNESS_STORE_PORT overrides); 29400 is torchrun's rendezvous
 # NCCL for a shaped process: sockets over its namespace's interface, no path around it
 SHAPED_NCCL_ENV = {"NCCL_NET": "Socket", "NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_NVLS_ENABLE": "0"}
-
-
-def inventory_network(inv: Inventory, *, scenario: str | None = None, devices: int | None = None,
-                      bandwidth_scale: float | None = None, mode: str | None = None) -> NetworkSection:
-    """The network of a real-node run: the inventory's scenario, devices and bandwidth scale.
-    A run argument given must agree with it (one-line InventoryError otherwise); `mode` is
-    shaped (default) or none."""
-    where = f"the inventory {inv.path}"
-    if scenario is not None:
-        try:
-            asked = load_scenario(scenario).name
-        except ScenarioError as e:
-            raise InventoryError(f"--scenario {scenario}: {e}") from None
-        if asked != inv.topo.name:
-            raise InventoryError(f"--scenario {scenario}: {where} plays scenario {inv.topo.name}, not {asked} "
-                                 "(leave --scenario out: on real nodes the inventory says it)")
-    if devices is not None and devices != inv.topo.n:
-        raise InventoryError(f"--devices {devices}: {where} has {inv.topo.n} devices "
-                             "(leave --devices out: on real nodes the inventory says it)")
-    if bandwidth_scale is not None and bandwidth_scale != inv.bandwidth_scale:
-        raise InventoryError(f"--bandwidth-scale {bandwidth_scale:g}: {where} shapes at {inv.bandwidth_scale:g} "
-                             "(leave --bandwidth-scale out: on real nodes the inventory says it)")
-    if mode not in (None, "shaped", "none"):
-        raise InventoryError(f"--network {mode}: not on real nodes (shaped, by `harness net apply`, or none)")
-    return NetworkSection(scenario=reload_name(inv.topo), devices=inv.topo.n, bandwidth_scale=inv.bandwidth_scale,
-                          mode=mode or "shaped")
 
 
 def run_under_torchrun(req: RunRequest, inventory: Path) -> Path | None:

@@ -50,11 +50,11 @@ def main(pairs: list[tuple[str, str]]) -> int:
     warm-up, then per run a fresh fork of its ranks (a run is measured as it would be alone,
     without paying the imports again). Returns 1 if any run failed."""
     t_launch = _process_start_time()
-    from ..launch import RankFailure, fork_ranks
-    from .. import systems
+    from .launch import RankFailure, fork_ranks
+    from ..plan import systems
     from ..network import netns
-    from ..results import atomic_write_json
-    from .config import RunSpec
+    from ..files import atomic_write_json
+    from ..plan.request import RunSpec
     from .rank import RankEnv, rank_main, warm_up_parent
 
     failed = 0

@@ -4,7 +4,7 @@ Emulated devices are CPU processes that share the host's cores, so their own spe
 nothing of the GPU they stand for, and moves with whatever else runs on the host. With
 the compute model on, every phase runs the real computation (the numbers stay real) and
 then waits until the phase has taken its modelled time: FLOPs / achieved FLOP/s of the
-device (harness/compute.py, harness/profiles.py: peak x efficiency / slowdown), times the
+device (harness/compute/, harness/compute/profiles.py: peak x efficiency / slowdown), times the
 run's time scale. A phase whose real computation took longer than that is an overrun:
 counted, never hidden (the iteration's records and the manifest carry the counts).
 
@@ -21,7 +21,7 @@ import time
 import torch
 
 from ..compute import rank_phase_seconds
-from .config import RunSpec
+from ..plan.request import RunSpec
 
 PHASES = ("forward", "backward", "optimizer")
 

@@ -17,11 +17,11 @@ import threading
 from pathlib import Path
 
 from ..errors import HarnessError
-from ..launch import RankFailure
-from ..results import atomic_write_json, atomic_write_text
+from .launch import RankFailure
+from ..files import atomic_write_json, atomic_write_text
 from ..scenario import Topology
 from .cluster_worker import BEGIN_MARK, END_MARK
-from .config import RunSpec
+from ..plan.request import RunSpec
 from .rank import PROGRESS_PREFIX
 from .stats import IterationStats
 

@@ -18,10 +18,11 @@ from pathlib import Path
 
 from ..errors import HarnessError
 from ..compute import pflop_per_iteration
-from ..results import IterationRecord, atomic_write_json, manifest, run_dir, write_records
+from ..files import atomic_write_json
+from ..results import IterationRecord, manifest, run_dir, write_records
 from ..scenario import Topology
-from .config import RunRequest, RunSpec
-from .plan import Plan, plan_run
+from ..plan.request import RunRequest, RunSpec
+from ..plan.layouts import Plan, plan_run
 from .stats import IterationStats, merge_stats
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..model import GPTConfig
+from ..compute.model import GPTConfig
 
 
 class CausalSelfAttention(nn.Module):

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..launch import fork_ranks
-from .config import RunSpec
+from .launch import fork_ranks
+from ..plan.request import RunSpec
 from .rank import RankEnv, RankResult, rank_main
-from .. import systems
+from ..plan import systems
 from .stats import IterationStats, merge_stats
 
 
@@ -62,7 +62,7 @@ def local_spec(layout, system: str = "ours", **fields) -> RunSpec:
     (model: name, layers, batch, ...; run: iters, warmup, ...; debug: fault_rank, trace, ...)."""
     from dataclasses import fields as dc_fields
 
-    from .config import DebugSection, ModelSection, NetworkSection, Resolved, RunSection
+    from ..plan.request import DebugSection, ModelSection, NetworkSection, Resolved, RunSection
 
     sections = {"model": ModelSection, "run": RunSection, "debug": DebugSection}
     parts = {name: {} for name in sections}

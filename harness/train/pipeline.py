@@ -1,7 +1,7 @@
 """The system under test ("ours"): pipeline x data parallel GPT training placed by the scheduler.
 
 Each rank runs tasklet t(i, j): stage j of replica i, as given by
-`spec.layout` (harness/layout.py), with the blocks of the layout's stage range. Replica i trains on samples
+`spec.layout` (harness/layout/), with the blocks of the layout's stage range. Replica i trains on samples
 [i*B/D_DP, (i+1)*B/D_DP) of the shared synthetic batch, in micro-batches.
 
 The paper's three slots (section 3.5): a receiving slot, a computation slot and
@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
-from .. import schedule_order
+from ..layout import schedule_order
 from ..errors import HarnessError
 from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
 from .gpt import GPT, lm_loss, synthetic_batch
 from .compute_model import pacer_for
-from .config import RunSpec
+from ..plan.request import RunSpec
 from .rank import RankContext, iteration_progress, torch_dtype
 from .reference import make_optimizer, micro_batches
 from .stats import IterationStats
@@ -110,7 +110,7 @@ class PipelineStageRunner:
         self.opt = make_optimizer(self.params, m.lr)
         self.dp = make_dp_sync(L.dp_sync, [L.stage_group(j) for j in range(L.pp)],
                                self.stage_idx, self.replica)
-        # one order for this runtime and the simulator (harness/schedule_order.py)
+        # one order for this runtime and the simulator (harness/layout/schedule_order.py)
         self.order = schedule_order.stage_order(L.schedule, L.pp, self.stage_idx, self.n_local)
         self.next_backward_order = [k for op, k in schedule_order.stage_order(L.schedule, L.pp, self.stage_idx + 1,
                                                                               self.n_local)

@@ -17,8 +17,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .config import DebugSection, RunSpec
-from .. import systems
+from ..plan.request import DebugSection, RunSpec
+from ..plan import systems
 from . import wire
 from .stats import IterationStats
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import HarnessError
-from ..model import GPTConfig
+from ..compute.model import GPTConfig
 from .gpt import GPT, lm_loss, synthetic_batch
 
 # Plain SGD with momentum: deterministic, elementwise, and well-behaved for parity

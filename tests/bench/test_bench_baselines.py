@@ -22,9 +22,10 @@ import pytest
 from harness import layout as layouts
 from harness.layout import RANDOM_SEEDS, Layout
 from harness.network import kernel
-from harness.results import RESULTS_DIR, atomic_write_json, atomic_write_text, read_records
+from harness.files import atomic_write_json, atomic_write_text
+from harness.results import RESULTS_DIR, read_records
 from harness.train.baselines.tune import tune
-from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 from harness.train.experiment import execute
 
 _missing = kernel.uml_missing() + ([] if os.geteuid() == 0 else ["root"])

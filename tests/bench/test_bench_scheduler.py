@@ -5,8 +5,8 @@ import time
 import numpy as np
 import pytest
 
-from harness.cost import CostModel
-from harness.model import get_model
+from harness.scheduler.cost import CostModel
+from harness.compute.model import get_model
 from harness.compute import c_dp_bytes, c_pp_bytes
 from harness.scenario import load_scenario
 from harness.scheduler import schedule
@@ -54,7 +54,7 @@ def test_quality_ga_vs_ga_kl_vs_random(case, benchmark):
 
 def test_ga_hetero_5000_candidates_64_devices(benchmark):
     """Issue 28 target: ga-hetero, 5000 candidates (each with its optimal allocation) on 64 devices <= 10 s."""
-    from harness.iteration_cost import ComputeSetting
+    from harness.scheduler.iteration_cost import ComputeSetting
 
     topo = load_scenario("hetero-regional")
     a = benchmark.pedantic(lambda: schedule(topo, 8, 8, *SIZES, scheduler="ga-hetero", seed=0, budget=5000,

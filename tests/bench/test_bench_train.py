@@ -14,7 +14,7 @@
    transfer takes seconds, so communication dominates the ~0.1 s of computation per rank, as
    GPT3-XL's GB-sized activations do on the real links. `ours` (ga) must beat `ours-random`
    (seeds 2022-2024, the paper's) and stay within 1.3x of the communication lower bound of its
-   assignment (harness/train/bounds.py); the cost model's COMM-COST (eq. 1) is reported too.
+   assignment (harness/plan/bounds.py); the cost model's COMM-COST (eq. 1) is reported too.
    The 8 ranks must be training within 20 s of the launcher's start inside the cluster.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from harness import layout as layouts
-from harness.model import get_model
+from harness.compute.model import get_model
 from harness.train.local import local_spec, run_local
 from harness.train.reference import reference_train
 
@@ -81,7 +81,7 @@ def _emulation_missing() -> str:
 
 
 def case5(system: str, seed: int, root: Path):
-    from harness.train.config import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+    from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 
     return RunRequest(network=NetworkSection("5", devices=8, bandwidth_scale=0.01),
                       model=ModelSection("tiny", layers=4, batch=8, micro_batch=1, seed=seed),

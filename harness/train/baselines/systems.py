@@ -1,4 +1,4 @@
-"""The rank functions of the `megatron` and `deepspeed` systems (their entries: harness/systems.py).
+"""The rank functions of the `megatron` and `deepspeed` systems (their entries: harness/plan/systems.py).
 
 Each rank checks `RunSpec.layout`, trains with `train.train_baseline` and
 hands back one IterationStats per timed iteration (and, for parity tests, its parameters).
@@ -6,7 +6,7 @@ hands back one IterationStats per timed iteration (and, for parity tests, its pa
 from __future__ import annotations
 
 from ..compute_model import pacer_for
-from ..config import RunSpec
+from ...plan.request import RunSpec
 from ..rank import RankContext, torch_dtype
 from ..stats import IterationStats
 from .train import train_baseline

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from ...layout import Layout
-from ...model import GPTConfig
+from ...compute.model import GPTConfig
 from ..compute_model import pace_optimizer, pace_stage_module
 from ..gpt import GPT, lm_loss, synthetic_batch
 from ..rank import iteration_progress

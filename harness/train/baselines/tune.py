@@ -17,10 +17,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ... import layout as layouts
-from ... import systems as registry
+from ...plan import systems as registry
 from ...errors import HarnessError
 from ...layout import Layout
-from ...results import RESULTS_DIR, atomic_write_json, atomic_write_text, read_records
+from ...files import atomic_write_json, atomic_write_text
+from ...results import RESULTS_DIR, read_records
 from ...scenario import load_scenario
 
 
@@ -98,7 +99,7 @@ def tune(request, system: str, rank_order: int | None = None, progress: bool = T
     """Run every grid point of `system` with `request`'s scenario/model/batch; returns all points.
 
     `request` is a `config.RunRequest`; rank_order is None (rank order) or a seed of the seeded placement
-    (harness/layout.py). A failing point is recorded as failed and the search goes on; every
+    (harness/layout/). A failing point is recorded as failed and the search goes on; every
     point's run directory is kept.
     """
     if execute is None:

@@ -1,0 +1,138 @@
+"""The compute module: what training a GPT costs, in FLOPs, bytes and seconds on a device.
+
+One place for the trainer, the baselines, the cost model and the simulator:
+- FLOPs per block and phase. FLOP_FORMULA's 96 = 4 x 24: a block's forward is
+  24*b*s*h^2*(1+s/(6h)) FLOP, its backward twice that, and activation recomputation one
+  more forward. The LM head (2*b*s*h*V forward, twice that backward, not recomputed) is
+  real work on the last stage even though the formula leaves it out, so it is timed but
+  not counted in PFLOPS (as the paper counts). The optimizer step (SGD with momentum)
+  is a few FLOPs and 20 bytes of memory traffic per parameter: memory-bound.
+- Bytes per value of every training precision, and the message sizes built on them:
+  c_pp (activation bytes of a tasklet per iteration; the same amount of gradient comes
+  back), c_dp (gradient bytes of the largest stage), one micro-batch's activation.
+- A stage's seconds on a device profile (harness/compute/profiles.py): FLOPs / achieved FLOP/s.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .model import GPTConfig, stage_params
+
+if TYPE_CHECKING:  # profiles -> results -> compute (FLOP_FORMULA): no import at run time
+    from .profiles import ComputeProfile
+
+# The formula of the paper's tables (Narayanan et al. 2021 without the vocabulary term).
+FLOP_FORMULA = "96*B*s*l*h^2*(1+s/(6h))"
+# Bytes of one activation, gradient or parameter value per training precision.
+BYTES_PER_VALUE = {"fp32": 4, "bf16": 2, "fp16": 2}
+PAPER_DTYPE = "fp16"  # the paper trains in fp16: the simulator's and the cost model's default
+PAPER_BYTES = BYTES_PER_VALUE[PAPER_DTYPE]
+# SGD with momentum (harness/train/reference.make_optimizer): buf = m*buf + g, p -= lr*buf: 4 FLOP, and
+# 5 fp32 values moved (read p, g, buf; write p, buf) per parameter; the step is memory-bound on a GPU.
+OPTIMIZER_FLOP_PER_PARAM = 4
+OPTIMIZER_BYTES_PER_PARAM = 5 * 4
+
+
+def pflop_per_iteration(cfg: GPTConfig, batch: int) -> float:
+    """PFLOP of one training iteration (forward + backward, with recompute), per FLOP_FORMULA."""
+    return 4 * cfg.layers * block_fwd_flop(cfg, batch) / 1e15
+
+
+def block_fwd_flop(cfg: GPTConfig, samples: int) -> float:
+    s, h = cfg.seq, cfg.hidden
+    return 24.0 * samples * s * h * h * (1 + s / (6 * h))
+
+
+def head_fwd_flop(cfg: GPTConfig, samples: int) -> float:
+    return 2.0 * samples * cfg.seq * cfg.hidden * cfg.vocab
+
+
+def activation_bytes(cfg: GPTConfig, samples: int, bytes_per_value: int = PAPER_BYTES) -> float:
+    """One micro-batch's activation (or its gradient) between two stages."""
+    return float(samples * cfg.seq * cfg.hidden * bytes_per_value)
+
+
+def training_bytes_per_param(bytes_per_value: int) -> int:
+    """Device memory a parameter holds in training: value and gradient at the training precision,
+    SGD's momentum in fp32 and, in 16-bit training, an fp32 master copy (mixed precision)."""
+    return 2 * bytes_per_value + 4 + (4 if bytes_per_value < 4 else 0)
+
+
+def block_activation_bytes(cfg: GPTConfig, samples: int, bytes_per_value: int = PAPER_BYTES,
+                           recompute: bool = True) -> float:
+    """Activation memory one block keeps for its backward, per micro-batch of `samples`: Korthikanti
+    et al. 2022 (Eq. 2, no tensor or sequence parallelism), s*b*h*(34 + 5*a*s/h) bytes in 16-bit
+    training; with recomputation only the block's input, 2*s*b*h. Scaled by bytes_per_value / 2 (the
+    formula's 16-bit values; its 1-byte dropout masks are scaled too, a slight overestimate in fp32)."""
+    s, h, a = cfg.seq, cfg.hidden, cfg.heads
+    per_16bit = 2 * s * samples * h if recompute else s * samples * h * (34 + 5 * a * s / h)
+    return per_16bit * bytes_per_value / 2
+
+
+def stage_param_bytes(cfg: GPTConfig, split: list[int], bytes_per_value: int = PAPER_BYTES) -> np.ndarray:
+    """split: blocks of every stage (Layout.layers_per_stage)."""
+    return np.asarray(stage_params(cfg, list(split)), dtype=float) * bytes_per_value
+
+
+def c_pp_bytes(cfg: GPTConfig, batch: int, d_dp: int, bytes_per_value: int = PAPER_BYTES) -> float:
+    """Activation bytes a tasklet sends to the next stage per iteration: (B/D_DP) x s x h values."""
+    return batch / d_dp * cfg.seq * cfg.hidden * bytes_per_value
+
+
+def c_dp_bytes(cfg: GPTConfig, split: int | list[int], bytes_per_value: int = PAPER_BYTES) -> float:
+    """Gradient bytes of one stage (the largest: the data-parallel cost is a max over groups).
+    split: the number of stages (even split) or the blocks of every stage (Layout.layers_per_stage)."""
+    return max(stage_params(cfg, split)) * bytes_per_value
+
+
+def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: list[ComputeProfile],
+                  devices: np.ndarray, tp: int = 1, recompute: bool = True,
+                  vocab_parallel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, backward incl. recompute) seconds per micro-batch of the stage each device runs.
+
+    split: blocks of every stage (Layout.layers_per_stage, possibly uneven);
+    devices: int array (..., d_pp) of device ids in stage order (the last axis is the stage);
+    with tensor parallelism every device does 1/tp of its stage's blocks, and of the LM head
+    when it is vocab-parallel (Megatron-LM; the harness's baselines replicate it: False).
+    recompute=False: the blocks' backward is 2 forwards (the harness's CPU runs and its
+    baselines keep activations).
+    """
+    layers = np.asarray(split, dtype=float)
+    d_pp = len(split)
+    devices = np.asarray(devices)
+    rate_t = np.array([p.flops_per_s("transformer") for p in profiles])[devices]
+    rate_h = np.array([p.flops_per_s("lm_head") for p in profiles])[devices]
+    f_block = layers * block_fwd_flop(cfg, micro_batch) / tp
+    head = np.zeros(d_pp)
+    head[-1] = head_fwd_flop(cfg, micro_batch) / (tp if vocab_parallel else 1)
+    fwd = f_block / rate_t + head / rate_h
+    bwd = (3 if recompute else 2) * f_block / rate_t + 2 * head / rate_h  # backward (2x) + recomputed forward (1x); head: 2x
+    return fwd, bwd
+
+
+def optimizer_seconds(params: int, profile: ComputeProfile) -> float:
+    """The optimizer step over `params` parameters on the device: the longer of its FLOPs at the
+    device's rate and its memory traffic at the device's peak memory bandwidth (a roofline; both
+    slowed by the device's slowdown)."""
+    flop_s = OPTIMIZER_FLOP_PER_PARAM * params / profile.flops_per_s("transformer")
+    if not profile.memory_bandwidth_gbs:
+        return flop_s
+    return max(flop_s, OPTIMIZER_BYTES_PER_PARAM * params / (profile.memory_bandwidth_gbs * 1e9) * profile.slowdown)
+
+
+def rank_phase_seconds(cfg: GPTConfig, split: list[int], stage: int, micro_batch: int, profile: ComputeProfile,
+                       recompute: bool, tp: int = 1, vocab_parallel: bool = True,
+                       optimizer_shards: int = 1) -> dict[str, float]:
+    """What one rank's phases take on its device: forward and backward of one micro-batch of
+    stage `stage`, and the optimizer step over the rank's parameters: a 1/tp share of the
+    stage's blocks (and of its embedding and head when vocab-parallel), then a
+    1/optimizer_shards share of that (ZeRO shards the optimizer over the data-parallel group)."""
+    fwd, bwd = stage_compute(cfg, split, micro_batch, [profile], np.zeros(len(split), dtype=int), tp, recompute,
+                             vocab_parallel)
+    blocks = split[stage] * cfg.block_params
+    ends = stage_params(cfg, list(split))[stage] - blocks
+    params = (blocks / tp + ends / (tp if vocab_parallel else 1)) / optimizer_shards
+    return {"forward": float(fwd[stage]), "backward": float(bwd[stage]),
+            "optimizer": optimizer_seconds(params, profile)}

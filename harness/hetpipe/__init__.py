@@ -1,0 +1,439 @@
+"""HetPipe's plan (Park et al. 2020, `../shared/seeds/004_*`): virtual workers, their layers, N_m, parameter shards.
+
+A virtual worker (VW) is a group of GPUs running one pipeline over a CNN's layers (harness/workloads/cnn.py);
+VWs train data-parallel through a parameter server under Wave Synchronous Parallel (sim/wsp.py).
+Nodes are the scenario's regions (one GPU type each, as the paper's testbed).
+
+Resource allocation policies (Sec. 8.1):
+- `np`, node partition: one VW per node (homogeneous VWs; no VW crosses nodes).
+- `ed`, equal distribution: VW j takes GPU j of every node (identical VWs); on one node, the
+  node is one VW (the paper's V4).
+- `hd`, hybrid distribution: nodes paired so that the pairs' summed compute and memory are
+  closest (the smallest worst relative difference of the two), then each pair's GPUs spread
+  evenly over its VWs (the paper's VVQQ / RRGG).
+- an explicit grouping, "0,1,2,3;4,5,6,7": device ids per VW.
+Each VW's stage order is the ordering of its GPU types whose partition is fastest; the partition
+is the `optimal` allocator (harness/allocation/) with HetPipe's objective (Sec. 7): the largest
+stage time (its layers' forward and backward plus receiving its input and its gradient) within
+each GPU's memory, where a stage keeps the activations of every minibatch in flight on it (N_m
+on all but the last, which runs a minibatch's forward and backward back to back: one).
+N_m is the same on every VW (Sec. 4): every value up to the smallest VW's Max_m is simulated and
+the fastest kept. Training is fp32 (TensorFlow 1.12, as the paper).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..allocation import AllocationError, Problem, allocate
+from ..workloads.cnn import CNNModel
+from ..compute import training_bytes_per_param
+from ..errors import HarnessError
+from ..compute.profiles import device_profiles
+from ..scenario import Topology
+from ..units import gbps_to_bytes_per_s, ms_to_s
+
+POLICIES = ("np", "ed", "hd")
+PLACEMENTS = ("default", "local")
+DTYPE = "fp32"
+BYTES_PER_VALUE = 4
+# value, gradient and SGD momentum (compute.training_bytes_per_param) and the wave's aggregated update
+PARAM_BYTES = training_bytes_per_param(BYTES_PER_VALUE) + BYTES_PER_VALUE
+GIB = 2**30  # a GPU's "12 GB" is 12 GiB
+MAX_NM = 32  # N_m tried up to this many minibatches in flight
+
+
+class HetPipeError(HarnessError, ValueError):
+    """A plan that cannot be made (unknown policy, a VW that cannot hold the model); one line."""
+
+
+# ----------------------------------------------------------------------------- which GPUs
+def nodes_of(topo: Topology, devices) -> dict[int, list[int]]:
+    """node (region index) -> its devices among `devices`, in id order."""
+    out: dict[int, list[int]] = {}
+    for d in sorted(devices):
+        out.setdefault(topo.device_region[d], []).append(d)
+    return out
+
+
+def select_gpus(topo: Topology, spec: str | None) -> list[int]:
+    """Devices of the nodes a spec names: each letter a one-letter region, an optional total, as the
+    paper's Table 4 (`V4`, `VR8`, `VRQ12`, `VRQG16`); None: every device."""
+    if not spec:
+        return list(range(topo.n))
+    letters = spec.rstrip("0123456789")
+    count = spec[len(letters):]
+    names = {r.name: k for k, r in enumerate(topo.regions)}
+    unknown = [c for c in letters if c not in names]
+    if not letters or unknown or len(set(letters)) != len(letters):
+        raise HetPipeError(f"--gpus: {spec!r} must be distinct node letters of {topo.name} "
+                           f"({', '.join(names)}) and an optional GPU count, e.g. VR8")
+    picked = {names[c] for c in letters}
+    devices = [d for d in range(topo.n) if topo.device_region[d] in picked]
+    if count and int(count) != len(devices):
+        raise HetPipeError(f"--gpus: {spec!r} names {len(devices)} GPUs, not {count}")
+    return devices
+
+
+def group(topo: Topology, devices: list[int], policy: str) -> list[list[int]]:
+    """The VWs' devices (unordered) under `policy` (np, ed, hd, or an explicit "0,1;2,3")."""
+    nodes = nodes_of(topo, devices)
+    if policy == "np":
+        return [list(v) for v in nodes.values()]
+    sizes = {len(v) for v in nodes.values()}
+    if policy in ("ed", "hd") and len(sizes) != 1:
+        raise HetPipeError(f"--policy {policy}: needs the same number of GPUs on every node "
+                           f"(got {', '.join(f'{topo.regions[n].name}: {len(v)}' for n, v in nodes.items())})")
+    if policy == "ed":
+        if len(nodes) == 1:
+            return [list(v) for v in nodes.values()]
+        return [list(col) for col in zip(*nodes.values())]
+    if policy == "hd":
+        per = sizes.pop()
+        if len(nodes) % 2 or per % 2:
+            raise HetPipeError(f"--policy hd: pairs nodes and splits each pair evenly: needs an even number of "
+                               f"nodes and of GPUs per node (got {len(nodes)} x {per})")
+        out = []
+        for a, b in _balanced_pairs(topo, list(nodes)):
+            for k in range(per // 2):
+                out.append(nodes[a][2 * k:2 * k + 2] + nodes[b][2 * k:2 * k + 2])
+        return out
+    return _explicit(topo, devices, policy)
+
+
+def _balanced_pairs(topo: Topology, nodes: list[int]) -> list[tuple[int, int]]:
+    """The pairing of nodes whose pairs' compute (fp32 peak) and memory sums differ least: the largest
+    relative spread (max - min) / max over the pairs, of either resource, minimised."""
+    def spread(values):
+        return (max(values) - min(values)) / max(values)
+
+    best, best_cost = None, np.inf
+    for pairing in _pairings(nodes):
+        compute = [sum(topo.regions[n].profile.peak(DTYPE) for n in p) for p in pairing]
+        memory = [sum(topo.regions[n].profile.memory_gb for n in p) for p in pairing]
+        cost = max(spread(compute), spread(memory))
+        if cost < best_cost - 1e-12:
+            best, best_cost = pairing, cost
+    return best
+
+
+def _pairings(items: list[int]):
+    if not items:
+        yield []
+        return
+    first = items[0]
+    for k in range(1, len(items)):
+        rest = items[1:k] + items[k + 1:]
+        for p in _pairings(rest):
+            yield [(first, items[k])] + p
+
+
+def _explicit(topo: Topology, devices: list[int], spec: str) -> list[list[int]]:
+    try:
+        groups = [[int(x) for x in g.split(",") if x.strip()] for g in spec.split(";") if g.strip()]
+    except ValueError:
+        groups = []
+    if not groups or not all(groups):
+        raise HetPipeError(f"--policy: {spec!r} is neither one of {', '.join(POLICIES)} nor a grouping of "
+                           "device ids like '0,4,8,12;1,5,9,13'")
+    flat = [d for g in groups for d in g]
+    outside = sorted(set(flat) - set(devices))
+    if outside:
+        raise HetPipeError(f"--policy: device {outside[0]} is not among the GPUs used ({len(devices)} of {topo.name})")
+    twice = sorted({d for d in flat if flat.count(d) > 1})
+    if twice:
+        raise HetPipeError(f"--policy: device {twice[0]} is in two virtual workers")
+    missing = sorted(set(devices) - set(flat))
+    if missing:
+        raise HetPipeError(f"--policy: device {missing[0]} is in no virtual worker (every GPU used must be in one)")
+    return groups
+
+
+# ----------------------------------------------------------------------------- one virtual worker
+@dataclass(frozen=True)
+class VirtualWorker:
+    """A VW's pipeline: per stage (in order) its device, layers [first, last), and per minibatch its
+    forward and backward seconds, the transfer seconds to the next stage (activation forward,
+    gradient backward), and its memory in use and capacity (bytes)."""
+
+    devices: tuple[int, ...]
+    stages: tuple[tuple[int, int], ...]
+    fwd: tuple[float, ...]
+    bwd: tuple[float, ...]
+    send_fwd: tuple[float, ...]  # stage k -> k+1
+    send_bwd: tuple[float, ...]  # stage k+1 -> k
+    memory: tuple[float, ...]
+    capacity: tuple[float, ...]
+
+    @property
+    def bottleneck_seconds(self) -> float:
+        return float(max(np.add(self.fwd, self.bwd)))
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-layer seconds on every device and transfer times on every device pair, for one model and batch."""
+
+    model: CNNModel
+    batch: int
+    flop: np.ndarray  # (layers,) forward FLOPs of a minibatch (the backward: twice)
+    flops_per_s: np.ndarray  # (devices,) what each device achieves
+    capacity: np.ndarray  # (devices,) bytes
+    delay: np.ndarray  # (devices, devices) seconds
+    rate: np.ndarray  # (devices, devices) bytes/s, inter-node pairs divided by the VWs sharing the node pair
+
+    @classmethod
+    def of(cls, topo: Topology, model: CNNModel, batch: int, vws: list[list[int]], profiles=None) -> "Costs":
+        profs = profiles if profiles is not None else device_profiles(topo, dtype=DTYPE)
+        flop = np.array([l.fwd_flop for l in model.layers]) * batch
+        # the dense-GEMM efficiency of harness/compute/profiles.py stands for cuDNN's convolutions (no CNN measurement)
+        speed = np.array([p.flops_per_s("transformer") for p in profs])
+        capacity = np.array([p.memory_gb * GIB for p in topo.profiles], dtype=float)
+        delay = ms_to_s(np.asarray(topo.delay_ms, dtype=float))
+        rate = gbps_to_bytes_per_s(np.asarray(topo.bandwidth_gbps, dtype=float))
+        # VWs whose pipelines cross between two nodes send there at about the same time (identical VWs run in
+        # lockstep): they share the nodes' link, one share per VW spanning both nodes.
+        region = np.asarray(topo.device_region)
+        share = np.ones_like(rate)
+        spans = [set(region[g]) for g in vws]
+        for a, b in itertools.permutations(set(region), 2):
+            n = sum(1 for s in spans if a in s and b in s)
+            if n > 1:
+                share[np.ix_(region == a, region == b)] = n
+        return cls(model, batch, flop, speed, capacity, delay, rate / share)
+
+    def transfer(self, src: int, dst: int, values: float) -> float:
+        return float(self.delay[src, dst] + values * self.batch * BYTES_PER_VALUE / self.rate[src, dst])
+
+
+def partition(costs: Costs, devices: list[int], in_flight: int) -> VirtualWorker:
+    """HetPipe's partition of the model over `devices` in this order with `in_flight` minibatches
+    (the `optimal` allocator); HetPipeError when no partition fits the GPUs' memory."""
+    m = costs.model
+    K, L = len(devices), len(m.layers)
+    out = np.array([l.out_values for l in m.layers], dtype=float)
+    recv = np.zeros((2, K, L + 1))
+    for k in range(K):
+        if k > 0:  # its input: the previous layer's output from the previous stage
+            recv[0, k, 1:] = [costs.transfer(devices[k - 1], devices[k], v) for v in out]
+        if k < K - 1:  # the gradient of its last layer's output from the next stage
+            recv[1, k, 1:] = [costs.transfer(devices[k + 1], devices[k], v) for v in out]
+    kept = np.array([l.kept_values for l in m.layers], dtype=float) * costs.batch * BYTES_PER_VALUE
+    params = np.array([l.params for l in m.layers], dtype=float) * PARAM_BYTES
+    stash = [in_flight if k < K - 1 else 1 for k in range(K)]
+    block_mem = np.array([params + s * kept for s in stash])
+    per_flop = 1.0 / costs.flops_per_s[devices]
+    problem = Problem(seconds_per_flop=per_flop, block_flop=3 * costs.flop, fixed_seconds=np.zeros(K),
+                      block_memory=block_mem.min(0), memory=costs.capacity[devices], receive_seconds=recv,
+                      device_block_memory=block_mem,
+                      names=tuple(f"stage {k} (device {d})" for k, d in enumerate(devices)))
+    try:
+        alloc = allocate("optimal", problem)
+    except AllocationError as e:
+        raise HetPipeError(f"virtual worker {','.join(map(str, devices))}: cannot hold {m.name} with "
+                           f"{in_flight} minibatch(es) of {costs.batch} in flight ({e})") from None
+    stages = alloc.stages
+    fwd = [float(costs.flop[a:b].sum() * per_flop[k]) for k, (a, b) in enumerate(stages)]
+    send_f = [costs.transfer(devices[k], devices[k + 1], out[stages[k][1] - 1]) for k in range(K - 1)]
+    send_b = [costs.transfer(devices[k + 1], devices[k], out[stages[k][1] - 1]) for k in range(K - 1)]
+    return VirtualWorker(tuple(devices), stages, tuple(fwd), tuple(2 * f for f in fwd), tuple(send_f),
+                         tuple(send_b), tuple(float(x) for x in problem.stage_memory(alloc.layers_per_device)),
+                         tuple(float(x) for x in costs.capacity[devices]))
+
+
+def best_order(topo: Topology, costs: Costs, devices: list[int], in_flight: int) -> VirtualWorker:
+    """The stage order of the VW's GPU types (devices of one type in id order) whose partition has the
+    smallest bottleneck; HetPipeError when none fits."""
+    by_type: dict[str, list[int]] = {}
+    for d in sorted(devices):
+        by_type.setdefault(topo.profiles[d].gpu, []).append(d)
+    types = [t for t, ds in by_type.items() for _ in ds]
+    best, last_error = None, None
+    for order in sorted(set(itertools.permutations(types))):
+        pools = {t: list(ds) for t, ds in by_type.items()}
+        devs = [pools[t].pop(0) for t in order]
+        try:
+            vw = partition(costs, devs, in_flight)
+        except HetPipeError as e:
+            last_error = e
+            continue
+        if best is None or vw.bottleneck_seconds < best.bottleneck_seconds - 1e-15:
+            best = vw
+    if best is None:
+        raise last_error
+    return best
+
+
+def max_in_flight(topo: Topology, costs: Costs, devices: list[int], limit: int = MAX_NM) -> int:
+    """Max_m of a VW: the most minibatches in flight some order and partition fits (0: not even one)."""
+    lo = 0
+    for n in range(1, limit + 1):
+        try:
+            best_order(topo, costs, devices, n)
+        except HetPipeError:
+            break
+        lo = n
+    return lo
+
+
+# ----------------------------------------------------------------------------- the parameter server
+def ps_traffic(topo: Topology, model: CNNModel, vws: list[VirtualWorker], placement: str) -> np.ndarray:
+    """Bytes every device sends to each node's parameter-server shard per wave (its stages' aggregated
+    update; the pull brings the same back): (devices, regions).
+
+    default: layer l's shard on node l mod (nodes used), round-robin as TensorFlow places variables;
+    local: every layer's shard on the node of the GPUs that hold it, which needs every VW to hold
+    each layer on one node (ED, where VWs are identical)."""
+    used = sorted({topo.device_region[d] for vw in vws for d in vw.devices})
+    L = len(model.layers)
+    if placement == "default":
+        owner = [used[l % len(used)] for l in range(L)]
+    elif placement == "local":
+        owner = []
+        for l in range(L):
+            homes = {topo.device_region[vw.devices[_stage_of(vw, l)]] for vw in vws}
+            if len(homes) > 1:
+                raise HetPipeError(f"--placement local: layer {model.layers[l].name} is on nodes "
+                                   f"{', '.join(sorted(topo.regions[h].name for h in homes))} in different virtual "
+                                   "workers; local placement needs every VW to hold a layer on one node (policy ed)")
+            owner.append(homes.pop())
+    else:
+        raise HetPipeError(f"--placement: unknown {placement!r} (known: {', '.join(PLACEMENTS)})")
+    out = np.zeros((topo.n, len(topo.regions)))
+    for vw in vws:
+        for k, (a, b) in enumerate(vw.stages):
+            for l in range(a, b):
+                out[vw.devices[k], owner[l]] += model.layers[l].params * BYTES_PER_VALUE
+    return out
+
+
+def _stage_of(vw: VirtualWorker, layer: int) -> int:
+    return next(k for k, (a, b) in enumerate(vw.stages) if a <= layer < b)
+
+
+def sync_seconds(topo: Topology, traffic: np.ndarray) -> float:
+    """One push (or pull) of every VW at once: the busiest of each node's network link (bytes leaving
+    or entering it for other nodes) and each GPU's PCIe link to its host, plus a delay."""
+    region = np.asarray(topo.device_region)
+    bw = gbps_to_bytes_per_s(np.asarray(topo.bandwidth_gbps, dtype=float))
+    R = len(topo.regions)
+    cross = np.array([[traffic[region == a, b].sum() if a != b else 0.0 for b in range(R)] for a in range(R)])
+    t = 0.0
+    for a in range(R):
+        others = np.flatnonzero(region != a)
+        if not len(others):
+            continue
+        nic = bw[np.ix_(region == a, others)].max()
+        t = max(t, cross[a].sum() / nic, cross[:, a].sum() / nic)
+    for d in range(topo.n):  # the GPU's own link to its host: as fast as to its node's other GPUs
+        peers = np.flatnonzero((region == region[d]) & (np.arange(topo.n) != d))
+        if len(peers) and traffic[d].sum():
+            t = max(t, traffic[d].sum() / bw[d, peers].max())
+    return t + ms_to_s(float(np.asarray(topo.delay_ms).max()))
+
+
+def cut_bytes(topo: Topology, model: CNNModel, vw: VirtualWorker, batch: int) -> float:
+    """Bytes of one minibatch's activations crossing between nodes in `vw` (the gradients come back alike)."""
+    region = topo.device_region
+    return float(sum(model.layers[vw.stages[k][1] - 1].out_values * batch * BYTES_PER_VALUE
+                     for k in range(len(vw.devices) - 1) if region[vw.devices[k]] != region[vw.devices[k + 1]]))
+
+
+def cross_node_bytes(topo: Topology, model: CNNModel, vws: list[VirtualWorker], traffic: np.ndarray,
+                     batch: int, in_flight: int) -> float:
+    """Bytes crossing between nodes per wave: activations and gradients between stages on different
+    nodes for the wave's N_m minibatches of every VW, and the parameter-server push and pull."""
+    pipeline = sum(2 * cut_bytes(topo, model, vw, batch) * in_flight for vw in vws)
+    region = np.asarray(topo.device_region)
+    remote = sum(traffic[d, r] for d in range(topo.n) for r in range(traffic.shape[1]) if r != region[d])
+    return pipeline + 2 * remote
+
+
+# ----------------------------------------------------------------------------- the whole plan
+@dataclass
+class Plan:
+    """HetPipe on a set of GPUs: its VWs, N_m, the parameter server's sync time and the simulated run."""
+
+    policy: str
+    placement: str
+    staleness: int
+    in_flight: int  # N_m
+    max_in_flight: int  # the smallest VW's Max_m
+    devices: list[int]
+    vws: list[VirtualWorker]
+    sync_seconds: float  # one push (or pull) of every VW's wave update
+    cross_node_bytes: float  # per wave
+    result: "object"  # sim.wsp.WSPResult
+
+    @property
+    def samples_per_wave(self) -> int:
+        """Minibatches per wave over all VWs."""
+        return len(self.vws) * self.in_flight
+
+    def layout(self):
+        """The VWs as a harness Layout whose pipelines differ per replica (harness/layout/), each stage's
+        [first, last) layers of the CNN: what a real run of HetPipe will place."""
+        from ..layout import from_replicas
+
+        return from_replicas([(vw.devices, vw.stages) for vw in self.vws], placement=f"hetpipe-{self.policy}")
+
+
+def _signature(topo: Topology, devices) -> tuple[int, ...]:
+    return tuple(sorted(topo.device_region[d] for d in devices))
+
+
+def _same_order(topo: Topology, like: VirtualWorker, devices) -> list[int]:
+    """`devices` in the node order of `like` (a VW over the same nodes), each node's devices in id order."""
+    pools = {r: list(ds) for r, ds in nodes_of(topo, devices).items()}
+    return [pools[topo.device_region[d]].pop(0) for d in like.devices]
+
+
+def virtual_workers(topo: Topology, costs: Costs, groups: list[list[int]], in_flight: int) -> list[VirtualWorker]:
+    """Every group's best order and partition for `in_flight` (groups over the same nodes share the search)."""
+    found: dict[tuple, VirtualWorker] = {}
+    out = []
+    for g in groups:
+        sig = _signature(topo, g)
+        if sig not in found:
+            found[sig] = best_order(topo, costs, g, in_flight)
+            out.append(found[sig])
+        else:
+            out.append(partition(costs, _same_order(topo, found[sig], g), in_flight))
+    return out
+
+
+def plan(topo: Topology, model: CNNModel, batch: int, policy: str, placement: str = "default", staleness: int = 0,
+         gpus: str | None = None, in_flight: int | None = None, progress=None, profiles=None) -> Plan:
+    """HetPipe's plan and its simulated throughput; N_m the fastest up to Max_m unless given.
+    profiles: every device's ComputeProfile at fp32 (default: the scenario's, harness/compute/profiles.py)."""
+    from . import wsp
+
+    if placement not in PLACEMENTS:
+        raise HetPipeError(f"--placement: unknown {placement!r} (known: {', '.join(PLACEMENTS)})")
+    if staleness < 0:
+        raise HetPipeError(f"--staleness: must be >= 0 (got {staleness})")
+    devices = select_gpus(topo, gpus)
+    groups = group(topo, devices, policy)
+    costs = Costs.of(topo, model, batch, groups, profiles)
+    best, n = None, 0
+    tries = [in_flight] if in_flight else range(1, MAX_NM + 1)
+    for n in tries:
+        try:
+            vws = virtual_workers(topo, costs, groups, n)
+        except HetPipeError as e:
+            if n == 1 or in_flight:
+                raise HetPipeError(f"--policy {policy}: {e}") from None
+            n -= 1
+            break
+        traffic = ps_traffic(topo, model, vws, placement)
+        sync = sync_seconds(topo, traffic)
+        result = wsp.simulate(vws, n, batch, staleness, sync, sync)
+        if best is None or result.samples_per_s > best.result.samples_per_s * (1 + 1e-9):
+            best = Plan(policy, placement, staleness, n, 0, devices, vws, sync,
+                        cross_node_bytes(topo, model, vws, traffic, batch, n), result)
+        if progress:
+            progress(n)
+    best.max_in_flight = n
+    return best

@@ -1,0 +1,56 @@
+"""Horovod (Sergeev & Del Balso 2018), HetPipe's baseline: synchronous data parallel with a ring all-reduce.
+
+Every GPU that can hold the whole model trains a minibatch per iteration (those that cannot are left
+out, as HetPipe's evaluation leaves the RTX 2060s out for ResNet-152); the iteration lasts as long as
+the slowest GPU's forward, then the longer of its backward and the ring all-reduce of the fp32
+gradients (Horovod reduces gradients as the backward produces them: a perfect overlap, the baseline's
+best case). The ring runs in device order, node after node (NCCL's ring crosses each node link once).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..workloads.cnn import CNNModel
+from ..compute import training_bytes_per_param
+from . import BYTES_PER_VALUE, DTYPE, GIB, HetPipeError, select_gpus
+from ..compute.profiles import device_profiles
+from ..scenario import Topology
+from ..compute import links as network
+from ..compute.links import Links
+
+
+@dataclass
+class HorovodResult:
+    devices: list[int]  # the GPUs that hold the model
+    left_out: list[int]
+    seconds: float  # one iteration
+    samples_per_s: float
+    allreduce_seconds: float
+    cross_node_bytes: float  # per iteration
+
+
+def model_bytes(model: CNNModel, batch: int) -> float:
+    """Memory a GPU needs to train the whole model on one minibatch (fp32, SGD with momentum)."""
+    kept = sum(l.kept_values for l in model.layers) * batch * BYTES_PER_VALUE
+    return model.params * training_bytes_per_param(BYTES_PER_VALUE) + kept
+
+
+def simulate(topo: Topology, model: CNNModel, batch: int, gpus: str | None = None, profiles=None) -> HorovodResult:
+    devices = select_gpus(topo, gpus)
+    need = model_bytes(model, batch)
+    fits = [d for d in devices if topo.profiles[d].memory_gb * GIB >= need]
+    if not fits:
+        raise HetPipeError(f"horovod: no GPU can hold {model.name} with a minibatch of {batch} "
+                           f"({need / GIB:.1f} GiB)")
+    profs = profiles if profiles is not None else device_profiles(topo, dtype=DTYPE)
+    fwd = max(model.fwd_flop * batch / profs[d].flops_per_s("transformer") for d in fits)
+    grads = model.params * BYTES_PER_VALUE
+    ring = np.asarray(fits)[None, :]
+    allreduce = float(network.ring_allreduce(Links.from_topology(topo), ring, grads).max()) if len(fits) > 1 else 0.0
+    seconds = fwd + max(2 * fwd, allreduce)
+    nodes = len({topo.device_region[d] for d in fits})
+    n = len(fits)
+    cross = (nodes if nodes > 1 else 0) * 2 * (n - 1) / n * grads
+    return HorovodResult(fits, [d for d in devices if d not in fits], seconds, n * batch / seconds, allreduce, cross)

@@ -1,0 +1,124 @@
+"""Wave Synchronous Parallel (HetPipe, Park et al. 2020, Sec. 4-5): virtual workers' pipelines and their clocks.
+
+Inside a virtual worker (VW) up to N_m minibatches are in flight: minibatch p enters the first
+stage when minibatch p - N_m has left it (its backward there is done). Every GPU runs its ready
+tasks first-in first-out, forwards in minibatch order, backwards in minibatch order; the last
+stage runs a minibatch's forward and backward as one task; activations and gradients cross
+between stages in the VW's transfer times (harness/hetpipe/).
+
+A wave is N_m consecutive minibatches (local staleness N_m - 1). When a VW completes wave c
+(its last minibatch's backward on the first stage) it pushes the wave's aggregated update to
+the parameter server (push seconds). The minibatch it admits next, the last of wave c+1, must
+use weights holding every VW's updates of waves 0..c-D: once c >= D it waits until every VW
+has pushed wave c-D, then pulls the global weights (pull seconds); the N_m - 1 minibatches of
+wave c+1 already in the pipeline keep running meanwhile. So a VW resumes past its clock c only
+when no VW is more than D waves behind it (the clock distance bound), and D = 0 is BSP-like.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+WAVES = 24  # simulated per VW; the throughput is measured over the second half
+
+
+@dataclass
+class WSPResult:
+    seconds_per_wave: float  # steady state: time between global clock ticks
+    samples_per_s: float
+    wave_done: np.ndarray  # (VWs, waves): when each VW completed each wave
+    push_done: np.ndarray  # (VWs, waves)
+    resumed: np.ndarray  # (VWs, waves): when the VW admitted the minibatch gated after wave c (nan: none)
+    distance_at_resume: list[int]  # waves pushed by the resuming VW minus the fewest any VW has pushed
+
+
+def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: float, pull_seconds: float,
+             waves: int = WAVES) -> WSPResult:
+    """Event simulation of every VW (harness.hetpipe.VirtualWorker) under WSP with threshold `staleness`."""
+    V, N = len(vws), in_flight
+    total = waves * N
+    free = [[0.0] * len(vw.devices) for vw in vws]
+    queues = [[[] for _ in vw.devices] for vw in vws]
+    wave_done = np.full((V, waves), np.nan)
+    push_done = np.full((V, waves), np.nan)
+    resumed = np.full((V, waves), np.nan)
+    completed = [0] * V
+    admitted = [0] * V
+    last_admit = [0.0] * V
+    distance: list[int] = []
+
+    def pushed(v: int) -> int:
+        return int(np.count_nonzero(~np.isnan(push_done[v])))
+
+    def gate(v: int, p: int) -> float | None:
+        """Earliest admission of minibatch p by its wave gate; None while some push it waits for is unknown."""
+        if (p + 1) % N or p < 2 * N - 1:
+            return 0.0
+        c = (p + 1) // N - 2  # p closes wave c+1 and is admitted when wave c completes
+        if c < staleness:
+            return 0.0  # the first D+1 waves run without querying the global weights
+        needed = push_done[:, c - staleness]
+        if np.isnan(needed).any() or np.isnan(push_done[v, c]):
+            return None
+        return max(push_done[v, c], needed.max()) + pull_seconds
+
+    def admit(v: int, now: float) -> None:
+        while admitted[v] < total and admitted[v] - completed[v] < N:
+            p = admitted[v]
+            g = gate(v, p)
+            if g is None:
+                return  # parked until the pushes it needs are known
+            t = max(now, g, last_admit[v])
+            if g > 0.0:
+                c = (p + 1) // N - 2
+                resumed[v, c] = t
+                distance.append((c + 1) - min(pushed(u) for u in range(V)))
+            heapq.heappush(queues[v][0], (t, p, 0, "f"))
+            admitted[v] += 1
+            last_admit[v] = t
+
+    def complete(v: int, p: int, t: float) -> None:
+        completed[v] += 1
+        if (p + 1) % N == 0:
+            c = p // N
+            wave_done[v, c] = t
+            push_done[v, c] = t + push_seconds
+            for u in range(V):  # a push may release VWs parked at their gate
+                admit(u, t)
+        admit(v, t)
+
+    for v in range(V):
+        admit(v, 0.0)
+    while True:
+        best = None
+        for v, vw in enumerate(vws):
+            for k, q in enumerate(queues[v]):
+                if q:
+                    t = max(free[v][k], q[0][0])
+                    if best is None or t < best[0]:
+                        best = (t, v, k)
+        if best is None:
+            break
+        t, v, k = best
+        _, p, _, kind = heapq.heappop(queues[v][k])
+        vw = vws[v]
+        K = len(vw.devices)
+        if k == K - 1 and kind == "f":
+            kind = "fb"  # the last stage: forward and backward back to back
+        dur = {"f": vw.fwd[k], "b": vw.bwd[k], "fb": vw.fwd[k] + vw.bwd[k]}[kind]
+        end = t + dur
+        free[v][k] = end
+        if kind == "f":
+            heapq.heappush(queues[v][k + 1], (end + vw.send_fwd[k], p, 0, "f"))
+        elif k > 0:
+            heapq.heappush(queues[v][k - 1], (end + vw.send_bwd[k - 1], p, 1, "b"))
+        else:
+            complete(v, p, end)
+    if np.isnan(push_done).any():
+        raise RuntimeError("WSP simulation stalled before every VW finished its waves")  # a bug, not a user error
+    clock = push_done.max(0)  # global clock c+1: every VW has pushed wave c
+    half = waves // 2
+    per_wave = float((clock[-1] - clock[half - 1]) / (waves - half))
+    return WSPResult(per_wave, V * N * batch / per_wave, wave_done, push_done, resumed, distance)

@@ -1,0 +1,249 @@
+"""The flags of a run -> its RunRequest (harness/plan/request.py), in the library.
+
+`harness run` and `harness tune` add these flags to their parsers; `harness cluster sbatch` and the
+regression gate turn a `harness run` argument list into the request the run would make (`run_request`),
+without the CLI. The request's own checks (model, layout, network) happen where it is planned
+(harness/plan/layouts.py); here only what a flag alone can say.
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+
+from ..allocation import ALLOCATORS
+from ..errors import HarnessError
+from ..scenario import ScenarioError, load_scenario, reload_name
+from ..scenario.inventory import Inventory, InventoryError
+from . import systems
+from .request import (ComputeSection, DebugSection, LayoutRequest, ModelSection, NetworkSection, RunRequest,
+                      RunSection)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number > 0 (got {text!r})") from None
+    if not (v > 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number > 0 (got {text!r})")
+    return v
+
+
+NETWORK_CHOICES = ("emulated", "none", "shaped")
+
+
+def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = False) -> None:
+    """Scenario, model, data and runtime flags shared by `harness run` and `harness tune`
+    (`inventory`: the scenario may come from --inventory instead)."""
+    p.add_argument("--scenario", required=not inventory,
+                   help="case number, name or path of a scenario file" + (" (with --inventory: the inventory's)"
+                                                                         if inventory else ""))
+    p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
+    p.add_argument("--model", default="tiny", help="tiny | small | medium | gpt3-xl | ... (default tiny)")
+    p.add_argument("--layers", type=positive_int)
+    p.add_argument("--batch", type=positive_int, default=8, help="global batch, samples (default 8)")
+    p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
+    p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (default 1)")
+    p.add_argument("--bandwidth-scale", type=positive_float,
+                   help="multiply every link's bandwidth (default 1; with --inventory the inventory's)")
+    p.add_argument("--network", choices=NETWORK_CHOICES,
+                   help="emulated: namespaces with shaping; none: loopback, no shaping (default emulated); "
+                        "with --inventory: shaped (by `harness net apply`, the default) or none")
+    p.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto",
+                   help="emulated: the host kernel (needs sch_netem) or user-mode Linux (default auto)")
+    p.add_argument("--lr", type=positive_float, default=0.1)
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
+                   help="default fp32 on cpu, bf16 on cuda")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--compute-model", action="store_true",
+                   help="every forward, backward and optimizer step of a rank takes what its scenario device "
+                        "gives (FLOPs / (peak x efficiency / slowdown)): it computes, then waits for the rest; "
+                        "phases that took longer are counted in the records (compute_overruns)")
+    p.add_argument("--compute-time-scale", type=positive_float, default=1.0, metavar="X",
+                   help="with --compute-model: multiply every modelled time by X (default 1; e.g. 1000 so that "
+                        "a CPU computes a GPU's microseconds within the modelled time)")
+    p.add_argument("--out", type=Path, help="results root (default results/)")
+    p.add_argument("--debug", action="append", metavar="KEY=VALUE",
+                   help="debug options carried to every rank (repeatable): fault_rank=R, fault_after_s=S, "
+                        "fault_mode=kill|exit, trace=1; ours' planted regressions: send_delay_s=S (every send "
+                        "waits S first), overlap=0 (every send waits until the peer took the data; GPipe on "
+                        "CPU); count_wire=1: every rank counts its bytes on the wire per iteration (manifest: "
+                        "wire_bytes_per_rank; slows the compute) (harness/plan/request.py: DebugSection)")
+
+
+def network_from_args(args):
+    """The network section: from the flags, or on real nodes (--inventory) from the inventory,
+    which the flags may only repeat (`inventory_network`)."""
+
+    if getattr(args, "inventory", None):
+        from ..scenario.inventory import load_inventory
+
+        return inventory_network(load_inventory(args.inventory), scenario=args.scenario, devices=args.devices,
+                                 bandwidth_scale=args.bandwidth_scale, mode=args.network)
+    if args.network == "shaped":
+        raise HarnessError("--network shaped: real nodes only (give --inventory); here: emulated or none")
+    return NetworkSection(scenario=args.scenario, devices=args.devices,
+                          bandwidth_scale=1.0 if args.bandwidth_scale is None else args.bandwidth_scale,
+                          mode=args.network or "emulated", kernel=args.kernel)
+
+
+def inventory_network(inv: Inventory, *, scenario: str | None = None, devices: int | None = None,
+                      bandwidth_scale: float | None = None, mode: str | None = None) -> NetworkSection:
+    """The network of a real-node run: the inventory's scenario, devices and bandwidth scale.
+    A run argument given must agree with it (one-line InventoryError otherwise); `mode` is
+    shaped (default) or none."""
+    where = f"the inventory {inv.path}"
+    if scenario is not None:
+        try:
+            asked = load_scenario(scenario).name
+        except ScenarioError as e:
+            raise InventoryError(f"--scenario {scenario}: {e}") from None
+        if asked != inv.topo.name:
+            raise InventoryError(f"--scenario {scenario}: {where} plays scenario {inv.topo.name}, not {asked} "
+                                 "(leave --scenario out: on real nodes the inventory says it)")
+    if devices is not None and devices != inv.topo.n:
+        raise InventoryError(f"--devices {devices}: {where} has {inv.topo.n} devices "
+                             "(leave --devices out: on real nodes the inventory says it)")
+    if bandwidth_scale is not None and bandwidth_scale != inv.bandwidth_scale:
+        raise InventoryError(f"--bandwidth-scale {bandwidth_scale:g}: {where} shapes at {inv.bandwidth_scale:g} "
+                             "(leave --bandwidth-scale out: on real nodes the inventory says it)")
+    if mode not in (None, "shaped", "none"):
+        raise InventoryError(f"--network {mode}: not on real nodes (shaped, by `harness net apply`, or none)")
+    return NetworkSection(scenario=reload_name(inv.topo), devices=inv.topo.n, bandwidth_scale=inv.bandwidth_scale,
+                          mode=mode or "shaped")
+
+
+def request_from_args(args, layout):
+    """The typed run request (harness/plan/request.py) of the flags shared by run and tune."""
+
+    return RunRequest(
+        model=ModelSection(name=args.model, layers=args.layers, batch=args.batch, micro_batch=args.micro_batch,
+                           dtype=args.dtype or ("bf16" if args.device == "cuda" else "fp32"), lr=args.lr,
+                           seed=args.seed),
+        layout=layout,
+        network=network_from_args(args),
+        run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
+                       timeout_s=args.timeout, results_root=str(args.out) if args.out else None),
+        compute=ComputeSection(model=args.compute_model, time_scale=args.compute_time_scale),
+        debug=DebugSection.parse(args.debug),
+    )
+
+
+#: Flags every run of one `harness run --each ...` shares: they make the cluster.
+SHARED_ONLY = ("scenario", "devices", "bandwidth_scale", "network", "kernel", "inventory")
+
+
+def add_run_arguments(p: argparse.ArgumentParser) -> None:
+    add_training_arguments(p, inventory=True)
+    p.add_argument("--system", default="ours", metavar="SYSTEM",
+                   help=f"what trains (default ours): {systems.help_text()}")
+    p.add_argument("--iters", type=positive_int, default=3, help="timed iterations (default 3)")
+    p.add_argument("--seed", type=int, default=0, help="data, init and random-assignment seed (default 0)")
+    p.add_argument("--scheduler", help="ours: ga (default) | ga-kl | random | exhaustive | identity | "
+                                       "random-assignment | ga-hetero (compute and network together, with the "
+                                       "optimal allocation; see harness schedule)")
+    p.add_argument("--budget", type=positive_int, help="scheduler evaluations (default 2000)")
+    p.add_argument("--d-pp", type=positive_int, help="pipeline stages (default: as square as possible)")
+    p.add_argument("--d-dp", type=positive_int, help="data-parallel replicas")
+    p.add_argument("--dp-sync", choices=("sharded-ps", "allreduce"), help="ours: default sharded-ps (the paper)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"),
+                   help="pipeline schedule (ours: gpipe by default, as the paper; baselines: 1f1b)")
+    p.add_argument("--tp", type=positive_int, help="megatron: tensor-parallel degree")
+    p.add_argument("--pp", type=positive_int, help="megatron/deepspeed: pipeline degree")
+    p.add_argument("--dp", type=positive_int, help="megatron/deepspeed: data-parallel degree")
+    p.add_argument("--zero", type=int, choices=(1, 3), help="deepspeed: ZeRO stage (1 with pipeline, 3 alone)")
+    p.add_argument("--rank-order",
+                   help="baselines: default, or a seed of a random layout (the permutation ours-random uses)")
+    p.add_argument("--allocator", choices=ALLOCATORS, help="ours: each stage's blocks (default even, optimal with "
+                                                          "ga-hetero; see harness allocate)")
+    p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
+                   help="ours: recompute activations per block in backward (default: on for cuda)")
+    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before the run is failed")
+    p.add_argument("--inventory", type=Path,
+                   help="real nodes: run under torchrun with this cluster.yaml, the one source of scenario, "
+                        "devices and bandwidth scale (see README)")
+
+
+def rank_order(text: str | None) -> int | None:
+    """--rank-order: `default` or unset (None: rank order) or an integer seed; one-line HarnessError otherwise."""
+
+    if text is None or text == "default":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise HarnessError(f"--rank-order: must be default or an integer seed (got {text!r})") from None
+
+
+def layout_request(args, system):
+    """The LayoutRequest of the layout flags given; a flag the system does not take is a one-line error."""
+
+    given = {}
+    for flag, field in systems.LAYOUT_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if flag == "--rank-order":
+            value = rank_order(value)
+        if value is None:
+            continue
+        if flag not in system.flags:
+            raise HarnessError(f"{flag}: not an option of --system {system.name} "
+                               f"(it takes {', '.join(system.flags) or 'no layout flags'})")
+        given[field] = value
+    return LayoutRequest(**given)
+
+
+class FlagError(HarnessError, ValueError):
+    """A flag argparse refused; str() is argparse's one line, prefixed by what was parsed."""
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """Its errors are one-line FlagErrors starting with `prefix`, not a usage and exit."""
+
+    prefix = ""
+
+    def error(self, message):
+        raise FlagError(f"{self.prefix}{message}")
+
+
+def run_request(argv: list[str]) -> RunRequest:
+    """The RunRequest `harness run ARGV` makes (one run, no --each), with every check of its flags and
+    of the system's layout flags; a bad flag is a one-line FlagError."""
+    parser = _OneLineParser(prog="harness run", add_help=False)
+    add_run_arguments(parser)
+    args = parser.parse_args(list(argv))
+    return request_from_args(args, layout_request(args, systems.get(args.system)))
+
+
+def each_requests(args) -> list:
+    """The run request of every --each: the flags outside, then its own on top (one line per mistake)."""
+    if args.inventory:
+        raise HarnessError("--each: runs on real nodes (--inventory) start one at a time under torchrun")
+    parser = _OneLineParser(prog="harness run --each", add_help=False)
+    add_run_arguments(parser)
+    reqs = []
+    for text in args.each:
+        parser.prefix = f"--each {text!r}: "
+        try:
+            tokens = shlex.split(text)
+        except ValueError as e:
+            raise HarnessError(f"--each {text!r}: {e}") from None
+        each = parser.parse_args(tokens, namespace=argparse.Namespace(**vars(args)))
+        moved = [f"--{k.replace('_', '-')}" for k in SHARED_ONLY if getattr(each, k) != getattr(args, k)]
+        if moved:
+            raise HarnessError(f"--each {text!r}: {', '.join(moved)} is shared by every run of one command; "
+                               f"give it before the first --each")
+        reqs.append(request_from_args(each, layout_request(each, systems.get(each.system))))
+    return reqs

@@ -1,0 +1,60 @@
+"""Scenario files -> `Topology`: device-level one-way delay and bandwidth matrices.
+
+A scenario file describes regions (groups of devices sharing link properties), the
+link inside a region and the links between regions (scalar, or a matrix in an
+`order` of region names, possibly asymmetric). It is parsed once into frozen data;
+unknown keys and bad values raise `ScenarioError` whose message names the file,
+the field and the value, so the CLI can print one line and exit non-zero.
+
+The data (`Topology` and its parts) is in topology.py, the parsing of a file in parse.py; this module
+finds scenario files by name and loads them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from .parse import parse_scenario
+from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology, scale_down  # noqa: F401
+
+SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def list_scenarios() -> list[str]:
+    return sorted(p.stem for p in SCENARIO_DIR.glob("*.yaml"))
+
+
+def resolve_scenario(name: str) -> Path:
+    """Accept a path, a file stem (`5-worldwide`) or a case number (`5`)."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.exists():
+            raise ScenarioError(f"{p}: file not found")
+        return p
+    matches = [s for s in list_scenarios() if s == name or s.split("-", 1)[0] == name]
+    if len(matches) != 1:
+        raise ScenarioError(
+            f"{name}: unknown scenario (known: {', '.join(list_scenarios())}, or a path to a .yaml file)"
+        )
+    return SCENARIO_DIR / f"{matches[0]}.yaml"
+
+
+def reload_name(topo: Topology) -> str:
+    """What load_scenario takes to load `topo` again anywhere: the name of one of scenarios/, else the
+    absolute path of its file (records keep it, so a scenario given as a path can be simulated later)."""
+    path = Path(topo.source).resolve()
+    return path.stem if path.parent == SCENARIO_DIR.resolve() else str(path)
+
+
+def load_scenario(name: str, devices: int | None = None) -> Topology:
+    """Load a scenario by case number, name or path; optionally scale it to `devices`."""
+    path = resolve_scenario(name)
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ScenarioError(f"{path}: YAML syntax error at {where}: {getattr(e, 'problem', e)}") from None
+    topo = parse_scenario(doc, path)
+    return scale_down(topo, devices) if devices is not None else topo

@@ -1,0 +1,132 @@
+"""Convolutional models as layer profiles: what each layer holds, computes and sends, from its architecture.
+
+HetPipe (Park et al. 2020, `../shared/seeds/004_*`) trains VGG-19 and ResNet-152 on ImageNet
+(224 x 224 x 3 images). Its partitioner needs, per layer, the parameters, the FLOPs, the
+activation it sends to the next layer and the activation memory it keeps for its backward;
+here they are computed from the architectures as torchvision defines them (vgg19: Simonyan &
+Zisserman 2015, configuration E; resnet152: He et al. 2016, bottleneck blocks [3, 8, 36, 3]
+with the stride on the 3x3 convolution, v1.5), not typed in from a paper.
+
+Units of partitioning: VGG-19's convolution+ReLU, pooling and fully connected layers; ResNet-152's
+stem, each bottleneck block and the head (a cut inside a residual block would send both of its
+paths; HetPipe's figures partition at layer granularity, which for ResNet is the block).
+FLOPs: 2 per multiply-add of convolutions and fully connected layers; element-wise layers
+(BatchNorm, ReLU, pooling, the residual add) count none (memory-bound and a few per value).
+Kept activations: the values a layer's backward reads, as a framework without in-place ops
+keeps them (TensorFlow 1.x, HetPipe's): a convolution's output (BatchNorm's input), BatchNorm's
+or ReLU's output, a pooling's output; the layer's input is counted by the layer before it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import HarnessError
+
+IMAGE = (3, 224, 224)  # ImageNet crops, channels first
+CLASSES = 1000
+
+
+class CNNError(HarnessError, ValueError):
+    """Unknown CNN model; str() is one line."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One unit of partitioning, per sample."""
+
+    name: str
+    params: int
+    fwd_flop: float
+    out_values: int  # the activation it sends to the next layer (the gradient coming back has the same size)
+    kept_values: int  # activation values it keeps for its backward
+
+
+@dataclass(frozen=True)
+class CNNModel:
+    name: str
+    layers: tuple[Layer, ...]
+    input_values: int = IMAGE[0] * IMAGE[1] * IMAGE[2]
+
+    @property
+    def params(self) -> int:
+        return sum(l.params for l in self.layers)
+
+    @property
+    def fwd_flop(self) -> float:
+        return sum(l.fwd_flop for l in self.layers)
+
+
+def _conv(cin: int, cout: int, k: int, h_out: int, bias: bool) -> tuple[int, float]:
+    """(parameters, forward FLOPs per sample) of a k x k convolution with an h_out x h_out output."""
+    params = k * k * cin * cout + (cout if bias else 0)
+    return params, 2.0 * k * k * cin * cout * h_out * h_out
+
+
+# ----------------------------------------------------------------------------- VGG-19
+VGG19_CONFIG = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
+                512, 512, 512, 512, "M")  # configuration E: 3x3 convolutions (padding 1), "M" 2x2 max-pool
+
+
+def vgg19() -> CNNModel:
+    layers, c, h = [], IMAGE[0], IMAGE[1]
+    for k, v in enumerate(VGG19_CONFIG):
+        if v == "M":
+            h //= 2
+            layers.append(Layer(f"pool{k}", 0, 0.0, c * h * h, c * h * h))
+        else:
+            p, f = _conv(c, v, 3, h, bias=True)
+            c = v
+            layers.append(Layer(f"conv{k}", p, f, c * h * h, c * h * h))  # ReLU's output (the conv's is not read)
+    features = c * 7 * 7  # adaptive average pool to 7 x 7: identity at 224 x 224
+    for k, (fin, fout) in enumerate(((features, 4096), (4096, 4096), (4096, CLASSES))):
+        last = fout == CLASSES
+        layers.append(Layer(f"fc{k}", fin * fout + fout, 2.0 * fin * fout, fout,
+                            fout if last else 2 * fout))  # ReLU's output and dropout's mask
+    return CNNModel("vgg19", tuple(layers))
+
+
+# ----------------------------------------------------------------------------- ResNet-152
+RESNET152_BLOCKS = (3, 8, 36, 3)
+
+
+def resnet152() -> CNNModel:
+    h = IMAGE[1] // 2  # 7x7 stride-2 stem convolution: 112 x 112
+    p, f = _conv(IMAGE[0], 64, 7, h, bias=False)
+    stem_kept = 2 * 64 * h * h  # conv output (BatchNorm's input), ReLU output
+    h //= 2  # 3x3 stride-2 max-pool: 56 x 56
+    layers = [Layer("stem", p + 2 * 64, f, 64 * h * h, stem_kept + 64 * h * h)]
+    cin = 64
+    for stage, (blocks, width) in enumerate(zip(RESNET152_BLOCKS, (64, 128, 256, 512))):
+        for b in range(blocks):
+            stride = 2 if (b == 0 and stage > 0) else 1
+            h_in, h_out = h, h // stride
+            cout = 4 * width
+            p1, f1 = _conv(cin, width, 1, h_in, bias=False)
+            p2, f2 = _conv(width, width, 3, h_out, bias=False)
+            p3, f3 = _conv(width, cout, 1, h_out, bias=False)
+            params = p1 + p2 + p3 + 2 * (width + width + cout)  # BatchNorm: scale and shift per channel
+            flop = f1 + f2 + f3
+            kept = 2 * width * h_in * h_in + 2 * width * h_out * h_out + 2 * cout * h_out * h_out
+            if b == 0:  # projection shortcut (1x1, stride) with its BatchNorm
+                pd, fd = _conv(cin, cout, 1, h_out, bias=False)
+                params += pd + 2 * cout
+                flop += fd
+                kept += 2 * cout * h_out * h_out
+            kept += cout * h_out * h_out  # the residual sum's ReLU
+            layers.append(Layer(f"block{stage + 1}.{b}", params, flop, cout * h_out * h_out, kept))
+            cin, h = cout, h_out
+    layers.append(Layer("head", cin * CLASSES + CLASSES, 2.0 * cin * CLASSES, CLASSES, cin + CLASSES))
+    return CNNModel("resnet152", tuple(layers))
+
+
+CNN_MODELS = {"vgg19": vgg19, "resnet152": resnet152}
+
+
+def is_cnn(name: str) -> bool:
+    return name in CNN_MODELS
+
+
+def get_cnn(name: str) -> CNNModel:
+    if name not in CNN_MODELS:
+        raise CNNError(f"--model: unknown CNN {name!r} (known: {', '.join(CNN_MODELS)})")
+    return CNN_MODELS[name]()

@@ -1,0 +1,137 @@
+"""A scenario read as OWL's cluster: one server plus racks of workers (Sec. 4.1.2).
+
+Racks are the scenario's regions. Inside a rack workers talk at B_intra, across racks at
+B_inter = alpha * B_intra, and the server reaches a worker at B_inter (it is outside every rack,
+eq. 13) through its own uplink (the scenario's `server.uplink_gbps`, else B_inter). A worker's
+network interface carries at most its fastest link (B_intra) in each direction, as in
+harness/compute/links.py. `--alpha` replaces B_inter (and a defaulted uplink) by alpha * B_intra.
+Scaling down keeps the rack shape: it keeps whole racks, the same share of every scenario entry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import HarnessError
+from ...compute.profiles import device_profiles
+from ...scenario import Topology, load_scenario
+from ...units import gbps_to_bytes_per_s, ms_to_s
+
+DTYPE = "fp32"  # OWL trains in fp32 (PyTorch 1.9 defaults): 4 bytes per parameter, the fp32 peak
+
+
+class FLError(HarnessError, ValueError):
+    """A federated-learning request or input is invalid; str() is one line."""
+
+
+@dataclass(frozen=True)
+class Federation:
+    name: str
+    source: str
+    racks: tuple[int, ...]  # workers per rack
+    intra_Bps: float  # bytes/s between two workers of one rack
+    inter_Bps: float  # bytes/s between workers of two racks, and from the server to a worker
+    uplink_Bps: float  # the server's uplink, shared by everything it sends
+    intra_delay_s: float
+    inter_delay_s: float
+    server_delay_s: float
+    flops_per_s: tuple[float, ...]  # what every worker achieves (fp32 peak x efficiency)
+    gpu: str
+
+    @property
+    def workers(self) -> int:
+        return sum(self.racks)
+
+    @property
+    def alpha(self) -> float:
+        return self.inter_Bps / self.intra_Bps
+
+    @property
+    def rack_of(self) -> np.ndarray:
+        return np.repeat(np.arange(len(self.racks)), self.racks)
+
+    def members(self, rack: int) -> list[int]:
+        start = sum(self.racks[:rack])
+        return list(range(start, start + self.racks[rack]))
+
+    @property
+    def shape(self) -> str:
+        sizes = sorted(set(self.racks))
+        return f"{len(self.racks)}x{sizes[0]}" if len(sizes) == 1 else f"{len(self.racks)} racks"
+
+
+def _uniform(topo: Topology, values: np.ndarray, what: str) -> float:
+    vals = np.unique(values)
+    if len(vals) != 1:
+        raise FLError(f"{topo.source}: {what}: a federation needs one value for every pair (got {sorted(vals)})")
+    return float(vals[0])
+
+
+def federation(topo: Topology, alpha: float | None = None) -> Federation:
+    """The OWL cluster of a scenario with a `server` block."""
+    if topo.server is None:
+        raise FLError(f"{topo.source}: server: missing (an FL scenario names its server, e.g. owl-testbed)")
+    if alpha is not None and (isinstance(alpha, bool) or not (0 < alpha <= 1)):
+        raise FLError(f"--alpha: must be in (0, 1] (B_inter = alpha x B_intra; got {alpha!r})")
+    region = np.asarray(topo.device_region)
+    same = region[:, None] == region[None, :]
+    off = ~np.eye(topo.n, dtype=bool)
+    if not (same & off).any():
+        raise FLError(f"{topo.source}: regions: every rack has one worker; OWL needs racks of >= 2 workers")
+    intra = _uniform(topo, topo.bandwidth_gbps[same & off], "intra_region.bandwidth_gbps")
+    intra_delay = _uniform(topo, topo.delay_ms[same & off], "intra_region.delay_ms")
+    if len(topo.regions) > 1:
+        inter = _uniform(topo, topo.bandwidth_gbps[~same], "inter_region.bandwidth_gbps")
+        inter_delay = _uniform(topo, topo.delay_ms[~same], "inter_region.delay_ms")
+    else:
+        inter, inter_delay = intra, intra_delay
+    if inter > intra and alpha is None:
+        raise FLError(f"{topo.source}: inter_region.bandwidth_gbps: above the intra-rack one ({inter} > {intra}); "
+                      "alpha = B_inter / B_intra must be in (0, 1]")
+    if alpha is not None:
+        inter = alpha * intra
+    uplink = topo.server.uplink_gbps if topo.server.uplink_gbps is not None else inter
+    profs = device_profiles(topo, dtype=DTYPE)
+    return Federation(
+        name=topo.name, source=topo.source, racks=tuple(r.devices for r in topo.regions),
+        intra_Bps=gbps_to_bytes_per_s(intra), inter_Bps=gbps_to_bytes_per_s(inter),
+        uplink_Bps=gbps_to_bytes_per_s(uplink),
+        intra_delay_s=ms_to_s(intra_delay), inter_delay_s=ms_to_s(inter_delay),
+        server_delay_s=ms_to_s(topo.server.delay_ms),
+        flops_per_s=tuple(p.flops_per_s("transformer") for p in profs), gpu=topo.profiles[0].gpu,
+    )
+
+
+def whole_racks(topo: Topology, devices: int) -> Topology:
+    """`topo` with `devices` workers in whole racks: of every scenario entry the same share of its racks."""
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise FLError(f"--devices: must be a positive integer (got {devices!r})")
+    if devices == topo.n:
+        return topo
+    groups: dict[str, list[int]] = {}
+    for r, reg in enumerate(topo.regions):
+        groups.setdefault(reg.group or reg.name, []).append(r)
+
+    def kept(k: int) -> list[int] | None:
+        if topo.n % k:
+            return None
+        f = topo.n // k
+        if any(len(m) % f for m in groups.values()):
+            return None
+        return sorted(r for m in groups.values() for r in m[: len(m) // f])
+
+    racks = kept(devices) if devices < topo.n else None
+    if racks is None:
+        valid = [k for k in range(1, topo.n + 1) if kept(k) is not None]
+        raise FLError(f"{topo.source}: --devices: {devices} workers are not whole racks of the same shape "
+                      f"(valid: {', '.join(map(str, valid))})")
+    starts = np.cumsum([0] + [reg.devices for reg in topo.regions])
+    return topo.subset([d for r in racks for d in range(starts[r], starts[r + 1])])
+
+
+def load_federation(name: str, devices: int | None = None, alpha: float | None = None) -> Federation:
+    topo = load_scenario(name)
+    if devices is not None:
+        topo = whole_racks(topo, devices)
+    return federation(topo, alpha)

@@ -232,6 +232,31 @@ def test_fl_cli_writes_records_and_the_report_draws_them(cli, tmp_path):
     assert len(owl_rows) == 2 and all(float(row.split("|")[9]) < 1 for row in owl_rows)
 
 
+
+def test_a_toy_strategy_is_one_registration_and_runs_and_reports(cli, tmp_path, monkeypatch):
+    """A strategy touches only its registration: `harness fl` runs it, `fl report` draws it."""
+    from harness.workloads.fl import strategies as st
+
+    monkeypatch.setattr(st, "STRATEGIES", dict(st.STRATEGIES))
+
+    @st.register("toy-two-halves", "the model in two messages from the server")
+    def toy(model, fed, batch):
+        nbytes = st.layer_bytes(model)
+        half = len(nbytes) // 2
+        return st.simulate("toy-two-halves", model, fed, batch,
+                           st._from_server(fed, [list(range(half)), list(range(half, len(nbytes)))], nbytes))
+
+    out = tmp_path / "r.json"
+    rc, stdout, err = cli("fl", "--scenario", "owl-testbed", "--devices", "10", "--model", "tiny", "--strategy", "all",
+                          "--json", out, "--out", tmp_path / "run")
+    assert rc == 0, err
+    recs = {r["strategy"]: r for r in json.loads(out.read_text())}
+    assert list(recs) == ["naive", "overlap", "ipart", "owl", "toy-two-halves"]
+    assert recs["toy-two-halves"]["server_bytes"] == recs["naive"]["server_bytes"] > 0  # the same model, two messages
+    rc, stdout, err = cli("fl", "report", out, "--out", tmp_path / "rep")
+    assert rc == 0, err
+    assert "| toy-two-halves |" in (tmp_path / "rep" / "fl.md").read_text()
+
 @pytest.mark.parametrize("args,message", [
     (("--alpha", "1.5"), r"--alpha: must be in \(0, 1\]"),
     (("--alpha", "0"), r"--alpha: must be in \(0, 1\]"),

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 from harness.workloads import cnn
-from harness import hetpipe as hp
+from harness.systems import hetpipe as hp
 from harness.scenario import load_scenario
-from harness.hetpipe import horovod
-from harness.hetpipe import wsp
+from harness.systems import horovod
+from harness.systems.hetpipe import wsp
 
 # torchvision's model tables: parameters and multiply-adds ("GFLOPS") of vgg19 and resnet152
 TORCHVISION = {"vgg19": (143_667_240, 19.63e9), "resnet152": (60_192_808, 11.51e9)}
@@ -127,7 +127,7 @@ def test_without_the_gate_fast_vws_run_far_ahead(np_workers):
 @pytest.fixture(scope="module")
 def evaluation():
     """The report's sweep: Figure 4 (every policy, ED-local and Horovod on 16 GPUs) and Table 4, D = 0."""
-    from harness.report import hetpipe as hetpipe_report
+    from harness.systems.hetpipe import report as hetpipe_report
 
     return hetpipe_report.sweep()
 
@@ -161,7 +161,7 @@ def test_table4_direction_whimpy_gpus_help_hetpipe_more(evaluation, testbed):
 
 
 def test_sim_report_hetpipe_section(evaluation, cli, tmp_path, monkeypatch):
-    from harness.report import hetpipe as hetpipe_report
+    from harness.systems.hetpipe import report as hetpipe_report
 
     monkeypatch.setattr(hetpipe_report, "sweep", lambda progress=None: evaluation)  # computed once, above
     rc, out, err = cli("sim", "report", "--hetpipe-only", "--out", tmp_path)
@@ -197,7 +197,20 @@ def test_sim_cli_writes_records_and_bad_inputs_are_one_line(cli, tmp_path):
         rc, out, err = cli("sim", "--scenario", "hetpipe-testbed", "--model", "resnet152", "--out", tmp_path / "x", *args)
         assert rc == 2 and msg in err and err.count("\n") == 1, err
     rc, out, err = cli("sim", "--scenario", "1", "--policy", "ed", "--out", tmp_path / "y")
-    assert rc == 2 and "--policy: only for the CNN models" in err
+    assert rc == 2 and err.strip() == ("harness: error: --policy: not an option of --model gpt3-xl (workload gpt "
+                                       "takes --batch, --layers, --micro-batch, --d-pp, --budget, --schedule-seed, "
+                                       "--ps-mode, --no-cache, --protocol, --allocator, --scheduler)")
+
+
+@pytest.mark.parametrize("flag", [("--budget", "10"), ("--ps-mode", "rounds"), ("--protocol", "gloo"),
+                                  ("--micro-batch", "2"), ("--schedule-seed", "1"), ("--no-cache",),
+                                  ("--layers", "4"), ("--d-pp", "2"), ("--allocator", "optimal"),
+                                  ("--scheduler", "random")])
+def test_a_flag_the_cnn_workload_does_not_take_is_refused_not_ignored(cli, tmp_path, flag):
+    rc, out, err = cli("sim", "--scenario", "hetpipe-testbed", "--model", "vgg19", *flag, "--out", tmp_path / "x")
+    assert rc == 2 and err.strip() == (f"harness: error: {flag[0]}: not an option of --model vgg19 (workload cnn "
+                                       "takes --batch, --policy, --gpus, --staleness, --in-flight)")
+    assert not (tmp_path / "x").exists()
 
 
 def test_hetpipe_plan_prints_every_vw_stage_and_throughput(cli, tmp_path):

@@ -184,7 +184,7 @@ def test_layouts_of_the_layout_module_group_seeds_and_keep_rank_order_apart(tmp_
                                                 (2000.0, "PFLOPS", 2000.0), (1.0, "PFLOPS", 1.0),
                                                 (1e-16, "kFLOPS", 1e-4)])
 def test_flop_rate_unit_reads_between_1_and_1000(pflops, unit, scaled):
-    from harness.report.plots import flop_rate_unit
+    from harness.plots import flop_rate_unit
 
     got, factor = flop_rate_unit([pflops / 10, pflops, float("nan")])  # the largest finite value decides
     assert got == unit and pflops * factor == pytest.approx(scaled)

@@ -23,7 +23,7 @@ HARNESS = Path(systems.__file__).parents[1]
 @pytest.fixture
 def registry(monkeypatch):
     """The registry as a copy, so a test's entries are gone after it (forked ranks inherit it)."""
-    monkeypatch.setattr(systems, "SYSTEMS", dict(systems.SYSTEMS))
+    monkeypatch.setattr(systems, "SYSTEMS", dict(systems.registered()))
     return systems
 
 
@@ -80,7 +80,7 @@ def test_flags_and_help_come_from_the_registry(registry, cli):
     rc, out, err = cli("run", "--help")
     text = "".join(out.split())  # argparse wraps lines, also at hyphens
     assert rc == 0
-    for s in registry.SYSTEMS.values():
+    for s in registry.registered().values():
         assert "".join(f"{s.name}: {s.summary}".split()) in text
 
 
@@ -95,18 +95,20 @@ def test_an_entry_names_only_flags_that_exist_and_roles_of_the_paper():
 
 
 def test_a_systems_colour_comes_from_its_entry(registry):
-    from harness.report.plots import series_style
+    from harness.plots import series_style
 
     registry.register(registry.System("toy-styled", "x", train=print, style=("#123456", "D")))
     assert series_style("toy-styled") == ("#123456", "D")
     assert series_style("ours") == registry.get("ours").style
     assert series_style("case 1") == (None, "o")  # not a system: matplotlib's colours
-    assert len({s.style for s in systems.SYSTEMS.values() if s.style}) == len([s for s in systems.SYSTEMS.values()
+    assert len({s.style for s in systems.registered().values() if s.style}) == len([s for s in systems.registered().values()
                                                                                  if s.style])
 
 
 def test_every_reference_of_the_built_in_entries_imports():
-    for s in systems.SYSTEMS.values():
+    for s in systems.registered().values():
+        for workload in s.simulate:
+            assert callable(s.simulate_fn(workload))
         for getter in (s.train_fn, s.layout_rule_fn, s.simulate_fn, s.simulate_layout_fn, s.record_layout_fn,
                        s.tune_grid_fn):
             assert getter() is None or callable(getter())
@@ -126,7 +128,7 @@ def _name_comparisons(path: Path, names: set[str]) -> list[str]:
 
 
 def test_no_code_outside_the_registry_compares_a_system_name(tmp_path):
-    names = set(systems.SYSTEMS)
+    names = set(systems.registered())
     hits = [h for p in sorted(HARNESS.rglob("*.py")) if p != Path(systems.__file__)
             for h in _name_comparisons(p, names)]
     assert hits == []

@@ -35,14 +35,13 @@ def register(sub) -> None:
 def _allocate(args) -> int:
     from ..allocation import ALLOCATORS, AllocationError, allocate, problem_for
     from ..sim.systems import simulate_allocation
+    from .. import compute as work
     from ..compute.model import get_model
     from ..scenario import load_scenario
 
     topo = load_scenario(args.scenario, devices=args.devices)
     cfg = get_model(args.model, args.layers)
-    if args.batch % args.micro_batch:
-        raise AllocationError(f"--batch: {args.batch} is not a multiple of --micro-batch {args.micro_batch}")
-    micro_batches = args.batch // args.micro_batch
+    micro_batches = work.micro_batches(args.batch, args.micro_batch)
     devices = list(range(topo.n))
     problem = problem_for(cfg, topo, devices, args.micro_batch, micro_batches, args.dtype)
     names = ALLOCATORS if args.allocator == "all" else (args.allocator,)

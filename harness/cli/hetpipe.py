@@ -41,7 +41,7 @@ def cmd_plan(args) -> int:
     from tqdm import tqdm
     import sys
 
-    from .. import hetpipe as hp
+    from ..systems import hetpipe as hp
     from ..workloads.cnn import get_cnn
     from ..files import atomic_write_json
     from ..scenario import load_scenario

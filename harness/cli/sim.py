@@ -6,18 +6,23 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from .. import workloads
 from ..plan import systems
 from ..allocation import ALLOCATORS
-from ..workloads.cnn import CNN_MODELS
 from . import positive_int
 
+SIM_WORKLOADS = ("gpt", "cnn")  # the workloads `harness sim` runs (fl: `harness fl`)
 
-def _common(p: argparse.ArgumentParser) -> None:
+
+def _common(p: argparse.ArgumentParser, defaults: dict) -> None:
+    """Flags of `harness sim` and `sim report`; `defaults`: flag -> default (the workload's, filled in
+    after parsing where it is missing: a flag left None was not given)."""
+    d = defaults.get
     p.add_argument("--profile", type=Path, help="compute profile JSON (from `harness sim calibrate`) replacing "
                    "the default efficiencies")
-    p.add_argument("--budget", type=positive_int, default=5000, help="scheduler budget for ours (default 5000)")
-    p.add_argument("--schedule-seed", type=int, default=0, help="scheduler seed for ours (default 0)")
-    p.add_argument("--ps-mode", choices=["grouped", "rounds"], default="grouped",
+    p.add_argument("--budget", type=positive_int, default=d("--budget"), help="scheduler budget for ours (default 5000)")
+    p.add_argument("--schedule-seed", type=int, default=d("--schedule-seed"), help="scheduler seed for ours (default 0)")
+    p.add_argument("--ps-mode", choices=["grouped", "rounds"], default=d("--ps-mode"),
                    help="ours' sharded parameter server: one grouped all-to-all (the runtime) or sequential rounds "
                         "(the order the paper's cost model sums); default grouped")
     p.add_argument("--placement",
@@ -25,13 +30,14 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "2022-2024, averaged); default both. HetPipe (CNN models): the parameter server's, default "
                         "(shards round-robin over the nodes) or local (each stage's shard on its node; policy ed); "
                         "default both where the policy allows")
-    p.add_argument("--no-cache", action="store_true", help="do not read or write results/sim/schedules/")
-    p.add_argument("--protocol", choices=["nccl", "gloo"], default="nccl",
+    p.add_argument("--no-cache", action="store_true", default=d("--no-cache"),
+                   help="do not read or write results/sim/schedules/")
+    p.add_argument("--protocol", choices=["nccl", "gloo"], default=d("--protocol"),
                    help="communication library's handshakes (default nccl, as the paper's GPUs)")
     p.add_argument("--allocator", choices=ALLOCATORS,
                    help="ours' and ours-random's blocks per stage over their pipelines (harness allocate; default "
                         "even; with --scheduler ga-hetero its own optimal)")
-    p.add_argument("--scheduler", default="ga",
+    p.add_argument("--scheduler", default=d("--scheduler"),
                    help="ours' scheduler: ga (default) | ga-kl | random | exhaustive | ga-hetero (compute and "
                         "network together, with the optimal allocation; harness schedule)")
 
@@ -47,11 +53,12 @@ def register(sub) -> None:
     p.add_argument("--system", default="all", metavar="SYSTEM",
                    help=f"all (default) or one of: {', '.join(systems.names(simulated=True))}")
     p.add_argument("--model", default="gpt3-xl", help="model config (default gpt3-xl), or a CNN for hetpipe and "
-                   f"horovod: {', '.join(CNN_MODELS)}")
+                   f"horovod: {', '.join(workloads.get('cnn').models)}; a flag the model's workload does not take "
+                   "is refused")
     p.add_argument("--layers", type=positive_int, help="override the model's layer count")
     p.add_argument("--batch", type=positive_int, help="global batch in samples (default 1024); for the CNN models "
                    "the minibatch of a GPU or virtual worker (default 32, HetPipe's)")
-    p.add_argument("--micro-batch", type=positive_int, default=1, help="micro-batch in samples (default 1)")
+    p.add_argument("--micro-batch", type=positive_int, help="micro-batch in samples (default 1)")
     p.add_argument("--d-pp", type=positive_int, help="ours' pipeline stages (default as `harness run`: as square as "
                    "possible with the pipeline on the longer side, 8 for 64 devices)")
     p.add_argument("--json", type=Path, help="write every simulated layout as a JSON list of records with `best`")
@@ -60,12 +67,12 @@ def register(sub) -> None:
                    "'0,4,8,12;1,5,9,13;...' (default: np, ed and hd)")
     h.add_argument("--gpus", help="the nodes used, as letters of the scenario's one-letter regions and the GPU "
                    "count, e.g. V4, VR8, VRQ12, VRQG16 (default: every GPU)")
-    h.add_argument("--staleness", type=int, default=0, metavar="D",
+    h.add_argument("--staleness", type=int, metavar="D",
                    help="WSP's clock distance threshold D (default 0, BSP-like)")
     h.add_argument("--in-flight", type=positive_int, metavar="N_M",
                    help="minibatches in flight per virtual worker (default: the fastest up to Max_m)")
     p.add_argument("--out", type=Path, help="run directory for records.csv (default results/<scenario>/<run-id>)")
-    _common(p)
+    _common(p, {})
     p.set_defaults(func=cmd_sim)
     ss = p.add_subparsers(dest="sim_command", metavar="{report,calibrate,compare}")
 
@@ -75,11 +82,11 @@ def register(sub) -> None:
     r.add_argument("--layers", type=positive_int, nargs="+", default=[24, 32, 40])
     r.add_argument("--batches", type=positive_int, nargs="+", default=[1024, 2048, 4096])
     r.add_argument("--no-fluidstack", action="store_true", help="skip the FluidStack case (Fig. 7)")
-    r.add_argument("--no-hetpipe", action="store_true", help="skip HetPipe's Figure 4 and Table 4 (hetpipe-testbed)")
-    r.add_argument("--hetpipe-only", action="store_true", help="only HetPipe's section (seconds, not hours)")
+    r.add_argument("--no-hetpipe", action="store_true", help="skip the systems' own sections (today HetPipe's Figure 4 and Table 4, on hetpipe-testbed)")
+    r.add_argument("--hetpipe-only", action="store_true", help="only the systems' own sections, HetPipe's (seconds, not hours)")
     r.add_argument("--workers", type=positive_int, help="processes running the scheduler for uncached "
                    "settings (default: cores, at most 4)")
-    _common(r)
+    _common(r, workloads.get("gpt").sim_flags)
     r.set_defaults(func=cmd_report)
 
     c = ss.add_parser("calibrate", help="fit the compute efficiency of each GPU type from measured records",
@@ -123,6 +130,24 @@ def _sim_kwargs(args) -> dict:
 
 
 def cmd_sim(args) -> int:
+    """`harness sim`: the model's workload takes its flags (with its defaults), then its command runs."""
+    from ..errors import HarnessError
+
+    if not args.scenario:
+        raise HarnessError("--scenario: required (or use `harness sim report|calibrate|compare`)")
+    workload = workloads.of_model(args.model, SIM_WORKLOADS)
+    given = {flag: getattr(args, _dest(flag)) for flag in workloads.sim_flags(SIM_WORKLOADS)}
+    for flag, value in workload.take_flags(args.model, given).items():
+        setattr(args, _dest(flag), value)
+    return RUNNERS[workload.name](args)
+
+
+def _dest(flag: str) -> str:
+    return flag[2:].replace("-", "_")
+
+
+def cmd_sim_gpt(args) -> int:
+    """`harness sim` on a GPT: every system's layouts, iteration records."""
     from ..errors import HarnessError
     from ..layout import default_pipeline_degrees
     from ..compute.model import get_model
@@ -131,15 +156,6 @@ def cmd_sim(args) -> int:
     from ..scenario import load_scenario
     from ..sim.sweep import Simulator, record_json, to_record
 
-    if not args.scenario:
-        raise HarnessError("--scenario: required (or use `harness sim report|calibrate|compare`)")
-    if args.model in CNN_MODELS:
-        return cmd_sim_cnn(args)
-    for flag, value in (("--policy", args.policy), ("--gpus", args.gpus), ("--in-flight", args.in_flight),
-                        ("--staleness", args.staleness or None)):
-        if value is not None:
-            raise HarnessError(f"{flag}: only for the CNN models of hetpipe and horovod ({', '.join(CNN_MODELS)})")
-    args.batch = args.batch or 1024
     topo = load_scenario(args.scenario, args.devices)
     cfg = get_model(args.model, args.layers)
     known = systems.names(simulated=True)
@@ -198,32 +214,26 @@ def cmd_sim_cnn(args) -> int:
     from ..files import atomic_write_json
     from ..results import manifest, new_run_id, run_dir
     from ..scenario import load_scenario
-    from ..hetpipe.sim import CNNOptions, record
+    from ..sim.cnn import DTYPE, CNNOptions, record
 
-    known = systems.names(cnn=True)
+    known = systems.names(simulated=True, workload="cnn")
     which = known if args.system == "all" else (args.system,)
     for s in which:
         if s not in known:
             raise HarnessError(f"--system: {s!r} does not train {args.model} (known for CNN models: all, {', '.join(known)})")
     if args.staleness < 0:
         raise HarnessError(f"--staleness: must be >= 0 (got {args.staleness})")
-    for flag in ("layers", "d_pp", "allocator"):
-        if getattr(args, flag) not in (None, "even"):
-            raise HarnessError(f"--{flag.replace('_', '-')}: not an option of the CNN models")
-    if args.scheduler != "ga":
-        raise HarnessError("--scheduler: not an option of the CNN models (hetpipe and horovod place their own)")
     topo = load_scenario(args.scenario, args.devices)
     model = get_cnn(args.model)
-    from ..hetpipe import DTYPE
     from ..compute.profiles import device_profiles
 
     opts = CNNOptions(profiles=device_profiles(topo, _overrides(args), dtype=DTYPE),policies=(args.policy,) if args.policy else (),
                       placements=tuple(p.strip() for p in args.placement.split(",") if p.strip()) if args.placement else (),
                       staleness=args.staleness, gpus=args.gpus, in_flight=args.in_flight)
-    batch = args.batch or 32  # HetPipe's minibatch (Sec. 8.1)
+    batch = args.batch  # HetPipe's minibatch by default (Sec. 8.1: 32)
     cands = []
     for s in which:
-        got = systems.get(s).simulate_cnn_fn()(topo, model, batch, opts)
+        got = systems.get(s).simulate_fn("cnn")(topo, model, batch, opts)
         if got:
             max(got, key=lambda c: c.samples_per_s).best = True
         cands += got
@@ -246,6 +256,9 @@ def cmd_sim_cnn(args) -> int:
     return 0
 
 
+RUNNERS = {"gpt": cmd_sim_gpt, "cnn": cmd_sim_cnn}  # workload -> its `harness sim`
+
+
 def _short(config: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in config.items() if k != "pipelines")
 
@@ -260,7 +273,10 @@ def cmd_report(args) -> int:
     run_id = new_run_id("sim")
     out = args.out or RESULTS_DIR / "sim" / run_id
     if args.hetpipe_only:
-        return _report_hetpipe_only(out, run_id)
+        with tqdm(total=0, desc="sim report (systems' sections)", unit="setting", file=sys.stderr, leave=False) as bar:
+            paths = report.write_sections_only(out, run_id, _sweep_sections(bar))
+        print(f"wrote {out}/report.md and {len(paths) - 1} other files")
+        return 0
     total = len(args.cases) * len(args.layers) * len(args.batches) + (0 if args.no_fluidstack else 3)
     with tqdm(total=total, desc="sim report", unit="setting", file=sys.stderr, leave=False) as bar, \
             tqdm(desc="schedules", unit="schedule", file=sys.stderr, leave=False) as sbar:
@@ -275,8 +291,8 @@ def cmd_report(args) -> int:
         opts = {"progress": step, "schedule_progress": scheduled, "workers": args.workers, **kw}
         sweeps = report.sweep_cases(args.cases, args.layers, args.batches, **opts)
         fs = None if args.no_fluidstack else report.sweep_fluidstack(**opts)
-        hs = None if args.no_hetpipe else _hetpipe_sweep(bar)
-    paths = report.write_report(out, sweeps, fs, run_id, report.sweep_notes(kw), hetpipe=hs)
+        sections = [] if args.no_hetpipe else _sweep_sections(bar)
+    paths = report.write_report(out, sweeps, fs, run_id, report.sweep_notes(kw), sections)
     for r in report.summary_rows(sweeps):
         print(f"case {r['case']}: ours vs Megatron {r['vs_megatron_mean']:.2f}x, vs DeepSpeed "
               f"{r['vs_deepspeed_mean']:.2f}x (mean PFLOPS), scheduler vs random up to {r['vs_random'].max():.2f}x")
@@ -284,32 +300,18 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _hetpipe_sweep(bar):
-    from ..report import hetpipe as hetpipe_report
+def _sweep_sections(bar):
+    """The systems' own report sections (HetPipe's), counted on `bar`."""
+    from ..plan.systems import report_sections
+    from ..report import sim as report
 
-    bar.total = (bar.total or 0) + len(hetpipe_report.MODELS) * (len(hetpipe_report.FIG4) + len(hetpipe_report.GPU_SETS))
+    bar.total = (bar.total or 0) + sum(section.steps for section in report_sections())
 
     def step(label):
         bar.set_postfix_str(label, refresh=False)
         bar.update(1)
 
-    return hetpipe_report.sweep(progress=step)
-
-
-def _report_hetpipe_only(out: Path, run_id: str) -> int:
-    from tqdm import tqdm
-
-    from ..report import hetpipe as hetpipe_report
-    from ..files import atomic_write_json, atomic_write_text
-    from ..results import manifest
-
-    with tqdm(total=0, desc="sim report (hetpipe)", unit="setting", file=sys.stderr, leave=False) as bar:
-        hs = _hetpipe_sweep(bar)
-    paths = hetpipe_report.write(out, hs)
-    atomic_write_text(Path(out) / "report.md", "# Simulated evaluation\n\n" + hetpipe_report.markdown(hs))
-    atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
-    print(f"wrote {out}/report.md and {len(paths)} other files")
-    return 0
+    return report.sweep_sections(progress=step)
 
 
 def cmd_calibrate(args) -> int:

@@ -14,14 +14,11 @@ One place for the trainer, the baselines, the cost model and the simulator:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
+from ..errors import HarnessError
 from .model import GPTConfig, stage_params
-
-if TYPE_CHECKING:  # profiles -> results -> compute (FLOP_FORMULA): no import at run time
-    from .profiles import ComputeProfile
+from .profiles import ComputeProfile
 
 # The formula of the paper's tables (Narayanan et al. 2021 without the vocabulary term).
 FLOP_FORMULA = "96*B*s*l*h^2*(1+s/(6h))"
@@ -33,6 +30,37 @@ PAPER_BYTES = BYTES_PER_VALUE[PAPER_DTYPE]
 # 5 fp32 values moved (read p, g, buf; write p, buf) per parameter; the step is memory-bound on a GPU.
 OPTIMIZER_FLOP_PER_PARAM = 4
 OPTIMIZER_BYTES_PER_PARAM = 5 * 4
+
+
+# FLOPs of each phase in forwards of the same work: a backward is two (gradients of inputs and of weights),
+# and recomputing the activations in the backward is one more (blocks only; the head keeps its activations)
+FORWARD, BACKWARD, RECOMPUTE = 1, 2, 1
+
+
+def block_phases(recompute: bool) -> tuple[int, int]:
+    """(forward, backward incl. the recomputed forward) of a transformer block, in forwards."""
+    return FORWARD, BACKWARD + (RECOMPUTE if recompute else 0)
+
+
+HEAD_PHASES = (FORWARD, BACKWARD)  # the LM head: forward, backward
+
+
+class BatchError(HarnessError, ValueError):
+    """A batch that does not split into whole micro-batches; str() is one line."""
+
+
+def micro_batches(batch: int, micro_batch: int, replicas: int = 1, what: str = "replicas") -> int:
+    """Micro-batches per replica when `batch` samples split over `replicas` data-parallel `what` in
+    micro-batches of `micro_batch` samples; the one check of it (BatchError)."""
+    if micro_batch < 1 or replicas < 1 or batch % (replicas * micro_batch):
+        raise BatchError(f"--batch {batch}: does not split into {replicas} {what} x whole micro-batches of "
+                         f"{micro_batch} (--micro-batch)")
+    return batch // (replicas * micro_batch)
+
+
+def conv_flop(cin: int, cout: int, kh: int, kw: int, h_out: int, w_out: int) -> float:
+    """Forward FLOPs per sample of a kh x kw convolution with an h_out x w_out output (2 per multiply-add)."""
+    return 2.0 * kh * kw * cin * cout * h_out * w_out
 
 
 def pflop_per_iteration(cfg: GPTConfig, batch: int) -> float:
@@ -107,8 +135,10 @@ def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: 
     f_block = layers * block_fwd_flop(cfg, micro_batch) / tp
     head = np.zeros(d_pp)
     head[-1] = head_fwd_flop(cfg, micro_batch) / (tp if vocab_parallel else 1)
-    fwd = f_block / rate_t + head / rate_h
-    bwd = (3 if recompute else 2) * f_block / rate_t + 2 * head / rate_h  # backward (2x) + recomputed forward (1x); head: 2x
+    block_f, block_b = block_phases(recompute)
+    head_f, head_b = HEAD_PHASES
+    fwd = block_f * f_block / rate_t + head_f * head / rate_h
+    bwd = block_b * f_block / rate_t + head_b * head / rate_h
     return fwd, bwd
 
 

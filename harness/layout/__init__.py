@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..errors import HarnessError
+from ..compute import BatchError, micro_batches
 from ..compute.model import GPTConfig, ModelError, even_split
 from .schedule_order import SCHEDULES
 
@@ -226,9 +227,10 @@ class Layout:
             raise LayoutError(f"layout.stages: cover {self.layers} blocks, model {cfg.name} has {cfg.layers}")
         if cfg.heads % self.tp or (cfg.ffn_mult * cfg.hidden) % self.tp:
             raise LayoutError(f"layout.tp: {self.tp} does not divide the {cfg.heads} heads of model {cfg.name}")
-        if batch % self.dp or (batch // self.dp) % micro_batch:
-            raise LayoutError(f"layout.dp: batch {batch} does not split into {self.dp} replicas "
-                              f"of whole micro-batches of {micro_batch}")
+        try:
+            micro_batches(batch, micro_batch, self.dp)
+        except BatchError as e:
+            raise LayoutError(f"layout.dp: {e}") from None
         return self
 
     # ------------------------------------------------------------------ JSON

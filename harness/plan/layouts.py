@@ -2,10 +2,11 @@
 
 `plan_run` is where user errors surface, before any rank starts. The topology is scaled
 here (`Topology.scaled`) and travels as one value to the scheduler, the bounds, the
-records and the shaping plan. The layout comes from the system's layout rule (its entry
-in harness/plan/systems.py), which reads the one placement module (harness/layout/): the
-scheduler's assignment for `ours`, the seeded placement rule for `ours-random` and for
-baselines given `--rank-order SEED`, rank order otherwise.
+records and the shaping plan. The layout comes from the system's layout rule (its entry in
+the registry, harness/plan/systems.py; the rules are in each system's package, harness/systems/),
+which reads the one placement module (harness/layout/): the scheduler's assignment for `ours`, the
+seeded placement rule for `ours-random` and for baselines given `--rank-order SEED` (`baseline_mesh`),
+rank order otherwise.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
+from .. import allocation as allocators
 from .. import layout as layouts
 from . import systems as registry
 from ..scheduler.cost import CostModel
@@ -25,9 +27,6 @@ from ..results import new_run_id
 from ..scenario import Topology, load_scenario, reload_name
 from .bounds import comm_lower_bound
 from .request import LayoutRequest, Resolved, RunRequest, RunSpec
-
-RANDOM_ASSIGNMENT = "random-assignment"
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -99,106 +98,13 @@ def _with_defaults(want: LayoutRequest, system: registry.System) -> LayoutReques
     return replace(want, **{k: v for k, v in system.defaults.items() if getattr(want, k) is None})
 
 
-def _ours_degrees(want: LayoutRequest, n: int, cfg: GPTConfig) -> tuple[int, int]:
-    if want.pp and want.dp:
-        d_pp, d_dp = want.pp, want.dp
-    elif want.pp or want.dp:
-        d_pp, d_dp = (want.pp, n // want.pp) if want.pp else (n // want.dp, want.dp)
-    else:
-        d_pp, d_dp = layouts.default_pipeline_degrees(n, cfg.layers)
-    if d_pp * d_dp != n:
-        raise LayoutError(f"--d-pp/--d-dp: {d_pp} x {d_dp} != {n} devices")
-    if d_pp > cfg.layers:
-        raise LayoutError(f"--d-pp: {d_pp} stages exceed the {cfg.layers} layers of {cfg.name}")
-    return d_pp, d_dp
-
-
-def place_ours(req: RunRequest, topo: Topology) -> tuple[Layout, Placement]:
-    """Ours' layout rule: D_PP x D_DP (as square as possible unless given), placed by the request's scheduler."""
-    return _place_ours(req, topo, req.layout.scheduler or "ga")
-
-
-def place_ours_random(req: RunRequest, topo: Topology) -> tuple[Layout, Placement]:
-    """ours-random's layout rule: ours' degrees on the seeded placement of the run's seed (the paper's ablation)."""
-    return _place_ours(req, topo, RANDOM_ASSIGNMENT)
-
-
-def _place_ours(req: RunRequest, topo: Topology, scheduler: str) -> tuple[Layout, Placement]:
-    want, cfg = req.layout, req.model.cfg
-    d_pp, d_dp = _ours_degrees(want, topo.n, cfg)
-    bpv = req.model.bytes_per_value
-    c_pp, c_dp = c_pp_bytes(cfg, req.model.batch, d_dp, bpv), c_dp_bytes(cfg, d_pp, bpv)
-    opts = dict(schedule=want.schedule or "gpipe", dp_sync=want.dp_sync,
-                recompute=want.recompute if want.recompute is not None else req.run.device_type == "cuda")
-    # with the compute model, the devices compute at their profiles times the run's time scale
-    profiles = ([replace(p, slowdown=p.slowdown * req.compute.time_scale)
-                 for p in device_profiles(topo, dtype=req.model.dtype)] if req.compute.model else None)
-    allocator, chosen = want.allocator or "even", None  # chosen: blocks a compute-aware scheduler chose
-    if scheduler == RANDOM_ASSIGNMENT:  # the paper's ablation ("ours without scheduler")
-        lay = layouts.seeded(1, d_pp, d_dp, cfg.layers, req.model.seed, **opts)
-    elif scheduler == "identity":
-        lay = layouts.from_pipelines(np.arange(topo.n).reshape(d_dp, d_pp), cfg.layers, "identity", **opts)
-    else:
-        from ..scheduler.iteration_cost import ComputeSetting
-        from ..scheduler import COMPUTE_AWARE, default_allocator, schedule
-
-        allocator = default_allocator(scheduler, want.allocator)
-        setting = (ComputeSetting(cfg, req.model.batch, req.model.micro_batch, req.model.dtype, opts["recompute"],
-                                  None if profiles is None else tuple(profiles))
-                   if scheduler in COMPUTE_AWARE else None)
-        a = schedule(topo, d_pp, d_dp, c_pp, c_dp, scheduler=scheduler, seed=req.model.seed, budget=want.budget,
-                     setting=setting)
-        lay, chosen = layouts.from_pipelines(a.pipelines, cfg.layers, scheduler, **opts), a.stages
-    if chosen is not None:
-        lay = replace(lay, stages=chosen)
-    elif allocator != "even":  # the placed pipelines' stages, by the allocator
-        from ..allocation import allocate_stages
-
-        lay = replace(lay, stages=allocate_stages(allocator, cfg, topo, lay.pipelines, req.model.micro_batch,
-                                                  req.model.batch // d_dp // req.model.micro_batch,
-                                                  req.model.dtype, lay.recompute, profiles))
-    c_dp = c_dp_bytes(cfg, lay.layers_per_stage, bpv)  # the largest stage's gradients, as allocated
-    model = CostModel(topo, d_pp, d_dp, c_pp, c_dp)
-    pipes = np.asarray(lay.pipelines)
-    total, dp = model.pipeline_cost(pipes), model.datap_cost(pipes.T)
-    bound = comm_lower_bound(topo, lay, cfg, req.model.batch, req.model.micro_batch, bpv)
-    return lay, Placement(scheduler, {"dp": dp, "pp": total - dp, "total": total}, c_pp, c_dp,
-                          {"pipeline": bound.pipeline_s, "dp": bound.dp_s, "total": bound.total_s})
-
-
-def megatron_layout(req: RunRequest, topo: Topology) -> tuple[Layout, None]:
-    """Megatron's layout rule: tp x pp x dp, missing degrees filled (dp, then pp)."""
-    want, n = req.layout, topo.n
-    _check_product(want, n)
-    tp = want.tp or 1
-    pp = want.pp or (n // (tp * want.dp) if want.dp else 1)
-    dp = want.dp or n // (tp * pp)
-    return _baseline_mesh(want, req.model.cfg, tp, pp, dp, 0, n), None
-
-
-def deepspeed_layout(req: RunRequest, topo: Topology) -> tuple[Layout, None]:
-    """DeepSpeed's layout rule: ZeRO-3 over all devices, or ZeRO-1 + pipeline (missing degree filled)."""
-    want, n = req.layout, topo.n
-    _check_product(want, n)
-    if want.zero not in (1, 3):
-        raise LayoutError(f"--zero: must be 1 or 3 for --system deepspeed (got {want.zero!r})")
-    if want.zero == 3:
-        if want.pp not in (None, 1):
-            raise LayoutError(f"--pp: ZeRO-3 runs without pipeline (got {want.pp})")
-        pp, dp = 1, n
-    else:
-        pp = want.pp or (n // want.dp if want.dp else n)
-        dp = want.dp or n // pp
-    return _baseline_mesh(want, req.model.cfg, 1, pp, dp, want.zero, n), None
-
-
-def _check_product(want: LayoutRequest, n: int) -> None:
+def check_product(want: LayoutRequest, n: int) -> None:
     if want.pp and want.dp and want.tp and want.tp * want.pp * want.dp != n:
         raise LayoutError(f"layout: tp*pp*dp = {want.tp}*{want.pp}*{want.dp} = {want.tp * want.pp * want.dp} "
                           f"!= {n} devices")
 
 
-def _baseline_mesh(want: LayoutRequest, cfg: GPTConfig, tp: int, pp: int, dp: int, zero: int, n: int) -> Layout:
+def baseline_mesh(want: LayoutRequest, cfg: GPTConfig, tp: int, pp: int, dp: int, zero: int, n: int) -> Layout:
     """Rank order by default; `want.seed` gives the seeded placement."""
     if tp * pp * dp != n:
         raise LayoutError(f"layout: tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} != {n} devices")

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..errors import HarnessError
+from ..plan import systems as registry
 
 BASELINE = Path(__file__).resolve().parents[2] / "tests" / "regress" / "baseline.json"
 EXACT_RTOL = 1e-9  # float rounding across BLAS builds; anything larger is a changed figure
@@ -41,6 +42,14 @@ class Figure:
     samples: tuple[float, ...] = ()  # measured: one value per repeated run
 
 
+# ----------------------------------------------------------------------------- bytes on the wire
+# Counted by the runtimes (harness/train/wire.py) in a short run of make scenario-5's setting on loopback:
+# the count depends on the layout and the model, not on the links, so CI needs no emulated cluster.
+# Each system's run is its registry entry's (gate_runs["wire"]).
+WIRE_SYSTEMS = registry.gate_runs("wire")
+WIRE_RUN = ("--network", "none", "--iters", "2", "--warmup", "1")  # the warm-up takes the set-up's bytes
+
+
 @dataclass(frozen=True)
 class Suite:
     """What the exact figures are computed on; the baseline records it, and a different suite is no baseline."""
@@ -51,7 +60,7 @@ class Suite:
     batch: int = 1024
     budget: int = 1000
     seed: int = 0
-    wire: tuple[str, ...] = ("ours", "megatron", "deepspeed")  # WIRE_SYSTEMS whose bytes on the wire count
+    wire: tuple[str, ...] = tuple(WIRE_SYSTEMS)  # the systems whose bytes on the wire count
 
     def to_json(self) -> dict:
         return {**asdict(self), "cases": list(self.cases), "wire": list(self.wire)}
@@ -98,15 +107,6 @@ EMULATED = ("--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", 
             "--micro-batch", "1", "--bandwidth-scale", "0.01", "--iters", "3", "--warmup", "3")
 
 
-# ----------------------------------------------------------------------------- bytes on the wire
-# Counted by the runtimes (harness/train/wire.py) in a short run of make scenario-5's setting on loopback:
-# the count depends on the layout and the model, not on the links, so CI needs no emulated cluster
-WIRE_SYSTEMS = {"ours": ("--system", "ours"),
-                "megatron": ("--system", "megatron", "--tp", "2", "--pp", "2", "--dp", "2"),
-                "deepspeed": ("--system", "deepspeed", "--pp", "2", "--dp", "4", "--zero", "1")}
-WIRE_RUN = ("--network", "none", "--iters", "2", "--warmup", "1")  # the warm-up takes the set-up's bytes
-
-
 def wire_bytes(run: Path) -> list[int]:
     """Each rank's bytes on the wire per iteration in a counted run; the same in every timed iteration,
     or the count is no exact figure."""
@@ -137,12 +137,11 @@ def wire_figures(out_root: Path, debug: tuple[str, ...] = (), suite: Suite | Non
 
 
 # ----------------------------------------------------------------------------- measured figures
-# Megatron: its rank-order layout without tensor parallelism (TP all-reduces across continents would take
-# minutes an iteration); 11 s an iteration here, so one warm-up and two timed iterations
-MEASURED_SYSTEMS = {"ours": ("--system", "ours"), "ours-random": ("--system", "ours-random", "--seed", "2022"),
-                    "megatron": ("--system", "megatron", "--tp", "1", "--pp", "4", "--dp", "2",
-                                 "--warmup", "1", "--iters", "2")}
-MEASURED_RATIOS = (("ours", "ours-random"), ("ours", "megatron"))  # (numerator, denominator): the machine cancels
+# Each system's emulated runs are its registry entry's (gate_runs["measured"])
+MEASURED_SYSTEMS = registry.gate_runs("measured")
+# (numerator, denominator) as the paper's roles: the machine's speed cancels out of their ratio
+MEASURED_RATIOS = tuple((registry.paper_systems()[a], registry.paper_systems()[b])
+                        for a, b in (("ours", "ours-random"), ("ours", "megatron")))
 REPEATS = 3  # runs of each system in a gate run
 BASELINE_REPEATS = 5  # and in a baseline: its spread is the noise, and more runs narrow Student's t
 

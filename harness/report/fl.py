@@ -10,8 +10,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..workloads.fl.records import FLRecord, normalised
-from . import plots
-from .figures import save_figure
+from .. import plots
+from ..plots.figures import save_figure
 
 # Han et al. 2024, Sec. 6.2-6.3: references for the report only
 PAPER = ("the paper, at 100 workers (50 racks x 2, alpha 0.5): OWL cuts the training time of Naive FL by 63-69 %, "

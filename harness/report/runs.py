@@ -12,8 +12,8 @@ import pandas as pd
 from ..errors import HarnessError
 from ..files import atomic_write_text
 from ..results import read_records
-from . import plots
-from .figures import save_figure
+from .. import plots
+from ..plots.figures import save_figure
 
 ROW = ["system", "layout", "backend", "kernel"]  # one row of the runs table, one bar of pflops.png
 SIM_CSV = "sim-vs-emu.csv"  # where `make scenario-5` puts `sim compare --csv`: beside the runs directory

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..compute.profiles import default_profile
 from ..scenario import Topology
-from .figures import save_figure
+from ..plots.figures import save_figure
 
 
 def scenario_summary(topo: Topology) -> str:

@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from ..files import atomic_write_text
 from ..scenario import Topology
-from .figures import save_figure
+from ..plots.figures import save_figure
 
 
 def best_so_far(trace: list[list[float]], grid: np.ndarray) -> np.ndarray:

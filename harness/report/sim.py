@@ -25,8 +25,8 @@ from ..results import manifest, write_records
 from ..scenario import Topology, load_scenario
 from ..plan import systems as registry
 from ..sim.sweep import Candidate, Simulator, prefetch_assignments, record_json, to_record
-from . import plots
-from .figures import save_figure
+from .. import plots
+from ..plots.figures import save_figure
 
 CASES = ("1", "2", "3", "4", "5")
 LAYERS = (24, 32, 40)
@@ -241,8 +241,8 @@ def fluidstack_rows(fs: CaseSweep) -> list[dict]:
 
 
 def write_report(out_dir: Path, sweeps: dict[str, CaseSweep], fs: CaseSweep | None, run_id: str,
-                 notes: dict, hetpipe=None) -> list[Path]:
-    """report.md and its files; `hetpipe` (report/hetpipe.HetPipeSweep) adds HetPipe's section."""
+                 notes: dict, sections: list = ()) -> list[Path]:
+    """report.md and its files; `sections`: (ReportSection, its sweep's result) of the systems' own sections."""
     out_dir = Path(out_dir)
     paths: list[Path] = []
     records, jdocs = [], []
@@ -264,11 +264,9 @@ def write_report(out_dir: Path, sweeps: dict[str, CaseSweep], fs: CaseSweep | No
     if fs:
         paths.append(figure7(fs, out_dir / "fig7-fluidstack.png"))
     text = render_markdown(sweeps, fs, notes)
-    if hetpipe is not None:
-        from . import hetpipe as hetpipe_report
-
-        paths += hetpipe_report.write(out_dir, hetpipe)
-        text += "\n" + hetpipe_report.markdown(hetpipe)
+    for section, result in sections:
+        paths += section.write(out_dir, result)
+        text += "\n" + section.markdown(result)
     atomic_write_text(out_dir / "report.md", text)
     paths.append(out_dir / "report.md")
     atomic_write_json(out_dir / "manifest.json", manifest(run_id, "ok", **notes))
@@ -428,3 +426,18 @@ def sweep_notes(sim_kwargs: dict) -> dict:
             "budget": sim_kwargs.get("budget", 5000), "ps_mode": sim_kwargs.get("ps_mode", "grouped"),
             "protocol": sim_kwargs.get("protocol", "nccl"),
             "efficiency_source": f"{prof.gpu} {json.dumps(prof.efficiency)}: {prof.source}"}
+
+
+def sweep_sections(progress=None) -> list[tuple]:
+    """Every system's own report section (harness/plan/systems.py: report_section), swept in registration
+    order: (section, result); `progress(label)` once per step (`section.steps` of each)."""
+    return [(section, section.sweep(progress)) for section in registry.report_sections()]
+
+
+def write_sections_only(out_dir: Path, run_id: str, sections: list[tuple]) -> list[Path]:
+    """report.md of the systems' own sections alone (`sim report --hetpipe-only`), and their files."""
+    paths = [p for section, result in sections for p in section.write(out_dir, result)]
+    text = "# Simulated evaluation\n\n" + "\n".join(section.markdown(result) for section, result in sections)
+    atomic_write_text(Path(out_dir) / "report.md", text)
+    atomic_write_json(Path(out_dir) / "manifest.json", manifest(run_id, "ok", backend="sim"))
+    return paths + [Path(out_dir) / "report.md", Path(out_dir) / "manifest.json"]

@@ -19,6 +19,7 @@ import numpy as np
 
 from .cost import CostModel
 from .iteration_cost import ComputeSetting, IterationModel
+from ..allocation import DEFAULT as DEFAULT_ALLOCATOR
 from ..scenario import Topology
 from .registry import COMPUTE_AWARE, COMPUTE_AWARE_ALLOCATOR, SCHEDULERS, SchedulerError, register  # noqa: F401
 from .search import SearchResult
@@ -32,7 +33,7 @@ def default_allocator(scheduler: str, allocator: str | None) -> str:
             raise SchedulerError(f"--allocator: {scheduler} takes every stage's blocks from the "
                                  f"{COMPUTE_AWARE_ALLOCATOR} allocator (got {allocator})")
         return COMPUTE_AWARE_ALLOCATOR
-    return allocator or "even"
+    return allocator or DEFAULT_ALLOCATOR
 
 
 @dataclass

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..allocation import DEFAULT as DEFAULT_ALLOCATOR
 from ..allocation import AllocationError, StageModel, allocate_if_it_fits, optimal
 from .cost import CostModel, open_loop_tsp
 from ..compute.model import GPTConfig
@@ -112,7 +113,7 @@ class IterationModel:
         self.seconds_per_flop = self.stage_model.per_flop  # per device, for the search's speed move
 
     # ---------------------------------------------------------------- fixed assignment
-    def of_pipelines(self, pipelines, stages=None, allocator: str = "even") -> IterationCost:
+    def of_pipelines(self, pipelines, stages=None, allocator: str = DEFAULT_ALLOCATOR) -> IterationCost:
         """The model of a fixed assignment (no re-matching, no re-ordering); its stages as given, or
         by `allocator` over its pipelines (without memory limits when none fits: `overflow_bytes`)."""
         S = np.asarray(pipelines, dtype=int)

@@ -22,8 +22,9 @@ from .. import layout as layouts
 from ..plan import systems as registry
 from ..layout import RANDOM_SEEDS, Layout, LayoutError
 from ..compute.model import GPTConfig
-from ..compute import PAPER_DTYPE, c_dp_bytes, c_pp_bytes, pflop_per_iteration
+from ..compute import PAPER_DTYPE, BatchError, c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from ..compute.profiles import ComputeProfile, device_profiles
+from ..allocation import StageModel, allocate_if_it_fits, keeps_even_split
 from ..files import atomic_write_json
 from ..results import IterationRecord
 from ..scenario import Topology
@@ -159,7 +160,7 @@ class Simulator:
     def run(self, system: str, cfg: GPTConfig, batch: int) -> list[Candidate]:
         """The candidates of `system` (its registry entry's simulator model)."""
         entry = registry.get(system)
-        simulate = entry.simulate_fn()
+        simulate = entry.simulate_fn(registry.LAYOUT_WORKLOAD)
         if simulate is None:
             if entry.layout_rule is None:
                 raise SimError(f"--system: {system} has neither a simulator model nor a layout rule")
@@ -196,9 +197,8 @@ def _allocated(sim: Simulator, lay: Layout, cfg: GPTConfig, batch: int) -> Layou
     """`lay` with its stages chosen by the simulator's allocator (harness/allocation/) over its
     pipelines, at the simulated devices' profiles, within memory when they fit (else without memory
     limits: the simulator does not model memory); even: as it is."""
-    if sim.allocator == "even":
+    if keeps_even_split(sim.allocator):
         return lay
-    from ..allocation import StageModel, allocate_if_it_fits
 
     micro_batches = max(1, batch // sim.d_dp // sim.micro_batch)
     model = StageModel(cfg, sim.topo, sim.micro_batch, micro_batches, PAPER_DTYPE, lay.recompute, sim.profiles)
@@ -207,7 +207,7 @@ def _allocated(sim: Simulator, lay: Layout, cfg: GPTConfig, batch: int) -> Layou
 
 
 def _allocation_config(sim: Simulator, lay: Layout) -> dict:
-    return {} if sim.allocator == "even" else {"allocator": sim.allocator, "stages": [list(s) for s in lay.stages]}
+    return {} if keeps_even_split(sim.allocator) else {"allocator": sim.allocator, "stages": [list(s) for s in lay.stages]}
 
 
 def candidates_ours_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
@@ -217,7 +217,7 @@ def candidates_ours_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[C
                                   ps_mode=sim.ps_mode) for lay in lays]
     return [_mean("ours-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
                                   "pipelines": [[list(p) for p in lay.pipelines] for lay in lays],
-                                  **({"allocator": sim.allocator} if sim.allocator != "even" else {})},
+                                  **({} if keeps_even_split(sim.allocator) else {"allocator": sim.allocator})},
                   runs, RANDOM_SEEDS)]
 
 
@@ -253,7 +253,7 @@ def _grid_candidates(sim: Simulator, system: str, grid, cfg: GPTConfig, batch: i
         for name, lays, seeds in placed:
             try:
                 runs = [simulate(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch) for lay in lays]
-            except (SimError, LayoutError):
+            except (SimError, LayoutError, BatchError):
                 break  # this layout does not fit the model/batch (e.g. batch not divisible)
             out.append(_mean(system, {**config, "placement": name}, runs, seeds))
     return out

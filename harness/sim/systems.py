@@ -51,12 +51,6 @@ class SimResult:
     details: dict = field(default_factory=dict)
 
 
-def _micro_batches(batch: int, replicas: int, micro_batch: int, what: str) -> int:
-    if batch % (replicas * micro_batch):
-        raise SimError(f"--batch: {batch} does not split into {replicas} {what} x micro-batch {micro_batch}")
-    return batch // (replicas * micro_batch)
-
-
 def _check_layers(cfg: GPTConfig, pp: int):
     if pp > cfg.layers:
         raise SimError(f"--layers: {cfg.layers} layers cannot fill {pp} pipeline stages")
@@ -86,7 +80,7 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     R, P = pipelines.shape
     _check_layers(cfg, P)
     schedule, dp_sync = layout.schedule, layout.dp_sync
-    M = _micro_batches(batch, R, micro_batch, "pipelines")
+    M = work.micro_batches(batch, micro_batch, R, "pipelines")
     fwd, bwd = work.stage_compute(cfg, layout.layers_per_stage, micro_batch, profiles, pipelines,
                                       recompute=layout.recompute)  # (R, P)
     params = stage_params(cfg, list(layout.layers_per_stage))
@@ -139,7 +133,7 @@ def _pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_bat
     _check_layers(cfg, pp)
     if cfg.heads % tp:
         raise SimError(f"tensor parallel {tp} does not divide the {cfg.heads} attention heads")
-    M = _micro_batches(batch, dp, micro_batch, "data-parallel replicas")
+    M = work.micro_batches(batch, micro_batch, dp, "data-parallel replicas")
     # compute of each tensor rank; the stage runs at its slowest rank's pace
     f_all, b_all = work.stage_compute(cfg, layout.layers_per_stage, micro_batch, profiles,
                                           np.moveaxis(dev, 0, -1), tp)  # (dp, tp, pp)
@@ -221,7 +215,7 @@ def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, layout: L
                    micro_batch: int = 1, bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
     ring = layout.array()[0, :, 0][None, :]  # ZeRO-3: one stage, every device a replica, in rank order
     N = ring.shape[1]
-    M = _micro_batches(batch, N, micro_batch, "data-parallel devices")
+    M = work.micro_batches(batch, micro_batch, N, "data-parallel devices")
     rate_t = min(p.flops_per_s("transformer") for p in profiles)  # synchronous collectives: slowest device paces
     rate_h = min(p.flops_per_s("lm_head") for p in profiles)
     c_f = work.block_fwd_flop(cfg, micro_batch) / rate_t

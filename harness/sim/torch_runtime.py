@@ -36,7 +36,7 @@ from ..compute.model import GPTConfig
 from .. import compute as work
 from ..compute import links as network
 from ..compute.links import Links
-from .systems import SimError, _check_layers, _micro_batches, optimizer_step
+from .systems import SimError, _check_layers, optimizer_step
 
 #: ProcessGroupGloo's worker threads (torch's default Options: 2): collectives in flight per process.
 GLOO_THREADS = 2
@@ -202,7 +202,7 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
     dev = layout.array()[:, :, 0]
     P, R = dev.shape
     schedule, zero, split = layout.schedule, layout.zero, layout.layers_per_stage
-    M = _micro_batches(batch, R, micro_batch, "data-parallel replicas")
+    M = work.micro_batches(batch, micro_batch, R, "data-parallel replicas")
     _check_layers(cfg, P)
     fwd, bwd = work.stage_compute(cfg, split, micro_batch, profiles, dev.T, recompute=False)  # (R, P)
     act = work.activation_bytes(cfg, micro_batch, bytes_per_value)

@@ -31,7 +31,8 @@ from .gpt import GPT, lm_loss, synthetic_batch
 from .compute_model import pacer_for
 from ..plan.request import RunSpec
 from .rank import RankContext, iteration_progress, torch_dtype
-from .reference import make_optimizer, micro_batches
+from ..compute import micro_batches
+from .reference import make_optimizer
 from .stats import IterationStats
 from . import wire
 
@@ -94,10 +95,8 @@ class PipelineStageRunner:
         self.next = L.pipelines[self.replica][self.stage_idx + 1] if not self.last else None
 
         m = spec.model
-        if m.batch % L.dp:
-            raise HarnessError(f"--batch: {m.batch} does not split over D_DP = {L.dp} replicas")
+        self.n_local = micro_batches(m.batch, m.micro_batch, L.dp)
         self.local_batch = m.batch // L.dp
-        self.n_local = micro_batches(self.local_batch, m.micro_batch)
         self.n_total = micro_batches(m.batch, m.micro_batch)
 
         full = GPT(cfg, m.seed)  # identical weights everywhere; keep only this stage

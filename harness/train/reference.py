@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import HarnessError
+from ..compute import micro_batches
 from ..compute.model import GPTConfig
 from .gpt import GPT, lm_loss, synthetic_batch
 
@@ -25,11 +26,6 @@ def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=lr, momentum=MOMENTUM)
 
 
-def micro_batches(batch: int, micro_batch: int) -> int:
-    """Number of micro-batches in a batch; the batch must split evenly."""
-    if micro_batch < 1 or batch % micro_batch:
-        raise HarnessError(f"--micro-batch: {micro_batch} does not divide --batch {batch}")
-    return batch // micro_batch
 
 
 def reference_train(

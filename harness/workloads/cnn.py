@@ -20,7 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..compute import conv_flop
 from ..errors import HarnessError
+from .layers import Layer
 
 IMAGE = (3, 224, 224)  # ImageNet crops, channels first
 CLASSES = 1000
@@ -28,17 +30,6 @@ CLASSES = 1000
 
 class CNNError(HarnessError, ValueError):
     """Unknown CNN model; str() is one line."""
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One unit of partitioning, per sample."""
-
-    name: str
-    params: int
-    fwd_flop: float
-    out_values: int  # the activation it sends to the next layer (the gradient coming back has the same size)
-    kept_values: int  # activation values it keeps for its backward
 
 
 @dataclass(frozen=True)
@@ -59,7 +50,7 @@ class CNNModel:
 def _conv(cin: int, cout: int, k: int, h_out: int, bias: bool) -> tuple[int, float]:
     """(parameters, forward FLOPs per sample) of a k x k convolution with an h_out x h_out output."""
     params = k * k * cin * cout + (cout if bias else 0)
-    return params, 2.0 * k * k * cin * cout * h_out * h_out
+    return params, conv_flop(cin, cout, k, k, h_out, h_out)
 
 
 # ----------------------------------------------------------------------------- VGG-19

@@ -34,7 +34,8 @@ from ...compute.model import GPTConfig
 from ..compute_model import pace_optimizer, pace_stage_module
 from ..gpt import GPT, lm_loss, synthetic_batch
 from ..rank import iteration_progress
-from ..reference import make_optimizer, micro_batches
+from ...compute import micro_batches
+from ..reference import make_optimizer
 from ..stats import IterationStats
 from .. import wire
 from .parallelize import (
@@ -90,7 +91,7 @@ def build_rank(
     ranks = torch_mesh(layout)
     stage, replica, shard = (int(x) for x in np.argwhere(ranks == rank)[0])
     mesh = DeviceMesh(device.type, torch.as_tensor(ranks), mesh_dim_names=("pp", "dp", "tp"))
-    n_local_mb = micro_batches(batch // layout.dp, micro_batch)
+    n_local_mb = micro_batches(batch, micro_batch, layout.dp)
 
     model = GPT(cfg, seed)
     part = model_part(model, layout.stages[stage]).to(device=device, dtype=dtype)

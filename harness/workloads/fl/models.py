@@ -22,16 +22,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...compute import BYTES_PER_VALUE, conv_flop
+from ..layers import Layer
 from .federation import FLError
 
-BYTES_PER_PARAM = 4  # fp32
-
-
-@dataclass(frozen=True)
-class Layer:
-    name: str
-    params: int
-    fwd_flop: float  # per sample
+BYTES_PER_PARAM = BYTES_PER_VALUE["fp32"]  # OWL distributes fp32 parameters
 
 
 @dataclass(frozen=True)
@@ -92,7 +87,7 @@ class _Builder:
         else:
             self.size = (self.size + stride - 1) // stride
         params = kh * kw * self.channels * cout + 2 * cout  # weights + BatchNorm scale and shift
-        flop = 2.0 * kh * kw * self.channels * cout * self.size * self.size
+        flop = conv_flop(self.channels, cout, kh, kw, self.size, self.size)
         self.layers.append(Layer(f"{self.name}.{len(self.layers)}", params, flop))
         self.channels = cout
         return self

@@ -4,7 +4,7 @@ Inside a virtual worker (VW) up to N_m minibatches are in flight: minibatch p en
 stage when minibatch p - N_m has left it (its backward there is done). Every GPU runs its ready
 tasks first-in first-out, forwards in minibatch order, backwards in minibatch order; the last
 stage runs a minibatch's forward and backward as one task; activations and gradients cross
-between stages in the VW's transfer times (harness/hetpipe/).
+between stages in the VW's transfer times (harness/systems/hetpipe/).
 
 A wave is N_m consecutive minibatches (local staleness N_m - 1). When a VW completes wave c
 (its last minibatch's backward on the first stage) it pushes the wave's aggregated update to
@@ -36,7 +36,7 @@ class WSPResult:
 
 def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: float, pull_seconds: float,
              waves: int = WAVES) -> WSPResult:
-    """Event simulation of every VW (harness.hetpipe.VirtualWorker) under WSP with threshold `staleness`."""
+    """Event simulation of every VW (harness.systems.hetpipe.VirtualWorker) under WSP with threshold `staleness`."""
     V, N = len(vws), in_flight
     total = waves * N
     free = [[0.0] * len(vw.devices) for vw in vws]

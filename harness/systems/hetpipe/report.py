@@ -1,7 +1,7 @@
 """HetPipe's evaluation in `harness sim report`: Figure 4 (policies vs Horovod) and Table 4 (adding whimpy GPUs).
 
 On the `hetpipe-testbed` scenario with D = 0 (as the paper's Figure 4 and Table 4), simulated by
-harness/hetpipe/, harness/hetpipe/wsp.py and harness/hetpipe/horovod.py. The paper's numbers appear only as
+harness/systems/hetpipe/, harness/systems/hetpipe/wsp.py and harness/systems/horovod/. The paper's numbers appear only as
 references beside the predictions.
 """
 from __future__ import annotations
@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import hetpipe as hp
-from ..workloads.cnn import get_cnn
-from ..scenario import Topology, load_scenario
-from ..hetpipe import horovod
-from . import plots
-from .figures import save_figure
+from ...workloads.cnn import get_cnn
+from ...scenario import Topology, load_scenario
+from .. import horovod
+from ... import plots
+from ...plan.systems import ReportSection
+from ...plots.figures import save_figure
 
 SCENARIO = "hetpipe-testbed"
 MODELS = ("vgg19", "resnet152")
@@ -136,9 +137,13 @@ def markdown(s: HetPipeSweep) -> str:
 
 
 def write(out_dir: Path, s: HetPipeSweep) -> list[Path]:
-    from ..files import atomic_write_json
+    from ...files import atomic_write_json
 
     doc = {"fig4": {m: {k: vars(e) for k, e in row.items()} for m, row in s.fig4.items()},
            "table4": {m: {g: {k: vars(e) for k, e in d.items()} for g, d in row.items()} for m, row in s.table4.items()}}
     atomic_write_json(Path(out_dir) / "hetpipe.json", doc)
     return [Path(out_dir) / "hetpipe.json", figure(s, Path(out_dir) / "hetpipe.png")]
+
+
+SECTION = ReportSection("HetPipe: Figure 4 and Table 4", len(MODELS) * (len(FIG4) + len(GPU_SETS)),
+                        lambda progress=None: sweep(progress=progress), write, markdown)

@@ -6,13 +6,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..plan import systems
-from . import figures  # noqa: F401  (selects the headless backend before pyplot is imported)
+from . import figures
 
 
 def series_style(name: str, marker: str = "o") -> tuple[str | None, str]:
     """(colour, marker) of a series: a system's own (its registry entry's `style`, the same in every
     figure), else matplotlib's next colour."""
-    entry = systems.SYSTEMS.get(name)
+    entry = systems.registered().get(name)
     return entry.style if entry is not None and entry.style else (None, marker)
 
 

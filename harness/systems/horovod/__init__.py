@@ -12,13 +12,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..workloads.cnn import CNNModel
-from ..compute import training_bytes_per_param
-from . import BYTES_PER_VALUE, DTYPE, GIB, HetPipeError, select_gpus
-from ..compute.profiles import device_profiles
-from ..scenario import Topology
-from ..compute import links as network
-from ..compute.links import Links
+from ...workloads.cnn import CNNModel
+from ...compute import training_bytes_per_param
+from ...sim.cnn import BYTES_PER_VALUE, DTYPE, GIB, CNNCandidate, CNNOptions, CNNSimError, select_gpus
+from ...compute.profiles import device_profiles
+from ...plan.systems import System, register
+from ...scenario import Topology
+from ...compute import links as network
+from ...compute.links import Links
 
 
 @dataclass
@@ -42,7 +43,7 @@ def simulate(topo: Topology, model: CNNModel, batch: int, gpus: str | None = Non
     need = model_bytes(model, batch)
     fits = [d for d in devices if topo.profiles[d].memory_gb * GIB >= need]
     if not fits:
-        raise HetPipeError(f"horovod: no GPU can hold {model.name} with a minibatch of {batch} "
+        raise CNNSimError(f"horovod: no GPU can hold {model.name} with a minibatch of {batch} "
                            f"({need / GIB:.1f} GiB)")
     profs = profiles if profiles is not None else device_profiles(topo, dtype=DTYPE)
     fwd = max(model.fwd_flop * batch / profs[d].flops_per_s("transformer") for d in fits)
@@ -54,3 +55,17 @@ def simulate(topo: Topology, model: CNNModel, batch: int, gpus: str | None = Non
     n = len(fits)
     cross = (nodes if nodes > 1 else 0) * 2 * (n - 1) / n * grads
     return HorovodResult(fits, [d for d in devices if d not in fits], seconds, n * batch / seconds, allreduce, cross)
+
+
+def candidates_horovod(topo: Topology, model: CNNModel, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
+    r = simulate(topo, model, batch, opts.gpus, opts.profiles)
+    config = {"gpus": opts.gpus or "all", "devices": r.devices, "left_out": r.left_out}
+    return [CNNCandidate("horovod", config, r.seconds, r.samples_per_s, len(r.devices), r.cross_node_bytes,
+                         len(r.devices), details={"allreduce_seconds": r.allreduce_seconds})]
+
+
+register(System(
+    "horovod", "synchronous data parallel with a ring all-reduce, HetPipe's baseline (simulator; --model "
+    "vgg19|resnet152)",
+    simulate={"cnn": candidates_horovod}, style=("#8c564b", "P"),
+))

@@ -1,24 +1,5 @@
-"""HetPipe's plan (Park et al. 2020, `../shared/seeds/004_*`): virtual workers, their layers, N_m, parameter shards.
-
-A virtual worker (VW) is a group of GPUs running one pipeline over a CNN's layers (harness/workloads/cnn.py);
-VWs train data-parallel through a parameter server under Wave Synchronous Parallel (sim/wsp.py).
-Nodes are the scenario's regions (one GPU type each, as the paper's testbed).
-
-Resource allocation policies (Sec. 8.1):
-- `np`, node partition: one VW per node (homogeneous VWs; no VW crosses nodes).
-- `ed`, equal distribution: VW j takes GPU j of every node (identical VWs); on one node, the
-  node is one VW (the paper's V4).
-- `hd`, hybrid distribution: nodes paired so that the pairs' summed compute and memory are
-  closest (the smallest worst relative difference of the two), then each pair's GPUs spread
-  evenly over its VWs (the paper's VVQQ / RRGG).
-- an explicit grouping, "0,1,2,3;4,5,6,7": device ids per VW.
-Each VW's stage order is the ordering of its GPU types whose partition is fastest; the partition
-is the `optimal` allocator (harness/allocation/) with HetPipe's objective (Sec. 7): the largest
-stage time (its layers' forward and backward plus receiving its input and its gradient) within
-each GPU's memory, where a stage keeps the activations of every minibatch in flight on it (N_m
-on all but the last, which runs a minibatch's forward and backward back to back: one).
-N_m is the same on every VW (Sec. 4): every value up to the smallest VW's Max_m is simulated and
-the fastest kept. Training is fp32 (TensorFlow 1.12, as the paper).
+"""HetPipe's plan of a run: each virtual worker's pipeline (stage order, layers, N_m), the parameter server's
+shards and their traffic, and the simulated throughput under Wave Synchronous Parallel (wsp.py).
 """
 from __future__ import annotations
 
@@ -27,128 +8,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..allocation import AllocationError, Problem, allocate
-from ..workloads.cnn import CNNModel
-from ..compute import training_bytes_per_param
-from ..errors import HarnessError
-from ..compute.profiles import device_profiles
-from ..scenario import Topology
-from ..units import gbps_to_bytes_per_s, ms_to_s
+from ...allocation import AllocationError, Problem, allocate
+from ...compute.profiles import device_profiles
+from ...scenario import Topology
+from ...units import gbps_to_bytes_per_s, ms_to_s
+from ...workloads.cnn import CNNModel
+from ...sim.cnn import nodes_of, select_gpus
+from .policies import group
+from .setting import BYTES_PER_VALUE, DTYPE, GIB, MAX_NM, PARAM_BYTES, HetPipeError
 
-POLICIES = ("np", "ed", "hd")
-PLACEMENTS = ("default", "local")
-DTYPE = "fp32"
-BYTES_PER_VALUE = 4
-# value, gradient and SGD momentum (compute.training_bytes_per_param) and the wave's aggregated update
-PARAM_BYTES = training_bytes_per_param(BYTES_PER_VALUE) + BYTES_PER_VALUE
-GIB = 2**30  # a GPU's "12 GB" is 12 GiB
-MAX_NM = 32  # N_m tried up to this many minibatches in flight
-
-
-class HetPipeError(HarnessError, ValueError):
-    """A plan that cannot be made (unknown policy, a VW that cannot hold the model); one line."""
-
-
-# ----------------------------------------------------------------------------- which GPUs
-def nodes_of(topo: Topology, devices) -> dict[int, list[int]]:
-    """node (region index) -> its devices among `devices`, in id order."""
-    out: dict[int, list[int]] = {}
-    for d in sorted(devices):
-        out.setdefault(topo.device_region[d], []).append(d)
-    return out
-
-
-def select_gpus(topo: Topology, spec: str | None) -> list[int]:
-    """Devices of the nodes a spec names: each letter a one-letter region, an optional total, as the
-    paper's Table 4 (`V4`, `VR8`, `VRQ12`, `VRQG16`); None: every device."""
-    if not spec:
-        return list(range(topo.n))
-    letters = spec.rstrip("0123456789")
-    count = spec[len(letters):]
-    names = {r.name: k for k, r in enumerate(topo.regions)}
-    unknown = [c for c in letters if c not in names]
-    if not letters or unknown or len(set(letters)) != len(letters):
-        raise HetPipeError(f"--gpus: {spec!r} must be distinct node letters of {topo.name} "
-                           f"({', '.join(names)}) and an optional GPU count, e.g. VR8")
-    picked = {names[c] for c in letters}
-    devices = [d for d in range(topo.n) if topo.device_region[d] in picked]
-    if count and int(count) != len(devices):
-        raise HetPipeError(f"--gpus: {spec!r} names {len(devices)} GPUs, not {count}")
-    return devices
-
-
-def group(topo: Topology, devices: list[int], policy: str) -> list[list[int]]:
-    """The VWs' devices (unordered) under `policy` (np, ed, hd, or an explicit "0,1;2,3")."""
-    nodes = nodes_of(topo, devices)
-    if policy == "np":
-        return [list(v) for v in nodes.values()]
-    sizes = {len(v) for v in nodes.values()}
-    if policy in ("ed", "hd") and len(sizes) != 1:
-        raise HetPipeError(f"--policy {policy}: needs the same number of GPUs on every node "
-                           f"(got {', '.join(f'{topo.regions[n].name}: {len(v)}' for n, v in nodes.items())})")
-    if policy == "ed":
-        if len(nodes) == 1:
-            return [list(v) for v in nodes.values()]
-        return [list(col) for col in zip(*nodes.values())]
-    if policy == "hd":
-        per = sizes.pop()
-        if len(nodes) % 2 or per % 2:
-            raise HetPipeError(f"--policy hd: pairs nodes and splits each pair evenly: needs an even number of "
-                               f"nodes and of GPUs per node (got {len(nodes)} x {per})")
-        out = []
-        for a, b in _balanced_pairs(topo, list(nodes)):
-            for k in range(per // 2):
-                out.append(nodes[a][2 * k:2 * k + 2] + nodes[b][2 * k:2 * k + 2])
-        return out
-    return _explicit(topo, devices, policy)
-
-
-def _balanced_pairs(topo: Topology, nodes: list[int]) -> list[tuple[int, int]]:
-    """The pairing of nodes whose pairs' compute (fp32 peak) and memory sums differ least: the largest
-    relative spread (max - min) / max over the pairs, of either resource, minimised."""
-    def spread(values):
-        return (max(values) - min(values)) / max(values)
-
-    best, best_cost = None, np.inf
-    for pairing in _pairings(nodes):
-        compute = [sum(topo.regions[n].profile.peak(DTYPE) for n in p) for p in pairing]
-        memory = [sum(topo.regions[n].profile.memory_gb for n in p) for p in pairing]
-        cost = max(spread(compute), spread(memory))
-        if cost < best_cost - 1e-12:
-            best, best_cost = pairing, cost
-    return best
-
-
-def _pairings(items: list[int]):
-    if not items:
-        yield []
-        return
-    first = items[0]
-    for k in range(1, len(items)):
-        rest = items[1:k] + items[k + 1:]
-        for p in _pairings(rest):
-            yield [(first, items[k])] + p
-
-
-def _explicit(topo: Topology, devices: list[int], spec: str) -> list[list[int]]:
-    try:
-        groups = [[int(x) for x in g.split(",") if x.strip()] for g in spec.split(";") if g.strip()]
-    except ValueError:
-        groups = []
-    if not groups or not all(groups):
-        raise HetPipeError(f"--policy: {spec!r} is neither one of {', '.join(POLICIES)} nor a grouping of "
-                           "device ids like '0,4,8,12;1,5,9,13'")
-    flat = [d for g in groups for d in g]
-    outside = sorted(set(flat) - set(devices))
-    if outside:
-        raise HetPipeError(f"--policy: device {outside[0]} is not among the GPUs used ({len(devices)} of {topo.name})")
-    twice = sorted({d for d in flat if flat.count(d) > 1})
-    if twice:
-        raise HetPipeError(f"--policy: device {twice[0]} is in two virtual workers")
-    missing = sorted(set(devices) - set(flat))
-    if missing:
-        raise HetPipeError(f"--policy: device {missing[0]} is in no virtual worker (every GPU used must be in one)")
-    return groups
 
 
 # ----------------------------------------------------------------------------- one virtual worker
@@ -286,27 +154,36 @@ def ps_traffic(topo: Topology, model: CNNModel, vws: list[VirtualWorker], placem
     default: layer l's shard on node l mod (nodes used), round-robin as TensorFlow places variables;
     local: every layer's shard on the node of the GPUs that hold it, which needs every VW to hold
     each layer on one node (ED, where VWs are identical)."""
-    used = sorted({topo.device_region[d] for vw in vws for d in vw.devices})
-    L = len(model.layers)
-    if placement == "default":
-        owner = [used[l % len(used)] for l in range(L)]
-    elif placement == "local":
-        owner = []
-        for l in range(L):
-            homes = {topo.device_region[vw.devices[_stage_of(vw, l)]] for vw in vws}
-            if len(homes) > 1:
-                raise HetPipeError(f"--placement local: layer {model.layers[l].name} is on nodes "
-                                   f"{', '.join(sorted(topo.regions[h].name for h in homes))} in different virtual "
-                                   "workers; local placement needs every VW to hold a layer on one node (policy ed)")
-            owner.append(homes.pop())
-    else:
+    if placement not in PLACEMENTS:
         raise HetPipeError(f"--placement: unknown {placement!r} (known: {', '.join(PLACEMENTS)})")
+    owner = PLACEMENTS[placement](topo, model, vws)
     out = np.zeros((topo.n, len(topo.regions)))
     for vw in vws:
         for k, (a, b) in enumerate(vw.stages):
             for l in range(a, b):
                 out[vw.devices[k], owner[l]] += model.layers[l].params * BYTES_PER_VALUE
     return out
+
+
+def _round_robin_owners(topo: Topology, model: CNNModel, vws: list[VirtualWorker]) -> list[int]:
+    used = sorted({topo.device_region[d] for vw in vws for d in vw.devices})
+    return [used[l % len(used)] for l in range(len(model.layers))]
+
+
+def _local_owners(topo: Topology, model: CNNModel, vws: list[VirtualWorker]) -> list[int]:
+    owner = []
+    for l in range(len(model.layers)):
+        homes = {topo.device_region[vw.devices[_stage_of(vw, l)]] for vw in vws}
+        if len(homes) > 1:
+            raise HetPipeError(f"--placement local: layer {model.layers[l].name} is on nodes "
+                               f"{', '.join(sorted(topo.regions[h].name for h in homes))} in different virtual "
+                               "workers; local placement needs every VW to hold a layer on one node (policy ed)")
+        owner.append(homes.pop())
+    return owner
+
+
+# the parameter server's shard placements: layer -> the node holding its shard
+PLACEMENTS = {"default": _round_robin_owners, "local": _local_owners}
 
 
 def _stage_of(vw: VirtualWorker, layer: int) -> int:
@@ -375,7 +252,7 @@ class Plan:
     def layout(self):
         """The VWs as a harness Layout whose pipelines differ per replica (harness/layout/), each stage's
         [first, last) layers of the CNN: what a real run of HetPipe will place."""
-        from ..layout import from_replicas
+        from ...layout import from_replicas
 
         return from_replicas([(vw.devices, vw.stages) for vw in self.vws], placement=f"hetpipe-{self.policy}")
 

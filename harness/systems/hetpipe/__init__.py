@@ -1,0 +1,37 @@
+"""HetPipe's plan (Park et al. 2020, `../shared/seeds/004_*`): virtual workers, their layers, N_m, parameter shards.
+
+A virtual worker (VW) is a group of GPUs running one pipeline over a CNN's layers (harness/workloads/cnn.py);
+VWs train data-parallel through a parameter server under Wave Synchronous Parallel (wsp.py).
+Nodes are the scenario's regions (one GPU type each, as the paper's testbed).
+
+Resource allocation policies (Sec. 8.1):
+- `np`, node partition: one VW per node (homogeneous VWs; no VW crosses nodes).
+- `ed`, equal distribution: VW j takes GPU j of every node (identical VWs); on one node, the
+  node is one VW (the paper's V4).
+- `hd`, hybrid distribution: nodes paired so that the pairs' summed compute and memory are
+  closest (the smallest worst relative difference of the two), then each pair's GPUs spread
+  evenly over its VWs (the paper's VVQQ / RRGG).
+- an explicit grouping, "0,1,2,3;4,5,6,7": device ids per VW.
+Each VW's stage order is the ordering of its GPU types whose partition is fastest; the partition
+is the `optimal` allocator (harness/allocation/) with HetPipe's objective (Sec. 7): the largest
+stage time (its layers' forward and backward plus receiving its input and its gradient) within
+each GPU's memory, where a stage keeps the activations of every minibatch in flight on it (N_m
+on all but the last, which runs a minibatch's forward and backward back to back: one).
+N_m is the same on every VW (Sec. 4): every value up to the smallest VW's Max_m is simulated and
+the fastest kept. Training is fp32 (TensorFlow 1.12, as the paper).
+"""
+from __future__ import annotations
+
+from .planning import (PLACEMENTS, Costs, Plan, VirtualWorker, best_order, cut_bytes, max_in_flight,  # noqa: F401
+                       partition, plan, ps_traffic, sync_seconds, virtual_workers)
+from .policies import POLICIES, Policy, group  # noqa: F401
+from .setting import BYTES_PER_VALUE, DTYPE, GIB, MAX_NM, PARAM_BYTES, HetPipeError  # noqa: F401
+from ...sim.cnn import nodes_of, select_gpus  # noqa: F401
+from ...plan.systems import System, register
+
+register(System(
+    "hetpipe", "HetPipe: virtual workers (pipelines over heterogeneous GPUs), data parallel under Wave Synchronous "
+    "Parallel through a parameter server (simulator; --model vgg19|resnet152)",
+    simulate={"cnn": "harness.systems.hetpipe.sim:candidates_hetpipe"}, style=("#9467bd", "D"),
+    report_section="harness.systems.hetpipe.report:SECTION",
+))

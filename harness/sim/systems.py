@@ -17,7 +17,7 @@
 - deepspeed ZeRO-1 + pipeline: the pipeline engine as Megatron's with T = 1, then a
   ring all-reduce of the gradients and a ring all-gather of the updated parameters.
 Every device then runs its optimizer step over the parameters it updates (compute.optimizer_seconds:
-its 1/T share, and 1/D of that under ZeRO). All collectives are rings in rank order (network.py). Every system takes its harness.layout.Layout:
+its 1/T share, and 1/D of that under ZeRO). All collectives are rings in rank order (harness/compute/links.py). Every system takes its harness.layout.Layout:
 devices of every (stage, replica, tensor rank), the blocks of every stage, schedule and sync.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One training run end to end: plan, launch, collect, write records and manifest.
 
-`execute` plans the request (plan.py), launches the ranks (loopback or the emulated
+`execute` plans the request (harness/plan/layouts.py), launches the ranks (loopback or the emulated
 cluster), merges their per-iteration figures into `IterationRecord`s and writes
 results/<scenario>/<run-id>/ atomically. A run that fails leaves manifest.json with
 status `failed` and the reason, and no records.

@@ -8,7 +8,7 @@ import numpy as np
 
 from ... import allocation as allocators
 from ... import layout as layouts
-from ...compute import c_dp_bytes, c_pp_bytes
+from ...compute import c_dp_bytes, c_pp_bytes, micro_batches
 from ...compute.model import GPTConfig
 from ...compute.profiles import device_profiles
 from ...layout import Layout, LayoutError
@@ -86,9 +86,9 @@ def _place_ours(req: RunRequest, topo: Topology, scheduler: str) -> tuple[Layout
     if chosen is not None:
         lay = replace(lay, stages=chosen)
     elif not allocators.keeps_even_split(allocator):  # the placed pipelines' stages, by the allocator
+        per_replica = micro_batches(req.model.batch, req.model.micro_batch, d_dp)
         lay = replace(lay, stages=allocators.allocate_stages(allocator, cfg, topo, lay.pipelines, req.model.micro_batch,
-                                                  req.model.batch // d_dp // req.model.micro_batch,
-                                                  req.model.dtype, lay.recompute, profiles))
+                                                             per_replica, req.model.dtype, lay.recompute, profiles))
     c_dp = c_dp_bytes(cfg, lay.layers_per_stage, bpv)  # the largest stage's gradients, as allocated
     model = CostModel(topo, d_pp, d_dp, c_pp, c_dp)
     pipes = np.asarray(lay.pipelines)

@@ -10,12 +10,10 @@ from __future__ import annotations
 import csv
 import functools
 import io
-import json
 import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path

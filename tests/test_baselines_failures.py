@@ -14,7 +14,7 @@ import pytest
 from harness.train.launch import RankFailure
 from harness import layout as layouts
 from harness.layout import Layout
-from harness.train.baselines.systems import train_deepspeed, train_megatron
+from harness.systems.baselines.systems import train_deepspeed, train_megatron
 from harness.plan.request import RunSpec
 from harness.train.local import local_spec, run_local
 from harness.plan.systems import register_system
@@ -36,7 +36,7 @@ def test_killed_pipeline_peer_fails_the_run_naming_it():
 
 def _stall_rank_mid_training() -> None:
     """Make this rank's third iteration stall (alive, never sending) inside training."""
-    from harness.train.baselines import train as train_mod
+    from harness.systems.baselines import train as train_mod
 
     real = train_mod.train_step
 

@@ -7,7 +7,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from harness import layout as layouts
-from harness.train.baselines.train import build_rank, train_step
+from harness.systems.baselines.train import build_rank, train_step
 from harness.train.local import local_spec, run_local
 from harness.plan.systems import register_system
 

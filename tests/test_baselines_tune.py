@@ -13,7 +13,7 @@ from harness.errors import HarnessError
 from harness.layout import Layout
 from harness.compute.model import get_model
 from harness.results import read_records
-from harness.train.baselines.tune import tune
+from harness.systems.baselines.tune import tune
 from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 
 pytestmark = pytest.mark.timeout(240)

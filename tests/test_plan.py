@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from harness.plan import systems
 from harness.plan.flags import run_request
 from tests.conftest import assert_same_json
 

@@ -67,7 +67,7 @@ def test_1f1b_task_order_runs_every_task_once_with_warmup():
 
 def test_trainer_and_simulator_take_their_order_from_schedule_order(monkeypatch):
     from harness.layout import schedule_order
-    from harness.train import pipeline as trainer
+    from harness.systems.ours import pipeline as trainer
 
     real, calls = schedule_order.stage_order, []
 

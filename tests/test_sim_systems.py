@@ -13,7 +13,8 @@ from harness.compute import c_pp_bytes
 from harness.compute.profiles import device_profiles
 from harness.scenario import load_scenario
 from harness import compute
-from harness.sim import systems
+from harness.systems.baselines import sim as baselines
+from harness.systems.ours import sim as ours_sim
 from harness.compute.links import Links
 from harness.sim.sweep import PAPER_RUNTIME
 from tests.conftest import make_topology, random_topology
@@ -43,7 +44,7 @@ def test_ours_two_stages_one_link_closed_form():
     topo = uniform(2, 20.0, 1.0)
     links, prof = Links.from_topology(topo), device_profiles(topo)
     M = 16
-    r = systems.simulate_ours(links, prof, CFG, M, ours([[0, 1]]))
+    r = ours_sim.simulate_ours(links, prof, CFG, M, ours([[0, 1]]))
     fwd, bwd = compute.stage_compute(CFG, [4, 4], 1, prof, np.array([0, 1]))
     ser = compute.activation_bytes(CFG, 1) / (1e9 / 8)
     a = 0.020
@@ -60,7 +61,7 @@ def test_zero3_step_closed_form_on_uniform_ring():
     topo = uniform(n, delay_ms, gbps)
     links, prof = Links.from_topology(topo), device_profiles(topo)
     batch = 2 * n
-    r = systems.simulate_zero3(links, prof, CFG, batch, layouts.in_rank_order(1, 1, n, CFG.layers, zero=3))
+    r = baselines.simulate_zero3(links, prof, CFG, batch, layouts.in_rank_order(1, 1, n, CFG.layers, zero=3))
     alpha, rate = delay_ms / 1e3, gbps * 1e9 / 8
 
     def ag(params):  # ring all-gather: D-1 steps of one shard
@@ -80,12 +81,12 @@ def _all_systems(topo, pipelines, batch=32):
     n = topo.n
     perm = random_placement(n, 2022)
     return {
-        "ours": systems.simulate_ours(links, prof, CFG, batch, ours(pipelines)).seconds,
-        "ours-rounds": systems.simulate_ours(links, prof, CFG, batch, ours(pipelines), ps_mode="rounds").seconds,
-        "megatron-1-4-2": systems.simulate_megatron(links, prof, CFG, batch, placed(1, 4, 2, perm)).seconds,
-        "megatron-2-2-2": systems.simulate_megatron(links, prof, CFG, batch, placed(2, 2, 2, perm)).seconds,
-        "zero3": systems.simulate_zero3(links, prof, CFG, batch, placed(1, 1, n, perm, zero=3)).seconds,
-        "zero1-pp2": systems.simulate_zero1_pp(links, prof, CFG, batch, placed(1, 2, 4, perm, zero=1)).seconds,
+        "ours": ours_sim.simulate_ours(links, prof, CFG, batch, ours(pipelines)).seconds,
+        "ours-rounds": ours_sim.simulate_ours(links, prof, CFG, batch, ours(pipelines), ps_mode="rounds").seconds,
+        "megatron-1-4-2": baselines.simulate_megatron(links, prof, CFG, batch, placed(1, 4, 2, perm)).seconds,
+        "megatron-2-2-2": baselines.simulate_megatron(links, prof, CFG, batch, placed(2, 2, 2, perm)).seconds,
+        "zero3": baselines.simulate_zero3(links, prof, CFG, batch, placed(1, 1, n, perm, zero=3)).seconds,
+        "zero1-pp2": baselines.simulate_zero1_pp(links, prof, CFG, batch, placed(1, 2, 4, perm, zero=1)).seconds,
     }
 
 
@@ -117,7 +118,7 @@ def test_cost_model_is_a_lower_bound_of_simulated_communication(case, devices, d
     pipelines = random_placement(topo.n, seed).reshape(d_pp, d_dp).T
     c_dp = float(compute.stage_param_bytes(CFG, even_split(CFG.layers, d_pp)).max())
     # every stage synchronises c_dp bytes, as the cost model assumes (eq. 2 uses one c_dp for all groups)
-    r = systems.simulate_ours(links, prof, CFG, batch, ours(pipelines), dp_bytes=np.full(d_pp, c_dp), ps_mode="rounds")
+    r = ours_sim.simulate_ours(links, prof, CFG, batch, ours(pipelines), dp_bytes=np.full(d_pp, c_dp), ps_mode="rounds")
     cm = CostModel(topo, d_pp, d_dp, c_pp_bytes(CFG, batch, d_dp), c_dp)
     dp_cost = cm.datap_cost(pipelines.T)
     pp_cost = cm.pipeline_cost(pipelines) - dp_cost
@@ -138,9 +139,9 @@ def test_ours_steady_state_overlaps_a_sync_tail_with_the_next_iteration(monkeypa
     topo = make_topology(delay, bw)
     links, prof = Links.from_topology(topo), device_profiles(topo)
     pipelines = np.array([[0, 1], [2, 3]])
-    steady = systems.simulate_ours(links, prof, CFG, 16, ours(pipelines))
+    steady = ours_sim.simulate_ours(links, prof, CFG, 16, ours(pipelines))
     assert steady.seconds < steady.details["first_iteration_seconds"]
-    monkeypatch.setattr(systems, "STEADY_ITERATIONS", 1)
-    single = systems.simulate_ours(links, prof, CFG, 16, ours(pipelines))
+    monkeypatch.setattr(ours_sim, "STEADY_ITERATIONS", 1)
+    single = ours_sim.simulate_ours(links, prof, CFG, 16, ours(pipelines))
     assert single.seconds == pytest.approx(steady.details["first_iteration_seconds"])
     assert steady.dp_comm_seconds == pytest.approx(single.dp_comm_seconds)

@@ -63,7 +63,7 @@ def test_the_ddp_note_filter_keeps_everything_else_on_stderr(capfd):
 
     import torch
 
-    from harness.train.baselines.parallelize import _drop_unused_parameter_note
+    from harness.systems.baselines.parallelize import _drop_unused_parameter_note
 
     class Noisy(torch.nn.Module):
         def forward(self, x):

@@ -117,7 +117,7 @@ from harness.train.stats import IterationStats  # noqa: E402
 def _dp_sync_modes(ctx, s):
     import torch.distributed as dist
 
-    from harness.train.dp_sync import AllReduceSync, ShardedParameterServer, make_dp_sync
+    from harness.systems.ours.dp_sync import AllReduceSync, ShardedParameterServer, make_dp_sync
 
     members = [2, 0, 1]  # C_j in replica order, not rank order
     me = members.index(ctx.rank)

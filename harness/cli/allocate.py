@@ -33,8 +33,8 @@ def register(sub) -> None:
 
 
 def _allocate(args) -> int:
-    from ..allocation import ALLOCATORS, AllocationError, allocate, problem_for
-    from ..sim.systems import simulate_allocation
+    from ..allocation import ALLOCATORS, allocate, problem_for
+    from ..systems.ours.sim import simulate_allocation
     from .. import compute as work
     from ..compute.model import get_model
     from ..scenario import load_scenario

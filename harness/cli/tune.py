@@ -28,7 +28,7 @@ def register(sub) -> None:
 
 
 def _tune(args) -> int:
-    from ..train.baselines.tune import tune
+    from ..systems.baselines.tune import tune
     from ..plan.request import LayoutRequest
 
     req = request_from_args(args, LayoutRequest(schedule=args.schedule))

@@ -1,6 +1,6 @@
 """The order in which a pipeline stage runs the forwards and backwards of one iteration.
 
-One definition for the trainer ("ours", harness/train/pipeline.py), which runs it, and
+One definition for the trainer ("ours", harness/systems/ours/pipeline.py), which runs it, and
 the simulator (harness/sim/pipeline.py), which predicts it, so the two cannot drift apart.
 Pure (no torch): the simulator runs without it.
 """

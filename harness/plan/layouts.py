@@ -12,20 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-import numpy as np
-
-from .. import allocation as allocators
 from .. import layout as layouts
 from . import systems as registry
-from ..scheduler.cost import CostModel
 from ..layout import Layout, LayoutError
 from ..compute.model import GPTConfig
-from ..compute import c_dp_bytes, c_pp_bytes
 from ..errors import HarnessError
 from ..compute.profiles import device_profiles
 from ..results import new_run_id
 from ..scenario import Topology, load_scenario, reload_name
-from .bounds import comm_lower_bound
 from .request import LayoutRequest, Resolved, RunRequest, RunSpec
 
 @dataclass(frozen=True)

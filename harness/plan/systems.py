@@ -72,8 +72,8 @@ class System:
     flags: tuple[str, ...] = ()
     defaults: dict = field(default_factory=dict)  # LayoutRequest fields filled in when unset
     simulate: dict = field(default_factory=dict)  # workload -> Ref
-    simulate_layout: Ref = "harness.sim.compare:simulate_runtime_of_layout"
-    record_layout: Ref = "harness.sim.compare:legacy_mesh_layout"
+    simulate_layout: Ref = "harness.systems.baselines.sim:simulate_runtime_of_layout"
+    record_layout: Ref = "harness.systems.baselines.sim:legacy_mesh_layout"
     tune_grid: Ref | None = None
     compute_observed: bool = False
     scheduled: bool = False

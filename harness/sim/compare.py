@@ -20,7 +20,6 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import layout as layouts
 from ..plan import systems as registry
 from ..errors import HarnessError
 from ..layout import Layout
@@ -29,7 +28,6 @@ from ..compute import BYTES_PER_VALUE
 from ..compute.profiles import OP_CLASSES, ComputeProfile, device_profiles
 from ..results import read_records
 from ..scenario import load_scenario
-from . import systems, torch_runtime
 from .sweep import Simulator
 
 TARGET_ERROR = 0.15
@@ -145,26 +143,6 @@ def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) 
 
 
 # ----------------------------------------------------------------------------- the systems' runtime models
-def simulate_ours_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int, bpv: int) -> tuple[float, float]:
-    """Ours' runtime (pre-posted receives, the layout's schedule and data-parallel sync)."""
-    r = systems.simulate_ours(links, profiles, cfg, batch, lay, mb, bytes_per_value=bpv)
-    return r.seconds, r.compute_seconds
-
-
-def simulate_runtime_of_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int,
-                               bpv: int) -> tuple[float, float]:
-    """The baselines' runtime the layout names: ZeRO-3 (FSDP2), Megatron-LM's model when tensor parallel
-    (the torch-runtime model has none), else torch.distributed.pipelining + DDP (+ ZeRO-1)."""
-    if lay.zero == 3:
-        r = systems.simulate_zero3(links, profiles, cfg, batch, lay, mb, bpv)
-    elif lay.tp > 1:
-        r = systems.simulate_megatron(links, profiles, cfg, batch, lay, mb, bpv)
-    else:
-        seconds, compute, _ = torch_runtime.simulate(links, profiles, cfg, batch, lay, mb, bpv)
-        return seconds, compute
-    return r.seconds, r.compute_seconds
-
-
 def record_layout(rec: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
     """The layout a record ran on: its `config` (Layout.to_json), or for records written before the
     layout module, what its system's entry reads from their legacy keys (record_layout).
@@ -175,45 +153,9 @@ def record_layout(rec: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
     return registry.get(rec["system"]).record_layout_fn()(rec, conf, cfg, n, device, schedule_ours)
 
 
-def _legacy_ours_opts(conf: dict, device: str) -> dict:
-    return dict(schedule=conf.get("schedule", "gpipe"), dp_sync=conf.get("dp_sync", "sharded-ps"),
-                recompute=bool(conf.get("recompute", device == "cuda")))
-
-
-def legacy_ours_layout(rec: dict, conf: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
-    """Ours' legacy records: their pipelines, else the scheduler's."""
-    opts = _legacy_ours_opts(conf, device)
-    if "pipelines" in conf:
-        return layouts.from_pipelines(conf["pipelines"], cfg.layers, "recorded", **opts)
-    return layouts.from_pipelines(schedule_ours(), cfg.layers, "ga", **opts)
-
-
-def legacy_random_layout(rec: dict, conf: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
-    """ours-random's legacy records: their pipelines, else the seeded placement of the record's seed."""
-    opts = _legacy_ours_opts(conf, device)
-    if "pipelines" in conf:
-        return layouts.from_pipelines(conf["pipelines"], cfg.layers, "recorded", **opts)
-    d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
-    return layouts.seeded(1, d_pp, n // d_pp, cfg.layers, int(rec["seed"]), **opts)
-
-
-def legacy_mesh_layout(rec: dict, conf: dict, cfg, n: int, device: str, schedule_ours, default_zero: int = 0) -> Layout:
-    """The baselines' legacy records: degrees (tp, pp, dp, zero) and an optional rank order."""
-    zero = int(conf.get("zero", default_zero))
-    tp, pp = int(conf.get("tp", 1)), int(conf.get("pp", 1))
-    dp = int(conf.get("dp", n // (tp * pp)))
-    lay = layouts.in_rank_order(tp, pp, dp, cfg.layers, zero=zero, schedule=conf.get("schedule", "1f1b"))
-    return layouts.with_rank_order(lay, conf["rank_order"]) if conf.get("rank_order") else lay
-
-
-def legacy_zero3_layout(rec: dict, conf: dict, cfg, n: int, device: str, schedule_ours) -> Layout:
-    """DeepSpeed's legacy records: ZeRO-3 unless they name a stage."""
-    return legacy_mesh_layout(rec, conf, cfg, n, device, schedule_ours, default_zero=3)
-
-
 def _compute_observed(system: str) -> bool:
     """Whether the system's records time compute inside the iteration (ours' runtime times its compute
-    sections). The baselines' is a start-up estimate (harness/train/baselines/train.py: one micro-batch
+    sections). The baselines' is a start-up estimate (harness/systems/baselines/train.py: one micro-batch
     through a copy of the stage, times the micro-batches), which misses how the ranks share the host's cores."""
     return registry.get(system).compute_observed
 

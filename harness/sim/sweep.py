@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,12 +24,10 @@ from ..layout import RANDOM_SEEDS, Layout, LayoutError
 from ..compute.model import GPTConfig
 from ..compute import PAPER_DTYPE, BatchError, c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from ..compute.profiles import ComputeProfile, device_profiles
-from ..allocation import StageModel, allocate_if_it_fits, keeps_even_split
 from ..files import atomic_write_json
 from ..results import IterationRecord
 from ..scenario import Topology
 from .. import compute as work
-from . import systems
 from ..compute.links import PROTOCOLS, Links
 from .systems import SimError, SimResult
 
@@ -180,64 +178,8 @@ class Simulator:
         return out
 
 
-# -------------------------------------------------------------------- the systems' simulator models
-def candidates_ours(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
-    """The scheduler's assignment (cached) with the paper's runtime."""
-    pipelines = sim.assignment(cfg, batch)
-    lay = layouts.from_pipelines(pipelines, cfg.layers, sim.scheduler, **PAPER_RUNTIME)
-    stages = sim.assigned_stages(cfg, batch)
-    lay = replace(lay, stages=stages) if stages is not None else _allocated(sim, lay, cfg, batch)
-    r = systems.simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, ps_mode=sim.ps_mode)
-    return [Candidate("ours", {"pp": sim.d_pp, "dp": sim.d_dp, "scheduler": sim.scheduler,
-                               "pipelines": pipelines.tolist(), **_allocation_config(sim, lay)},
-                      r.seconds, r.compute_seconds, (sim.schedule_seed,))]
-
-
-def _allocated(sim: Simulator, lay: Layout, cfg: GPTConfig, batch: int) -> Layout:
-    """`lay` with its stages chosen by the simulator's allocator (harness/allocation/) over its
-    pipelines, at the simulated devices' profiles, within memory when they fit (else without memory
-    limits: the simulator does not model memory); even: as it is."""
-    if keeps_even_split(sim.allocator):
-        return lay
-
-    micro_batches = max(1, batch // sim.d_dp // sim.micro_batch)
-    model = StageModel(cfg, sim.topo, sim.micro_batch, micro_batches, PAPER_DTYPE, lay.recompute, sim.profiles)
-    alloc, _ = allocate_if_it_fits(sim.allocator, model, lay.pipelines)  # the simulator does not limit memory
-    return replace(lay, stages=alloc.stages)
-
-
-def _allocation_config(sim: Simulator, lay: Layout) -> dict:
-    return {} if keeps_even_split(sim.allocator) else {"allocator": sim.allocator, "stages": [list(s) for s in lay.stages]}
-
-
-def candidates_ours_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
-    """The paper's runtime on the seeded placements of RANDOM_SEEDS, averaged."""
-    lays = [_allocated(sim, lay, cfg, batch) for lay in sim.random_layouts(cfg)]
-    runs = [systems.simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, system="ours-random",
-                                  ps_mode=sim.ps_mode) for lay in lays]
-    return [_mean("ours-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
-                                  "pipelines": [[list(p) for p in lay.pipelines] for lay in lays],
-                                  **({} if keeps_even_split(sim.allocator) else {"allocator": sim.allocator})},
-                  runs, RANDOM_SEEDS)]
-
-
-def candidates_megatron(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
-    """Every T x P x D of layout.megatron_degrees, in each placement asked for."""
-    grid = [({"tp": t, "pp": p, "dp": d}, 0, t, p, d, systems.simulate_megatron)
-            for t, p, d in layouts.megatron_degrees(sim.topo.n)]
-    return _grid_candidates(sim, "megatron", grid, cfg, batch)
-
-
-def candidates_deepspeed(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
-    """ZeRO-3 over all devices and ZeRO-1 + P of layout.deepspeed_degrees, in each placement asked for."""
-    grid = []
-    for zero, p, d in layouts.deepspeed_degrees(sim.topo.n):
-        config = {"zero": 3, "dp": d} if zero == 3 else {"zero": 1, "pp": p, "dp": d}
-        grid.append((config, zero, 1, p, d, systems.simulate_zero3 if zero == 3 else systems.simulate_zero1_pp))
-    return _grid_candidates(sim, "deepspeed", grid, cfg, batch)
-
-
-def _grid_candidates(sim: Simulator, system: str, grid, cfg: GPTConfig, batch: int) -> list[Candidate]:
+# -------------------------------------------------------------------- what the systems' models share
+def grid_candidates(sim: Simulator, system: str, grid, cfg: GPTConfig, batch: int) -> list[Candidate]:
     """grid: (config, zero, tp, pp, dp, simulate) per degrees; placements from sim.placements."""
     out = []
     for config, zero, t, p, d, simulate in grid:
@@ -255,7 +197,7 @@ def _grid_candidates(sim: Simulator, system: str, grid, cfg: GPTConfig, batch: i
                 runs = [simulate(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch) for lay in lays]
             except (SimError, LayoutError, BatchError):
                 break  # this layout does not fit the model/batch (e.g. batch not divisible)
-            out.append(_mean(system, {**config, "placement": name}, runs, seeds))
+            out.append(mean_candidate(system, {**config, "placement": name}, runs, seeds))
     return out
 
 
@@ -314,7 +256,7 @@ def prefetch_assignments(jobs: list[tuple["Simulator", GPTConfig, int]], workers
     return len(todo)
 
 
-def _mean(system: str, config: dict, runs: list[SimResult], seeds) -> Candidate:
+def mean_candidate(system: str, config: dict, runs: list[SimResult], seeds) -> Candidate:
     return Candidate(system, config, float(np.mean([r.seconds for r in runs])),
                      float(np.mean([r.compute_seconds for r in runs])), tuple(seeds))
 

@@ -1,9 +1,9 @@
 """The baselines as the harness runs them: torch.distributed.pipelining + DDP (+ ZeRO-1) over gloo.
 
-`harness run --system megatron|deepspeed` (harness/train/baselines) steps PyTorch's own
+`harness run --system megatron|deepspeed` (harness/systems/baselines/) steps PyTorch's own
 Schedule1F1B / ScheduleGPipe. Its communication differs from Megatron-LM's in three
 ways that decide an iteration on slow links, so `sim compare` simulates this runtime
-for measured baseline records instead of the paper-scale model in systems.py:
+for measured baseline records instead of the paper-scale model (harness/systems/baselines/sim.py):
 
 - Every point-to-point transfer is posted only when the schedule reaches it and gloo's
   send is a rendezvous: data leaves once the receiver's ready notice has arrived (one
@@ -36,7 +36,7 @@ from ..compute.model import GPTConfig
 from .. import compute as work
 from ..compute import links as network
 from ..compute.links import Links
-from .systems import SimError, _check_layers, optimizer_step
+from .systems import SimError, check_layers, optimizer_step
 
 #: ProcessGroupGloo's worker threads (torch's default Options: 2): collectives in flight per process.
 GLOO_THREADS = 2
@@ -203,7 +203,7 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
     P, R = dev.shape
     schedule, zero, split = layout.schedule, layout.zero, layout.layers_per_stage
     M = work.micro_batches(batch, micro_batch, R, "data-parallel replicas")
-    _check_layers(cfg, P)
+    check_layers(cfg, P)
     fwd, bwd = work.stage_compute(cfg, split, micro_batch, profiles, dev.T, recompute=False)  # (R, P)
     act = work.activation_bytes(cfg, micro_batch, bytes_per_value)
     grads = work.stage_param_bytes(cfg, split, bytes_per_value)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import HarnessError
 from ..compute import micro_batches
 from ..compute.model import GPTConfig
 from .gpt import GPT, lm_loss, synthetic_batch

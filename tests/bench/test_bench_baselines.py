@@ -24,7 +24,7 @@ from harness.layout import RANDOM_SEEDS, Layout
 from harness.network import kernel
 from harness.files import atomic_write_json, atomic_write_text
 from harness.results import RESULTS_DIR, read_records
-from harness.train.baselines.tune import tune
+from harness.systems.baselines.tune import tune
 from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 from harness.train.experiment import execute
 

@@ -1,5 +1,6 @@
-"""`deepspeed`: ZeRO-3 over every device, or ZeRO-1 + pipeline. Rank function: harness/train/baselines/
-(torch's FSDP2, ZeroRedundancyOptimizer, pipelining); simulator model: harness/sim/systems.py."""
+"""`deepspeed`: ZeRO-3 over every device, or ZeRO-1 + pipeline. Rank function: harness/systems/baselines/
+(torch's FSDP2, ZeroRedundancyOptimizer, pipelining), shared with megatron; simulator models:
+harness/systems/baselines/sim.py (DeepSpeed's design), its candidates: sim.py."""
 from __future__ import annotations
 
 from ...layout import Layout, LayoutError
@@ -27,9 +28,9 @@ def deepspeed_layout(req: RunRequest, topo: Topology) -> tuple[Layout, None]:
 
 register(System(
     "deepspeed", "ZeRO-3 over every device, or ZeRO-1 + pipeline (--zero, --pp/--dp)",
-    train="harness.train.baselines.systems:train_deepspeed", layout_rule=deepspeed_layout,
+    train="harness.systems.baselines.systems:train_deepspeed", layout_rule=deepspeed_layout,
     flags=BASELINE_FLAGS[1:] + ("--zero",), defaults={"schedule": "1f1b"},
-    simulate={"gpt": "harness.sim.sweep:candidates_deepspeed"}, record_layout="harness.sim.compare:legacy_zero3_layout",
+    simulate={"gpt": "harness.systems.deepspeed.sim:candidates_deepspeed"}, record_layout="harness.systems.baselines.sim:legacy_zero3_layout",
     tune_grid="harness.layout:deepspeed_grid", paper_role="deepspeed", style=("#2ca02c", "v"),
     gate_runs={"wire": ("--system", "deepspeed", "--pp", "2", "--dp", "4", "--zero", "1")},
 ))

@@ -1,5 +1,6 @@
 """`megatron`: tensor x pipeline x data parallel in Megatron-LM's rank order. Rank function:
-harness/train/baselines/ (torch's DTensor TP, pipelining, DDP); simulator model: harness/sim/systems.py."""
+harness/systems/baselines/ (torch's DTensor TP, pipelining, DDP), shared with deepspeed; simulator model:
+harness/systems/baselines/sim.py (Megatron-LM's design), its candidates: sim.py."""
 from __future__ import annotations
 
 from ...layout import Layout
@@ -21,8 +22,8 @@ def megatron_layout(req: RunRequest, topo: Topology) -> tuple[Layout, None]:
 
 register(System(
     "megatron", "tensor x pipeline x data parallel in Megatron-LM's rank order (--tp/--pp/--dp)",
-    train="harness.train.baselines.systems:train_megatron", layout_rule=megatron_layout,
-    flags=BASELINE_FLAGS, defaults={"schedule": "1f1b"}, simulate={"gpt": "harness.sim.sweep:candidates_megatron"},
+    train="harness.systems.baselines.systems:train_megatron", layout_rule=megatron_layout,
+    flags=BASELINE_FLAGS, defaults={"schedule": "1f1b"}, simulate={"gpt": "harness.systems.megatron.sim:candidates_megatron"},
     tune_grid="harness.layout:megatron_grid", paper_role="megatron", style=("#1f77b4", "^"),
     # measured: its rank-order layout without tensor parallelism (TP all-reduces across continents would take
     # minutes an iteration); 11 s an iteration here, so one warm-up and two timed iterations

@@ -1,6 +1,6 @@
 """`ours` and `ours-random`: the paper's scheduled pipeline x data parallel, and the same runtime on the
-seeded random assignment (the paper's ablation). Rank function: harness/train/pipeline.py; simulator
-models: harness/sim/sweep.py and harness/sim/systems.py (simulate_ours); layout rules: layout.py."""
+seeded random assignment (the paper's ablation). Rank function: pipeline.py (with dp_sync.py); layout
+rules: layout.py; simulator model, its candidates and its legacy records: sim.py."""
 from __future__ import annotations
 
 from ...plan.systems import System, register
@@ -10,19 +10,19 @@ FLAGS = ("--d-pp", "--d-dp", "--scheduler", "--budget", "--schedule", "--dp-sync
 
 register(System(
     "ours", "the paper's scheduled pipeline x data parallel (--d-pp/--d-dp, --scheduler)",
-    train="harness.train.pipeline:train_ours", layout_rule=place_ours, flags=FLAGS,
-    defaults={"scheduler": "ga", "schedule": "gpipe"}, simulate={"gpt": "harness.sim.sweep:candidates_ours"},
-    simulate_layout="harness.sim.compare:simulate_ours_layout", record_layout="harness.sim.compare:legacy_ours_layout",
+    train="harness.systems.ours.pipeline:train_ours", layout_rule=place_ours, flags=FLAGS,
+    defaults={"scheduler": "ga", "schedule": "gpipe"}, simulate={"gpt": "harness.systems.ours.sim:candidates_ours"},
+    simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_ours_layout",
     compute_observed=True, scheduled=True, paper_role="ours", style=("#d62728", "o"),
     gate_runs={"wire": ("--system", "ours"), "measured": ("--system", "ours")},
 ))
 register(System(
     "ours-random", "ours' runtime on the seeded random assignment (the paper's ablation; --seed)",
-    train="harness.train.pipeline:train_ours", layout_rule=place_ours_random,
+    train="harness.systems.ours.pipeline:train_ours", layout_rule=place_ours_random,
     flags=tuple(f for f in FLAGS if f not in ("--scheduler", "--budget")),
     defaults={"scheduler": RANDOM_ASSIGNMENT, "schedule": "gpipe"},
-    simulate={"gpt": "harness.sim.sweep:candidates_ours_random"},
-    simulate_layout="harness.sim.compare:simulate_ours_layout", record_layout="harness.sim.compare:legacy_random_layout",
+    simulate={"gpt": "harness.systems.ours.sim:candidates_ours_random"},
+    simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_random_layout",
     compute_observed=True, paper_role="ours-random", style=("#ff9896", "s"),
     gate_runs={"measured": ("--system", "ours-random", "--seed", "2022")},
 ))

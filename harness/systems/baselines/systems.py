@@ -5,10 +5,10 @@ hands back one IterationStats per timed iteration (and, for parity tests, its pa
 """
 from __future__ import annotations
 
-from ..compute_model import pacer_for
+from ...train.compute_model import pacer_for
 from ...plan.request import RunSpec
-from ..rank import RankContext, torch_dtype
-from ..stats import IterationStats
+from ...train.rank import RankContext, torch_dtype
+from ...train.stats import IterationStats
 from .train import train_baseline
 
 

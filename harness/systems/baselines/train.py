@@ -31,13 +31,13 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from ...layout import Layout
 from ...compute.model import GPTConfig
-from ..compute_model import pace_optimizer, pace_stage_module
-from ..gpt import GPT, lm_loss, synthetic_batch
-from ..rank import iteration_progress
+from ...train.compute_model import pace_optimizer, pace_stage_module
+from ...train.gpt import GPT, lm_loss, synthetic_batch
+from ...train.rank import iteration_progress
 from ...compute import micro_batches
-from ..reference import make_optimizer
-from ..stats import IterationStats
-from .. import wire
+from ...train.reference import make_optimizer
+from ...train.stats import IterationStats
+from ...train import wire
 from .parallelize import (
     apply_ddp,
     apply_fsdp,

@@ -41,8 +41,8 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
-from ..gpt import GPT, Block, Stage, lm_loss
-from ..reference import make_optimizer
+from ...train.gpt import GPT, Block, Stage, lm_loss
+from ...train.reference import make_optimizer
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 

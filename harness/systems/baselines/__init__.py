@@ -1,9 +1,11 @@
-"""Megatron-style and DeepSpeed-style baselines, built from PyTorch's own implementations.
+"""Megatron-style and DeepSpeed-style baselines, built from PyTorch's own implementations: the runtime and
+the simulator models the megatron and deepspeed systems share (their packages hold their entries).
 
-- layout.py: the layouts (D_TP x D_PP x D_DP, ZeRO stage, schedule, rank order), the paper's grids.
 - parallelize.py: apply_tp / apply_ddp / apply_fsdp / zero1_optimizer / pipeline stage + schedule.
 - train.py: one rank of a run (device mesh, model part, pipeline schedule, optimizer, timing).
-- systems.py: the rank functions of `megatron` and `deepspeed` (their entries: harness/plan/systems.py).
+- systems.py: the rank functions of `megatron` and `deepspeed` (their entries: ../megatron, ../deepspeed).
+- sim.py: Megatron-LM's and DeepSpeed's iterations in the simulator, the model `sim compare` holds a
+  baseline run against, and the layouts of legacy records.
 - tune.py: `harness tune`, the grid search of appendix D.2.
 
 gloo/CPU pitfalls met on torch 2.13 and how they are handled (tests in tests/test_baselines_*.py):

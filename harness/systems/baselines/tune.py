@@ -103,7 +103,7 @@ def tune(request, system: str, rank_order: int | None = None, progress: bool = T
     point's run directory is kept.
     """
     if execute is None:
-        from ..experiment import execute
+        from ...train.experiment import execute
     grid_layouts = grid(system, request, rank_order)
     devices = grid_layouts[0].devices
     stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -24,17 +24,17 @@ import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
-from ..layout import schedule_order
-from ..errors import HarnessError
+from ...layout import schedule_order
+from ...errors import HarnessError
 from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
-from .gpt import GPT, lm_loss, synthetic_batch
-from .compute_model import pacer_for
-from ..plan.request import RunSpec
-from .rank import RankContext, iteration_progress, torch_dtype
-from ..compute import micro_batches
-from .reference import make_optimizer
-from .stats import IterationStats
-from . import wire
+from ...train.gpt import GPT, lm_loss, synthetic_batch
+from ...train.compute_model import pacer_for
+from ...plan.request import RunSpec
+from ...train.rank import RankContext, iteration_progress, torch_dtype
+from ...compute import micro_batches
+from ...train.reference import make_optimizer
+from ...train.stats import IterationStats
+from ...train import wire
 
 KIND_ACT, KIND_GRAD = 1, 2
 ACK = 5 * 10_000  # tag of a message's delivery note: its tag + ACK (kinds 6 and 7, apart from dp_sync's 3 and 4)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .. import workloads
 from ..plan import systems
+from ..plan.flags import flag_dest
 from ..allocation import ALLOCATORS
 from . import positive_int
 
@@ -136,14 +137,10 @@ def cmd_sim(args) -> int:
     if not args.scenario:
         raise HarnessError("--scenario: required (or use `harness sim report|calibrate|compare`)")
     workload = workloads.of_model(args.model, SIM_WORKLOADS)
-    given = {flag: getattr(args, _dest(flag)) for flag in workloads.sim_flags(SIM_WORKLOADS)}
+    given = {flag: getattr(args, flag_dest(flag)) for flag in workloads.sim_flags(SIM_WORKLOADS)}
     for flag, value in workload.take_flags(args.model, given).items():
-        setattr(args, _dest(flag), value)
+        setattr(args, flag_dest(flag), value)
     return RUNNERS[workload.name](args)
-
-
-def _dest(flag: str) -> str:
-    return flag[2:].replace("-", "_")
 
 
 def cmd_sim_gpt(args) -> int:

@@ -20,6 +20,11 @@ from .request import (ComputeSection, DebugSection, LayoutRequest, ModelSection,
                       RunSection)
 
 
+def flag_dest(flag: str) -> str:
+    """The argparse attribute of `--a-flag`: a_flag."""
+    return flag[2:].replace("-", "_")
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1."""
     try:
@@ -193,7 +198,7 @@ def layout_request(args, system):
 
     given = {}
     for flag, field in systems.LAYOUT_FLAGS.items():
-        value = getattr(args, flag[2:].replace("-", "_"))
+        value = getattr(args, flag_dest(flag))
         if flag == "--rank-order":
             value = rank_order(value)
         if value is None:

@@ -67,7 +67,7 @@ SCENARIO_CASES := 1 2 3 4 5 fluidstack
 CASE_NAME = $(basename $(notdir $(firstword $(wildcard scenarios/$*-*.yaml scenarios/$*.yaml))))
 CASE_OUT  = $(or $(SCENARIO_OUT),results/$(CASE_NAME)$(if $(QUICK),/quick))
 EMU       = --scenario $* --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 --bandwidth-scale 0.01 \
-            $(if $(QUICK),--iters 1 --warmup 1,--iters 3 --warmup 3) --out $(CASE_OUT)/emu
+            $(if $(QUICK),--iters 1 --warmup 1,--iters 3 --warmup 3) --results $(CASE_OUT)/emu
 RANDOM_SEEDS = $(if $(QUICK),2022,2022 2023 2024)
 MEGATRON  = --system megatron --tp 1 --pp 4 --dp 2
 # every emulated run of the case in one boot of the cluster (harness run --each), one after another
@@ -80,10 +80,10 @@ $(addprefix scenario-,$(SCENARIO_CASES)): scenario-%: $(STAMP) system-deps
 	$(HARNESS) scenario show $* --out $(CASE_OUT)/scenario
 	$(HARNESS) scenario show $* --devices 8 --out $(CASE_OUT)/scenario-8
 	$(HARNESS) schedule --scenario $* --scheduler ga $(SEARCH) --json $(CASE_OUT)/schedule-ga.json
-	$(HARNESS) schedule compare --scenario $* $(SEARCH) $(if $(QUICK),--seeds 0) --out $(CASE_OUT)/compare
+	$(HARNESS) schedule compare --scenario $* $(SEARCH) $(if $(QUICK),--seed 0) --out $(CASE_OUT)/compare
 	$(HARNESS) sim --scenario $* $(SEARCH) --json $(CASE_OUT)/sim.json --out $(CASE_OUT)/sim
 	$(HARNESS) run $(EMU) $(EACH)
-	$(HARNESS) sim calibrate $(CASE_OUT)/emu --out $(CASE_OUT)/emu-profile.json
+	$(HARNESS) sim calibrate $(CASE_OUT)/emu --json $(CASE_OUT)/emu-profile.json
 	$(HARNESS) sim compare $(CASE_OUT)/emu --profile $(CASE_OUT)/emu-profile.json --csv $(CASE_OUT)/sim-vs-emu.csv
 	$(HARNESS) report runs $(CASE_OUT)/emu
 	$(HARNESS) report case $(CASE_OUT)

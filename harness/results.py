@@ -19,9 +19,16 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from .compute import FLOP_FORMULA
-from .files import atomic_write_text
+from .errors import HarnessError
+from .files import atomic_write_text, read_text
 
-RESULTS_DIR = Path(os.environ.get("HARNESS_RESULTS", Path(__file__).resolve().parent.parent / "results"))
+#: The results root: $HARNESS_RESULTS, else results/ in the directory the command runs in.
+RESULTS_DIR = Path(os.environ.get("HARNESS_RESULTS") or Path.cwd() / "results")
+
+
+def results_root(root: Path | str | None = None) -> Path:
+    """`root` (a command's --results) or the default results root."""
+    return Path(root) if root else RESULTS_DIR
 
 
 @dataclass
@@ -78,7 +85,7 @@ def new_run_id(system: str) -> str:
 
 
 def run_dir(scenario: str, run_id: str, root: Path | None = None) -> Path:
-    return Path(root or RESULTS_DIR) / scenario / run_id
+    return results_root(root) / scenario / run_id
 
 
 def records_csv(records: list[IterationRecord]) -> str:
@@ -94,6 +101,9 @@ def write_records(path: Path, records: list[IterationRecord]) -> None:
     atomic_write_text(path, records_csv(records))
 
 
+CORE_COLUMNS = ("run_id", "scenario", "system", "backend", "devices", "seconds")  # of every records.csv ever written
+
+
 def read_records(path: Path) -> list[dict]:
     """Records of a CSV (or every records.csv below a directory) as dicts with typed values."""
     path = Path(path)
@@ -101,8 +111,12 @@ def read_records(path: Path) -> list[dict]:
     types = {f.name: f.type for f in fields(IterationRecord)}
     out = []
     for f in files:
-        with open(f, newline="") as fh:
-            for row in csv.DictReader(fh):
+        with io.StringIO(read_text(f, "records CSV"), newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = [k for k in CORE_COLUMNS if k not in (reader.fieldnames or ())]
+            if missing:
+                raise HarnessError(f"{f}: not a records CSV (no column {missing[0]!r})")
+            for row in reader:
                 out.append({k: _convert(types.get(k, "str"), v) for k, v in row.items()})
     return out
 

@@ -211,7 +211,7 @@ def test_ours_runs_the_allocators_uneven_stages_and_sim_compare_reads_them(cli, 
 
     scen, scale = write(tmp_path, SCENARIO), 300.0
     rc, out, err = cli("run", "--scenario", scen, "--network", "none", "--d-pp", 4, "--d-dp", 1, "--batch", 4,
-                       "--iters", 1, "--scheduler", "identity", "--allocator", "optimal", "--out", tmp_path / "res",
+                       "--iters", 1, "--scheduler", "identity", "--allocator", "optimal", "--results", tmp_path / "res",
                        "--compute-model", "--compute-time-scale", scale)
     assert rc == 0, err
     run = next((tmp_path / "res" / "half-slow").iterdir())

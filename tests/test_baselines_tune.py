@@ -30,7 +30,7 @@ def request(tmp_path, schedule=None) -> RunRequest:
 
 @pytest.mark.parametrize("system", ["megatron", "deepspeed"])
 def test_tune_runs_every_point_and_reports_the_best(cli, tmp_path, system):
-    rc, out, err = cli("tune", "--system", system, *ARGS, "--out", tmp_path)
+    rc, out, err = cli("tune", "--system", system, *ARGS, "--results", tmp_path)
     assert rc == 0, err
     expected = [lay.label() for lay in getattr(layouts, f"{system}_grid")(get_model("tiny", 2), 4, 4, 1)]
     summary = json.loads(next(tmp_path.rglob("tune.json")).read_text())
@@ -89,8 +89,8 @@ def test_rank_order_seed_applies_one_permutation_to_every_point(tmp_path):
 def test_tune_user_errors_are_one_line(cli, tmp_path):
     # 8 devices, 1 layer, batch 3: no D_DP divides the batch but 1, and D_TP = 8 exceeds the 4 heads.
     rc, out, err = cli("tune", "--system", "megatron", "--scenario", "3", "--devices", "8", "--model", "tiny",
-                       "--layers", "1", "--batch", "3", "--network", "none", "--out", tmp_path)
+                       "--layers", "1", "--batch", "3", "--network", "none", "--results", tmp_path)
     assert rc == 2 and err.count("\n") == 1 and "no layout" in err
     rc, out, err = cli("tune", "--system", "megatron", "--scenario", "3", "--devices", "4", "--rank-order", "x",
-                       "--network", "none", "--layers", "2", "--batch", "4", "--out", tmp_path)
+                       "--network", "none", "--layers", "2", "--batch", "4", "--results", tmp_path)
     assert rc == 2 and "--rank-order" in err and err.count("\n") == 1

@@ -21,7 +21,7 @@ from harness.network.node import device_names, rank_network, this_rank_network
 
 ROOT = Path(__file__).resolve().parent.parent
 INV = ROOT / "tests/data/cluster-2node.yaml"
-RUN_ARGS = ["--scenario", "5", "--devices", "8", "--system", "ours", "--device", "cuda", "--out", "my results"]
+RUN_ARGS = ["--scenario", "5", "--devices", "8", "--system", "ours", "--device", "cuda", "--results", "my results"]
 
 
 def test_one_inventory_for_net_apply_and_the_trainer(capsys, monkeypatch):
@@ -63,7 +63,7 @@ def test_rank_rule_errors(monkeypatch):
 
 def test_sbatch_text(tmp_path, capsys):
     out = tmp_path / "job.sbatch"
-    assert main(["cluster", "sbatch", "--inventory", str(INV), "--out", str(out), "--partition", "gpu",
+    assert main(["cluster", "sbatch", "--inventory", str(INV), "--script", str(out), "--partition", "gpu",
                  "--time", "02:00:00", "--", *RUN_ARGS]) == 0
     assert f"wrote {out}" in capsys.readouterr().out and os.access(out, os.X_OK)
     text = out.read_text()
@@ -79,7 +79,7 @@ def test_sbatch_text(tmp_path, capsys):
     srun = [x for x in text.splitlines() if x.startswith("srun ")]
     assert srun == ['srun --nodes=2 --ntasks-per-node=1 --cpus-per-task=4 --kill-on-bad-exit=1 bash -c '
                     '"$HARNESS_NODE_SH" harness-node --scenario 5 --devices 8 --system ours --device cuda '
-                    "--out 'my results'"]  # one step per node: nothing to start once the job ends
+                    "--results 'my results'"]  # one step per node: nothing to start once the job ends
     ns, ifname = device_names("gpu-b", 6)
     assert f"  gpu-b:1) ns={ns} ifname={ifname} ;;" in text
     # NCCL only on sockets over the namespace's interface, never P2P/NVLink or shared memory around it

@@ -163,7 +163,7 @@ def _inventory(slurm, name: str, text: str) -> Path:
 
 def _sbatch(slurm, inv: Path, *args) -> Path:
     script = slurm.d / "jobs" / f"{inv.stem}.sbatch"
-    r = slurm.harness("cluster", "sbatch", "--inventory", inv, "--out", script, *args)
+    r = slurm.harness("cluster", "sbatch", "--inventory", inv, "--script", script, *args)
     assert r.returncode == 0, r.stderr
     return script
 
@@ -186,7 +186,7 @@ def test_unshaped_cpu_job_completes_with_the_inventory_in_its_records(slurm):
           - {{name: {NODE}, nic: lo, host: 127.0.0.1, devices: [0, 1]}}
     """)
     results = slurm.d / "results-unshaped"
-    job = slurm.submit(_sbatch(slurm, inv, "--no-shaping", "--", *RUN, "--iters", "2", "--out", results))
+    job = slurm.submit(_sbatch(slurm, inv, "--no-shaping", "--", *RUN, "--iters", "2", "--results", results))
     slurm.wait_gone(job, 120)
     man = _manifest(results)
     assert man is not None and man["status"] == "ok", slurm.job_log(job)

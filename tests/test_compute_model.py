@@ -79,7 +79,7 @@ def _run(cli, tmp_path, *extra):
     scen = tmp_path / "half-slow.yaml"
     scen.write_text(textwrap.dedent(SCENARIO))
     rc, out, err = cli("run", "--scenario", scen, "--network", "none", "--d-pp", 4, "--d-dp", 1, "--batch", 4,
-                       "--iters", 2, "--out", tmp_path / "res", "--scheduler", "identity", *extra)
+                       "--iters", 2, "--results", tmp_path / "res", "--scheduler", "identity", *extra)
     assert rc == 0, err
     run = next((tmp_path / "res" / "half-slow").iterdir())
     man = json.loads((run / "manifest.json").read_text())
@@ -159,7 +159,7 @@ def _baseline_run(cli, tmp_path, system, flags, scale):
     scen = tmp_path / "half-slow.yaml"
     scen.write_text(textwrap.dedent(SCENARIO))
     rc, out, err = cli("run", "--scenario", scen, "--network", "none", "--system", system, *flags, "--batch", 4,
-                       "--iters", 2, "--out", tmp_path / "res", "--compute-model", "--compute-time-scale", scale)
+                       "--iters", 2, "--results", tmp_path / "res", "--compute-model", "--compute-time-scale", scale)
     assert rc == 0, err
     run = next((tmp_path / "res" / "half-slow").iterdir())
     man = json.loads((run / "manifest.json").read_text())

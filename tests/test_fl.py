@@ -258,8 +258,8 @@ def test_a_toy_strategy_is_one_registration_and_runs_and_reports(cli, tmp_path, 
     assert "| toy-two-halves |" in (tmp_path / "rep" / "fl.md").read_text()
 
 @pytest.mark.parametrize("args,message", [
-    (("--alpha", "1.5"), r"--alpha: must be in \(0, 1\]"),
-    (("--alpha", "0"), r"--alpha: must be in \(0, 1\]"),
+    (("--alpha", "1.5"), r"--alpha: must be numbers in \(0, 1\]"),
+    (("--alpha", "0"), r"--alpha: must be numbers in \(0, 1\]"),
     (("--strategy", "fastest"), "unknown strategy 'fastest'"),
     (("--model", "gpt3"), "unknown FL model 'gpt3'"),
     (("--devices", "7"), "not whole racks"),

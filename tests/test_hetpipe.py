@@ -198,12 +198,12 @@ def test_sim_cli_writes_records_and_bad_inputs_are_one_line(cli, tmp_path):
         assert rc == 2 and msg in err and err.count("\n") == 1, err
     rc, out, err = cli("sim", "--scenario", "1", "--policy", "ed", "--out", tmp_path / "y")
     assert rc == 2 and err.strip() == ("harness: error: --policy: not an option of --model gpt3-xl (workload gpt "
-                                       "takes --batch, --layers, --micro-batch, --d-pp, --budget, --schedule-seed, "
+                                       "takes --batch, --layers, --micro-batch, --d-pp, --budget, --seed, "
                                        "--ps-mode, --no-cache, --protocol, --allocator, --scheduler)")
 
 
 @pytest.mark.parametrize("flag", [("--budget", "10"), ("--ps-mode", "rounds"), ("--protocol", "gloo"),
-                                  ("--micro-batch", "2"), ("--schedule-seed", "1"), ("--no-cache",),
+                                  ("--micro-batch", "2"), ("--seed", "1"), ("--no-cache",),
                                   ("--layers", "4"), ("--d-pp", "2"), ("--allocator", "optimal"),
                                   ("--scheduler", "random")])
 def test_a_flag_the_cnn_workload_does_not_take_is_refused_not_ignored(cli, tmp_path, flag):

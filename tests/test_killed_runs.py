@@ -63,7 +63,7 @@ class _Cycle:
     def __init__(self, what: str, phase: str, base: Path, k: int, env: dict):
         self.what, self.phase, self.base = what, phase, base
         self.out, self.log = base / f"results-{k}", base / f"log-{k}.txt"
-        argv = ARGV[what] if what == "emulate" else [*ARGV[what], "--out", str(self.out)]
+        argv = ARGV[what] if what == "emulate" else [*ARGV[what], "--results", str(self.out)]
         with open(self.log, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "harness", *argv], cwd=ROOT, env=env,
                                          stdout=log, stderr=subprocess.STDOUT)

@@ -63,8 +63,7 @@ def test_bandwidth_scale_comes_only_from_the_inventory(tmp_path, capsys):
     inv = _inventory(tmp_path, CASE1)
     assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run"]) == 0
     assert "rate 25000000000bit" in capsys.readouterr().out  # default 1
-    with pytest.raises(SystemExit):
-        main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run", "--bandwidth-scale", "1"])
+    assert main(["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run", "--bandwidth-scale", "1"]) == 2
     assert "unrecognized arguments: --bandwidth-scale 1" in capsys.readouterr().err
 
 
@@ -95,7 +94,7 @@ def test_bad_inventories_are_one_line_errors(tmp_path, capsys, text, needle):
 
 
 def test_missing_inventory_file(tmp_path):
-    with pytest.raises(InventoryError, match=r"nope.yaml: cannot read \(No such file"):
+    with pytest.raises(InventoryError, match=r"nope.yaml: no such file"):
         load_inventory(tmp_path / "nope.yaml")
 
 

@@ -128,10 +128,10 @@ def test_cli_update_then_gate_passes_then_catches_a_planted_change(cli, tmp_path
     assert [x["failed"] for x in lines] == [False, True] and len(lines[0]["figures"]) > 4
 
     png = tmp_path / "h.png"
-    rc, out, err = cli("regress", "history", "--history", str(hist), "--out", str(png))
+    rc, out, err = cli("regress", "history", "--history", str(hist), "--png", str(png))
     assert rc == 0 and png.stat().st_size > 1000 and "2 runs" in out
     hist.write_text(hist.read_text() + "[1]\n")
-    rc, out, err = cli("regress", "history", "--history", str(hist), "--out", str(png))
+    rc, out, err = cli("regress", "history", "--history", str(hist), "--png", str(png))
     assert rc == 2 and "h.jsonl:3" in err
 
 

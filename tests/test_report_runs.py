@@ -175,7 +175,8 @@ def test_layouts_of_the_layout_module_group_seeds_and_keep_rank_order_apart(tmp_
     run(tmp_path, "m0", "ok", [5.0], system="megatron", config=json.dumps(layouts.in_rank_order(1, 4, 2, 4).to_json()))
     run(tmp_path, "m1", "ok", [6.0], system="megatron", config=json.dumps(layouts.seeded(1, 4, 2, 4, 2022).to_json()))
     table = runs_table(tmp_path)
-    assert sorted(table.label) == ["megatron tp1 pp4 dp2", "megatron tp1 pp4 dp2 seeded", "ours-random tp1 pp4 dp2 seeded"]
+    assert sorted(table.label) == ["megatron tp1 pp4 dp2", "megatron tp1 pp4 dp2 seeded (seeds 2022)",
+                                   "ours-random tp1 pp4 dp2 seeded (seeds 2022, 2023)"]  # which seeds, not just "seeded"
     seeded = table[table.system == "ours-random"].iloc[0]
     assert seeded.runs == 2 and seeded.seconds_min == pytest.approx(2.0) and seeded.seconds_max == pytest.approx(3.0)
 

@@ -96,7 +96,7 @@ def test_cli_schedule_and_compare(cli, tmp_path):
     doc = json.loads(out.read_text())
     assert list(doc) == KEYS and doc["d_pp"] * doc["d_dp"] == 8 and doc["trace"][-1][0] == 200
     rc, stdout, _ = cli("schedule", "compare", "--scenario", "4", "--devices", "8", "--budget", "100",
-                        "--seeds", "0", "1", "--out", tmp_path / "cmp")
+                        "--seed", "0", "1", "--out", tmp_path / "cmp")
     assert rc == 0 and "ga-kl" in stdout
     csv = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
     assert csv[0] == "scheduler,seed,candidates,best_total_s" and len(csv) > 6
@@ -104,7 +104,7 @@ def test_cli_schedule_and_compare(cli, tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (["--scenario", "5", "--d-pp", "3"], "--d-pp/--d-dp"),
+    (["--scenario", "5", "--d-pp", "3"], "--d-pp 3: 3 stages x ? replicas do not make the 64 devices"),
     (["--scenario", "5", "--scheduler", "nope"], "unknown scheduler"),
     (["--scenario", "5", "--model", "gpt9"], "unknown model"),
     (["--scenario", "5", "--devices", "8", "--d-pp", "8", "--model", "gpt3-xl", "--layers", "4"], "cannot split"),

@@ -164,7 +164,7 @@ def test_calibrate_makes_the_simulated_compute_equal_the_measured(cli, tmp_path)
     recs.append(replace(base, system="megatron", compute_seconds=10 * compute,
                         config=json.dumps({"tp": 1, "pp": 4, "dp": 2})))
     write_records(tmp_path / "m" / "records.csv", recs)
-    rc, out, err = cli("sim", "calibrate", tmp_path / "m", "--out", tmp_path / "p.json")
+    rc, out, err = cli("sim", "calibrate", tmp_path / "m", "--json", tmp_path / "p.json")
     assert rc == 0, err
     prof = load_profiles(tmp_path / "p.json")
     # the busiest device (last stage: blocks + LM head) did more than pflop / devices in that time

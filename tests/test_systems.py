@@ -52,7 +52,7 @@ TOY_RUN = ["--scenario", "3", "--devices", "4", "--layers", "2", "--batch", "8"]
 def test_a_toy_system_runs_and_simulates_without_touching_any_other_module(registry, cli, tmp_path):
     _toy(registry)
     rc, out, err = cli("run", "--system", "toy-dp", *TOY_RUN, "--network", "none", "--iters", "2", "--warmup", "0",
-                       "--out", tmp_path / "runs")
+                       "--results", tmp_path / "runs")
     assert rc == 0, err
     rows = read_records(next((tmp_path / "runs").rglob("records.csv")))
     assert [r["system"] for r in rows] == ["toy-dp", "toy-dp"]

@@ -24,7 +24,7 @@ def only_run(root):
 
 @pytest.mark.parametrize("system,scheduler", [("ours", "ga"), ("ours-random", "random-assignment")])
 def test_run_writes_records_and_manifest(tmp_path, capsys, system, scheduler):
-    assert main(ARGS + ["--system", system, "--seed", "2022", "--out", str(tmp_path)]) == 0
+    assert main(ARGS + ["--system", system, "--seed", "2022", "--results", str(tmp_path)]) == 0
     d = only_run(tmp_path)
     assert capsys.readouterr().out.strip() == str(d)
     m = json.loads((d / "manifest.json").read_text())
@@ -48,7 +48,7 @@ BASELINE_WARNINGS = ("find_unused_parameters=True was specified", "broadcast_buf
                                            ("deepspeed", ["--zero", "1", "--pp", "4", "--dp", "2"])])
 def test_baseline_prints_one_progress_line_per_iteration_and_no_known_warnings(tmp_path, capfd, system, layout):
     """The ranks are forked: their stderr is fd 2, hence capfd. Every layout here wraps stages in DDP."""
-    args = ARGS[:-4] + ["--iters", "1", "--warmup", "1", "--system", system, *layout, "--out", str(tmp_path)]
+    args = ARGS[:-4] + ["--iters", "1", "--warmup", "1", "--system", system, *layout, "--results", str(tmp_path)]
     assert main(args) == 0
     err = capfd.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("harness: iteration")]
@@ -81,7 +81,7 @@ def test_the_ddp_note_filter_keeps_everything_else_on_stderr(capfd):
 
 def test_killed_rank_fails_the_run_in_bounded_time(tmp_path, capsys):
     t0 = time.monotonic()
-    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120",
+    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--results", str(tmp_path), "--timeout", "120",
                            "--debug", "fault_rank=3", "--debug", "fault_after_s=2.5"])
     assert time.monotonic() - t0 < 40
     err = capsys.readouterr().err
@@ -93,14 +93,14 @@ def test_killed_rank_fails_the_run_in_bounded_time(tmp_path, capsys):
 
 
 def test_crashing_rank_fails_the_run(tmp_path, capsys):
-    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--out", str(tmp_path), "--timeout", "120",
+    rc = main(ARGS[:-4] + ["--iters", "100000", "--warmup", "0", "--results", str(tmp_path), "--timeout", "120",
                            "--debug", "fault_rank=0", "--debug", "fault_after_s=2.5", "--debug", "fault_mode=exit"])
     assert rc == 2 and "rank 0 exited with status 17" in capsys.readouterr().err
     assert json.loads((only_run(tmp_path) / "manifest.json").read_text())["status"] == "failed"
 
 
 def test_bad_degrees_are_one_line_user_errors(tmp_path, capsys):
-    assert main(ARGS + ["--d-pp", "3", "--d-dp", "3", "--out", str(tmp_path)]) == 2
+    assert main(ARGS + ["--d-pp", "3", "--d-dp", "3", "--results", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "harness: error: --d-pp/--d-dp: 3 x 3 != 8 devices"
 
@@ -156,7 +156,7 @@ def test_run_arguments_that_disagree_with_the_inventory_fail_in_one_line(tmp_pat
         monkeypatch.setenv(k, v)
     inv = tmp_path / "cluster.yaml"
     inv.write_text("scenario: 3\ndevices: 2\nbandwidth_scale: 0.01\nnodes:\n  - {name: local, nic: lo, devices: [0, 1]}\n")
-    rc, out, err = cli("run", "--inventory", inv, *args, "--out", tmp_path)
+    rc, out, err = cli("run", "--inventory", inv, *args, "--results", tmp_path)
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert needle.format(inv=inv) in err
     assert not list(tmp_path.glob("*/*/manifest.json"))  # refused before any run directory
@@ -174,7 +174,7 @@ def test_inventory_outside_torchrun_is_a_user_error(tmp_path, capsys, monkeypatc
 def test_a_scenario_given_as_a_path_reloads_from_the_records(tmp_path, cli, monkeypatch):
     scenario = "tests/data/net-4dev.yaml"  # relative to the checkout, where the run starts
     rc, out, err = cli("run", "--scenario", scenario, "--network", "none", "--model", "tiny", "--layers", "2",
-                       "--batch", "4", "--iters", "2", "--d-pp", "2", "--scheduler", "identity", "--out", tmp_path)
+                       "--batch", "4", "--iters", "2", "--d-pp", "2", "--scheduler", "identity", "--results", tmp_path)
     assert rc == 0, err
     run = next(tmp_path.glob("net-4dev/*"))
     spec = json.loads((run / "manifest.json").read_text())["spec"]
@@ -247,7 +247,7 @@ def test_sigterm_fails_the_manifest_while_the_rank_is_blocked_in_cxx(tmp_path):
 
 def test_each_runs_in_turn_on_the_shared_flags(tmp_path, capsys):
     """`--each`: the flags outside are every run's, each adds its own; one directory per run, in order."""
-    assert main(ARGS[:-4] + ["--iters", "1", "--warmup", "0", "--out", str(tmp_path), "--seed", "7",
+    assert main(ARGS[:-4] + ["--iters", "1", "--warmup", "0", "--results", str(tmp_path), "--seed", "7",
                               "--each", "--system ours", "--each", "--system ours-random --iters 2",
                               "--each", "--system ours-random --seed 2022"]) == 0
     out = capsys.readouterr().out.split()
@@ -266,7 +266,7 @@ def test_each_runs_in_turn_on_the_shared_flags(tmp_path, capsys):
     ("--system 'ours", "No closing quotation"),
 ])
 def test_each_mistake_is_one_line_and_nothing_runs(tmp_path, capsys, each, message):
-    rc = main(ARGS + ["--out", str(tmp_path), "--each", "--system ours-random", "--each", each])
+    rc = main(ARGS + ["--results", str(tmp_path), "--each", "--system ours-random", "--each", each])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1 and message in err, err
     assert not tmp_path.exists() or not any(tmp_path.iterdir())

@@ -35,7 +35,7 @@ def test_runs_share_one_boot_and_a_killed_rank_fails_only_its_own_run(tmp_path, 
     each = ["--each", "--system ours --iters 2",
             "--each", "--system ours --iters 100000 --timeout 120 --debug fault_rank=2 --debug fault_after_s=3",
             "--each", "--system ours-random --seed 1 --iters 1"]
-    rc = main(ARGS + ["--warmup", "1", "--out", str(tmp_path)] + each)
+    rc = main(ARGS + ["--warmup", "1", "--results", str(tmp_path)] + each)
     err = capsys.readouterr().err
     assert rc == 1 and "1 of 3 runs did not finish" in err and "rank 2 (device 2, " in err
     dirs = sorted((p for p in tmp_path.glob("3-multi-dc/*") if p.is_dir()),

@@ -18,6 +18,9 @@ def even(problem: Problem) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- the exact optimum
+OPTIMAL_MAX_BYTES = 4 * 2**30  # the exact optimum's working arrays; larger problems are refused in one line
+
+
 def optimal(problem: Problem) -> list[int]:
     """Minimise the largest w_i over contiguous partitions in device order, memory respected.
 
@@ -29,6 +32,11 @@ def optimal(problem: Problem) -> list[int]:
     leaves the other devices' ranges free, and an arbitrary pick can load a fast stage with more
     blocks than its time needs."""
     D, L = problem.devices, problem.blocks
+    need_bytes = 3 * D * (L + 1) ** 2 * 8  # seconds, memory and the fit mask, float64 per device and range
+    if need_bytes > OPTIMAL_MAX_BYTES:
+        raise AllocationError(f"allocation optimal: {D} devices x {L} blocks need about {need_bytes / 2**30:.0f} GiB "
+                              f"of working memory (at most {OPTIMAL_MAX_BYTES / 2**30:.0f} GiB); use sky-heuristic or "
+                              "fewer blocks (--layers)")
     flop = np.concatenate([[0.0], np.cumsum(problem.block_flop)])
     a, b, nonempty, span = _ranges(L)
     seconds = problem.seconds_per_flop[:, None, None] * (flop[b] - flop[a]) + problem.fixed_seconds[:, None, None]

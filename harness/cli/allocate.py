@@ -1,10 +1,9 @@
 """`harness allocate`: each device's block range on one pipeline, by every layer allocator (harness/allocation/)."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
+import sys
 
-from . import positive_float, positive_int
+from . import output_file, positive_float, positive_int, scenario_name
 
 
 def register(sub) -> None:
@@ -18,7 +17,7 @@ def register(sub) -> None:
                     "micro-batch's forward and backward, its sends, the head on the last), the bottleneck marked, "
                     "and the simulated iteration (ours' runtime, GPipe, on the scenario's links).",
     )
-    p.add_argument("--scenario", required=True, help="case number, name or YAML path (e.g. sky)")
+    p.add_argument("--scenario", required=True, type=scenario_name, help="case number, name or YAML path (e.g. sky)")
     p.add_argument("--devices", type=positive_int, help="scale the scenario to this many devices")
     p.add_argument("--model", default="bert-large", help="model config (default bert-large, Sky Computing's)")
     p.add_argument("--layers", type=positive_int, help="override the model's block count")
@@ -28,7 +27,7 @@ def register(sub) -> None:
     p.add_argument("--allocator", choices=(*ALLOCATORS, "all"), default="all", help="default all")
     p.add_argument("--time-limit", type=positive_float, default=MIP_TIME_LIMIT_S,
                    help=f"seconds for sky-mip's solver (default {MIP_TIME_LIMIT_S:g})")
-    p.add_argument("--json", type=Path, help="write the allocations (a list with --allocator all)")
+    p.add_argument("--json", type=output_file, help="write the allocations (a list with --allocator all)")
     p.set_defaults(func=_allocate)
 
 
@@ -37,6 +36,7 @@ def _allocate(args) -> int:
     from ..systems.ours.sim import simulate_allocation
     from .. import compute as work
     from ..compute.model import get_model
+    from ..files import atomic_write_json
     from ..scenario import load_scenario
 
     topo = load_scenario(args.scenario, devices=args.devices)
@@ -46,7 +46,11 @@ def _allocate(args) -> int:
     problem = problem_for(cfg, topo, devices, args.micro_batch, micro_batches, args.dtype)
     names = ALLOCATORS if args.allocator == "all" else (args.allocator,)
     docs = []
-    for name in names:
+    from tqdm import tqdm
+
+    bar = tqdm(names, desc="allocate", unit="allocator", file=sys.stderr, leave=False)  # sky-mip: up to --time-limit
+    for name in bar:
+        bar.set_postfix_str(name)
         a = allocate(name, problem, time_limit_s=args.time_limit)
         iteration = simulate_allocation(cfg, topo, devices, a, args.batch, args.micro_batch, args.dtype)
         print(_table(a, problem, iteration))
@@ -54,8 +58,7 @@ def _allocate(args) -> int:
                      "stage_seconds": list(a.stage_seconds), "iteration_seconds": iteration,
                      "solve_seconds": a.solve_seconds, "proven_optimal": a.optimal})
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(docs if args.allocator == "all" else docs[0], indent=1) + "\n")
+        atomic_write_json(args.json, docs if args.allocator == "all" else docs[0])
         print(f"wrote {args.json}")
     return 0
 

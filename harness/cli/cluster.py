@@ -1,7 +1,7 @@
 """`harness cluster sbatch`: the Slurm job of a shaped real-node training run."""
 from __future__ import annotations
 
-from pathlib import Path
+from . import add_alias, input_file, output_file
 
 
 def register(sub) -> None:
@@ -13,10 +13,11 @@ def register(sub) -> None:
                     "apply`, torchrun with each process in its device's namespace running `harness run "
                     "--inventory ... ARGS`, and `harness net clear` on exit (also after a time limit or scancel). "
                     "The inventory is the one source of scenario, device count and bandwidth scale: ARGS that "
-                    "disagree are refused now. Example: harness cluster sbatch --inventory cluster.yaml --out "
+                    "disagree are refused now. Example: harness cluster sbatch --inventory cluster.yaml --script "
                     "job.sbatch -- --system ours --device cuda --model gpt3-xl")
-    s.add_argument("--inventory", type=Path, required=True, help="cluster inventory YAML (see README)")
-    s.add_argument("--out", type=Path, help="write the script here (default: print it)")
+    s.add_argument("--inventory", type=input_file, required=True, help="cluster inventory YAML (see README)")
+    s.add_argument("--script", type=output_file, help="write the script here (default: print it)")
+    add_alias(s, "--out", "--script")
     s.add_argument("--partition", help="Slurm partition")
     s.add_argument("--time", help="Slurm time limit, e.g. 01:00:00")
     s.add_argument("--no-shaping", action="store_true",
@@ -33,10 +34,9 @@ def cmd_sbatch(args) -> int:
     inv = load_inventory(args.inventory.resolve())
     text = sbatch_script(inv, args.run_args, partition=args.partition, time=args.time,
                          shaping=not args.no_shaping)
-    if args.out is None:
+    if args.script is None:
         print(text, end="")
     else:
-        atomic_write_text(args.out, text)
-        args.out.chmod(0o755)
-        print(f"wrote {args.out} ({len(inv.nodes)} nodes): sbatch {args.out}")
+        atomic_write_text(args.script, text, mode=0o777)
+        print(f"wrote {args.script} ({len(inv.nodes)} nodes): sbatch {args.script}")
     return 0

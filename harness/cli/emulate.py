@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from . import positive_float, positive_int
+from . import positive_float, positive_int, scenario_name
 
 
 def register(sub) -> None:
@@ -13,7 +13,7 @@ def register(sub) -> None:
                     "HARNESS_WORLD_SIZE, HARNESS_ADDR, HARNESS_IFNAME, HARNESS_PEERS set; streams each "
                     "device's output prefixed with [device]; exits non-zero if any device fails or the "
                     "timeout passes; always tears the cluster down.")
-    p.add_argument("--scenario", required=True, help="case number (1-5), name or path to a .yaml file")
+    p.add_argument("--scenario", required=True, type=scenario_name, help="case number (1-5), name or path to a .yaml file")
     p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
     p.add_argument("--bandwidth-scale", type=positive_float, default=1.0,
                    help="multiply every rate by s (delays stay real); default 1")

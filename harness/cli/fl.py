@@ -5,14 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from . import positive_int
-
-
-def _alphas(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be numbers in (0, 1], comma-separated (got {text!r})") from None
+from . import add_results_argument, fractions, input_path, output_dir, output_file, positive_int, scenario_name
 
 
 def register(sub) -> None:
@@ -23,24 +16,26 @@ def register(sub) -> None:
                     "gradient all-reduce. Strategies: naive, overlap, ipart, owl, optimal (exhaustive, small cases), "
                     "or all. Prints a table and writes results/<scenario>/<run-id>/records.json.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--scenario", help="an FL scenario: owl-testbed, owl-8x10, owl-4x20 or a path")
+    p.add_argument("--scenario", type=scenario_name, help="an FL scenario: owl-testbed, owl-8x10, owl-4x20 or a path")
     p.add_argument("--devices", type=positive_int, help="keep this many workers, in whole racks")
-    p.add_argument("--alpha", type=_alphas, help="B_inter / B_intra in (0, 1]; several comma-separated; "
+    p.add_argument("--alpha", type=fractions, help="B_inter / B_intra in (0, 1]; several comma-separated; "
                    "none: the scenario's")
     p.add_argument("--model", default="inception-v4", help="inception-v4, dfn or tiny")
     p.add_argument("--strategy", default="all", help="naive, overlap, ipart, owl, optimal, or all (every one "
                    "but optimal, which runs only when named)")
     p.add_argument("--backend", default="sim", choices=["sim"], help="where it runs (part 2 adds emu)")
     p.add_argument("--batch", type=positive_int, default=32, help="minibatch per worker")
-    p.add_argument("--json", type=Path, help="also write the records as a JSON list")
-    p.add_argument("--out", type=Path, help="run directory; none: results/<scenario>/<run-id>")
+    p.add_argument("--json", type=output_file, help="also write the records as a JSON list")
+    p.add_argument("--out", type=output_dir, help="run directory (default RESULTS/<scenario>/<run-id>)")
+    add_results_argument(p)
     p.set_defaults(func=cmd_fl)
     ss = p.add_subparsers(dest="fl_command", metavar="{report}")
     r = ss.add_parser("report", help="plots and a table comparing strategies from FL records",
                       description="Normalised training time (to naive, per setting) of every strategy, the trend over "
                                   "alpha, server bytes; fl.png and fl.md in --out.")
-    r.add_argument("paths", nargs="+", type=Path, help="records JSON files or run directories")
-    r.add_argument("--out", type=Path, default=Path("results/fl"), help="output directory")
+    r.add_argument("paths", nargs="+", type=input_path, help="records JSON files or run directories")
+    r.add_argument("--out", type=output_dir, help="output directory (default RESULTS/fl)")
+    add_results_argument(r)
     r.set_defaults(func=cmd_report)
 
 
@@ -79,13 +74,13 @@ def cmd_fl(args) -> int:
         vs = f"{norm[k]:.3f}" if k in norm else "-"
         print(f"{r.alpha:>5g} {uplink[r.alpha]:>6g} {r.strategy:<8} {r.seconds:>9.3f} {r.distribution_seconds:>10.3f} "
               f"{r.server_bytes / 1e9:>9.2f} {vs:>8}  {r.config}")
-    out = args.out or run_dir(fed.name, run_id)
+    out = args.out or run_dir(fed.name, run_id, args.results)
+    if args.json:  # before the manifest: a run whose files could not all be written does not say ok
+        atomic_write_json(args.json, as_json(records))
+        print(f"wrote {args.json}")
     atomic_write_json(Path(out) / "records.json", as_json(records))
     atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim", workload="fl"))
     print(f"wrote {Path(out) / 'records.json'}")
-    if args.json:
-        atomic_write_json(args.json, as_json(records))
-        print(f"wrote {args.json}")
     return 0
 
 
@@ -93,7 +88,9 @@ def cmd_report(args) -> int:
     from ..workloads.fl.records import read
     from ..report import fl as report
 
-    paths = report.write(args.out, read(args.paths))
+    from ..results import results_root
+
+    paths = report.write(args.out or results_root(args.results) / "fl", read(args.paths))
     for p in paths:
         print(f"wrote {p}")
     return 0

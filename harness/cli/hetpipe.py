@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from ..workloads.cnn import CNN_MODELS
-from . import positive_int
+from . import non_negative_int, nonempty, output_file, positive_int, scenario_name
 
 
 def register(sub) -> None:
@@ -17,17 +16,17 @@ def register(sub) -> None:
                     "2020, Sec. 8.1), partition the model over each (the optimal allocator, within memory), pick "
                     "N_m and simulate Wave Synchronous Parallel through the parameter server.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    plan.add_argument("--scenario", required=True, help="case name or path to a .yaml file (e.g. hetpipe-testbed)")
-    plan.add_argument("--policy", required=True, help="np, ed, hd, or VWs as device ids '0,4,8,12;1,5,9,13;...'")
+    plan.add_argument("--scenario", required=True, type=scenario_name, help="case name or path to a .yaml file (e.g. hetpipe-testbed)")
+    plan.add_argument("--policy", required=True, type=nonempty, help="np, ed, hd, or VWs as device ids '0,4,8,12;1,5,9,13;...'")
     plan.add_argument("--model", default="vgg19", choices=list(CNN_MODELS))
     plan.add_argument("--placement", default="default", choices=["default", "local"],
                       help="parameter-server shards: round-robin over the nodes, or each stage's on its node")
-    plan.add_argument("--gpus", help="nodes used, e.g. V4, VR8, VRQ12, VRQG16 (default: every GPU)")
-    plan.add_argument("--staleness", type=int, default=0, metavar="D", help="WSP's clock distance threshold")
+    plan.add_argument("--gpus", type=nonempty, help="nodes used, e.g. V4, VR8, VRQ12, VRQG16 (default: every GPU)")
+    plan.add_argument("--staleness", type=non_negative_int, default=0, metavar="D", help="WSP's clock distance threshold")
     plan.add_argument("--batch", type=positive_int, default=32, help="minibatch per virtual worker")
     plan.add_argument("--in-flight", type=positive_int, metavar="N_M", help="minibatches in flight per VW "
                       "(default: the fastest up to Max_m)")
-    plan.add_argument("--json", type=Path, help="also write the plan as JSON")
+    plan.add_argument("--json", type=output_file, help="also write the plan as JSON")
     plan.set_defaults(func=cmd_plan)
 
 

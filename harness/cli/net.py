@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
-from . import positive_float, positive_int
+from . import input_file, non_negative_int, output_file, positive_float, positive_int, scenario_name
 
 
 def register(sub) -> None:
@@ -15,11 +14,11 @@ def register(sub) -> None:
     _scenario_args(v)
     v.add_argument("--pairs", choices=("all", "sample"), default="all",
                    help="all ordered pairs, or a sample (each device to its next and previous); default all")
-    v.add_argument("--json", type=Path, help="write the full report (with kernel read-back) as JSON")
-    v.add_argument("--csv", type=Path, help="write one row per pair as CSV")
+    v.add_argument("--json", type=output_file, help="write the full report (with kernel read-back) as JSON")
+    v.add_argument("--csv", type=output_file, help="write one row per pair as CSV")
     v.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto")
     v.add_argument("--measure-s", type=positive_float, default=2.0, help="bulk measuring window (default 2 s)")
-    v.add_argument("--retries", type=int, default=1, help="re-measure pairs that miss their target (default 1)")
+    v.add_argument("--retries", type=non_negative_int, default=1, help="re-measure pairs that miss their target (default 1)")
     v.add_argument("--timeout", type=positive_float, default=600.0)
     v.set_defaults(func=cmd_verify)
 
@@ -37,14 +36,14 @@ def register(sub) -> None:
     for name, helptext in (("apply", "shape this real node: one namespace per GPU process on the NIC (macvlan)"),
                            ("clear", "remove this real node's namespaces and shaping")):
         a = ss.add_parser(name, help=helptext)
-        a.add_argument("--inventory", type=Path, required=True, help="cluster inventory YAML (see README)")
+        a.add_argument("--inventory", type=input_file, required=True, help="cluster inventory YAML (see README)")
         a.add_argument("--node", required=True, help="this node's name in the inventory")
         a.add_argument("--dry-run", action="store_true", help="print the ip/tc commands, change nothing")
         a.set_defaults(func=cmd_apply if name == "apply" else cmd_clear)
 
 
 def _scenario_args(p) -> None:
-    p.add_argument("--scenario", required=True, help="case number (1-5), name or path to a .yaml file")
+    p.add_argument("--scenario", required=True, type=scenario_name, help="case number (1-5), name or path to a .yaml file")
     p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
     p.add_argument("--bandwidth-scale", type=positive_float, default=1.0,
                    help="multiply every rate by s (delays stay real); default 1")
@@ -56,7 +55,7 @@ def cmd_verify(args) -> int:
 
     topo = load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale)
     rep = verify(topo, pairs=args.pairs, kernel=args.kernel,
-                 measure_s=args.measure_s, retries=max(0, args.retries), timeout_s=args.timeout,
+                 measure_s=args.measure_s, retries=args.retries, timeout_s=args.timeout,
                  stream=sys.stderr)
     print(rep.table())
     rep.write(args.json, args.csv)

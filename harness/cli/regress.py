@@ -4,6 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from . import add_alias, input_file, output_file
+
 
 def register(sub) -> None:
     from ..regress import BASELINE, BASELINE_REPEATS, MEASURED_SYSTEMS, REPEATS, SUITE
@@ -32,15 +34,17 @@ def register(sub) -> None:
     p.add_argument("--debug", action="append", metavar="KEY=VALUE", default=[],
                    help="debug options of every run of the suite (repeatable; harness run --debug), e.g. "
                         "send_delay_s=0.01 or overlap=0 to plant a regression")
-    p.add_argument("--baseline", type=Path, default=BASELINE, help="baseline JSON (default: the committed one)")
-    p.add_argument("--history", type=Path, help="history file, one JSON line per run "
+    p.add_argument("--baseline", type=output_file, default=BASELINE, help="baseline JSON (default: the committed one)")
+    p.add_argument("--history", type=output_file, help="history file, one JSON line per run "
                                                 "(default results/regress/history.jsonl)")
     p.set_defaults(func=_regress)
     hsub = p.add_subparsers(dest="regress_command", metavar="{history}")
     h = hsub.add_parser("history", help="plot every figure over the gate's runs",
                         description="One panel per figure over the runs of the history file, by commit.")
-    h.add_argument("--history", dest="history_file", type=Path, help="history file (default results/regress/history.jsonl)")
-    h.add_argument("--out", type=Path, help="PNG to write (default results/regress/history.png)")
+    h.add_argument("--history", dest="history_file", type=input_file,
+                   help="history file (default RESULTS/regress/history.jsonl)")
+    h.add_argument("--png", type=output_file, help="PNG to write (default RESULTS/regress/history.png)")
+    add_alias(h, "--out", "--png")
     h.set_defaults(func=_history)
 
 
@@ -94,6 +98,6 @@ def _history(args) -> int:
     from .. import regress
 
     history = regress.read_history(args.history_file or _default("history.jsonl"))
-    out = regress.plot_history(history, args.out or _default("history.png"))
+    out = regress.plot_history(history, args.png or _default("history.png"))
     print(f"wrote {out} ({len(history)} runs)")
     return 0

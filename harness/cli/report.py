@@ -2,7 +2,7 @@
 one page per case of `make scenario-N`."""
 from __future__ import annotations
 
-from pathlib import Path
+from . import input_dir, input_file, output_dir
 
 
 def register(sub) -> None:
@@ -11,26 +11,22 @@ def register(sub) -> None:
     r = ss.add_parser("runs", help="one row per system and layout: iteration seconds and PFLOPS over all runs "
                       "below DIR (failed runs left out); writes DIR/runs.csv, pflops.png (with the simulator's "
                       "prediction when a `sim compare --csv` file is found) and iterations.png")
-    r.add_argument("dir", type=Path, help="e.g. results/5-worldwide/emu")
-    r.add_argument("--out", type=Path, help="directory for runs.csv and the plots (default DIR)")
-    r.add_argument("--sim-csv", type=Path, help="`harness sim compare --csv` output to plot beside the measurements "
+    r.add_argument("dir", type=input_dir, help="e.g. results/5-worldwide/emu")
+    r.add_argument("--out", type=output_dir, help="directory for runs.csv and the plots (default DIR)")
+    r.add_argument("--sim-csv", type=input_file, help="`harness sim compare --csv` output to plot beside the measurements "
                    "(default DIR/../sim-vs-emu.csv when it exists)")
     r.set_defaults(func=cmd_runs)
     c = ss.add_parser("case", help="DIR/report.md: one page over what `make scenario-N` wrote to DIR (scenario, "
                       "schedule, simulator, emulated runs, simulator vs runs; which commit and machine; what is "
                       "measured and what simulated)")
-    c.add_argument("dir", type=Path, help="e.g. results/5-worldwide")
+    c.add_argument("dir", type=input_dir, help="e.g. results/5-worldwide")
     c.set_defaults(func=cmd_case)
 
 
 def cmd_runs(args) -> int:
-    from ..errors import HarnessError
     from ..report.runs import default_sim_csv, unfinished_runs, write_runs_table
 
-    sim_csv = args.sim_csv
-    if sim_csv is not None and not sim_csv.exists():
-        raise HarnessError(f"--sim-csv: {sim_csv}: no such file")
-    sim_csv = sim_csv or default_sim_csv(args.dir)
+    sim_csv = args.sim_csv or default_sim_csv(args.dir)
     text, paths = write_runs_table(args.dir, args.out, sim_csv)
     print(text)
     print(f"simulated PFLOPS from {sim_csv}" if sim_csv else "no sim compare CSV: measured PFLOPS only")

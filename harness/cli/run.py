@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..plan import systems
-from ..plan.flags import add_run_arguments, each_requests, layout_request, request_from_args
+from ..plan.flags import add_run_arguments, nonempty, each_requests, layout_request, request_from_args
 
 
 def register(sub) -> None:
@@ -17,7 +17,7 @@ def register(sub) -> None:
                     "the flags given before; emulated, they share one boot of the cluster.",
     )
     add_run_arguments(p)
-    p.add_argument("--each", action="append", metavar="'FLAGS'",
+    p.add_argument("--each", action="append", metavar="'FLAGS'", type=nonempty,
                    help="one run of several (repeatable, in order): its own flags on top of the others, e.g. "
                         "--each '--system ours' --each '--system megatron --pp 4 --dp 2'. The runs share one "
                         "network (--scenario, --devices, --bandwidth-scale, --network, --kernel go outside) and, "
@@ -39,8 +39,17 @@ def _run(args) -> int:
     else:
         out = execute(req)
     if out is not None:
-        print(out)
+        print(out)  # stdout: the run directory alone, for scripts; the summary goes to stderr
+        _summary(out)
     return 0
+
+
+def _summary(run: Path) -> None:
+    import sys
+
+    from ..report.runs import run_summary
+
+    print(f"harness run: {run_summary(run)}", file=sys.stderr)
 
 
 def _run_each(args) -> int:
@@ -56,6 +65,7 @@ def _run_each(args) -> int:
     for text, res in zip(args.each, results):
         if isinstance(res, Path):
             print(res)
+            _summary(res)
         else:
             bad += 1
             why = res if isinstance(res, HarnessError) else "not started (stopped before)"

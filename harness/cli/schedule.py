@@ -3,15 +3,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from . import positive_float, positive_int
+from ..allocation import ALLOCATORS
+from ..scheduler import DEFAULT_BUDGET
+from . import (add_alias, add_results_argument, non_negative_int, output_dir, output_file, positive_float, positive_int,
+               scenario_name)
 
 
 def add_layout_arguments(p: argparse.ArgumentParser) -> None:
     """Scenario, layout and message-size flags shared by `schedule` and `schedule compare`."""
     # Not `required=True`: argparse would then demand it before `compare`; checked in resolve_layout.
-    p.add_argument("--scenario", help="case number (1-5), name or path to a .yaml file (required)")
+    p.add_argument("--scenario", type=scenario_name, help="case number (1-5), name or path to a .yaml file (required)")
     p.add_argument("--devices", type=positive_int, help="scale down to K devices, keeping the structure")
     p.add_argument("--d-pp", type=positive_int, help="pipeline stages (default: 8 for 64 devices; "
                    "in general the smallest divisor >= sqrt(devices))")
@@ -19,11 +21,13 @@ def add_layout_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="gpt3-xl", help="model config for c_pp and c_dp (default gpt3-xl)")
     p.add_argument("--layers", type=positive_int, help="override the model's layer count")
     p.add_argument("--batch", type=positive_int, default=1024, help="global batch in samples (default 1024)")
-    p.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16",
+    p.add_argument("--dtype", choices=["fp16", "bf16", "fp32"], default="fp16",
                    help="bytes per value of activations and gradients (default fp16, as the paper)")
+    add_alias(p, "--precision", "--dtype")
     p.add_argument("--c-pp-gb", type=positive_float, help="override c_pp (GB of 1e9 bytes)")
     p.add_argument("--c-dp-gb", type=positive_float, help="override c_dp (GB of 1e9 bytes)")
-    p.add_argument("--budget", type=positive_int, default=5000, help="candidates evaluated (default 5000)")
+    p.add_argument("--budget", type=positive_int, default=DEFAULT_BUDGET,
+                   help=f"candidates evaluated (default {DEFAULT_BUDGET})")
 
 
 def register(sub) -> None:
@@ -39,20 +43,23 @@ def register(sub) -> None:
     p.add_argument("--scheduler", default="ga", help="random | ga | ga-kl | exhaustive | ga-hetero (default ga); "
                    "ga-hetero minimises the modelled iteration time (compute and communication) with the "
                    "optimal layer allocation of every candidate")
-    p.add_argument("--allocator", help="blocks of every stage for the modelled iteration: even (default) | "
+    p.add_argument("--allocator", choices=ALLOCATORS, help="blocks of every stage for the modelled iteration: even (default) | "
                    "sky-heuristic | sky-mip | optimal; ga-hetero always takes optimal")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", type=Path, help="write the assignment JSON here")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="the scheduler's seed (default 0)")
+    p.add_argument("--json", type=output_file, help="write the assignment JSON here")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_schedule)
     ss = p.add_subparsers(dest="schedule_command", metavar="compare")
     c = ss.add_parser("compare", help="random, ga-kl, ga with seeds 0, 1, 2: best cost vs candidates (Fig. 4)")
     add_layout_arguments(c)
-    c.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    c.add_argument("--seed", type=non_negative_int, nargs="+", default=[0, 1, 2],
+                   help="the seeds of every scheduler (default 0 1 2)")
+    add_alias(c, "--seeds", "--seed")
     c.add_argument("--schedulers", nargs="+", default=["random", "ga-kl", "ga"])
-    c.add_argument("--out", type=Path, help="directory for compare.csv and compare.png "
-                   "(default results/<scenario>/compare)")
+    c.add_argument("--out", type=output_dir, help="directory for compare.csv and compare.png "
+                   "(default RESULTS/<scenario>/compare)")
+    add_results_argument(c)
     c.set_defaults(func=cmd_compare)
 
 
@@ -60,7 +67,7 @@ def resolve_layout(args):
     """(topology, d_pp, d_dp, c_pp_bytes, c_dp_bytes) from the shared flags."""
     from ..layout import LayoutError
     from ..compute.model import get_model
-    from ..compute import c_dp_bytes, c_pp_bytes
+    from ..compute import BYTES_PER_VALUE, c_dp_bytes, c_pp_bytes
     from ..scenario import load_scenario
 
     if not args.scenario:
@@ -75,11 +82,13 @@ def resolve_layout(args):
     if d_dp is None:
         d_dp = n // d_pp if n % d_pp == 0 else 0
     if d_pp * d_dp != n:
-        raise LayoutError(f"--d-pp/--d-dp: {args.d_pp} x {args.d_dp} does not make the {n} devices of {topo.name}")
+        given = " x ".join(f"{f} {v}" for f, v in (("--d-pp", args.d_pp), ("--d-dp", args.d_dp)) if v is not None)
+        raise LayoutError(f"{given}: {d_pp or '?'} stages x {d_dp or '?'} replicas do not make the {n} devices of "
+                          f"{topo.name}")
     cfg = get_model(args.model, args.layers)
     if d_pp > cfg.layers:
         raise LayoutError(f"--d-pp: {d_pp} stages cannot split the {cfg.layers} layers of {cfg.name}")
-    nbytes = 4 if args.precision == "fp32" else 2
+    nbytes = BYTES_PER_VALUE[args.dtype]
     c_pp = args.c_pp_gb * 1e9 if args.c_pp_gb else c_pp_bytes(cfg, args.batch, d_dp, nbytes)
     c_dp = args.c_dp_gb * 1e9 if args.c_dp_gb else c_dp_bytes(cfg, d_pp, nbytes)
     return topo, d_pp, d_dp, c_pp, c_dp
@@ -107,7 +116,7 @@ def cmd_schedule(args) -> int:
 
     topo, d_pp, d_dp, c_pp, c_dp = resolve_layout(args)
     allocator = default_allocator(args.scheduler, args.allocator)
-    setting = ComputeSetting(get_model(args.model, args.layers), args.batch, args.micro_batch, args.precision)
+    setting = ComputeSetting(get_model(args.model, args.layers), args.batch, args.micro_batch, args.dtype)
     bar, update = _progress_bar(args.budget, f"{args.scheduler} seed {args.seed}", args.quiet)
     with bar:
         a = schedule(topo, d_pp, d_dp, c_pp, c_dp, args.scheduler, args.seed, args.budget, progress=update,
@@ -120,6 +129,8 @@ def cmd_schedule(args) -> int:
           f"micro-batches) + DATAP {m['dp_s']:.4f} s (each stage's own c_dp) + PIPELINEP {m['pp_s']:.4f} s; "
           f"blocks by {m['allocator']}: " + " ".join(str(b - f) for f, b in a.layers[0])
           + ("" if m["fits_memory"] else f"; does not fit memory ({m['overflow_gb']:.1f} GB over)"))
+    print("  (the scheduler's cost model adds compute and communication, as the paper's COMM-COST does; "
+          "`harness sim` simulates the runtime, which overlaps them, and gives a shorter iteration)")
     for i, p in enumerate(a.pipelines):
         print(f"  pipeline {i}: " + " -> ".join(map(str, p)))
     if args.json:
@@ -130,11 +141,11 @@ def cmd_schedule(args) -> int:
 
 def cmd_compare(args) -> int:
     from ..report.schedule import compare_schedulers
-    from ..results import RESULTS_DIR
+    from ..results import results_root
 
     topo, d_pp, d_dp, c_pp, c_dp = resolve_layout(args)
-    out = args.out or RESULTS_DIR / topo.name / "compare"
-    table, paths = compare_schedulers(topo, d_pp, d_dp, c_pp, c_dp, args.schedulers, args.seeds, args.budget, out)
+    out = args.out or results_root(args.results) / topo.name / "compare"
+    table, paths = compare_schedulers(topo, d_pp, d_dp, c_pp, c_dp, args.schedulers, args.seed, args.budget, out)
     print(table)
     for p in paths:
         print(f"wrote {p}")

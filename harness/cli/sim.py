@@ -6,11 +6,16 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from ..errors import HarnessError
 from .. import workloads
 from ..plan import systems
 from ..plan.flags import flag_dest
 from ..allocation import ALLOCATORS
-from . import positive_int
+from . import (add_alias, add_results_argument, input_file, input_path, name_list, non_negative_int, nonempty, output_dir,
+               output_file, positive_int, scenario_name)
+
+from ..scenario import PAPER_CASES as CASES
+from ..scheduler import DEFAULT_BUDGET
 
 SIM_WORKLOADS = ("gpt", "cnn")  # the workloads `harness sim` runs (fl: `harness fl`)
 
@@ -19,14 +24,16 @@ def _common(p: argparse.ArgumentParser, defaults: dict) -> None:
     """Flags of `harness sim` and `sim report`; `defaults`: flag -> default (the workload's, filled in
     after parsing where it is missing: a flag left None was not given)."""
     d = defaults.get
-    p.add_argument("--profile", type=Path, help="compute profile JSON (from `harness sim calibrate`) replacing "
+    p.add_argument("--profile", type=input_file, help="compute profile JSON (from `harness sim calibrate`) replacing "
                    "the default efficiencies")
-    p.add_argument("--budget", type=positive_int, default=d("--budget"), help="scheduler budget for ours (default 5000)")
-    p.add_argument("--schedule-seed", type=int, default=d("--schedule-seed"), help="scheduler seed for ours (default 0)")
+    p.add_argument("--budget", type=positive_int, default=d("--budget"),
+                   help=f"scheduler evaluations for ours (default {DEFAULT_BUDGET})")
+    p.add_argument("--seed", type=non_negative_int, default=d("--seed"), help="scheduler seed for ours (default 0)")
+    add_alias(p, "--schedule-seed", "--seed")
     p.add_argument("--ps-mode", choices=["grouped", "rounds"], default=d("--ps-mode"),
                    help="ours' sharded parameter server: one grouped all-to-all (the runtime) or sequential rounds "
                         "(the order the paper's cost model sums); default grouped")
-    p.add_argument("--placement",
+    p.add_argument("--placement", type=name_list,
                    help="GPT baselines' placements to try, comma-separated: default (rank order), random (seeds "
                         "2022-2024, averaged); default both. HetPipe (CNN models): the parameter server's, default "
                         "(shards round-robin over the nodes) or local (each stage's shard on its node; policy ed); "
@@ -49,7 +56,7 @@ def register(sub) -> None:
         description="Predict iteration time and PFLOPS of ours, ours-random, Megatron and DeepSpeed on a "
                     "scenario from first principles (FLOPs, device profile, delay/bandwidth matrices).",
     )
-    p.add_argument("--scenario", help="case number (1-5), name or path to a .yaml file")
+    p.add_argument("--scenario", type=scenario_name, help="case number (1-5), name or path to a .yaml file")
     p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
     p.add_argument("--system", default="all", metavar="SYSTEM",
                    help=f"all (default) or one of: {', '.join(systems.names(simulated=True))}")
@@ -62,29 +69,35 @@ def register(sub) -> None:
     p.add_argument("--micro-batch", type=positive_int, help="micro-batch in samples (default 1)")
     p.add_argument("--d-pp", type=positive_int, help="ours' pipeline stages (default as `harness run`: as square as "
                    "possible with the pipeline on the longer side, 8 for 64 devices)")
-    p.add_argument("--json", type=Path, help="write every simulated layout as a JSON list of records with `best`")
+    p.add_argument("--json", type=output_file, help="write every simulated layout as a JSON list of records with `best`")
     h = p.add_argument_group("HetPipe and Horovod (CNN models)")
-    h.add_argument("--policy", help="HetPipe's resource allocation: np, ed, hd, or VWs as device ids "
+    h.add_argument("--policy", type=nonempty, help="HetPipe's resource allocation: np, ed, hd, or VWs as device ids "
                    "'0,4,8,12;1,5,9,13;...' (default: np, ed and hd)")
-    h.add_argument("--gpus", help="the nodes used, as letters of the scenario's one-letter regions and the GPU "
+    h.add_argument("--gpus", type=nonempty, help="the nodes used, as letters of the scenario's one-letter regions and the GPU "
                    "count, e.g. V4, VR8, VRQ12, VRQG16 (default: every GPU)")
-    h.add_argument("--staleness", type=int, metavar="D",
+    h.add_argument("--staleness", type=non_negative_int, metavar="D",
                    help="WSP's clock distance threshold D (default 0, BSP-like)")
     h.add_argument("--in-flight", type=positive_int, metavar="N_M",
                    help="minibatches in flight per virtual worker (default: the fastest up to Max_m)")
-    p.add_argument("--out", type=Path, help="run directory for records.csv (default results/<scenario>/<run-id>)")
+    p.add_argument("--out", type=output_dir, help="run directory for records.csv (default RESULTS/<scenario>/<run-id>)")
+    add_results_argument(p)
     _common(p, {})
     p.set_defaults(func=cmd_sim)
     ss = p.add_subparsers(dest="sim_command", metavar="{report,calibrate,compare}")
 
     r = ss.add_parser("report", help="paper-scale sweep: speedup tables, Fig. 3/6/7 style figures, report.md")
-    r.add_argument("--out", type=Path, help="output directory (default results/sim/<run-id>)")
-    r.add_argument("--cases", nargs="+", default=["1", "2", "3", "4", "5"], help="cases (default 1 2 3 4 5)")
+    r.add_argument("--out", type=output_dir, help="output directory (default RESULTS/sim/<run-id>)")
+    add_results_argument(r)
+    r.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), metavar="CASE",
+                   help="the paper's cases, of 1 2 3 4 5 (default all)")
     r.add_argument("--layers", type=positive_int, nargs="+", default=[24, 32, 40])
     r.add_argument("--batches", type=positive_int, nargs="+", default=[1024, 2048, 4096])
     r.add_argument("--no-fluidstack", action="store_true", help="skip the FluidStack case (Fig. 7)")
-    r.add_argument("--no-hetpipe", action="store_true", help="skip the systems' own sections (today HetPipe's Figure 4 and Table 4, on hetpipe-testbed)")
-    r.add_argument("--hetpipe-only", action="store_true", help="only the systems' own sections, HetPipe's (seconds, not hours)")
+    only = r.add_mutually_exclusive_group()
+    only.add_argument("--no-hetpipe", action="store_true", help="skip the systems' own sections (today HetPipe's "
+                      "Figure 4 and Table 4, on hetpipe-testbed)")
+    only.add_argument("--hetpipe-only", action="store_true", help="only the systems' own sections, HetPipe's "
+                      "(seconds, not hours)")
     r.add_argument("--workers", type=positive_int, help="processes running the scheduler for uncached "
                    "settings (default: cores, at most 4)")
     _common(r, workloads.get("gpt").sim_flags)
@@ -94,9 +107,10 @@ def register(sub) -> None:
                       description="Efficiency per GPU type such that the simulator's busiest device computes as "
                       "long as the measured runs' did (median; ours' in-iteration timings preferred over the "
                       "baselines' start-up ones).")
-    c.add_argument("records", type=Path, help="records.csv, or a directory searched for records.csv")
-    c.add_argument("--out", type=Path, default=Path("results/sim/profile.json"),
-                   help="profile JSON to write (default results/sim/profile.json)")
+    c.add_argument("records", type=input_path, help="records.csv, or a directory searched for records.csv")
+    c.add_argument("--json", type=output_file, help="profile JSON to write (default RESULTS/sim/profile.json)")
+    add_alias(c, "--out", "--json")
+    add_results_argument(c)
     c.set_defaults(func=cmd_calibrate)
 
     m = ss.add_parser("compare", help="simulated vs measured iteration time per system and scenario",
@@ -104,9 +118,9 @@ def register(sub) -> None:
                       "receives; the baselines as torch pipelining + DDP/ZeRO-1 over gloo or NCCL) and prints "
                       "measured (mean of the iterations) vs simulated seconds, the error (target 15%) and, "
                       "for ours on a shared host, the CPU load of the ranks.")
-    m.add_argument("records", type=Path, help="records.csv, or a directory searched for records.csv")
-    m.add_argument("--profile", type=Path, help="compute profile JSON (e.g. from `harness sim calibrate`)")
-    m.add_argument("--csv", type=Path, help="also write the comparison as CSV")
+    m.add_argument("records", type=input_path, help="records.csv, or a directory searched for records.csv")
+    m.add_argument("--profile", type=input_file, help="compute profile JSON (e.g. from `harness sim calibrate`)")
+    m.add_argument("--csv", type=output_file, help="also write the comparison as CSV")
     m.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="wire precision of the runs (default: each "
                    "run's manifest, else fp32 for emu/local and bf16 for cluster)")
     m.set_defaults(func=cmd_compare)
@@ -121,13 +135,21 @@ def _overrides(args):
 
 
 def _sim_kwargs(args) -> dict:
-    from ..results import RESULTS_DIR
+    from ..results import results_root
 
-    placements = tuple(p.strip() for p in (args.placement or "default,random").split(",") if p.strip())
-    return {"profile_overrides": _overrides(args), "budget": args.budget, "schedule_seed": args.schedule_seed,
+    from ..scheduler import SCHEDULERS
+
+    if args.scheduler not in SCHEDULERS:
+        raise HarnessError(f"--scheduler: unknown scheduler {args.scheduler!r} (known: {', '.join(SCHEDULERS)})")
+    placements = args.placement or ("default", "random")
+    bad = [p for p in placements if p not in ("default", "random", "local")]
+    if bad:
+        raise HarnessError(f"--placement: unknown placement {bad[0]!r} (GPT baselines: default, random; HetPipe: "
+                           "default, local)")
+    return {"profile_overrides": _overrides(args), "budget": args.budget or DEFAULT_BUDGET, "schedule_seed": args.seed,
             "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol, "allocator": args.allocator,
             "scheduler": args.scheduler,
-            "cache_dir": None if args.no_cache else RESULTS_DIR / "sim" / "schedules"}
+            "cache_dir": None if args.no_cache else results_root(args.results) / "sim" / "schedules"}
 
 
 def cmd_sim(args) -> int:
@@ -147,6 +169,7 @@ def cmd_sim_gpt(args) -> int:
     """`harness sim` on a GPT: every system's layouts, iteration records."""
     from ..errors import HarnessError
     from ..layout import default_pipeline_degrees
+    from ..compute import micro_batches
     from ..compute.model import get_model
     from ..files import atomic_write_json
     from ..results import manifest, new_run_id, run_dir, write_records
@@ -158,11 +181,16 @@ def cmd_sim_gpt(args) -> int:
     known = systems.names(simulated=True)
     which = known if args.system == "all" else (args.system,)
     for s in which:
+        if s in systems.names(simulated=True, workload="cnn"):
+            raise HarnessError(f"--system {s}: trains the CNN models ({', '.join(workloads.get('cnn').models)}), "
+                               f"not {cfg.name}; give --model with one of them")
         if s not in known:
             raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(known)})")
     n = topo.n
     d_pp = args.d_pp or default_pipeline_degrees(n, cfg.layers)[0]  # the rule `harness run` uses
     sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, **_sim_kwargs(args))
+    if any(systems.get(s).scheduled for s in which):  # ours' batch must split before its schedule is searched
+        micro_batches(args.batch, args.micro_batch, n // d_pp, "replicas of ours")
     if any(systems.get(s).scheduled for s in which) and sim.missing(cfg, args.batch) is not None:
         from tqdm import tqdm
 
@@ -194,13 +222,13 @@ def cmd_sim_gpt(args) -> int:
         if systems.get(c.system).scheduled:
             print(f"{c.system}' pipelines (device of stage 0..D_PP-1 per replica): "
                   + "; ".join(" ".join(map(str, p)) for p in c.config["pipelines"]))
-    out = args.out or run_dir(topo.name, run_id)
+    out = args.out or run_dir(topo.name, run_id, args.results)
+    if args.json:  # before the manifest: a run whose files could not all be written does not say ok
+        atomic_write_json(args.json, [record_json(r, c.best) for c, r in zip(cands, records)])
+        print(f"wrote {args.json}")
     write_records(Path(out) / "records.csv", records)
     atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
     print(f"wrote {Path(out) / 'records.csv'}")
-    if args.json:
-        atomic_write_json(args.json, [record_json(r, c.best) for c, r in zip(cands, records)])
-        print(f"wrote {args.json}")
     return 0
 
 
@@ -225,11 +253,13 @@ def cmd_sim_cnn(args) -> int:
     from ..compute.profiles import device_profiles
 
     opts = CNNOptions(profiles=device_profiles(topo, _overrides(args), dtype=DTYPE),policies=(args.policy,) if args.policy else (),
-                      placements=tuple(p.strip() for p in args.placement.split(",") if p.strip()) if args.placement else (),
+                      placements=args.placement or (),
                       staleness=args.staleness, gpus=args.gpus, in_flight=args.in_flight)
     batch = args.batch  # HetPipe's minibatch by default (Sec. 8.1: 32)
     cands = []
-    for s in which:
+    from tqdm import tqdm
+
+    for s in tqdm(which, desc=f"sim {topo.name}", unit="system", file=sys.stderr, leave=False):
         got = systems.get(s).simulate_fn("cnn")(topo, model, batch, opts)
         if got:
             max(got, key=lambda c: c.samples_per_s).best = True
@@ -243,13 +273,13 @@ def cmd_sim_cnn(args) -> int:
         label = f"{conf['policy']}-{conf['placement']}" if "policy" in conf else f"ring ({conf['gpus']})"
         print(f"{c.system:<9} {label:<22} {c.devices:>4} {conf.get('N_m', '-')!s:>4} {c.seconds:>8.3f} "
               f"{c.samples_per_s:>10.1f} {r['cross_node_bytes_per_sample'] / 1e6:>23.2f}{'  <- best' if c.best else ''}")
-    out = args.out or run_dir(topo.name, run_id)
+    out = args.out or run_dir(topo.name, run_id, args.results)
+    if args.json:  # before the manifest (as cmd_sim_gpt)
+        atomic_write_json(args.json, records)
+        print(f"wrote {args.json}")
     atomic_write_json(Path(out) / "records.json", records)
     atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
     print(f"wrote {Path(out) / 'records.json'}")
-    if args.json:
-        atomic_write_json(args.json, records)
-        print(f"wrote {args.json}")
     return 0
 
 
@@ -264,11 +294,11 @@ def cmd_report(args) -> int:
     from tqdm import tqdm
 
     from ..report import sim as report
-    from ..results import RESULTS_DIR, new_run_id
+    from ..results import new_run_id, results_root
 
     kw = _sim_kwargs(args)
     run_id = new_run_id("sim")
-    out = args.out or RESULTS_DIR / "sim" / run_id
+    out = args.out or results_root(args.results) / "sim" / run_id
     if args.hetpipe_only:
         with tqdm(total=0, desc="sim report (systems' sections)", unit="setting", file=sys.stderr, leave=False) as bar:
             paths = report.write_sections_only(out, run_id, _sweep_sections(bar))
@@ -315,11 +345,14 @@ def cmd_calibrate(args) -> int:
     from ..compute.profiles import save_profiles
     from ..sim.compare import calibrate_records, load_measured
 
+    from ..results import results_root
+
     profiles = calibrate_records(_read(args.records, load_measured))
-    save_profiles(args.out, profiles)
+    out = args.json or results_root(args.results) / "sim" / "profile.json"
+    save_profiles(out, profiles)
     for gpu, p in profiles.items():
         print(f"{gpu}: efficiency {p.efficiency['transformer']:.4g} of {p.peak_tflops:g} TFLOPS ({p.source})")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     return 0
 
 

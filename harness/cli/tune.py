@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 
-from . import positive_float, positive_int
+from . import non_negative_int, positive_float, positive_int
 from ..plan import systems
-from ..plan.flags import add_training_arguments, rank_order, request_from_args
+from ..plan.flags import add_training_arguments, rank_order, rank_order_text, request_from_args
 
 
 def register(sub) -> None:
@@ -18,10 +18,10 @@ def register(sub) -> None:
     add_training_arguments(p)
     p.add_argument("--system", required=True, choices=systems.names(tunable=True))
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations per point (default 3)")
-    p.add_argument("--seed", type=int, default=0, help="data and init seed (default 0)")
+    p.add_argument("--seed", type=non_negative_int, default=0, help="data and init seed (default 0)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b",
                    help="pipeline schedule of every point (default 1f1b, as Megatron and DeepSpeed)")
-    p.add_argument("--rank-order", default="default",
+    p.add_argument("--rank-order", default="default", type=rank_order_text,
                    help="default (rank order) or a seed of a random layout, e.g. 2022 (default: default)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before a point is failed")
     p.set_defaults(func=_tune)

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..errors import HarnessError
-from ..files import atomic_write_json
+from ..files import atomic_write_json, read_text
 from ..scenario import DeviceProfile, Topology
 
 OP_CLASSES = ("transformer", "lm_head")
@@ -99,9 +99,7 @@ def save_profiles(path: Path, profiles: dict[str, ComputeProfile]) -> None:
 def load_profiles(path: Path) -> dict[str, ComputeProfile]:
     path = Path(path)
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: file not found") from None
+        doc = json.loads(read_text(path, "profile JSON"))
     except json.JSONDecodeError as e:
         raise ProfileError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("profiles"), dict):

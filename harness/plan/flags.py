@@ -8,10 +8,13 @@ without the CLI. The request's own checks (model, layout, network) happen where 
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
+import sys
 from pathlib import Path
 
 from ..allocation import ALLOCATORS
+from ..scheduler import DEFAULT_BUDGET
 from ..errors import HarnessError
 from ..scenario import ScenarioError, load_scenario, reload_name
 from ..scenario.inventory import Inventory, InventoryError
@@ -25,15 +28,21 @@ def flag_dest(flag: str) -> str:
     return flag[2:].replace("-", "_")
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text!r})")
-    return v
+def _integer_from(lowest: int, wanted: str):
+    """An argparse type: an integer >= `lowest`; its refusal says `wanted`."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = lowest - 1
+        if v < lowest:
+            raise argparse.ArgumentTypeError(f"must be {wanted} (got {text!r})")
+        return v
+    return parse
+
+
+positive_int = _integer_from(1, "a positive integer")  # argparse type: an integer >= 1
+non_negative_int = _integer_from(0, "an integer >= 0")  # argparse type: a seed, a count that may be none
 
 
 def positive_float(text: str) -> float:
@@ -47,13 +56,144 @@ def positive_float(text: str) -> float:
     return v
 
 
+def nonempty(text: str) -> str:
+    """argparse type: a name or a value that is not empty (an empty one would silently mean the default)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must not be empty (got {text!r})")
+    return text
+
+
+def name_list(text: str) -> tuple[str, ...]:
+    """argparse type: names, comma-separated, none empty."""
+    names = tuple(x.strip() for x in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"must be names, comma-separated, none empty (got {text!r})")
+    return names
+
+
+def fractions(text: str) -> list[float]:
+    """argparse type: numbers in (0, 1], comma-separated (OWL's alpha)."""
+    try:
+        vals = [float(x) for x in text.split(",")]
+    except ValueError:
+        vals = []
+    if not vals or not all(0 < v <= 1 for v in vals):
+        raise argparse.ArgumentTypeError(f"must be numbers in (0, 1], comma-separated (got {text!r})")
+    return vals
+
+
+def scenario_name(text: str) -> str:
+    """argparse type: a case number, a scenario's name or a path to a scenario file that exists (its content
+    is checked when it is loaded)."""
+    from ..scenario import resolve_scenario
+
+    try:
+        resolve_scenario(text)
+    except ScenarioError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def input_file(text: str) -> Path:
+    """argparse type: a file that exists and can be read (its content is checked where it is parsed)."""
+    p = Path(text)
+    if not p.exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file")
+    if p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: a directory, not a file")
+    if not os.access(p, os.R_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not readable")
+    return p
+
+
+def input_path(text: str) -> Path:
+    """argparse type: a file or a directory that exists (records: a CSV, or a directory searched for them)."""
+    p = Path(text)
+    if not p.exists():
+        raise argparse.ArgumentTypeError(f"{text}: no such file or directory")
+    return p
+
+
+def input_dir(text: str) -> Path:
+    """argparse type: a directory that exists (of runs, of results)."""
+    p = Path(text)
+    if not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {'not a directory' if p.exists() else 'no such directory'}")
+    return p
+
+
+def _writable_below(p: Path, text: str) -> None:
+    """The nearest existing ancestor of `p` is a directory this process may write into."""
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text}: {parent} is not writable")
+
+
+def output_file(text: str) -> Path:
+    """argparse type: a file to write (`--json`, `--csv`): not a directory, in a place that can be written."""
+    p = Path(text)
+    if not text or p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: a directory, not a file to write" if text else "empty path")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not writable")
+    _writable_below(p, text)
+    return p
+
+
+def output_dir(text: str) -> Path:
+    """argparse type: a directory to write into (`--out`): a directory or nothing yet, in a place that can
+    be written."""
+    p = Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("empty path")
+    if p.exists() and not p.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: exists and is not a directory")
+    if p.is_dir():
+        if not os.access(p, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"{text}: not writable")
+    else:
+        _writable_below(p, text)
+    return p
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of a flag: stores into the new flag's attribute and prints a one-line note."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kw):
+        self.new = new
+        super().__init__(option_strings, dest, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"harness: note: {option_string} is deprecated, use {self.new}", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_alias(p: argparse.ArgumentParser, old: str, new: str) -> None:
+    """`old` keeps working as a deprecated spelling of the flag `new` already added to `p` (same type,
+    choices and attribute); hidden from --help."""
+    action = next(a for a in p._actions if new in a.option_strings)
+    p.add_argument(old, action=_DeprecatedAlias, new=new, dest=action.dest, type=action.type,
+                   choices=action.choices, nargs=action.nargs, metavar=action.metavar, help=argparse.SUPPRESS,
+                   default=argparse.SUPPRESS)
+
+
+def add_results_argument(p: argparse.ArgumentParser) -> None:
+    """--results DIR: the root under which runs and reports go (every command that writes results)."""
+    p.add_argument("--results", type=output_dir, metavar="DIR",
+                   help="results root (default: $HARNESS_RESULTS, else results/ in the current directory)")
+
+
 NETWORK_CHOICES = ("emulated", "none", "shaped")
 
 
 def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = False) -> None:
     """Scenario, model, data and runtime flags shared by `harness run` and `harness tune`
     (`inventory`: the scenario may come from --inventory instead)."""
-    p.add_argument("--scenario", required=not inventory,
+    p.add_argument("--scenario", required=not inventory, type=scenario_name,
                    help="case number, name or path of a scenario file" + (" (with --inventory: the inventory's)"
                                                                          if inventory else ""))
     p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
@@ -61,7 +201,7 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
     p.add_argument("--layers", type=positive_int)
     p.add_argument("--batch", type=positive_int, default=8, help="global batch, samples (default 8)")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (default 1)")
+    p.add_argument("--warmup", type=non_negative_int, default=1, help="untimed iterations first (default 1)")
     p.add_argument("--bandwidth-scale", type=positive_float,
                    help="multiply every link's bandwidth (default 1; with --inventory the inventory's)")
     p.add_argument("--network", choices=NETWORK_CHOICES,
@@ -80,7 +220,8 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
     p.add_argument("--compute-time-scale", type=positive_float, default=1.0, metavar="X",
                    help="with --compute-model: multiply every modelled time by X (default 1; e.g. 1000 so that "
                         "a CPU computes a GPU's microseconds within the modelled time)")
-    p.add_argument("--out", type=Path, help="results root (default results/)")
+    add_results_argument(p)
+    add_alias(p, "--out", "--results")
     p.add_argument("--debug", action="append", metavar="KEY=VALUE",
                    help="debug options carried to every rank (repeatable): fault_rank=R, fault_after_s=S, "
                         "fault_mode=kill|exit, trace=1; ours' planted regressions: send_delay_s=S (every send "
@@ -141,7 +282,7 @@ def request_from_args(args, layout):
         layout=layout,
         network=network_from_args(args),
         run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
-                       timeout_s=args.timeout, results_root=str(args.out) if args.out else None),
+                       timeout_s=args.timeout, results_root=str(args.results) if args.results else None),
         compute=ComputeSection(model=args.compute_model, time_scale=args.compute_time_scale),
         debug=DebugSection.parse(args.debug),
     )
@@ -156,11 +297,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default="ours", metavar="SYSTEM",
                    help=f"what trains (default ours): {systems.help_text()}")
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations (default 3)")
-    p.add_argument("--seed", type=int, default=0, help="data, init and random-assignment seed (default 0)")
-    p.add_argument("--scheduler", help="ours: ga (default) | ga-kl | random | exhaustive | identity | "
+    p.add_argument("--seed", type=non_negative_int, default=0,
+                   help="data, init and random-assignment seed (default 0)")
+    p.add_argument("--scheduler", type=nonempty, help="ours: ga (default) | ga-kl | random | exhaustive | identity | "
                                        "random-assignment | ga-hetero (compute and network together, with the "
                                        "optimal allocation; see harness schedule)")
-    p.add_argument("--budget", type=positive_int, help="scheduler evaluations (default 2000)")
+    p.add_argument("--budget", type=positive_int, help=f"scheduler evaluations (default {DEFAULT_BUDGET})")
     p.add_argument("--d-pp", type=positive_int, help="pipeline stages (default: as square as possible)")
     p.add_argument("--d-dp", type=positive_int, help="data-parallel replicas")
     p.add_argument("--dp-sync", choices=("sharded-ps", "allreduce"), help="ours: default sharded-ps (the paper)")
@@ -170,16 +312,23 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pp", type=positive_int, help="megatron/deepspeed: pipeline degree")
     p.add_argument("--dp", type=positive_int, help="megatron/deepspeed: data-parallel degree")
     p.add_argument("--zero", type=int, choices=(1, 3), help="deepspeed: ZeRO stage (1 with pipeline, 3 alone)")
-    p.add_argument("--rank-order",
+    p.add_argument("--rank-order", type=rank_order_text,
                    help="baselines: default, or a seed of a random layout (the permutation ours-random uses)")
     p.add_argument("--allocator", choices=ALLOCATORS, help="ours: each stage's blocks (default even, optimal with "
                                                           "ga-hetero; see harness allocate)")
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                    help="ours: recompute activations per block in backward (default: on for cuda)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before the run is failed")
-    p.add_argument("--inventory", type=Path,
+    p.add_argument("--inventory", type=input_file,
                    help="real nodes: run under torchrun with this cluster.yaml, the one source of scenario, "
                         "devices and bandwidth scale (see README)")
+
+
+def rank_order_text(text: str) -> str:
+    """argparse type of --rank-order: `default` or a seed (an integer >= 0)."""
+    if text != "default" and not (text.isdigit() and text.isascii()):
+        raise argparse.ArgumentTypeError(f"must be default or an integer seed >= 0 (got {text!r})")
+    return text
 
 
 def rank_order(text: str | None) -> int | None:

@@ -21,6 +21,7 @@ from ..layout import DP_SYNCS, SCHEDULES, Layout
 from ..compute.model import GPTConfig, get_model
 from ..compute.profiles import ComputeProfile
 from ..compute import BYTES_PER_VALUE
+from ..scheduler import DEFAULT_BUDGET
 
 DTYPE_NAMES = tuple(BYTES_PER_VALUE)
 NETWORK_MODES = ("emulated", "none", "shaped")
@@ -84,7 +85,7 @@ class LayoutRequest:
     schedule: str | None = None  # ours: gpipe by default (the paper); baselines: 1f1b
     dp_sync: str = "sharded-ps"  # ours only
     recompute: bool | None = None  # ours: default on for cuda
-    budget: int = 2000  # scheduler evaluations
+    budget: int = DEFAULT_BUDGET  # scheduler evaluations
     allocator: str | None = None  # ours: each stage's blocks (harness/allocation/); None: even
     explicit: Layout | None = None  # a full layout (e.g. a grid point of `harness tune`)
 

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..files import read_text
 from ..errors import HarnessError
 from ..plan import systems as registry
 
@@ -171,7 +172,7 @@ def _request(argv: tuple[str, ...], out_root: Path, debug: tuple[str, ...]):
     from ..plan.flags import run_request
 
     flags = [x for d in debug for x in ("--debug", d)]
-    return run_request([*argv, "--out", str(out_root), *flags])
+    return run_request([*argv, "--results", str(out_root), *flags])
 
 
 def run_figures(run: Path) -> dict[str, float]:
@@ -389,7 +390,7 @@ def read_history(path: Path) -> list[dict]:
     if not path.exists():
         raise RegressError(f"regress history: {path}: no history yet (run `harness regress` first)")
     out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
+    for i, line in enumerate(read_text(path, "history file").splitlines(), 1):
         if not line.strip():
             continue
         try:

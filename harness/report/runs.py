@@ -37,6 +37,7 @@ def load_runs(root: Path) -> pd.DataFrame:
     df["config"] = df["config"].fillna("").astype(str)
     df["layout"] = df.apply(_layout, axis=1)
     df["label"] = df.apply(_label, axis=1)
+    df["placement_seed"] = df.apply(lambda r: _seed(_config(r) or {}), axis=1)
     return df
 
 
@@ -67,11 +68,15 @@ def runs_table(root: Path | pd.DataFrame, sim_csv: Path | None = None) -> pd.Dat
     given a `sim compare` CSV, the simulated PFLOPS of the row's runs (mean, min, max; nan when unmatched)."""
     df = root if isinstance(root, pd.DataFrame) else load_runs(root)
     per_run = df.groupby(ROW + ["run_id"], as_index=False).agg(
-        seconds=("seconds", "mean"), pflops=("pflops", "mean"), label=("label", "first"))
+        seconds=("seconds", "mean"), pflops=("pflops", "mean"), label=("label", "first"),
+        placement_seed=("placement_seed", "first"))
     table = per_run.groupby(ROW, as_index=False).agg(
         runs=("run_id", "count"), seconds=("seconds", "mean"), seconds_min=("seconds", "min"),
         seconds_max=("seconds", "max"), pflops=("pflops", "mean"), pflops_min=("pflops", "min"),
-        pflops_max=("pflops", "max"), label=("label", "first"))
+        pflops_max=("pflops", "max"), label=("label", "first"),
+        seeds=("placement_seed", lambda s: ", ".join(sorted({x for x in s if x}, key=lambda x: (len(x), x)))))
+    seeded = table.seeds != ""
+    table.loc[seeded, "label"] = table.label[seeded] + " (seeds " + table.seeds[seeded] + ")"
     dup = table.label.duplicated(keep=False)  # short labels that collide get the full layout
     t = table[dup]
     table.loc[dup, "label"] = t.label + " " + t.layout + " " + t.backend + "/" + t.kernel
@@ -121,6 +126,15 @@ def _placement(c: dict) -> str:
     return p
 
 
+def _seed(c: dict) -> str:
+    """The seed of a seeded placement ("2022"), else ""."""
+    p = str(c.get("placement", ""))
+    if p.startswith("seed-"):
+        return p[len("seed-"):]
+    seed = c.get("rank_order")  # (records before harness/layout/: a seed, or the permutation itself)
+    return str(seed) if isinstance(seed, int) and not isinstance(seed, bool) else ""
+
+
 def _layout(r) -> str:
     """The row key of a run's layout: degrees, schedule, sync and kind of placement; device lists are
     left out, so seeds of one kind stay together and a permuted run stays apart from rank order."""
@@ -167,8 +181,8 @@ def iterations_figure(df: pd.DataFrame):
 
     its = sorted(df.iteration.unique())
     series = {}
-    for (label, run_id), g in df.groupby(["label", "run_id"]):
-        series[f"{label} ({run_id})"] = g.groupby("iteration").seconds.mean().reindex(its).to_numpy()
+    for (label, seed, run_id), g in df.groupby(["label", "placement_seed", "run_id"]):
+        series[f"{label}{f' {seed}' if seed else ''} ({run_id})"] = g.groupby("iteration").seconds.mean().reindex(its).to_numpy()
     fig, ax = plt.subplots(figsize=(min(12.0, max(6.0, 0.25 * len(its) + 3)), 4.5))
     plots.lines(ax, [str(i) for i in its], series, "seconds", "iteration time per run")
     ax.set_xlabel("iteration", fontsize=8)
@@ -203,3 +217,19 @@ def write_runs_table(root: Path, out_dir: Path | None = None, sim_csv: Path | No
         for fig in figs.values():
             plt.close(fig)
     return text, paths
+
+
+def run_summary(run: Path) -> str:
+    """The paragraph `harness run` ends with: what ran, seconds per iteration, FLOP rate, where the records are."""
+    recs = read_records(Path(run) / "records.csv")
+    if not recs:
+        return f"{run}: no timed iterations recorded"
+    r0, secs = recs[0], [r["seconds"] for r in recs]
+    mean = sum(secs) / len(secs)
+    rate = r0["pflop"] / mean
+    unit, factor = plots.flop_rate_unit([rate])
+    return (f"{r0['system']} on {r0['scenario']} ({r0['devices']} devices, {r0['backend']}, kernel {r0['kernel']}), "
+            f"{r0['model']} L={r0['layers']} batch {r0['batch']}: {len(secs)} timed iterations, {mean:.4g} s per "
+            f"iteration (min {min(secs):.4g}, max {max(secs):.4g}), {rate * factor:.4g} {unit}, "
+            f"{r0['batch'] * r0['seq'] / mean:.4g} tokens/s, loss {recs[-1]['loss']:.4g}; records: "
+            f"{Path(run) / 'records.csv'}, manifest: {Path(run) / 'manifest.json'}")

@@ -22,13 +22,13 @@ from ..compute.model import get_model
 from ..compute import pflop_per_iteration
 from ..files import atomic_write_json, atomic_write_text
 from ..results import manifest, write_records
-from ..scenario import Topology, load_scenario
+from ..scenario import PAPER_CASES, Topology, load_scenario
 from ..plan import systems as registry
 from ..sim.sweep import Candidate, Simulator, prefetch_assignments, record_json, to_record
 from .. import plots
 from ..plots.figures import save_figure
 
-CASES = ("1", "2", "3", "4", "5")
+CASES = PAPER_CASES
 LAYERS = (24, 32, 40)
 BATCHES = (1024, 2048, 4096)
 FLUIDSTACK_RUNS = (("gpt3-xl", 40, 4096), ("gpt3-6.7b", None, 1024), ("gpt3-13b", None, 1024))

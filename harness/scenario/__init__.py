@@ -11,12 +11,34 @@ finds scenario files by name and loads them.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import yaml
 
+from ..errors import HarnessError
+from ..files import read_text
 from .parse import parse_scenario
 from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology, scale_down  # noqa: F401
+
+class YAMLLoader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2's floats: `5e-1` and `1e3` are numbers (YAML 1.1, PyYAML's
+    default, reads a float without a dot as a string)."""
+
+
+YAMLLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"))
+
+
+def load_yaml(path: Path, what: str):
+    """The document of a YAML file; a one-line HarnessError if it cannot be read (files.read_text)."""
+    return yaml.load(read_text(path, what), Loader=YAMLLoader)
+
+
+#: The paper's five cases (scenarios/1-*.yaml ... 5-*.yaml), by number.
+PAPER_CASES = ("1", "2", "3", "4", "5")
 
 SCENARIO_DIR = Path(__file__).resolve().parents[2] / "scenarios"
 
@@ -28,9 +50,13 @@ def list_scenarios() -> list[str]:
 def resolve_scenario(name: str) -> Path:
     """Accept a path, a file stem (`5-worldwide`) or a case number (`5`)."""
     p = Path(name)
+    if not str(name).strip():
+        raise ScenarioError(f"{name!r}: empty scenario name (a case number 1-5, a name or a path to a .yaml file)")
     if p.suffix in (".yaml", ".yml") or p.exists():
         if not p.exists():
             raise ScenarioError(f"{p}: file not found")
+        if not p.is_file():
+            raise ScenarioError(f"{p}: not a scenario file (a directory?)")
         return p
     matches = [s for s in list_scenarios() if s == name or s.split("-", 1)[0] == name]
     if len(matches) != 1:
@@ -51,7 +77,11 @@ def load_scenario(name: str, devices: int | None = None) -> Topology:
     """Load a scenario by case number, name or path; optionally scale it to `devices`."""
     path = resolve_scenario(name)
     try:
-        doc = yaml.safe_load(path.read_text())
+        doc = load_yaml(path, "scenario YAML")
+    except ScenarioError:
+        raise
+    except HarnessError as e:  # unreadable: a ScenarioError as every other mistake in a scenario
+        raise ScenarioError(str(e)) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "?"

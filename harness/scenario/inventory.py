@@ -28,7 +28,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import HarnessError
-from . import ScenarioError, Topology, load_scenario
+from . import ScenarioError, Topology, load_scenario, load_yaml
 
 DEFAULT_SUBNET = "10.214.0.0/16"
 _TOP = ("scenario", "devices", "bandwidth_scale", "subnet", "nodes")
@@ -142,9 +142,9 @@ def _node(path, k: int, n, topo: Topology, seen: dict) -> NodeSpec:
 def load_inventory(path: Path) -> Inventory:
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text())
-    except OSError as e:
-        raise InventoryError(f"{path}: cannot read ({e.strerror})") from None
+        doc = load_yaml(path, "inventory YAML")
+    except HarnessError as e:  # missing, a directory, unreadable, binary
+        raise InventoryError(str(e)) from None
     except yaml.YAMLError as e:
         raise InventoryError(f"{path}: YAML syntax error: {getattr(e, 'problem', e)}") from None
     if not isinstance(doc, dict):

@@ -89,6 +89,9 @@ class Assignment:
         return tuple(tuple(r) for r in self.layers[0]) if self.layers else None
 
 
+#: Candidates a scheduler evaluates unless told otherwise: one default for every command (run, schedule, sim).
+DEFAULT_BUDGET = 5000
+
 def schedule(
     topo: Topology,
     d_pp: int,
@@ -97,7 +100,7 @@ def schedule(
     c_dp_bytes: float,
     scheduler: str = "ga",
     seed: int = 0,
-    budget: int = 5000,
+    budget: int = DEFAULT_BUDGET,
     progress: Callable[[int, float], None] | None = None,
     setting: ComputeSetting | None = None,
     allocator: str | None = None,

@@ -83,6 +83,8 @@ def _genetic(model, rng, budget, progress, move, population: list | None = None)
         if start:  # a warm start: first improve its best member by local search on this objective
             k = min(range(len(costs)), key=costs.__getitem__)
             pop[k], costs[k] = _local_search(model, ev, pop[k], costs[k], rng, move)
+        if len(pop) < 2:  # a budget below two members: nothing to cross, the best of what was drawn
+            return ev.result()
         last_best = (ev.evaluated, ev.best_score)
         while True:
             if ev.best_score < last_best[1]:

@@ -91,7 +91,7 @@ class IterationModel:
     breakdown), so the genetic search runs on it, and each device's seconds_per_flop."""
 
     def __init__(self, comm: CostModel, setting: ComputeSetting):
-        from ..compute import BYTES_PER_VALUE
+        from ..compute import BYTES_PER_VALUE, micro_batches
 
         self.comm, self.setting = comm, setting
         self.d_pp, self.d_dp = comm.d_pp, comm.d_dp
@@ -99,7 +99,7 @@ class IterationModel:
         cfg = setting.cfg
         if self.d_pp > cfg.layers:
             raise AllocationError(f"allocation: {self.d_pp} stages cannot split the {cfg.layers} blocks of {cfg.name}")
-        self.micro_batches = max(1, setting.batch // self.d_dp // setting.micro_batch)
+        self.micro_batches = micro_batches(setting.batch, setting.micro_batch, self.d_dp)
         self.stage_model = StageModel(cfg, comm.topo, setting.micro_batch, self.micro_batches, setting.dtype,
                                       setting.recompute, None if setting.profiles is None else list(setting.profiles))
         self.bytes_per_value = BYTES_PER_VALUE[setting.dtype]

@@ -29,6 +29,7 @@ from ..results import IterationRecord
 from ..scenario import Topology
 from .. import compute as work
 from ..compute.links import PROTOCOLS, Links
+from ..scheduler import DEFAULT_BUDGET
 from .systems import SimError, SimResult
 
 PLACEMENTS = ("default", "random")
@@ -61,7 +62,7 @@ class Simulator:
     """Simulates one scenario; caches scheduled assignments per (c_pp, c_dp) in memory and on disk."""
 
     def __init__(self, topo: Topology, profile_overrides: dict[str, ComputeProfile] | None = None, *,
-                 d_pp: int = 8, scheduler: str = "ga", schedule_seed: int = 0, budget: int = 5000,
+                 d_pp: int = 8, scheduler: str = "ga", schedule_seed: int = 0, budget: int = DEFAULT_BUDGET,
                  cache_dir: Path | None = None, ps_mode: str = "grouped",
                  placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1, protocol: str = "nccl",
                  nic: str = "shared", profiles: list[ComputeProfile] | None = None, allocator: str | None = None):

@@ -58,15 +58,21 @@ def _check_args(run_args: list[str], partition: str | None, time: str | None) ->
 
 
 def run_request(inv: Inventory, run_args: list[str], *, shaped: bool):
-    """The RunRequest the job's ranks will build from `run_args`: every `harness run` check
-    (flags, system, model, the inventory's scenario/devices/bandwidth scale) now, in one line."""
+    """The RunRequest the job's ranks will build from `run_args`, planned as `harness run` plans it: every
+    check (flags, system, model, layout against the devices, batch, scheduler, the inventory's
+    scenario/devices/bandwidth scale) now, in one line."""
     from ..plan.flags import FlagError, run_request as request_of
+    from ..plan.layouts import plan_run
 
     argv = [*run_args, "--inventory", str(inv.path), "--network", "shaped" if shaped else "none"]
     try:
-        return request_of(argv)
+        req = request_of(argv)
+        plan_run(req)
     except FlagError as e:
         raise SbatchError(f"harness run arguments: {e}") from None
+    except HarnessError as e:
+        raise SbatchError(f"harness run arguments {' '.join(run_args)}: {e}") from None
+    return req
 
 
 def ranks_per_node(inv: Inventory) -> int:

@@ -76,8 +76,8 @@ def sim_flags(among: tuple[str, ...]) -> tuple[str, ...]:
 register(Workload(
     "gpt", "the paper's GPT: transformer blocks, per-iteration records", tuple(MODELS), get_model, None,
     "iteration records (records.csv)",
-    sim_flags={"--batch": 1024, "--layers": None, "--micro-batch": 1, "--d-pp": None, "--budget": 5000,
-               "--schedule-seed": 0, "--ps-mode": "grouped", "--no-cache": False, "--protocol": "nccl",
+    sim_flags={"--batch": 1024, "--layers": None, "--micro-batch": 1, "--d-pp": None, "--budget": None,
+               "--seed": 0, "--ps-mode": "grouped", "--no-cache": False, "--protocol": "nccl",
                "--allocator": None, "--scheduler": "ga"},
 ))
 register(Workload(

@@ -4,6 +4,7 @@ shards and their traffic, and the simulated throughput under Wave Synchronous Pa
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -100,7 +101,7 @@ def partition(costs: Costs, devices: list[int], in_flight: int) -> VirtualWorker
     try:
         alloc = allocate("optimal", problem)
     except AllocationError as e:
-        raise HetPipeError(f"virtual worker {','.join(map(str, devices))}: cannot hold {m.name} with "
+        raise HetPipeError(f"virtual worker {vw_name(devices)}: cannot hold {m.name} with "
                            f"{in_flight} minibatch(es) of {costs.batch} in flight ({e})") from None
     stages = alloc.stages
     fwd = [float(costs.flop[a:b].sum() * per_flop[k]) for k, (a, b) in enumerate(stages)]
@@ -111,15 +112,50 @@ def partition(costs: Costs, devices: list[int], in_flight: int) -> VirtualWorker
                          tuple(float(x) for x in costs.capacity[devices]))
 
 
+def vw_name(devices) -> str:
+    """A virtual worker in a message: its device ids, or their count and range when there are many."""
+    ds = sorted(devices)
+    return ",".join(map(str, ds)) if len(ds) <= 8 else f"of {len(ds)} GPUs ({ds[0]}..{ds[-1]})"
+
+
+MAX_ORDERS = 40320  # stage orders best_order tries (8 GPUs of 8 types); beyond, a one-line refusal
+
+
+def type_orders(counts: dict[str, int]):
+    """Every distinct sequence with counts[t] of each type t, in sorted order: GPUs of one type are
+    interchangeable, so 64 identical GPUs have one order, not 64! permutations."""
+    types = sorted(counts)
+    left = dict(counts)
+    n = sum(counts.values())
+    seq: list[str] = []
+
+    def rec():
+        if len(seq) == n:
+            yield tuple(seq)
+            return
+        for t in types:
+            if left[t]:
+                left[t] -= 1
+                seq.append(t)
+                yield from rec()
+                seq.pop()
+                left[t] += 1
+    return rec()
+
+
 def best_order(topo: Topology, costs: Costs, devices: list[int], in_flight: int) -> VirtualWorker:
     """The stage order of the VW's GPU types (devices of one type in id order) whose partition has the
     smallest bottleneck; HetPipeError when none fits."""
     by_type: dict[str, list[int]] = {}
     for d in sorted(devices):
         by_type.setdefault(topo.profiles[d].gpu, []).append(d)
-    types = [t for t, ds in by_type.items() for _ in ds]
+    counts = {t: len(ds) for t, ds in by_type.items()}
+    orders = math.factorial(len(devices)) // math.prod(math.factorial(c) for c in counts.values())
+    if orders > MAX_ORDERS:
+        raise HetPipeError(f"virtual worker {vw_name(devices)}: {orders} stage orders of its "
+                           f"GPU types to try (at most {MAX_ORDERS}); give smaller virtual workers or fewer GPU types")
     best, last_error = None, None
-    for order in sorted(set(itertools.permutations(types))):
+    for order in type_orders(counts):
         pools = {t: list(ds) for t, ds in by_type.items()}
         devs = [pools[t].pop(0) for t in order]
         try:

@@ -48,9 +48,10 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
     admitted = [0] * V
     last_admit = [0.0] * V
     distance: list[int] = []
-
-    def pushed(v: int) -> int:
-        return int(np.count_nonzero(~np.isnan(push_done[v])))
+    pushed = [0] * V  # waves each VW has pushed
+    wave_pushes = [0] * waves  # VWs that have pushed each wave, and the last of their push times
+    wave_last_push = [0.0] * waves
+    push_at = [[None] * waves for _ in range(V)]  # push_done as Python floats (the hot path reads them)
 
     def gate(v: int, p: int) -> float | None:
         """Earliest admission of minibatch p by its wave gate; None while some push it waits for is unknown."""
@@ -59,10 +60,9 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
         c = (p + 1) // N - 2  # p closes wave c+1 and is admitted when wave c completes
         if c < staleness:
             return 0.0  # the first D+1 waves run without querying the global weights
-        needed = push_done[:, c - staleness]
-        if np.isnan(needed).any() or np.isnan(push_done[v, c]):
+        if wave_pushes[c - staleness] < V or push_at[v][c] is None:
             return None
-        return max(push_done[v, c], needed.max()) + pull_seconds
+        return max(push_at[v][c], wave_last_push[c - staleness]) + pull_seconds
 
     def admit(v: int, now: float) -> None:
         while admitted[v] < total and admitted[v] - completed[v] < N:
@@ -74,7 +74,7 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
             if g > 0.0:
                 c = (p + 1) // N - 2
                 resumed[v, c] = t
-                distance.append((c + 1) - min(pushed(u) for u in range(V)))
+                distance.append((c + 1) - min(pushed))
             heapq.heappush(queues[v][0], (t, p, 0, "f"))
             admitted[v] += 1
             last_admit[v] = t
@@ -84,7 +84,10 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
         if (p + 1) % N == 0:
             c = p // N
             wave_done[v, c] = t
-            push_done[v, c] = t + push_seconds
+            push_done[v, c] = push_at[v][c] = t + push_seconds
+            pushed[v] += 1
+            wave_pushes[c] += 1
+            wave_last_push[c] = max(wave_last_push[c], t + push_seconds)
             for u in range(V):  # a push may release VWs parked at their gate
                 admit(u, t)
         admit(v, t)

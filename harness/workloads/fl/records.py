@@ -9,6 +9,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from ...files import read_text
 from .federation import Federation, FLError
 from .models import BranchyModel
 from .strategies import NORMALISE_TO, Round
@@ -67,8 +68,8 @@ def read(paths: list[Path]) -> list[FLRecord]:
     out = []
     for f in files:
         try:
-            doc = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            doc = json.loads(read_text(f, "JSON records file"))
+        except json.JSONDecodeError as e:
             raise FLError(f"{f}: not a JSON records file ({e})") from None
         if not isinstance(doc, list):
             raise FLError(f"{f}: not a JSON list of records")

@@ -105,7 +105,8 @@ EXTRA: list[tuple[str, list[str]]] = [
 ACCEPTED = [("schedule", ["--scenario", "5", "--devices", "8", "--budget", "1", "--json", "{tmp}/cmp/a.json"]),
             ("schedule compare", ["--scenario", "5", "--devices", "8", "--budget", "1", "--out", "{tmp}/cmp"]),
             ("sim", ["--scenario", "5", "--devices", "8", "--budget", "1", "--no-cache"]),
-            ("scenario show", ["5", "--devices", "8", "--out", "{tmp}/show"])]
+            ("scenario show", ["5", "--devices", "8", "--out", "{tmp}/show"]),
+            ("hetpipe plan", ["--scenario", "hetpipe-testbed", "--policy", "ed", "--json", "{tmp}/show/p.json"])]
 
 # Free text that any value of is valid (a Slurm partition, the command to emulate).
 FREE = {("cluster sbatch", "--partition"), ("cluster sbatch", "--time"), ("emulate", "cmd"),
@@ -405,6 +406,22 @@ def test_inputs_that_once_crashed_now_work(stubs, command, argv):
                and ("cmp" in p.parts or "show" in p.parts or "default-results" in p.parts)]
     assert written, out
     assert all(p.stat().st_mode & 0o044 == 0o044 for p in written), [(p, oct(p.stat().st_mode)) for p in written]
+
+
+def test_a_closed_pipe_ends_quietly():
+    """`harness scenario export 5 --json | head -c 1`: no BrokenPipeError, no traceback."""
+    import subprocess
+
+    p = subprocess.Popen([sys.executable, "-m", "harness", "scenario", "export", "5", "--json"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # the reader leaves before the JSON is written (or while it is)
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) in (0, 141) and err == "", err
+
+
+def test_version():
+    rc, out, err = _call(["--version"], Path("."))
+    assert rc == 0 and out.startswith("harness ") and err == ""
 
 
 def test_every_command_has_a_base():

@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
             args = parser.parse_args(argv)
         except SystemExit as e:  # a refused flag (its line printed), --help or --version: the exit status
             return e.code if isinstance(e.code, int) else 0
-        return int(args.func(args) or 0)
+        rc = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, where a closed pipe is caught, not in the interpreter's exit
+        return rc
     except HarnessError as e:
         print(f"harness: error: {e}", file=sys.stderr)
         return 2

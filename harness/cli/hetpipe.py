@@ -33,7 +33,7 @@ def register(sub) -> None:
 def _placement_of(layout: dict) -> dict:
     """The layout's placement fields (devices and layers per VW); its runtime fields (schedule, dp_sync) name
     the GPT runtimes, not WSP, until HetPipe trains for real."""
-    return {k: layout[k] for k in ("tp", "pp", "dp", "placement", "mesh", "stages", "replicas")}
+    return {k: layout[k] for k in ("tp", "pp", "dp", "placement", "mesh", "stages", "replicas") if k in layout}
 
 
 def cmd_plan(args) -> int:

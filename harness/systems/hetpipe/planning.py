@@ -336,7 +336,10 @@ def plan(topo: Topology, model: CNNModel, batch: int, policy: str, placement: st
         try:
             vws = virtual_workers(topo, costs, groups, n)
         except HetPipeError as e:
-            if n == 1 or in_flight:
+            if in_flight:
+                raise HetPipeError(f"--in-flight {in_flight}: N_m too large for --policy {policy} ({e}); leave "
+                                   "--in-flight out for the fastest N_m that fits") from None
+            if n == 1:
                 raise HetPipeError(f"--policy {policy}: {e}") from None
             n -= 1
             break

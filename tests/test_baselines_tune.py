@@ -59,8 +59,8 @@ def test_failed_point_is_recorded_and_the_search_goes_on(tmp_path):
         out = tmp_path / r.run.run_id
         out.mkdir()
         secs = 1.0 + len(seen)
-        (out / "records.csv").write_text(
-            "seconds,pflops,loss\n" + f"{secs},{1 / secs},5.0\n")
+        (out / "records.csv").write_text("run_id,scenario,system,backend,devices,seconds,pflops,loss\n"
+                                         f"{r.run.run_id},5-worldwide,megatron,local,4,{secs},{1 / secs},5.0\n")
         return out
 
     result = tune(req, "megatron", progress=False, execute=fake_execute)

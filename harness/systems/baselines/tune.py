@@ -21,7 +21,7 @@ from ...plan import systems as registry
 from ...errors import HarnessError
 from ...layout import Layout
 from ...files import atomic_write_json, atomic_write_text
-from ...results import RESULTS_DIR, read_records
+from ...results import read_records, results_root
 from ...scenario import load_scenario
 
 
@@ -123,7 +123,7 @@ def tune(request, system: str, rank_order: int | None = None, progress: bool = T
             points.append(TunePoint(lay.label(), lay.to_json(), lay.tp, lay.pp, lay.dp, "failed",
                                     str(_run_dir(request, run_id)), math.nan, math.nan, reason=str(e)))
     scenario = load_scenario(request.network.scenario, devices=request.network.devices).name
-    summary = Path(request.run.results_root or RESULTS_DIR) / scenario / f"tune-{system}-{stamp}"
+    summary = results_root(request.run.results_root) / scenario / f"tune-{system}-{stamp}"
     result = TuneResult(system, scenario, devices, points, summary)
     atomic_write_json(summary / "tune.json", result.to_json())
     atomic_write_text(summary / "tune.csv", _csv(points))

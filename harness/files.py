@@ -43,24 +43,6 @@ def _umask() -> int:
     return mask
 
 
-def atomic_write_text(path: Path, text: str, mode: int = 0o666) -> None:
-    """Write `text` to `path` so that readers see the old file or the whole new one; the file gets `mode`
-    less the umask, as `open()` would give it (mkstemp alone would leave it 0600)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fchmod(f.fileno(), mode & ~_umask())
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 @contextlib.contextmanager
 def atomic_path(path: Path, mode: int = 0o666):
     """Yield a temporary path beside `path` for a writer that wants a file name (a figure's savefig); on
@@ -76,6 +58,15 @@ def atomic_path(path: Path, mode: int = 0o666):
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str, mode: int = 0o666) -> None:
+    """Write `text` to `path` so that readers see the old file or the whole new one; the file gets `mode`
+    less the umask, as `open()` would give it (mkstemp alone would leave it 0600)."""
+    with atomic_path(path, mode) as tmp, open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def atomic_write_json(path: Path, obj) -> None:

@@ -17,9 +17,10 @@ import tempfile
 import traceback
 
 from ..errors import HarnessError
-from ..plan.flags import (add_alias, add_results_argument, fractions, input_dir, name_list, nonempty, input_file, input_path, non_negative_int,  # noqa: F401
-                          output_dir, output_file, positive_float, positive_int,
-                          scenario_name)  # (the argparse types of every command)
+# the argparse types and helpers of every command
+from ..plan.flags import (add_alias, add_results_argument, fractions, input_dir, input_file,  # noqa: F401
+                          input_path, name_list, non_negative_int, nonempty, output_dir, output_file,
+                          positive_float, positive_int, scenario_name)
 
 
 class Parser(argparse.ArgumentParser):

@@ -136,16 +136,18 @@ def _overrides(args):
 
 def _sim_kwargs(args) -> dict:
     from ..results import results_root
-
     from ..scheduler import SCHEDULERS
+    from ..sim.sweep import PLACEMENTS as GPT_PLACEMENTS
+    from ..systems.hetpipe import PLACEMENTS as PS_PLACEMENTS
 
+    # checked here too: `sim report --hetpipe-only` never builds the Simulator that checks them
     if args.scheduler not in SCHEDULERS:
         raise HarnessError(f"--scheduler: unknown scheduler {args.scheduler!r} (known: {', '.join(SCHEDULERS)})")
-    placements = args.placement or ("default", "random")
-    bad = [p for p in placements if p not in ("default", "random", "local")]
+    placements = args.placement or GPT_PLACEMENTS
+    bad = [p for p in placements if p not in (*GPT_PLACEMENTS, *PS_PLACEMENTS)]
     if bad:
-        raise HarnessError(f"--placement: unknown placement {bad[0]!r} (GPT baselines: default, random; HetPipe: "
-                           "default, local)")
+        raise HarnessError(f"--placement: unknown placement {bad[0]!r} (GPT baselines: {', '.join(GPT_PLACEMENTS)}; "
+                           f"HetPipe: {', '.join(PS_PLACEMENTS)})")
     return {"profile_overrides": _overrides(args), "budget": args.budget or DEFAULT_BUDGET, "schedule_seed": args.seed,
             "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol, "allocator": args.allocator,
             "scheduler": args.scheduler,

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..allocation import ALLOCATORS
 from ..scheduler import DEFAULT_BUDGET
 from ..errors import HarnessError
-from ..scenario import ScenarioError, load_scenario, reload_name
+from ..scenario import ScenarioError, load_scenario, reload_name, resolve_scenario
 from ..scenario.inventory import Inventory, InventoryError
 from . import systems
 from .request import (ComputeSection, DebugSection, LayoutRequest, ModelSection, NetworkSection, RunRequest,
@@ -85,8 +85,6 @@ def fractions(text: str) -> list[float]:
 def scenario_name(text: str) -> str:
     """argparse type: a case number, a scenario's name or a path to a scenario file that exists (its content
     is checked when it is loaded)."""
-    from ..scenario import resolve_scenario
-
     try:
         resolve_scenario(text)
     except ScenarioError as e:

@@ -78,8 +78,6 @@ def load_scenario(name: str, devices: int | None = None) -> Topology:
     path = resolve_scenario(name)
     try:
         doc = load_yaml(path, "scenario YAML")
-    except ScenarioError:
-        raise
     except HarnessError as e:  # unreadable: a ScenarioError as every other mistake in a scenario
         raise ScenarioError(str(e)) from None
     except yaml.YAMLError as e:

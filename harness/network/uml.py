@@ -24,6 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from ..errors import HarnessError
 from . import registry, runner
@@ -100,6 +101,39 @@ def _raise_priority() -> None:
         pass
 
 
+#: Reads one line (the go) from stdin, then becomes the command (same pid) with /dev/null as its
+#: stdin; end of file instead (the launcher is gone) exits 1 without starting it.
+_GATE = 'read -r go || exit 1; exec "$@" </dev/null'
+
+
+def spawn_gated(cmd: list[str], **popen_kwargs) -> tuple[subprocess.Popen, Callable[[], None]]:
+    """Start `cmd` held at a gate, and the function that lets it run (its stdin is /dev/null).
+
+    Why: a launcher killed between its fork and the moment it records the kernel's pid in the
+    registry would leave a kernel its reaper cannot know of (one that may create its ~/.uml
+    directory after the teardown). Held at the gate, the process is a shell whose command line
+    already names the umid; if the launcher dies before `release()`, the gate reads end of file
+    and the command never starts."""
+    r, w = os.pipe()
+    try:
+        proc = subprocess.Popen(["sh", "-c", _GATE, "sh", *cmd], stdin=r, **popen_kwargs)
+    except BaseException:
+        os.close(w)
+        raise
+    finally:
+        os.close(r)
+
+    def release() -> None:
+        try:
+            os.write(w, b"go\n")
+        except BrokenPipeError:  # the gate is gone already (killed): the caller sees it exit
+            pass
+        finally:
+            os.close(w)
+
+    return proc, release
+
+
 def boot(job_dir: Path, entry: registry.Entry, *, cwd: str, wall_timeout_s: float) -> bool:
     """Boot UML on the job in `job_dir`, wait for it to halt; False if it had to be killed."""
     script = job_dir / "init.sh"
@@ -114,10 +148,11 @@ def boot(job_dir: Path, entry: registry.Entry, *, cwd: str, wall_timeout_s: floa
     cmd = [UML_BINARY, f"mem={guest_memory_bytes() >> 20}M", f"umid={registry.umid(rid)}",
            "rootfstype=hostfs", "rw", f"init={script}", "con=null", "con0=null,fd:1"]
     with open(job_dir / "console.log", "wb") as console:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=console, stderr=subprocess.STDOUT,
-                                env=env, start_new_session=True, preexec_fn=_raise_priority)
+        proc, release = spawn_gated(cmd, stdout=console, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True, preexec_fn=_raise_priority)
     entry.uml_pid = proc.pid
     entry.save()
+    release()
     deadline = time.monotonic() + wall_timeout_s
     try:
         while proc.poll() is None:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..allocation import ALLOCATORS
 from ..scheduler import DEFAULT_BUDGET
+from ..workloads.markov import DATA_SETS
 from ..errors import HarnessError
 from ..scenario import ScenarioError, load_scenario, reload_name, resolve_scenario
 from ..scenario.inventory import Inventory, InventoryError
@@ -208,6 +209,10 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
     p.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto",
                    help="emulated: the host kernel (needs sch_netem) or user-mode Linux (default auto)")
     p.add_argument("--lr", type=positive_float, default=0.1)
+    p.add_argument("--data", choices=DATA_SETS, default="uniform",
+                   help="synthetic tokens: uniform (nothing to learn; the loss stays at log V) or markov (a fixed "
+                        "random Markov chain: learnable, its loss floor, the entropy rate, is in the manifest) "
+                        "(default uniform)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
                    help="default fp32 on cpu, bf16 on cuda")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -276,7 +281,7 @@ def request_from_args(args, layout):
     return RunRequest(
         model=ModelSection(name=args.model, layers=args.layers, batch=args.batch, micro_batch=args.micro_batch,
                            dtype=args.dtype or ("bf16" if args.device == "cuda" else "fp32"), lr=args.lr,
-                           seed=args.seed),
+                           seed=args.seed, data=args.data),
         layout=layout,
         network=network_from_args(args),
         run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,

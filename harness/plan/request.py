@@ -22,6 +22,7 @@ from ..compute.model import GPTConfig, get_model
 from ..compute.profiles import ComputeProfile
 from ..compute import BYTES_PER_VALUE
 from ..scheduler import DEFAULT_BUDGET
+from ..workloads.markov import DATA_SETS
 
 DTYPE_NAMES = tuple(BYTES_PER_VALUE)
 NETWORK_MODES = ("emulated", "none", "shaped")
@@ -54,12 +55,14 @@ class ModelSection:
     dtype: str = "fp32"  # compute and wire precision: fp32 | bf16 | fp16
     lr: float = 0.1
     seed: int = 0  # data and initialisation (and the seeded placement of ours-random)
+    data: str = "uniform"  # synthetic data set: uniform | markov (harness/workloads/markov.py)
 
     def __post_init__(self):
         _positive("model.batch", self.batch)
         _positive("model.micro_batch", self.micro_batch)
         _positive("model.lr", self.lr, float)
         _one_of("model.dtype", self.dtype, DTYPE_NAMES)
+        _one_of("model.data", self.data, DATA_SETS)
         self.cfg  # unknown model or bad layer count: one line, now
 
     @property

@@ -228,8 +228,18 @@ def run_summary(run: Path) -> str:
     mean = sum(secs) / len(secs)
     rate = r0["pflop"] / mean
     unit, factor = plots.flop_rate_unit([rate])
+    data = _manifest_data(Path(run))
+    floor = f" (floor {data['loss_floor']:.4g} on {data['set']} data)" if data else ""
     return (f"{r0['system']} on {r0['scenario']} ({r0['devices']} devices, {r0['backend']}, kernel {r0['kernel']}), "
             f"{r0['model']} L={r0['layers']} batch {r0['batch']}: {len(secs)} timed iterations, {mean:.4g} s per "
             f"iteration (min {min(secs):.4g}, max {max(secs):.4g}), {rate * factor:.4g} {unit}, "
-            f"{r0['batch'] * r0['seq'] / mean:.4g} tokens/s, loss {recs[-1]['loss']:.4g}; records: "
+            f"{r0['batch'] * r0['seq'] / mean:.4g} tokens/s, loss {recs[-1]['loss']:.4g}{floor}; records: "
             f"{Path(run) / 'records.csv'}, manifest: {Path(run) / 'manifest.json'}")
+
+
+def _manifest_data(run: Path) -> dict | None:
+    """The manifest's data section (data set and loss floor); None for runs recorded before it."""
+    try:
+        return json.loads((run / "manifest.json").read_text()).get("data")
+    except (OSError, ValueError):
+        return None

@@ -23,6 +23,7 @@ from ..results import IterationRecord, manifest, run_dir, write_records
 from ..scenario import Topology
 from ..plan.request import RunRequest, RunSpec
 from ..plan.layouts import Plan, plan_run
+from .gpt import loss_floor
 from .stats import IterationStats, merge_stats
 
 
@@ -164,6 +165,8 @@ def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
         "host_cpus": os.cpu_count(),  # emulated ranks share them (sim compare's cpu load)
         "host": platform.node(), "pid": os.getpid(),  # whose run it is: `running` with the pid gone is killed
         "placement": None if placement is None else placement.to_json(spec.layout),
+        # the best expected loss on the run's synthetic data (nats): what a convergence plot is read against
+        "data": {"set": spec.model.data, "loss_floor": loss_floor(spec.cfg, spec.model.data, spec.model.seed)},
         **(shared or {}),
     }
     run_id = spec.resolved.run_id

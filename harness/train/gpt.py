@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..compute.model import GPTConfig
+from ..workloads.markov import DATA_SETS, markov_chain
 
 
 class CausalSelfAttention(nn.Module):
@@ -145,12 +146,24 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
 
 
-def synthetic_batch(cfg: GPTConfig, batch: int, iteration: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_batch(cfg: GPTConfig, batch: int, iteration: int, seed: int = 0,
+                    data: str = "uniform") -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids (batch, seq) and next-token targets for `iteration`, from a seeded generator.
 
-    Throughput does not depend on the text; every system draws the identical batch for
-    the same (seed, iteration), and slices it by sample index for its own layout.
+    Every system draws the identical batch for the same (data, seed, iteration), and slices it by
+    sample index for its own layout.
     """
     g = torch.Generator().manual_seed(seed * 1_000_003 + iteration)
-    tokens = torch.randint(0, cfg.vocab, (batch, cfg.seq + 1), generator=g)
+    if data == "markov":
+        tokens = markov_chain(cfg.vocab, seed).sample(batch, cfg.seq + 1, g)
+    elif data == "uniform":
+        tokens = torch.randint(0, cfg.vocab, (batch, cfg.seq + 1), generator=g)
+    else:
+        raise ValueError(f"unknown data set {data!r} (known: {', '.join(DATA_SETS)})")
     return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def loss_floor(cfg: GPTConfig, data: str, seed: int = 0) -> float:
+    """The best expected next-token cross-entropy (nats) on `data`: log V for uniform tokens, the
+    chain's entropy rate for the Markov chain."""
+    return markov_chain(cfg.vocab, seed).entropy_rate if data == "markov" else math.log(cfg.vocab)

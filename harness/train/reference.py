@@ -28,7 +28,7 @@ def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
 
 
 def reference_train(
-    cfg: GPTConfig, batch: int, micro_batch: int, steps: int, seed: int = 0, lr: float = 0.1
+    cfg: GPTConfig, batch: int, micro_batch: int, steps: int, seed: int = 0, lr: float = 0.1, data: str = "uniform"
 ) -> tuple[list[float], dict[str, torch.Tensor]]:
     """Train `steps` iterations in one process; returns (loss per step, final state_dict).
 
@@ -39,7 +39,7 @@ def reference_train(
     opt = make_optimizer(model.parameters(), lr)
     losses = []
     for step in range(steps):
-        tokens, targets = synthetic_batch(cfg, batch, step, seed)
+        tokens, targets = synthetic_batch(cfg, batch, step, seed, data)
         opt.zero_grad(set_to_none=True)
         total = 0.0
         for k in range(n_mb):

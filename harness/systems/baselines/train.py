@@ -158,10 +158,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, seed: int) -> IterationStats:
+def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, seed: int,
+               data: str = "uniform") -> IterationStats:
     """One iteration: the replica's slice of the global batch through the pipeline, then the update."""
     lay = br.layout
-    tokens, targets = synthetic_batch(cfg, batch, iteration, seed)
+    tokens, targets = synthetic_batch(cfg, batch, iteration, seed, data)
     per = batch // lay.dp
     sl = slice(br.replica * per, (br.replica + 1) * per)
     first, last = br.stage == 0, br.stage == lay.pp - 1
@@ -187,7 +188,7 @@ def train_baseline(
     layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, iters: int, seed: int, lr: float,
     warmup: int = 0, want_state: bool = False,
     device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress: bool = False,
-    pace=None,
+    pace=None, data: str = "uniform",
 ) -> tuple[list[IterationStats], dict[str, torch.Tensor] | None]:
     """Run `warmup + iters` iterations on this rank; returns the timed ones (and, if asked, the
     rank's parameters under reference names, restricted to its own stage). With `progress`, one
@@ -197,7 +198,7 @@ def train_baseline(
     steps = warmup + iters
     for it in range(steps):
         try:
-            timing = train_step(br, cfg, batch, it, seed)
+            timing = train_step(br, cfg, batch, it, seed, data)
         except RuntimeError as e:
             where = f"stage {br.stage} replica {br.replica} shard {br.shard}"
             raise RuntimeError(f"{layout.label()}: iteration {it}, {where}: {root_message(e)}") from e

@@ -191,7 +191,7 @@ class PipelineStageRunner:
         spec, dev = self.spec, self.ctx.device
         clock = _Clock(dev)
         lo = self.replica * self.local_batch
-        tokens, targets = synthetic_batch(self.cfg, spec.model.batch, it, spec.model.seed)
+        tokens, targets = synthetic_batch(self.cfg, spec.model.batch, it, spec.model.seed, spec.model.data)
         tokens = tokens[lo:lo + self.local_batch].to(dev)
         targets = targets[lo:lo + self.local_batch].to(dev)
         m = spec.model.micro_batch

@@ -32,6 +32,75 @@ class WSPResult:
     push_done: np.ndarray  # (VWs, waves)
     resumed: np.ndarray  # (VWs, waves): when the VW admitted the minibatch gated after wave c (nan: none)
     distance_at_resume: list[int]  # waves pushed by the resuming VW minus the fewest any VW has pushed
+    pulled: np.ndarray  # (VWs, waves): when the pull at the gate after wave c completed (nan: none)
+    admitted: np.ndarray  # (VWs, minibatches): when each minibatch entered the first stage
+
+    def records(self, in_flight: int) -> list["MinibatchRecord"]:
+        """What a run records per minibatch (wsp.check_bounds reads it), of this simulation."""
+        V, waves = self.push_done.shape
+        out = []
+        for v in range(V):
+            version = 0
+            for p in range(waves * in_flight):
+                c = p // in_flight
+                if (p + 1) % in_flight == 0 and c >= 1 and not np.isnan(self.pulled[v, c - 1]):
+                    # the pull at this gate: every VW's waves pushed by then, the fewest of them
+                    version = int(min((self.push_done[u] <= self.pulled[v, c - 1]).sum() for u in range(V)))
+                last = (p + 1) % in_flight == 0
+                out.append(MinibatchRecord(v, p, c, version, float(self.admitted[v, p]),
+                                           float(self.push_done[v, c]) if last else float("nan")))
+        return out
+
+
+@dataclass(frozen=True)
+class MinibatchRecord:
+    """One minibatch of one virtual worker, as a WSP run records it.
+
+    clock: its wave (the VW's local clock while it runs); global_version: the global clock of the weights
+    it read (the fewest waves of any VW they include); admitted: when it entered the first stage; pushed:
+    for a wave's last minibatch, when the wave's update reached the parameter server (else NaN)."""
+
+    vw: int
+    minibatch: int  # 0-based, per VW
+    clock: int
+    global_version: int
+    admitted: float
+    pushed: float = float("nan")
+
+
+def global_staleness(in_flight: int, staleness: int) -> int:
+    """s_global = (D + 1)(s_local + 1) + s_local - 1 with s_local = N_m - 1 (HetPipe, Sec. 5)."""
+    s_local = in_flight - 1
+    return (staleness + 1) * (s_local + 1) + s_local - 1
+
+
+def check_bounds(records: list[MinibatchRecord], in_flight: int, staleness: int) -> list[str]:
+    """WSP's two bounds, checked from what was recorded; one line per violation.
+
+    Global staleness: minibatch p (1-based) must read weights holding every VW's updates of its
+    minibatches 1 .. p - (s_global + 1), i.e. global_version * N_m >= p - s_global - 1. Clock distance:
+    when a VW admits the minibatch gated at the end of its clock c (it enters clock c + 1), no VW may be
+    more than D waves behind: c + 1 - (waves the slowest VW has pushed by then) <= D."""
+    s_global = global_staleness(in_flight, staleness)
+    bad = []
+    pushes = {}
+    for r in records:
+        if not np.isnan(r.pushed):
+            pushes.setdefault(r.vw, []).append(r.pushed)
+    vws = sorted({r.vw for r in records})
+    for r in records:
+        p = r.minibatch + 1
+        if r.global_version * in_flight < p - s_global - 1:
+            bad.append(f"VW {r.vw} minibatch {p}: read global version {r.global_version} (updates of minibatches "
+                       f"1..{r.global_version * in_flight}), the bound needs 1..{p - s_global - 1} "
+                       f"(s_global {s_global})")
+        gated = p % in_flight == 0 and r.clock >= 1
+        if gated:
+            slowest = min(sum(1 for t in pushes.get(u, []) if t <= r.admitted) for u in vws)
+            if r.clock - slowest > staleness:
+                bad.append(f"VW {r.vw} entered clock {r.clock} when the slowest VW had pushed {slowest} waves: "
+                           f"clock distance {r.clock - slowest} > D = {staleness}")
+    return bad
 
 
 def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: float, pull_seconds: float,
@@ -44,6 +113,8 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
     wave_done = np.full((V, waves), np.nan)
     push_done = np.full((V, waves), np.nan)
     resumed = np.full((V, waves), np.nan)
+    pulled = np.full((V, waves), np.nan)
+    admit_at = np.full((V, total), np.nan)
     completed = [0] * V
     admitted = [0] * V
     last_admit = [0.0] * V
@@ -74,7 +145,9 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
             if g > 0.0:
                 c = (p + 1) // N - 2
                 resumed[v, c] = t
+                pulled[v, c] = g
                 distance.append((c + 1) - min(pushed))
+            admit_at[v, p] = t
             heapq.heappush(queues[v][0], (t, p, 0, "f"))
             admitted[v] += 1
             last_admit[v] = t
@@ -124,4 +197,4 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
     clock = push_done.max(0)  # global clock c+1: every VW has pushed wave c
     half = waves // 2
     per_wave = float((clock[-1] - clock[half - 1]) / (waves - half))
-    return WSPResult(per_wave, V * N * batch / per_wave, wave_done, push_done, resumed, distance)
+    return WSPResult(per_wave, V * N * batch / per_wave, wave_done, push_done, resumed, distance, pulled, admit_at)

@@ -40,10 +40,10 @@ def _stall_rank_mid_training() -> None:
 
     real = train_mod.train_step
 
-    def stalling(br, cfg, batch, iteration, seed):
+    def stalling(br, cfg, batch, iteration, *args, **kwargs):
         if iteration == 2:
             time.sleep(120)
-        return real(br, cfg, batch, iteration, seed)
+        return real(br, cfg, batch, iteration, *args, **kwargs)
 
     train_mod.train_step = stalling  # only in this forked rank
 

@@ -40,8 +40,8 @@ def inside(netns_path: str):
     bound to it), then return it to the namespace it came from."""
     back = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        enter(netns_path)
-        try:
+        try:  # `enter` itself inside: a signal handler that raises after its setns must not strand us there
+            enter(netns_path)
             yield
         finally:
             _check(_libc.setns(back, CLONE_NEWNET), "setns(back)")

@@ -14,7 +14,7 @@ the same chain.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 import numpy as np
 import torch
@@ -45,12 +45,16 @@ class MarkovChain:
         row = -(p * np.log(np.where(p > 0, p, 1.0))).sum(axis=1)
         return float(self.stationary @ row)
 
-    def sample(self, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
-        """(batch, length) token ids: the first from pi, each next from its row of the chain."""
-        pi = torch.from_numpy(self.stationary)
-        succ = torch.from_numpy(self.successors)
+    @cached_property
+    def _tables(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """pi, successors and each row's cumulative probabilities as tensors, made once per chain."""
         cum = torch.from_numpy(np.cumsum(self.probs, axis=1))
         cum[:, -1] = 1.0  # no u in [0, 1) falls past the last successor
+        return torch.from_numpy(self.stationary), torch.from_numpy(self.successors), cum
+
+    def sample(self, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        """(batch, length) token ids: the first from pi, each next from its row of the chain."""
+        pi, succ, cum = self._tables
         out = torch.empty(batch, length, dtype=torch.long)
         cur = torch.multinomial(pi, batch, replacement=True, generator=generator)
         out[:, 0] = cur

@@ -42,11 +42,10 @@ class WSPResult:
         for v in range(V):
             version = 0
             for p in range(waves * in_flight):
-                c = p // in_flight
-                if (p + 1) % in_flight == 0 and c >= 1 and not np.isnan(self.pulled[v, c - 1]):
+                c, last = p // in_flight, (p + 1) % in_flight == 0
+                if last and c >= 1 and not np.isnan(self.pulled[v, c - 1]):
                     # the pull at this gate: every VW's waves pushed by then, the fewest of them
-                    version = int(min((self.push_done[u] <= self.pulled[v, c - 1]).sum() for u in range(V)))
-                last = (p + 1) % in_flight == 0
+                    version = int((self.push_done <= self.pulled[v, c - 1]).sum(axis=1).min())
                 out.append(MinibatchRecord(v, p, c, version, float(self.admitted[v, p]),
                                            float(self.push_done[v, c]) if last else float("nan")))
         return out

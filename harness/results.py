@@ -101,6 +101,29 @@ def write_records(path: Path, records: list[IterationRecord]) -> None:
     atomic_write_text(path, records_csv(records))
 
 
+# minibatches.csv: one row per minibatch of a run whose system records them (HetPipe's virtual workers;
+# harness/systems/hetpipe/wsp.py reads them back to check Wave Synchronous Parallel's bounds)
+MINIBATCH_FIELDS = ("vw", "minibatch", "clock", "global_version", "admitted", "pushed", "loss")
+
+
+def write_minibatches(path: Path, rows: list[dict]) -> None:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=MINIBATCH_FIELDS, extrasaction="ignore")
+    w.writeheader()
+    w.writerows(rows)
+    atomic_write_text(path, buf.getvalue())
+
+
+def read_minibatches(path: Path) -> list[dict]:
+    """The rows of a minibatches.csv, typed (vw, minibatch, clock, global_version: int; the rest float)."""
+    with io.StringIO(read_text(Path(path), "minibatches CSV"), newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [k for k in MINIBATCH_FIELDS if k not in (reader.fieldnames or ())]
+        if missing:
+            raise HarnessError(f"{path}: not a minibatches CSV (no column {missing[0]!r})")
+        return [{k: (int(v) if k in MINIBATCH_FIELDS[:4] else float(v)) for k, v in row.items()} for row in reader]
+
+
 CORE_COLUMNS = ("run_id", "scenario", "system", "backend", "devices", "seconds")  # of every records.csv ever written
 
 

@@ -31,7 +31,8 @@ def test_killed_pipeline_peer_fails_the_run_naming_it():
     with pytest.raises(RankFailure) as e:
         run_local(spec("megatron", layouts.in_rank_order(1, 2, 2, 2), fault_rank=1, fault_after_s=3.0), timeout_s=60)
     assert time.monotonic() - t0 < 45
-    assert str(e.value).startswith("rank 1 was killed by signal SIGKILL")
+    # the rank is named with what it ran (harness.layout.Layout.role)
+    assert str(e.value).startswith("rank 1 (stage 0 of pipeline 1) was killed by signal SIGKILL")
 
 
 def _stall_rank_mid_training() -> None:

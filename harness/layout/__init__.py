@@ -40,6 +40,7 @@ from ..errors import HarnessError
 from ..compute import BatchError, micro_batches
 from ..compute.model import GPTConfig, ModelError, even_split
 from .schedule_order import SCHEDULES
+from .wsp import WSP
 
 DEGREES = (1, 2, 4, 8)  # the paper's grid for the baselines (App. D.2)
 RANDOM_SEEDS = (2022, 2023, 2024)  # the paper's random layouts (App. D.1)
@@ -84,6 +85,7 @@ class Layout:
     dp_sync: str = "allreduce"  # ours: sharded-ps (the paper) | allreduce; baselines: DDP's all-reduce
     recompute: bool = False  # recompute each block's activations in backward
     replicas: tuple[Pipeline, ...] = ()  # pipelines that differ (module docstring); () for a uniform mesh
+    wsp: WSP | None = None  # replicas train asynchronously under Wave Synchronous Parallel (wsp.py); None: in step
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp"):
@@ -102,7 +104,12 @@ class Layout:
             raise LayoutError(f"layout.dp_sync: must be one of {', '.join(DP_SYNCS)} (got {self.dp_sync!r})")
         if self.replicas:
             self._check_replicas()
-            return
+        else:
+            self._check_mesh()
+        if self.wsp is not None:
+            self._check_wsp()
+
+    def _check_mesh(self) -> None:
         arr = np.asarray(self.mesh)
         if arr.shape != (self.pp, self.dp, self.tp):
             raise LayoutError(f"layout.mesh: shape {arr.shape} != (pp, dp, tp) = ({self.pp}, {self.dp}, {self.tp})")
@@ -139,6 +146,15 @@ class Layout:
         if sorted(seen) != list(range(len(seen))):
             raise LayoutError(f"layout.replicas: must place every device 0..{len(seen) - 1} once "
                               f"(got {sorted(seen)})")
+
+    def _check_wsp(self) -> None:
+        if (self.tp, self.zero) != (1, 0):
+            raise LayoutError("layout.wsp: pipelines under Wave Synchronous Parallel run with tp = 1 and zero = 0")
+        if len(self.wsp.ps_hosts) != self.layers:
+            raise LayoutError(f"layout.wsp.ps_hosts: {len(self.wsp.ps_hosts)} shard hosts for {self.layers} blocks")
+        if max(self.wsp.ps_hosts) >= self.devices:
+            raise LayoutError(f"layout.wsp.ps_hosts: device {max(self.wsp.ps_hosts)} is not among the "
+                              f"{self.devices} devices")
 
     # ------------------------------------------------------------------ reading
     @property
@@ -205,6 +221,17 @@ class Layout:
         """The mesh flattened in (stage, replica, tensor rank) order: device of Megatron's logical rank k."""
         return tuple(int(d) for d in self.array().ravel())
 
+    def role(self, device: int) -> str:
+        """What `device` runs, for messages: its stage and pipeline, and the parameter-server shard it hosts."""
+        where = next((f"stage {p.devices.index(device)} of pipeline {i}"
+                      for i, p in enumerate(self.replica_pipelines()) if device in p.devices), "not placed")
+        if not self.replicas and self.tp > 1:
+            where += f", tensor rank {self.coords(device)[2]}"
+        if self.wsp is not None and device in self.wsp.shard_hosts:
+            blocks = [b for b, h in enumerate(self.wsp.ps_hosts) if h == device]
+            where += f"; parameter-server shard of blocks {', '.join(map(str, blocks))}"
+        return where
+
     def label(self) -> str:
         if self.replicas:
             head = "pipelines " + "+".join(str(len(r.devices)) for r in self.replicas)
@@ -214,6 +241,8 @@ class Layout:
             head = f"zero1 pp={self.pp} dp={self.dp} {self.schedule}"
         else:
             head = f"tp={self.tp} pp={self.pp} dp={self.dp} {self.schedule}"
+        if self.wsp is not None:
+            head += f" WSP N_m={self.wsp.in_flight} D={self.wsp.staleness}"
         return head if self.placement == "rank-order" else f"{head} ({self.placement})"
 
     # ------------------------------------------------------------------ checks
@@ -241,6 +270,8 @@ class Layout:
         if self.replicas:  # only then: a uniform layout's JSON is as it always was
             doc["replicas"] = [{"devices": list(r.devices), "stages": [list(s) for s in r.stages]}
                                for r in self.replicas]
+        if self.wsp is not None:
+            doc["wsp"] = self.wsp.to_json()
         return doc
 
     @classmethod
@@ -257,8 +288,9 @@ class Layout:
         try:
             replicas = tuple(Pipeline(tuple(int(x) for x in r["devices"]), tuple((int(a), int(b)) for a, b in r["stages"]))
                              for r in d.get("replicas", ()))
+            wsp = WSP.from_json(d["wsp"]) if d.get("wsp") is not None else None
             return cls(**{**d, "mesh": _nested(d["mesh"]), "stages": tuple((int(a), int(b)) for a, b in d["stages"]),
-                          "replicas": replicas})
+                          "replicas": replicas, "wsp": wsp})
         except (TypeError, ValueError, KeyError) as e:
             if isinstance(e, LayoutError):
                 raise

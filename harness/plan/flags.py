@@ -230,7 +230,9 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
                         "fault_mode=kill|exit, trace=1; ours' planted regressions: send_delay_s=S (every send "
                         "waits S first), overlap=0 (every send waits until the peer took the data; GPipe on "
                         "CPU); count_wire=1: every rank counts its bytes on the wire per iteration (manifest: "
-                        "wire_bytes_per_rank; slows the compute) (harness/plan/request.py: DebugSection)")
+                        "wire_bytes_per_rank; slows the compute); hetpipe: jitter_s=S (ranks of random speeds: "
+                        "each waits up to 2 S x its device's draw after every compute phase) "
+                        "(harness/plan/request.py: DebugSection)")
 
 
 def network_from_args(args):
@@ -321,6 +323,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                                                           "ga-hetero; see harness allocate)")
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                    help="ours: recompute activations per block in backward (default: on for cuda)")
+    p.add_argument("--policy", type=nonempty, help="hetpipe: how GPUs form virtual workers: np | ed | hd | an "
+                                                   "explicit grouping '0,1;2,3' (default ed; see harness sim --help)")
+    p.add_argument("--placement", type=nonempty, help="hetpipe: where the parameter-server shards live: default "
+                                                      "(round-robin over the nodes) | local (by stage; VWs alike)")
+    p.add_argument("--staleness", type=non_negative_int, help="hetpipe: D, the most waves a virtual worker may "
+                                                              "run ahead of the slowest (default 0)")
+    p.add_argument("--in-flight", type=positive_int, help="hetpipe: N_m, minibatches in flight per virtual worker "
+                                                          "(default: the fastest that fits)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before the run is failed")
     p.add_argument("--inventory", type=input_file,
                    help="real nodes: run under torchrun with this cluster.yaml, the one source of scenario, "

@@ -91,6 +91,11 @@ class LayoutRequest:
     budget: int = DEFAULT_BUDGET  # scheduler evaluations
     allocator: str | None = None  # ours: each stage's blocks (harness/allocation/); None: even
     explicit: Layout | None = None  # a full layout (e.g. a grid point of `harness tune`)
+    # hetpipe (harness/systems/hetpipe/): its virtual workers, parameter-server shards and Wave Synchronous Parallel
+    policy: str | None = None  # np | ed | hd | an explicit grouping "0,1;2,3"
+    ps_placement: str | None = None  # default | local (--placement)
+    staleness: int | None = None  # D, the clock distance bound
+    in_flight: int | None = None  # N_m, minibatches in flight per virtual worker (None: the fastest that fits)
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp"):
@@ -102,6 +107,11 @@ class LayoutRequest:
             _one_of("layout.schedule", self.schedule, SCHEDULES)
         _one_of("layout.dp_sync", self.dp_sync, DP_SYNCS)
         _positive("layout.budget", self.budget)
+        if self.in_flight is not None:
+            _positive("layout.in_flight", self.in_flight)
+        if self.staleness is not None and (isinstance(self.staleness, bool) or not isinstance(self.staleness, int)
+                                           or self.staleness < 0):
+            raise ConfigError(f"layout.staleness: must be an integer >= 0 (got {self.staleness!r})")
         if self.allocator is not None:
             from ..allocation import ALLOCATORS
 
@@ -182,12 +192,16 @@ class DebugSection:
     send_delay_s: float = 0.0  # every send waits this long before it is posted
     overlap: bool = True  # off: every send is a rendezvous, done once the peer took the data (GPipe, CPU)
     count_wire: bool = False  # every rank counts its bytes on the wire per iteration (wire.py; slows compute)
+    # hetpipe: after every compute phase a rank waits a random time, up to 2 x jitter_s x a speed drawn once
+    # per device (seeded by the run's seed and the device), so that virtual workers run at random speeds
+    jitter_s: float = 0.0
 
     def __post_init__(self):
         _one_of("debug.fault_mode", self.fault_mode, FAULT_MODES)
-        if isinstance(self.send_delay_s, bool) or not isinstance(self.send_delay_s, (int, float)) \
-                or not 0 <= self.send_delay_s < float("inf"):
-            raise ConfigError(f"debug.send_delay_s: must be a number >= 0 (got {self.send_delay_s!r})")
+        for name in ("send_delay_s", "jitter_s"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
+                raise ConfigError(f"debug.{name}: must be a number >= 0 (got {v!r})")
 
     @classmethod
     def parse(cls, items: list[str] | None) -> "DebugSection":

@@ -21,6 +21,8 @@ torchtitan's train-spec idea: a `System` bundles
 - `compute_observed`: its records' compute_seconds are timed inside the iteration;
 - `scheduled`: its layout comes from the scheduler (the simulator shows the scheduler's progress);
 - `style`: (colour, marker) of its series in every figure;
+- `sweep_by_rule`: `harness sim` of the GPT simulates the layouts its rule picks (False: the runtime its
+  layout names is not its model there; `sim compare` still holds its runs against `simulate_layout`);
 - `report_section`: its own section of `harness sim report` (a ReportSection: its sweep, files and
   markdown), beside the paper's evaluation the roles fill;
 - `gate_runs`: what it contributes to the regression gate (harness/regress/): "wire" -> the `harness run`
@@ -50,6 +52,7 @@ LAYOUT_FLAGS = {
     "--d-pp": "pp", "--d-dp": "dp", "--tp": "tp", "--pp": "pp", "--dp": "dp", "--zero": "zero",
     "--scheduler": "scheduler", "--rank-order": "seed", "--schedule": "schedule", "--dp-sync": "dp_sync",
     "--recompute": "recompute", "--budget": "budget", "--allocator": "allocator",
+    "--policy": "policy", "--placement": "ps_placement", "--staleness": "staleness", "--in-flight": "in_flight",
 }
 BASELINE_FLAGS = ("--tp", "--pp", "--dp", "--rank-order", "--schedule")
 PAPER_ROLES = ("ours", "ours-random", "megatron", "deepspeed")  # Yuan et al. 2022, sec. 4
@@ -81,6 +84,7 @@ class System:
     style: tuple[str, str] | None = None
     gate_runs: dict = field(default_factory=dict)  # "wire" | "measured" -> `harness run` flags
     report_section: Ref | None = None  # a ReportSection
+    sweep_by_rule: bool = True  # `harness sim` of the GPT runs its layout rule (False: its runs are compared only)
 
     def __post_init__(self):
         unknown = [f for f in self.flags if f not in LAYOUT_FLAGS]
@@ -104,7 +108,8 @@ class System:
     def simulates(self, workload: str) -> bool:
         """`harness sim` of `workload` can run it: a model of its own, or a layout rule (for the workload
         layouts place)."""
-        return workload in self.simulate or (workload == LAYOUT_WORKLOAD and self.layout_rule is not None)
+        return workload in self.simulate or (workload == LAYOUT_WORKLOAD and self.layout_rule is not None
+                                             and self.sweep_by_rule)
 
     def simulate_layout_fn(self) -> Callable:
         return _resolve(self.simulate_layout)

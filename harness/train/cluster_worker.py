@@ -93,7 +93,8 @@ def main(pairs: list[tuple[str, str]]) -> int:
                               addr=d["addr"], ifname=d["ifname"], device_index=d["index"])
                 return rank_main(spec, env)
 
-            label = lambda r: f"rank {r} (device {devs[r]['index']}, {devs[r]['addr']})"  # noqa: E731
+            label = lambda r: (f"rank {r} (device {devs[r]['index']}, {devs[r]['addr']}: "  # noqa: E731
+                               f"{spec.layout.role(devs[r]['index'])})")
             results = fork_ranks(len(devs), target, timeout_s=spec.run.timeout_s, label=label,
                                  tmp_dir=out.parent)  # the run's work directory (the host removes it)
             ready = [r.marks["training"] for r in results if "training" in r.marks]

@@ -89,17 +89,18 @@ class _NoPacer:
 
 
 def pacer_for(spec: RunSpec, stage: int, device_index: int, device: torch.device | None = None,
-              recompute: bool | None = None, vocab_parallel: bool = True):
-    """The pacer of the rank that runs `stage` (of spec.layout's stages) on scenario device
-    `device_index`, or a no-op one when the run's compute model is off. recompute: whether the
-    runtime recomputes activations in backward (default: the layout's); vocab_parallel: whether
-    tensor parallelism splits the embedding and head (compute.stage_compute). ZeRO shards the
-    optimizer step over the data-parallel group."""
+              recompute: bool | None = None, vocab_parallel: bool = True, replica: int | None = None):
+    """The pacer of the rank that runs `stage` (of spec.layout's stages; of replica `replica`'s when
+    given, for pipelines that differ) on scenario device `device_index`, or a no-op one when the run's
+    compute model is off. recompute: whether the runtime recomputes activations in backward (default:
+    the layout's); vocab_parallel: whether tensor parallelism splits the embedding and head
+    (compute.stage_compute). ZeRO shards the optimizer step over the data-parallel group."""
     c = spec.compute
     if not c.model:
         return _NoPacer()
     lay = spec.layout
-    modelled = rank_phase_seconds(spec.cfg, list(lay.layers_per_stage), stage, spec.model.micro_batch,
+    split = lay.pipeline(replica).layers_per_stage if replica is not None else lay.layers_per_stage
+    modelled = rank_phase_seconds(spec.cfg, list(split), stage, spec.model.micro_batch,
                                   c.devices[device_index], lay.recompute if recompute is None else recompute, lay.tp,
                                   vocab_parallel, optimizer_shards=lay.dp if lay.zero else 1)
     return ComputePacer({k: v * c.time_scale for k, v in modelled.items()}, device)

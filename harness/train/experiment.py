@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import HarnessError
 from ..compute import pflop_per_iteration
 from ..files import atomic_write_json
-from ..results import IterationRecord, manifest, run_dir, write_records
+from ..results import IterationRecord, manifest, run_dir, write_minibatches, write_records
 from ..scenario import Topology
 from ..plan.request import RunRequest, RunSpec
 from ..plan.layouts import Plan, plan_run
@@ -192,6 +192,9 @@ def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
         spec = spec.with_resolved(kernel=kernel)
         stats = merge_stats(per_rank, shared_clock=spec.resolved.backend != "cluster")  # cluster: one clock per host
         write_records(out / "records.csv", to_records(spec, stats))
+        rows = [row for r in per_rank for s in r if s.minibatches for row in s.minibatches]
+        if rows:
+            write_minibatches(out / "minibatches.csv", rows)
         if spec.compute.model:
             extra = {**extra, "compute_model": compute_model_summary(spec, stats, per_rank)}
         if spec.debug.count_wire:  # each rank's bytes on the wire in each timed iteration (wire.py)

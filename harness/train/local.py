@@ -54,7 +54,9 @@ def run_local(spec: RunSpec, world_size: int | None = None, *, collect_state: bo
         env = RankEnv(rank=rank, world_size=world_size, master_addr="127.0.0.1", master_port=port, ifname="lo")
         return rank_main(spec, env, collect_state)
 
-    return LocalRun(fork_ranks(world_size, target, timeout_s=timeout_s or spec.run.timeout_s, tmp_dir=tmp_dir))
+    label = lambda r: f"rank {r} ({spec.layout.role(r)})"  # noqa: E731
+    return LocalRun(fork_ranks(world_size, target, timeout_s=timeout_s or spec.run.timeout_s, label=label,
+                               tmp_dir=tmp_dir))
 
 
 def local_spec(layout, system: str = "ours", **fields) -> RunSpec:

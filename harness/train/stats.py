@@ -17,6 +17,8 @@ class IterationStats:
     end: float = math.nan
     compute_overruns: int = 0  # phases whose real computation outran the compute model's time
     wire_bytes: int | None = None  # bytes this rank put on the wire in the iteration (debug.count_wire)
+    minibatches: list | None = None  # per-minibatch rows of the whole run, on one rank of a system that
+    # records them (HetPipe: VW, minibatch, clock, global version, ...); written as minibatches.csv
 
 
 def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False) -> list[IterationStats]:

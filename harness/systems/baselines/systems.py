@@ -38,3 +38,9 @@ def train_megatron(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
 def train_deepspeed(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     """DeepSpeed-style: ZeRO-3 (FSDP2) or ZeRO-1 + pipeline."""
     return _train("deepspeed", ctx, spec)
+
+
+def train_horovod(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
+    """Horovod-style (HetPipe's baseline): every device holds the whole model, gradients all-reduced (DDP's
+    ring over the group), one synchronous step per iteration."""
+    return _train("horovod", ctx, spec)

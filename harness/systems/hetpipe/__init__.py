@@ -31,7 +31,11 @@ from ...plan.systems import System, register
 
 register(System(
     "hetpipe", "HetPipe: virtual workers (pipelines over heterogeneous GPUs), data parallel under Wave Synchronous "
-    "Parallel through a parameter server (simulator; --model vgg19|resnet152)",
-    simulate={"cnn": "harness.systems.hetpipe.sim:candidates_hetpipe"}, style=("#9467bd", "D"),
+    "Parallel through a sharded parameter server (--policy, --placement, --staleness, --in-flight; the simulator "
+    "also runs it on --model vgg19|resnet152)",
+    train="harness.systems.hetpipe.runtime:train_hetpipe", layout_rule="harness.systems.hetpipe.rule:place_hetpipe",
+    flags=("--policy", "--placement", "--staleness", "--in-flight"),
+    defaults={"policy": "ed", "ps_placement": "default", "staleness": 0},
+    sweep_by_rule=False, simulate={"cnn": "harness.systems.hetpipe.sim:candidates_hetpipe"}, style=("#9467bd", "D"),
     report_section="harness.systems.hetpipe.report:SECTION",
 ))

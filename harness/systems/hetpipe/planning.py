@@ -318,9 +318,10 @@ def virtual_workers(topo: Topology, costs: Costs, groups: list[list[int]], in_fl
 
 
 def plan(topo: Topology, model: CNNModel, batch: int, policy: str, placement: str = "default", staleness: int = 0,
-         gpus: str | None = None, in_flight: int | None = None, progress=None, profiles=None) -> Plan:
-    """HetPipe's plan and its simulated throughput; N_m the fastest up to Max_m unless given.
-    profiles: every device's ComputeProfile at fp32 (default: the scenario's, harness/compute/profiles.py)."""
+         gpus: str | None = None, in_flight: int | None = None, progress=None, profiles=None,
+         most_in_flight: int = MAX_NM) -> Plan:
+    """HetPipe's plan and its simulated throughput; N_m the fastest up to Max_m (and `most_in_flight`) unless
+    given. profiles: every device's ComputeProfile at fp32 (default: the scenario's, harness/compute/profiles.py)."""
     from . import wsp
 
     if placement not in PLACEMENTS:
@@ -331,7 +332,7 @@ def plan(topo: Topology, model: CNNModel, batch: int, policy: str, placement: st
     groups = group(topo, devices, policy)
     costs = Costs.of(topo, model, batch, groups, profiles)
     best, n = None, 0
-    tries = [in_flight] if in_flight else range(1, MAX_NM + 1)
+    tries = [in_flight] if in_flight else range(1, min(MAX_NM, most_in_flight) + 1)
     for n in tries:
         try:
             vws = virtual_workers(topo, costs, groups, n)

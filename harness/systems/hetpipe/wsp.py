@@ -65,6 +65,13 @@ class MinibatchRecord:
     global_version: int
     admitted: float
     pushed: float = float("nan")
+    loss: float = float("nan")
+
+    @classmethod
+    def of_row(cls, row: dict) -> "MinibatchRecord":
+        """A row of a run's minibatches.csv (harness/results.py: read_minibatches)."""
+        return cls(int(row["vw"]), int(row["minibatch"]), int(row["clock"]), int(row["global_version"]),
+                   float(row["admitted"]), float(row["pushed"]), float(row["loss"]))
 
 
 def global_staleness(in_flight: int, staleness: int) -> int:

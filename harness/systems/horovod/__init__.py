@@ -64,8 +64,16 @@ def candidates_horovod(topo: Topology, model: CNNModel, batch: int, opts: CNNOpt
                          len(r.devices), details={"allreduce_seconds": r.allreduce_seconds})]
 
 
+def horovod_layout(req, topo: Topology):
+    """The runtime's layout: every device a replica of the whole model (pp = 1, dp = devices)."""
+    from ...layout import in_rank_order
+
+    return in_rank_order(1, 1, topo.n, req.model.cfg.layers, schedule="1f1b"), None
+
+
 register(System(
-    "horovod", "synchronous data parallel with a ring all-reduce, HetPipe's baseline (simulator; --model "
-    "vgg19|resnet152)",
-    simulate={"cnn": candidates_horovod}, style=("#8c564b", "P"),
+    "horovod", "synchronous data parallel with a ring all-reduce over every device, HetPipe's baseline (the "
+    "simulator also runs it on --model vgg19|resnet152)",
+    train="harness.systems.baselines.systems:train_horovod", layout_rule=horovod_layout,
+    sweep_by_rule=False, simulate={"cnn": candidates_horovod}, style=("#8c564b", "P"),
 ))

@@ -1,0 +1,168 @@
+"""HetPipe trained for real (`harness run --system hetpipe`, loopback): its plan as a layout, Wave Synchronous
+Parallel's bounds checked from the run's own per-minibatch records, parity with the single-process
+reference, failures that name the rank, and one-line refusals of bad input. Horovod beside it."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from harness.cli import main
+from harness.plan.flags import run_request
+from harness.plan.layouts import plan_run
+from harness.results import read_minibatches, read_records
+from harness.systems.hetpipe import wsp
+from harness.systems.hetpipe.runtime import schedule
+from harness.train.launch import RankFailure
+from harness.train.local import run_local
+from harness.train.reference import reference_train
+
+pytestmark = pytest.mark.timeout(300)
+
+TESTBED = ["--scenario", "hetpipe-testbed", "--network", "none", "--model", "tiny"]
+
+
+def plan(*flags):
+    return plan_run(run_request(["--system", "hetpipe", *TESTBED, *flags]))
+
+
+def only_run(root: Path) -> Path:
+    dirs = [p for p in root.glob("hetpipe-testbed/*") if p.is_dir()]
+    assert len(dirs) == 1
+    return dirs[0]
+
+
+# ----------------------------------------------------------------------------- the plan as a layout
+@pytest.mark.parametrize("policy,placement", [("np", "default"), ("ed", "default"), ("ed", "local"),
+                                              ("hd", "default"), ("0,1,2,3;4,5,6,7", "default")])
+def test_every_policy_and_placement_plans_8_testbed_gpus(policy, placement):
+    p = plan("--devices", "8", "--policy", policy, "--placement", placement, "--staleness", "2")
+    lay, doc = p.spec.layout, p.placement.to_json(p.spec.layout)
+    assert lay.devices == 8 and lay.wsp.staleness == 2 and lay.wsp.ps_placement == placement
+    assert sorted(d for pipe in lay.replica_pipelines() for d in pipe.devices) == list(range(8))
+    assert [list(pipe.devices) for pipe in lay.replica_pipelines()] == doc["vws"]
+    # 4 nodes of 2 GPUs (one type each): np makes one VW per node, ed one VW per GPU index, spanning all nodes
+    if policy == "np":
+        assert [{p.topo.device_region[d] for d in vw} for vw in doc["vws"]] == [{0}, {1}, {2}, {3}]
+    if policy == "ed":
+        assert all(sorted(p.topo.device_region[d] for d in vw) == [0, 1, 2, 3] for vw in doc["vws"])
+    # a shard per node under default placement: its host is a device of that node
+    for b, host in enumerate(lay.wsp.ps_hosts):
+        assert p.topo.regions[p.topo.device_region[host]].name == doc["ps_nodes"][b]
+    assert doc["N_m"] == lay.wsp.in_flight <= 8 // (lay.dp * 1)  # at most one iteration's minibatches
+
+
+def test_local_placement_keeps_each_block_on_the_node_that_runs_it():
+    p = plan("--devices", "8", "--policy", "ed", "--placement", "local")
+    lay = p.spec.layout
+    for pipe in lay.replica_pipelines():
+        for dev, (a, b) in zip(pipe.devices, pipe.stages):
+            for blk in range(a, b):
+                assert p.topo.device_region[lay.wsp.ps_hosts[blk]] == p.topo.device_region[dev]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--policy", "0,1,2,3;4,5,6"], "--policy: device 7 is in no virtual worker"),
+    (["--policy", "0,2,4;1,3,5,6,7", "--placement", "local"], "--placement local: layer block"),
+    (["--placement", "nearest"], "--placement: unknown 'nearest'"),
+    (["--batch", "7"], "--batch 7: does not split into 2 virtual workers"),
+    (["--model", "gpt3-13b", "--in-flight", "8"], "--in-flight 8: N_m too large"),
+])
+def test_bad_input_is_one_line(tmp_path, capsys, flags, message):
+    assert main(["run", "--system", "hetpipe", *TESTBED, "--devices", "8", "--results", str(tmp_path), *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not list(tmp_path.rglob("manifest.json"))  # refused before anything was written
+
+
+def test_negative_staleness_and_foreign_flags_are_refused(capsys):
+    assert main(["run", "--system", "hetpipe", *TESTBED, "--staleness", "-1"]) == 2
+    assert "--staleness: must be an integer >= 0 (got '-1')" in capsys.readouterr().err
+    assert main(["run", "--system", "ours", *TESTBED, "--staleness", "1"]) == 2
+    assert "--staleness: not an option of --system ours" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stages,in_flight,minibatches", [(1, 3, 5), (2, 1, 4), (4, 3, 7), (3, 5, 2)])
+def test_schedule_keeps_n_m_in_flight(stages, in_flight, minibatches):
+    for k in range(stages):
+        order = schedule(k, stages, in_flight, minibatches)
+        fwd = [p for op, p in order if op in ("F", "FB")]
+        bwd = [p for op, p in order if op in ("B", "FB")]
+        assert fwd == bwd == list(range(minibatches))
+        done = 0
+        for op, p in order:  # a forward never runs N_m or more ahead of the backwards done
+            if op == "F":
+                assert p - done < in_flight
+            done += op != "F"
+
+
+# ----------------------------------------------------------------------------- runs
+def run(tmp_path: Path, *flags) -> Path:
+    assert main(["run", "--system", "hetpipe", *TESTBED, "--results", str(tmp_path), *flags]) == 0
+    return only_run(tmp_path)
+
+
+@pytest.mark.parametrize("policy,in_flight,staleness", [("np", 2, 0), ("ed", 3, 1), ("np", 1, 2)])
+def test_wsp_bounds_hold_in_real_runs_with_random_device_speeds(tmp_path, policy, in_flight, staleness):
+    d = run(tmp_path, "--devices", "8", "--layers", "4", "--policy", policy, "--in-flight", str(in_flight),
+            "--staleness", str(staleness), "--batch", "24" if policy == "np" else "12", "--iters", "2",
+            "--warmup", "1", "--data", "markov", "--debug", "jitter_s=0.01")
+    man = json.loads((d / "manifest.json").read_text())
+    vws = len(man["placement"]["vws"])
+    rows = read_minibatches(d / "minibatches.csv")
+    per_vw = (24 if policy == "np" else 12) // vws * 3
+    assert sorted((r["vw"], r["minibatch"]) for r in rows) == [(v, p) for v in range(vws) for p in range(per_vw)]
+    records = [wsp.MinibatchRecord.of_row(r) for r in rows]
+    assert wsp.check_bounds(records, in_flight, staleness) == []
+    # the gates ran: late minibatches read global weights holding waves of every VW
+    assert max(r.global_version for r in records) >= per_vw // in_flight - staleness - 2 > 0
+    waves = per_vw // in_flight
+    assert sum(not math.isnan(r.pushed) for r in records) == vws * waves
+    assert all(0 < r.loss < 10 for r in records)
+    recs = read_records(d / "records.csv")
+    assert [r["iteration"] for r in recs] == [1, 2] and all(r["seconds"] > 0 for r in recs)
+
+
+def test_one_vw_one_in_flight_matches_the_reference():
+    """One VW over the 4 nodes, N_m = 1, D = 0: every minibatch is a wave, pushed to 4 shards and pulled;
+    the weights are the reference's SGD steps on the same samples (fp32; the shards' sums round at the last
+    bit)."""
+    p = plan("--devices", "4", "--layers", "4", "--policy", "0,1,2,3", "--in-flight", "1", "--staleness", "0",
+             "--batch", "2", "--micro-batch", "2", "--iters", "3", "--warmup", "1", "--data", "markov")
+    assert p.spec.layout.dp == 1 and p.spec.layout.pp == 4 and len(p.spec.layout.wsp.shard_hosts) == 4
+    run_ = run_local(p.spec, collect_state=True)
+    ref_losses, ref_state = reference_train(p.spec.cfg, 2, 2, 4, seed=0, lr=0.1, data="markov")
+    state = run_.state_dict()
+    assert set(state) == set(ref_state)
+    for k in ref_state:
+        torch.testing.assert_close(state[k], ref_state[k], rtol=1e-5, atol=1e-6, msg=k)
+    assert [s.loss for s in run_.stats] == pytest.approx(ref_losses[1:], rel=1e-5)
+
+
+@pytest.mark.parametrize("fault_device,named", [(3, r"rank 3 \(stage 1 of pipeline 1\)"),
+                                                (2, r"rank 2 \(stage 0 of pipeline 1; parameter-server shard")])
+def test_a_dead_vw_rank_or_shard_fails_the_run_naming_it(fault_device, named):
+    """8 testbed GPUs (4 nodes x 2), np: a VW of 2 stages per node; devices 0, 2, 4, 6 host the nodes' shards."""
+    p = plan("--devices", "8", "--layers", "4", "--policy", "np", "--batch", "8", "--iters", "100000",
+             "--warmup", "0", "--debug", f"fault_rank={fault_device}", "--debug", "fault_after_s=3")
+    assert p.spec.layout.wsp.shard_hosts == (0, 2, 4, 6)
+    t0 = time.monotonic()
+    with pytest.raises(RankFailure) as e:
+        run_local(p.spec, timeout_s=90)
+    assert time.monotonic() - t0 < 60
+    assert re.match(named + r".* was killed by signal SIGKILL", str(e.value)), str(e.value)
+
+
+def test_horovod_trains_every_device_in_step(tmp_path):
+    assert main(["run", "--system", "horovod", *TESTBED, "--devices", "4", "--layers", "2", "--batch", "8",
+                 "--iters", "2", "--data", "markov", "--results", str(tmp_path)]) == 0
+    d = next(p for p in tmp_path.glob("hetpipe-testbed/*") if p.is_dir())
+    lay = json.loads((d / "manifest.json").read_text())["spec"]["layout"]
+    assert (lay["pp"], lay["dp"], lay["tp"]) == (1, 4, 1)
+    recs = read_records(d / "records.csv")
+    assert len(recs) == 2 and all(0 < r["loss"] < 10 for r in recs)

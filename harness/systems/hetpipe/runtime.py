@@ -2,9 +2,9 @@
 
 Each virtual worker (VW, a replica of the layout) runs its own pipeline with N_m minibatches in flight
 (HetPipe, Park et al. 2020, Sec. 3-4). A stage forwards minibatches in order and runs their backwards
-in order, N_m forwards ahead (the last stage runs a minibatch's forward and backward back to back), so
-that minibatch p reads the local weights updated by minibatches up to p - N_m (local staleness
-N_m - 1). Each forward runs on a snapshot of the stage's weights that its backward reuses (weight
+in order, stage k up to N_m - k forwards ahead (`schedule`; the last stage runs a minibatch's forward and
+backward back to back), so that minibatch p reads local weights updated by minibatches up to p - N_m
+at the first stage (local staleness N_m - 1) and by more recent ones further down. Each forward runs on a snapshot of the stage's weights that its backward reuses (weight
 stashing); each backward is followed by the VW's local update (SGD with momentum, as every system).
 
 Wave Synchronous Parallel (wsp.py): after the backward of a wave's last minibatch a stage pushes the
@@ -59,11 +59,15 @@ def block_of(name: str, layers: int) -> int:
 
 
 def schedule(stage: int, stages: int, in_flight: int, minibatches: int) -> list[tuple[str, int]]:
-    """A stage's tasks in order: N_m forwards, then a backward and a forward by turns; the last stage
-    runs each minibatch's forward and backward back to back ("FB")."""
+    """A stage's tasks in order: N_m - k forwards on stage k (at least one), then a backward and a forward
+    by turns (PipeDream's 1F1B with N_m admitted); the last stage runs each minibatch's forward and
+    backward back to back ("FB"). Each stage holds one minibatch fewer than the one before it, so the
+    activation stage k + 1 needs after a backward was sent a round earlier: no stage waits on the round
+    trip through the stages before it (with as many forwards on every stage, the pipeline would run
+    one minibatch at a time)."""
     if stage == stages - 1:
         return [("FB", p) for p in range(minibatches)]
-    head = min(in_flight, minibatches)
+    head = min(max(1, in_flight - stage), minibatches)
     out = [("F", p) for p in range(head)]
     for p in range(minibatches):
         out.append(("B", p))

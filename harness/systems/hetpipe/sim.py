@@ -32,3 +32,48 @@ def _of_plan(system: str, p: hp.Plan, gpus: str | None) -> CNNCandidate:
                         p.cross_node_bytes, len(p.devices),
                         details={"sync_seconds": p.sync_seconds,
                                  "max_clock_distance": max(r.distance_at_resume, default=0)})
+
+
+
+def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int) -> tuple[float, float]:
+    """The model `sim compare` holds a real HetPipe run against (runtime.py): (seconds per iteration of
+    `batch` samples, the busiest device's compute in it). Every VW of the layout with its stages' forward,
+    backward and local update on its devices (the compute model's times, harness/compute/), its
+    activations and gradients between stages over the links (the library's rendezvous included), and the
+    wave's push and pull: each stage sends its blocks' fp32 update to their shards at once, the slowest
+    shard's transfer is the push, and a pull is a request and the weights back (wsp.simulate)."""
+    import numpy as np
+
+    from ...compute import activation_bytes, rank_phase_seconds
+    from ...workloads.gpt_layers import gpt_layer_profile
+    from . import wsp
+    from .planning import BYTES_PER_VALUE, VirtualWorker
+
+    hosts = lay.wsp.ps_hosts
+    block_bytes = [layer.params * BYTES_PER_VALUE for layer in gpt_layer_profile(cfg).layers]
+    act = activation_bytes(cfg, mb, bpv)
+    hop = lambda a, b: (links.delay_s[a, b] * (1 + links.protocol.p2p_handshake)  # noqa: E731
+                        + (0.0 if a == b else act / links.rate_Bps[a, b]))
+    vws, push, pull, busiest = [], 0.0, 0.0, 0.0
+    for pipe in lay.replica_pipelines():
+        devs, split = pipe.devices, pipe.layers_per_stage
+        phases = [rank_phase_seconds(cfg, split, k, mb, profiles[d], False, 1, vocab_parallel=False)
+                  for k, d in enumerate(devs)]
+        fwd = tuple(p["forward"] for p in phases)
+        bwd = tuple(p["backward"] + p["optimizer"] for p in phases)  # the local update follows each backward
+        for k, (d, (a, b)) in enumerate(zip(devs, pipe.stages)):
+            to = {}
+            for blk in range(a, b):
+                to[hosts[blk]] = to.get(hosts[blk], 0.0) + block_bytes[blk]
+            for h in (set(hosts) if k == 0 else to):  # the first stage's pull waits on every shard
+                ser = 0.0 if h == d else to.get(h, 0.0) / links.rate_Bps[d, h]
+                push = max(push, links.delay_s[d, h] + ser) if h in to else push
+                pull = max(pull, 2 * links.delay_s[d, h] + ser)
+        vws.append(VirtualWorker(devs, pipe.stages, fwd, bwd,
+                                 tuple(hop(devs[k], devs[k + 1]) for k in range(len(devs) - 1)),
+                                 tuple(hop(devs[k + 1], devs[k]) for k in range(len(devs) - 1)),
+                                 (0.0,) * len(devs), (0.0,) * len(devs)))
+        per_vw = batch // (lay.dp * mb)
+        busiest = max(busiest, per_vw * float(np.max(np.add(fwd, bwd))))
+    r = wsp.simulate(vws, lay.wsp.in_flight, mb, lay.wsp.staleness, push, pull)
+    return batch / r.samples_per_s, busiest

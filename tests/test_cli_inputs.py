@@ -52,6 +52,7 @@ BASES: dict[str, list[str]] = {
     "regress history": ["--history", "{tmp}/history.jsonl"],
     "report runs": ["{tmp}/results"],
     "report case": ["{tmp}/results"],
+    "report convergence": ["{tmp}/results"],
     "run": ["--scenario", "5", "--devices", "8", "--network", "none"],
     "scenario show": ["5", "--devices", "8", "--no-plots"],
     "scenario export": ["5", "--json"],
@@ -257,7 +258,7 @@ def prepare(tmp: Path) -> None:
                           d_tp=1, config="{}", compute_overruns=0)
     run = tmp / "results" / "emu" / "r1"
     write_records(run / "records.csv", [rec])
-    (run / "manifest.json").write_text(json.dumps(manifest("r1", "ok")))
+    (run / "manifest.json").write_text(json.dumps(manifest("r1", "ok", data={"set": "markov", "loss_floor": 1.5})))
     (tmp / "history.jsonl").write_text("")
     (tmp / "scenario.yaml").write_text((Path(__file__).parents[1] / "scenarios" / "sky.yaml").read_text())
 

@@ -144,6 +144,67 @@ def test_one_vw_one_in_flight_matches_the_reference():
     assert [s.loss for s in run_.stats] == pytest.approx(ref_losses[1:], rel=1e-5)
 
 
+TWO_GPUS = """\
+name: two-gpus
+device: {gpu: V100}
+regions:
+  - {name: A, devices: 2}
+intra_region: {delay_ms: 0.01, bandwidth_gbps: 10}
+inter_region: {delay_ms: 0.01, bandwidth_gbps: 10}
+"""
+
+
+def test_a_pipeline_with_minibatches_in_flight_stashes_weights_and_updates_locally(tmp_path):
+    """One VW of 2 stages, N_m = 2, D beyond the run (no pull: the shards never change the weights). Stage 0
+    runs F0 F1 B0 F2 B1 F3 ...: minibatch p's forward there reads the weights updated up to p - 2 and its
+    backward reuses them (stashed); the last stage runs each minibatch's forward and backward at once, on
+    its weights updated up to p - 1. Computed here in one process, the run's final weights are the same."""
+    from harness.train.gpt import GPT, lm_loss, synthetic_batch
+    from harness.train.reference import make_optimizer
+
+    scen = tmp_path / "two.yaml"
+    scen.write_text(TWO_GPUS)
+    p = plan_run(run_request(["--system", "hetpipe", "--scenario", str(scen), "--network", "none", "--model", "tiny",
+                              "--layers", "2", "--policy", "0,1", "--in-flight", "2", "--staleness", "50",
+                              "--batch", "4", "--micro-batch", "1", "--iters", "2", "--warmup", "0",
+                              "--data", "markov"]))
+    lay = p.spec.layout
+    assert lay.pipeline(0).stages == ((0, 1), (1, 2)) and lay.wsp.in_flight == 2
+    cfg, P = p.spec.cfg, 8  # 2 iterations x 4 minibatches
+    got = run_local(p.spec, collect_state=True).state_dict()
+
+    model = GPT(cfg, 0)
+    s0, s1 = model.stage(0, 1), model.stage(1, 2)
+    opt0, opt1 = make_optimizer(s0.parameters(), 0.1), make_optimizer(s1.parameters(), 0.1)
+    data = [synthetic_batch(cfg, 4, it, 0, "markov") for it in range(2)]
+    mb = lambda q: tuple(t[q % 4:q % 4 + 1] for t in data[q // 4])  # noqa: E731
+
+    def forward0(q):
+        snap = {n: w.detach().clone().requires_grad_(True) for n, w in s0.named_parameters()}
+        return snap, torch.func.functional_call(s0, snap, (mb(q)[0],))
+
+    def fb1(act):  # the last stage on its current weights; the gradient of its input
+        x = act.detach().requires_grad_(True)
+        opt1.zero_grad()
+        lm_loss(s1(x), mb(q)[1]).backward()
+        opt1.step()
+        return x.grad
+
+    fwd = {q: forward0(q) for q in range(2)}
+    for q in range(P):
+        snap, out = fwd.pop(q)
+        g = fb1(out)
+        out.backward(g)
+        for n, w in s0.named_parameters():
+            w.grad = snap[n].grad
+        opt0.step()
+        if q + 2 < P:
+            fwd[q + 2] = forward0(q + 2)
+    want = dict(model.named_parameters())
+    for k, v in want.items():
+        torch.testing.assert_close(got[k], v.detach(), rtol=1e-5, atol=1e-6, msg=k)
+
+
 @pytest.mark.parametrize("fault_device,named", [(3, r"rank 3 \(stage 1 of pipeline 1\)"),
                                                 (2, r"rank 2 \(stage 0 of pipeline 1; parameter-server shard")])
 def test_a_dead_vw_rank_or_shard_fails_the_run_naming_it(fault_device, named):

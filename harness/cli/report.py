@@ -1,8 +1,8 @@
 """`harness report runs DIR`: measured runs side by side, as a table and plots; `harness report case DIR`:
-one page per case of `make scenario-N`."""
+one page per case of `make scenario-N`; `harness report convergence DIR`: loss against wall time."""
 from __future__ import annotations
 
-from . import input_dir, input_file, output_dir
+from . import input_dir, input_file, output_dir, positive_float
 
 
 def register(sub) -> None:
@@ -21,6 +21,14 @@ def register(sub) -> None:
                       "measured and what simulated)")
     c.add_argument("dir", type=input_dir, help="e.g. results/5-worldwide")
     c.set_defaults(func=cmd_case)
+    v = ss.add_parser("convergence", help="loss against wall time of every run below DIR, the data's loss floor "
+                      "and the time each run took to reach floor x (1 + margin); writes convergence.png and "
+                      "convergence.csv (train with --data markov: a floor below the starting loss)")
+    v.add_argument("dir", type=input_dir, help="a directory of runs, e.g. results/hetpipe-testbed")
+    v.add_argument("--out", type=output_dir, help="directory for convergence.png and .csv (default DIR)")
+    v.add_argument("--margin", type=positive_float, default=0.1,
+                   help="the target: floor x (1 + margin) (default 0.1: floor + 10%%)")
+    v.set_defaults(func=cmd_convergence)
 
 
 def cmd_runs(args) -> int:
@@ -34,6 +42,16 @@ def cmd_runs(args) -> int:
         print(f"wrote {p}")
     for run, state, reason in unfinished_runs(args.dir):
         print(f"left out: {run}: {state}" + (f" ({reason})" if reason else ""))
+    return 0
+
+
+def cmd_convergence(args) -> int:
+    from ..report.convergence import write_convergence
+
+    text, paths = write_convergence(args.dir, args.out, args.margin)
+    print(text)
+    for p in paths:
+        print(f"wrote {p}")
     return 0
 
 

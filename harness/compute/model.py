@@ -43,6 +43,9 @@ class GPTConfig:
 MODELS: dict[str, GPTConfig] = {
     # CPU configs for the emulated cluster; `tiny` trains an iteration in seconds on one core.
     "tiny": GPTConfig("tiny", layers=8, hidden=128, heads=4, seq=128, vocab=1024),
+    # convergence on CPU ranks: a vocabulary the Markov data's chain (harness/workloads/markov.py) is learned
+    # over in a few hundred SGD steps (tiny's 1024 tokens take thousands)
+    "micro": GPTConfig("micro", layers=8, hidden=64, heads=4, seq=64, vocab=128),
     "small": GPTConfig("small", layers=8, hidden=256, heads=8, seq=256, vocab=4096),
     "medium": GPTConfig("medium", layers=8, hidden=512, heads=8, seq=512, vocab=8192),
     # GPT-3 family (Brown et al. 2020, Table 2.1). 13B uses h=5120 (heads divide it), as Megatron does.

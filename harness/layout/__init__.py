@@ -16,6 +16,8 @@ everything else is read.
   replicas, pp = the longest, and mesh and stages are empty: what reads the mesh (array, coords,
   stage_group, layers_per_stage, ...) raises a one-line LayoutError, so a system that runs a
   uniform mesh refuses such a layout by name. `pipeline(i)` and `replica_pipelines()` read both kinds.
+- **wsp** (wsp.py): the replicas train asynchronously, each its own pipeline with N_m minibatches in flight,
+  meeting at a sharded parameter server under Wave Synchronous Parallel (HetPipe); None: in step.
 
 Placements, each one function:
 - `seeded(...)`: THE seeded placement rule. perm = default_rng(seed).permutation(n), read

@@ -4,7 +4,7 @@ runtime calls the process group.
 Every runtime here (ours' point-to-point sends and sharded parameter server, the baselines' DDP,
 FSDP, tensor-parallel DTensors and pipelining schedules) ends in a c10d operator, and every c10d
 operator passes the dispatcher, so one TorchDispatchMode sees them all without touching the
-runtimes. Each call is charged its payload bytes as the standard algorithm moves them from this
+runtimes; HetPipe's parameter server, plain TCP, charges what it sends (`charge`). Each call is charged its payload bytes as the standard algorithm moves them from this
 rank (p = the group's size, S = the call's data):
 
   send, isend                        S
@@ -144,6 +144,12 @@ def counting(on: bool):
             yield _active
     finally:
         _active = None
+
+
+def charge(nbytes: int) -> None:
+    """Count `nbytes` sent outside torch.distributed (HetPipe's parameter-server traffic over TCP), when counting."""
+    if _active is not None:
+        _active.total += nbytes
 
 
 def take() -> int | None:

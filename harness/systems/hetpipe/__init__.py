@@ -19,6 +19,11 @@ each GPU's memory, where a stage keeps the activations of every minibatch in fli
 on all but the last, which runs a minibatch's forward and backward back to back: one).
 N_m is the same on every VW (Sec. 4): every value up to the smallest VW's Max_m is simulated and
 the fastest kept. Training is fp32 (TensorFlow 1.12, as the paper).
+
+Trained for real (`harness run --system hetpipe`): rule.py plans the GPT (its blocks as layers) into a
+layout whose replicas are the VWs, with a `wsp` section (N_m, D, each block's shard host); runtime.py is
+one rank (a stage of a VW, and its node's shard when it hosts one, ps.py); sim.py's `simulate_wsp_layout`
+is what `sim compare` holds such a run against.
 """
 from __future__ import annotations
 

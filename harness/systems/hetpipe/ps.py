@@ -21,6 +21,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
+from ...train import wire
+
 _HEADER = struct.Struct(">Q")
 
 
@@ -43,6 +45,7 @@ def send_message(sock: socket.socket, header: dict, arrays: list[np.ndarray] = (
     head = json.dumps(header).encode()
     payload = b"".join(np.ascontiguousarray(a, dtype=np.float32).tobytes() for a in arrays)
     sock.sendall(_HEADER.pack(len(head)) + head + _HEADER.pack(len(payload)) + payload)
+    wire.charge(len(payload))  # payload only, as every count of wire.py
 
 
 def recv_message(sock: socket.socket, who: str) -> tuple[dict, bytes]:

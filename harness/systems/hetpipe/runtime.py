@@ -277,6 +277,9 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         next(r for r in rows if r["minibatch"] == p)["pushed"] = applied
     st.close()
     _leave(st, ctx)
+    late = wire.take()  # the last pushes (and a shard's last replies) went out after the last iteration ended
+    if late:
+        stats[-1].wire_bytes += late
     stats[0].minibatches = _gather(rows, ctx.rank == 0)
     ctx.save_state({st.names[n]: w for n, w in st.params.items()})
     return stats

@@ -145,9 +145,7 @@ class ShardClient:
         try:
             send_message(self.sock, header, arrays)
             reply, payload = recv_message(self.sock, self.name)
-        except (OSError, socket.timeout) as e:
-            if isinstance(e, PSError):
-                raise
+        except OSError as e:  # a reset, a broken pipe, a timeout
             raise PSError(f"{self.name}: {type(e).__name__}: {e}") from None
         if "error" in reply:
             raise PSError(f"{self.name}: {reply['error']}")

@@ -175,7 +175,7 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     act_shape = (m.micro_batch, cfg.seq, cfg.hidden)
     stash: dict[int, tuple] = {}
     sends: collections.deque = collections.deque()
-    rows: list[dict] = []
+    rows: dict[int, dict] = {}  # minibatch -> this stage's row of it
     pushes: dict[int, list] = {}  # minibatch -> futures of its wave's push
     stats: list[IterationStats] = []
     losses: list[float] = []
@@ -221,8 +221,8 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         start = time.monotonic()
         snap = {n: w.detach().clone().requires_grad_(True) for n, w in st.params.items()}
         out = timed("forward", lambda: functional_call(st.part, snap, (x,)))
-        rows.append({"vw": st.vw, "minibatch": p, "clock": p // N, "stage": k, "version": st.version,
-                     "start": start, "loss": math.nan})
+        rows[p] = {"vw": st.vw, "minibatch": p, "clock": p // N, "stage": k, "version": st.version,
+                   "start": start, "loss": math.nan}
         return x, snap, out
 
     def finish(p: int, x, snap) -> None:
@@ -252,8 +252,8 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
                 continue
             loss = lm_loss(out, data(p)[1])
             timed("backward", loss.backward)
-            rows[-1]["loss"] = float(loss.detach())
-            losses.append(rows[-1]["loss"])
+            rows[p]["loss"] = float(loss.detach())
+            losses.append(rows[p]["loss"])
             finish(p, x, snap)
         if (p + 1) % per_vw == 0:  # this rank's last task of iteration `it`
             it = p // per_vw
@@ -274,13 +274,13 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         sends.popleft().wait()
     for p, futures in pushes.items():
         applied = max(f.result() for f in futures) if futures else math.nan
-        next(r for r in rows if r["minibatch"] == p)["pushed"] = applied
+        rows[p]["pushed"] = applied
     st.close()
     _leave(st, ctx)
     late = wire.take()  # the last pushes (and a shard's last replies) went out after the last iteration ended
     if late:
         stats[-1].wire_bytes += late
-    stats[0].minibatches = _gather(rows, ctx.rank == 0)
+    stats[0].minibatches = _gather(list(rows.values()), ctx.rank == 0)
     ctx.save_state({st.names[n]: w for n, w in st.params.items()})
     return stats
 

@@ -54,6 +54,7 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
     act = activation_bytes(cfg, mb, bpv)
     hop = lambda a, b: (links.delay_s[a, b] * (1 + links.protocol.p2p_handshake)  # noqa: E731
                         + (0.0 if a == b else act / links.rate_Bps[a, b]))
+    per_vw = batch // (lay.dp * mb)  # minibatches of every VW in an iteration
     vws, push, pull, busiest = [], 0.0, 0.0, 0.0
     for pipe in lay.replica_pipelines():
         devs, split = pipe.devices, pipe.layers_per_stage
@@ -67,13 +68,13 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
                 to[hosts[blk]] = to.get(hosts[blk], 0.0) + block_bytes[blk]
             for h in (set(hosts) if k == 0 else to):  # the first stage's pull waits on every shard
                 ser = 0.0 if h == d else to.get(h, 0.0) / links.rate_Bps[d, h]
-                push = max(push, links.delay_s[d, h] + ser) if h in to else push
+                if h in to:
+                    push = max(push, links.delay_s[d, h] + ser)
                 pull = max(pull, 2 * links.delay_s[d, h] + ser)
         vws.append(VirtualWorker(devs, pipe.stages, fwd, bwd,
                                  tuple(hop(devs[k], devs[k + 1]) for k in range(len(devs) - 1)),
                                  tuple(hop(devs[k + 1], devs[k]) for k in range(len(devs) - 1)),
                                  (0.0,) * len(devs), (0.0,) * len(devs)))
-        per_vw = batch // (lay.dp * mb)
         busiest = max(busiest, per_vw * float(np.max(np.add(fwd, bwd))))
     r = wsp.simulate(vws, lay.wsp.in_flight, mb, lay.wsp.staleness, push, pull)
     return batch / r.samples_per_s, busiest

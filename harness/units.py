@@ -30,3 +30,11 @@ def us_to_s(us):
 
 def ms_to_us(ms):
     return ms * 1000
+
+
+def bytes_per_s_to_gbps(bytes_per_s):
+    return bytes_per_s * BITS_PER_BYTE / 1e9
+
+
+def s_to_ms(s):
+    return s * 1e3

@@ -6,7 +6,7 @@ import re
 import numpy as np
 import pytest
 
-from harness.workloads.fl.federation import FLError, federation, load_federation
+from harness.workloads.fl.federation import FLError, emulated_topology, federation, load_federation, load_topology
 from harness.workloads.fl.flows import SERVER, Transfer, arrivals, fair_rates, forward_end
 from harness.workloads.fl.grouping import bell, bound, exact_groups, greedy_groups, largest, partitions
 from harness.workloads.fl.models import BYTES_PER_PARAM, Base, Branch, BranchyModel, Layer, check, get_branchy
@@ -72,6 +72,37 @@ def test_testbed_federation_and_alpha():
     low = load_federation("owl-testbed", alpha=0.2)
     assert low.inter_Bps == pytest.approx(2e9 / 8) and low.uplink_Bps == low.inter_Bps
     assert load_federation("owl-8x10").racks == (8,) * 10 and load_federation("owl-4x20").racks == (4,) * 20
+
+
+def test_the_emulated_federation_puts_the_server_behind_its_uplink():
+    topo = load_topology("owl-testbed", 4)
+    fed = federation(topo, 0.2)
+    emu = emulated_topology(topo, fed).scaled(0.01)
+    assert emu.n == 5 and emu.region_of(4).name == "server"
+    # workers of a rack at B_intra, of two racks at alpha x B_intra, the server at B_inter after its delay
+    assert emu.bandwidth_gbps[0, 1] == pytest.approx(0.1) and emu.bandwidth_gbps[1, 2] == pytest.approx(0.02)
+    assert emu.bandwidth_gbps[4, 0] == emu.bandwidth_gbps[0, 4] == pytest.approx(0.02)
+    assert (emu.delay_ms[0, 1], emu.delay_ms[1, 2], emu.delay_ms[4, 3]) == pytest.approx((0.025, 0.05, 0.05))
+    # only the server's interface has a limit: its uplink (here alpha x B_intra too), scaled with every link
+    assert list(emu.egress_gbps[:4]) == [np.inf] * 4 and emu.egress_gbps[4] == pytest.approx(0.02)
+    # what the simulator predicts for such a run: the same rates, compute slowed, the workers' interfaces per pair
+    sc = fed.scaled(0.01, 100.0)
+    assert sc.uplink_Bps == pytest.approx(0.02e9 / 8) and sc.worker_nic_Bps == np.inf
+    assert sc.flops_per_s[0] == pytest.approx(fed.flops_per_s[0] / 100)
+
+
+def test_strategies_by_list_and_the_records_bytes_by_where_they_go():
+    from harness.workloads.fl.records import to_record
+    from harness.workloads.fl.strategies import selected
+
+    assert selected("owl, naive,owl") == ["owl", "naive"] and "optimal" not in selected("all")
+    fed, model = load_federation("owl-testbed", 10), get_branchy("tiny")
+    recs = {n: to_record(run(n, model, fed, 8), run_id="r", fed=fed, model=model, batch=8) for n in ("naive", "owl")}
+    S = model.params * BYTES_PER_PARAM
+    assert recs["naive"].server_bytes == 10 * S and recs["naive"].rack_bytes == (0.0,) * 5
+    # owl: a model per rack from the server, the other worker of each rack gets it from its peer
+    assert recs["owl"].server_bytes == 5 * S and recs["owl"].rack_bytes == (S,) * 5
+    assert recs["owl"].inter_rack_bytes == 0 and recs["owl"].allreduce_bytes == 2 * 9 * S
 
 
 def test_scale_down_keeps_whole_racks():
@@ -263,6 +294,12 @@ def test_a_toy_strategy_is_one_registration_and_runs_and_reports(cli, tmp_path, 
     (("--strategy", "fastest"), "unknown strategy 'fastest'"),
     (("--model", "gpt3"), "unknown FL model 'gpt3'"),
     (("--devices", "7"), "not whole racks"),
+    (("--strategy", "naive,fastest"), "unknown strategy 'fastest'"),
+    (("--bandwidth-scale", "0.01"), "--bandwidth-scale: only with --backend emu"),
+    (("--backend", "emu", "--model", "dfn"), "dfn does not run on --backend emu"),
+    (("--backend", "emu", "--devices", "3"), "not whole racks"),
+    (("--backend", "emu", "--alpha", "1.2"), r"--alpha: must be numbers in \(0, 1\]"),
+    (("--strategy", "optimal", "--model", "inception-v4"), "groupings of inception-v4 on racks of 2"),
 ])
 def test_fl_cli_bad_input_is_one_line(cli, tmp_path, args, message):
     rc, out, err = cli("fl", "--scenario", "owl-testbed", "--model", "tiny", *args, "--out", tmp_path / "run")

@@ -7,23 +7,13 @@ import json
 import pytest
 
 from harness.cli import main
-from harness.network import kernel
 from harness.results import read_minibatches, read_records
 from harness.systems.hetpipe import wsp
 from harness.workloads.gpt_layers import gpt_layer_profile
 from harness.compute.model import get_model
+from tests import emulation
 
-
-def _missing() -> str:
-    try:
-        kernel.choose("auto")
-    except kernel.KernelError as e:
-        return str(e)
-    return ""
-
-
-pytestmark = [pytest.mark.net, pytest.mark.timeout(300),
-              pytest.mark.skipif(bool(_missing()), reason=f"emulated cluster unavailable: {_missing()}")]
+pytestmark = emulation.marks()
 
 SCALE = 0.002  # the testbed's 56 Gbps between nodes -> 112 Mbps
 

@@ -163,3 +163,25 @@ def test_plan_rejects_mismatched_inputs():
         _plan(topo, mtu=10)
     doc = _plan(topo).to_json()
     assert len(doc["devices"]) == 4 and doc["devices"][0]["links"][0]["rate_bps"] == 2_000_000_000
+
+
+def test_an_interface_limit_is_a_parent_class_that_its_destinations_share():
+    """The FL server's uplink: one parent class at the limit; each destination assured an equal share and
+    allowed up to its pair's rate (or the limit, when that is lower)."""
+    import numpy as np
+    from dataclasses import replace
+
+    topo = load_scenario(NET4)
+    egress = np.array([np.inf, np.inf, np.inf, 0.5])  # Gbps: device 3's interface
+    plan = _plan(replace(topo, egress_gbps=egress), scale=0.01)
+    dev = plan.devices[3]
+    assert dev.egress_bps == 5_000_000 and [d.egress_bps for d in plan.devices[:3]] == [None] * 3
+    for link in dev.links:
+        pair = round(topo.bandwidth_gbps[3][link.dst] * 1e9 * 0.01)
+        assert link.rate_bps == min(pair, 5_000_000) and link.htb_rate_bps == min(pair, 5_000_000 // 3)
+    assert all(link.htb_rate_bps == link.rate_bps for d in plan.devices[:3] for link in d.links)
+    cmds = "\n".join(render_commands(plan))
+    assert "parent 1: classid 1:fffe htb rate 5000000bit ceil 5000000bit" in cmds
+    assert cmds.count("parent 1:fffe classid") == 3
+    with pytest.raises(PlanError, match=r"egress_gbps\[3\]: must be at least one"):
+        _plan(replace(topo, egress_gbps=np.array([np.inf, np.inf, np.inf, 1e-9])))

@@ -3,25 +3,15 @@ and a rank killed there fails the run with a manifest naming it."""
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 from harness.cli import main
-from harness.network import kernel
 from harness.results import read_records
+from tests import emulation
 
 
-def _missing() -> str:
-    try:
-        kernel.choose("auto")
-    except kernel.KernelError as e:
-        return str(e)
-    return "" if os.geteuid() == 0 else "needs root for namespaces"
-
-
-pytestmark = [pytest.mark.net, pytest.mark.timeout(300),
-              pytest.mark.skipif(bool(_missing()), reason=f"emulated cluster unavailable: {_missing()}")]
+pytestmark = emulation.marks()
 
 ARGS = ["run", "--scenario", "3", "--devices", "4", "--network", "emulated", "--model", "tiny", "--layers", "2",
         "--batch", "4", "--micro-batch", "1", "--d-pp", "2", "--d-dp", "2"]

@@ -118,7 +118,8 @@ def register(sub) -> None:
                       "receives; the baselines as torch pipelining + DDP/ZeRO-1 over gloo or NCCL) and prints "
                       "measured (mean of the iterations) vs simulated seconds, the error (target 15%) and, "
                       "for ours on a shared host, the CPU load of the ranks.")
-    m.add_argument("records", type=input_path, help="records.csv, or a directory searched for records.csv")
+    m.add_argument("records", type=input_path, help="records.csv, or a directory searched for records.csv; FL runs: "
+                   "their records.json or run directory (each measured round against the flow simulation)")
     m.add_argument("--profile", type=input_file, help="compute profile JSON (e.g. from `harness sim calibrate`)")
     m.add_argument("--csv", type=output_file, help="also write the comparison as CSV")
     m.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], help="wire precision of the runs (default: each "
@@ -362,6 +363,8 @@ def cmd_compare(args) -> int:
     from ..files import atomic_write_text
     from ..sim.compare import compare, format_table, load_measured
 
+    if _holds_fl_records(Path(args.records)):
+        return _compare_fl(args)
     rows = compare(_read(args.records, load_measured), _overrides(args), args.dtype)
     print(format_table(rows))
     if args.csv:
@@ -376,6 +379,43 @@ def cmd_compare(args) -> int:
             w.writerow([c.scenario, c.system, c.backend, c.devices, c.model, c.layers, c.batch, c.iterations,
                         f"{c.measured_s:.6g}", f"{c.simulated_s:.6g}", f"{c.error:.4f}", f"{c.host_load:.3g}",
                         c.config])
+        atomic_write_text(args.csv, buf.getvalue())
+        print(f"wrote {args.csv}")
+    return 0
+
+
+def _holds_fl_records(path: Path) -> bool:
+    """FL runs write records.json (harness fl); training runs records.csv."""
+    if path.is_dir():
+        return not any(path.rglob("records.csv")) and any(path.rglob("records.json"))
+    return path.suffix == ".json"
+
+
+def _compare_fl(args) -> int:
+    import csv
+    import io
+
+    from ..files import atomic_write_text
+    from ..systems.owl.compare import compare_fl, format_table
+    from ..workloads.fl.records import read
+
+    if args.profile or args.dtype:
+        raise HarnessError(f"--{'profile' if args.profile else 'dtype'}: not for FL records (their compute is the "
+                           "run's modelled time)")
+    rows = compare_fl(read([args.records]))
+    print(format_table(rows))
+    if args.csv:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["scenario", "alpha", "strategy", "workers", "measured_s", "simulated_s", "error",
+                    "distribution_s", "simulated_distribution_s", "server_bytes", "planned_server_bytes",
+                    "rack_bytes", "planned_rack_bytes"])
+        for c in rows:
+            r, s = c.record, c.simulated
+            w.writerow([r.scenario, r.alpha, r.strategy, r.workers, f"{r.seconds:.6g}", f"{s.seconds:.6g}",
+                        f"{c.error:.4f}", f"{r.distribution_seconds:.6g}", f"{s.distribution_seconds:.6g}",
+                        f"{r.server_bytes:.0f}", f"{s.server_bytes:.0f}", f"{sum(r.rack_bytes):.0f}",
+                        f"{c.planned_rack_bytes:.0f}"])
         atomic_write_text(args.csv, buf.getvalue())
         print(f"wrote {args.csv}")
     return 0

@@ -14,7 +14,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import common as tc_common
 
 from ..errors import HarnessError
-from .plan import DevicePlan
+from .plan import EGRESS_CLASS_MINOR, DevicePlan
 
 ENOENT, ENODEV, EINVAL = 2, 19, 22
 
@@ -47,13 +47,20 @@ def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan, *, fresh: bool = False
     step = "htb root"
     try:
         ipr.tc("add", "htb", index=idx, handle=0x10000, default=0, r2q=10)
+        parent = 0x10000
+        if dev.egress_bps is not None:
+            parent = 0x10000 | EGRESS_CLASS_MINOR
+            step = f"htb class 1:{EGRESS_CLASS_MINOR:x} (interface limit)"
+            cap_Bps = dev.egress_bps // 8
+            burst = max(link.burst_bytes for link in dev.links)
+            ipr.tc("add-class", "htb", index=idx, handle=parent, parent=0x10000, rate=cap_Bps, ceil=cap_Bps,
+                   burst=burst, cburst=burst, mtu=2048)
         for link in dev.links:
             cls = 0x10000 | link.class_minor
             step = f"htb class 1:{link.class_minor:x}"
-            rate_Bps = link.rate_bps // 8
-            ipr.tc("add-class", "htb", index=idx, handle=cls, parent=0x10000,
-                   rate=rate_Bps, ceil=rate_Bps, burst=link.burst_bytes, cburst=link.cburst_bytes,
-                   quantum=link.quantum_bytes, mtu=2048)
+            ipr.tc("add-class", "htb", index=idx, handle=cls, parent=parent,
+                   rate=link.htb_rate_bps // 8, ceil=link.rate_bps // 8, burst=link.burst_bytes,
+                   cburst=link.cburst_bytes, quantum=link.quantum_bytes, mtu=2048)
             step = f"netem {link.netem_major:x}:"
             ipr.tc("add", "netem", index=idx, handle=link.netem_major << 16, parent=cls,
                    delay=link.delay_us, jitter=link.jitter_us, loss=link.loss_pct,
@@ -131,8 +138,9 @@ def compare(dev: DevicePlan, rb: dict) -> list[str]:
         where = f"device {dev.index} -> {link.dst}"
         if c is None:
             problems.append(f"{where}: class 1:{link.class_minor:x} missing")
-        elif abs(c["rate_bps"] - link.rate_bps) > 8 or abs(c["ceil_bps"] - link.rate_bps) > 8:
-            problems.append(f"{where}: rate {c['rate_bps']} bit/s, planned {link.rate_bps}")
+        elif abs(c["rate_bps"] - link.htb_rate_bps) > 8 or abs(c["ceil_bps"] - link.rate_bps) > 8:
+            problems.append(f"{where}: rate {c['rate_bps']} ceil {c['ceil_bps']} bit/s, planned "
+                            f"{link.htb_rate_bps} ceil {link.rate_bps}")
         q = netems.get(link.netem_major)
         if q is None:
             problems.append(f"{where}: netem {link.netem_major:x}: missing")
@@ -142,8 +150,17 @@ def compare(dev: DevicePlan, rb: dict) -> list[str]:
         f = filters.get(link.class_minor)
         if f is None or f["dst"] != link.dst_addr:
             problems.append(f"{where}: filter to {link.dst_addr} missing")
-    if len(classes) != len(dev.links):
-        problems.append(f"device {dev.index}: {len(classes)} classes, planned {len(dev.links)}")
+    planned = len(dev.links)
+    if dev.egress_bps is not None:
+        planned += 1
+        c = classes.get(EGRESS_CLASS_MINOR)
+        where = f"device {dev.index}: interface limit class 1:{EGRESS_CLASS_MINOR:x}"
+        if c is None:
+            problems.append(f"{where} missing")
+        elif abs(c["rate_bps"] - dev.egress_bps) > 8 or abs(c["ceil_bps"] - dev.egress_bps) > 8:
+            problems.append(f"{where}: rate {c['rate_bps']} bit/s, planned {dev.egress_bps}")
+    if len(classes) != planned:
+        problems.append(f"device {dev.index}: {len(classes)} classes, planned {planned}")
     return problems
 
 

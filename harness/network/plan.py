@@ -16,12 +16,16 @@ A[d][d'] + A[d'][d] and asymmetric scenarios are exact:
     u32 filter: ip dst <addr of dst>/32 -> 1:<dst+1>
 Pairs the scenario leaves unshaped (no delay and a node-internal bandwidth such as
 NVLink, >= `unshaped_min_gbps`) get no class: they stay at full speed.
+A device whose interface has a limit of its own (Topology.egress_gbps: an FL server's uplink) gets
+one parent class 1:fffe at that rate above its destinations' classes; each destination is then
+assured an equal share of it (HTB `rate`) and may borrow up to its pair's rate (`ceil`), so
+concurrent transfers share the interface max-min fairly, and one alone runs at its pair's rate.
 """
 from __future__ import annotations
 
 import ipaddress
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -41,6 +45,8 @@ BURST_SECONDS = 0.02
 QUEUE_BDP_FACTOR = 2
 QUEUE_MIN_PACKETS = 64
 HTB_QUANTUM_MAX_BYTES = 200_000  # above this HTB warns "quantum is big"
+#: HTB class of a device's interface limit (above every destination's 1:<dst+1>, dst+1 <= 0xFF00).
+EGRESS_CLASS_MINOR = 0xFFFE
 
 
 class PlanError(HarnessError, ValueError):
@@ -55,7 +61,7 @@ class ShapedLink:
     dst_addr: str
     class_minor: int  # HTB class 1:<class_minor>
     netem_major: int  # netem qdisc handle <netem_major>:
-    rate_bps: int  # bit/s, rate = ceil
+    rate_bps: int  # bit/s: the pair's rate (HTB ceil)
     burst_bytes: int
     cburst_bytes: int
     quantum_bytes: int
@@ -63,6 +69,11 @@ class ShapedLink:
     jitter_us: int
     loss_pct: float
     limit_packets: int
+    assured_bps: int = 0  # HTB rate: rate_bps, or under an interface limit its equal share of it
+
+    @property
+    def htb_rate_bps(self) -> int:
+        return self.assured_bps or self.rate_bps
 
 
 @dataclass(frozen=True)
@@ -72,6 +83,7 @@ class DevicePlan:
     ifname: str
     links: tuple[ShapedLink, ...]
     unshaped: tuple[int, ...]  # destinations left at full speed
+    egress_bps: int | None = None  # the interface's limit (parent class 1:fffe), None: none
 
 
 @dataclass(frozen=True)
@@ -140,6 +152,7 @@ def build_plan(
     if n > 0xFF00:
         raise PlanError(f"devices: at most {0xFF00} (got {n})")
     frame = mtu + ETH_HEADER_BYTES
+    egress = _egress_bps(topo, frame)
     devices = []
     for d in range(n):
         links, unshaped = [], []
@@ -177,8 +190,31 @@ def build_plan(
                 delay_us=int(round(ms_to_us(delay_ms))), jitter_us=jitter_us, loss_pct=float(loss_pct),
                 limit_packets=limit,
             ))
-        devices.append(DevicePlan(d, addrs[d], ifnames[d], tuple(links), tuple(unshaped)))
+        if egress[d] is not None and links:
+            share = max(8 * frame, egress[d] // len(links))
+            links = [replace(lk, rate_bps=min(lk.rate_bps, egress[d]), assured_bps=min(lk.rate_bps, share))
+                     for lk in links]
+        devices.append(DevicePlan(d, addrs[d], ifnames[d], tuple(links), tuple(unshaped),
+                                  egress[d] if links else None))
     return NetworkPlan(topo.name, float(topo.bandwidth_scale), mtu, prefix_len, tuple(devices))
+
+
+def _egress_bps(topo, frame: int) -> list[int | None]:
+    """Each device's interface limit in bit/s (None: none), checked like a pair's rate."""
+    caps = getattr(topo, "egress_gbps", None)
+    if caps is None:
+        return [None] * topo.n
+    out = []
+    for d, gbps in enumerate(np.asarray(caps, dtype=float)):
+        if gbps == math.inf:
+            out.append(None)
+            continue
+        rate = int(round(gbps_to_bits_per_s(gbps))) if gbps > 0 else 0
+        if not (math.isfinite(gbps) and rate >= 8 * frame):
+            raise PlanError(f"{topo.source}: egress_gbps[{d}]: must be at least one {frame}-byte frame per second "
+                            f"or inf (got {gbps})")
+        out.append(rate)
+    return out
 
 
 def target_matrices(plan: NetworkPlan) -> tuple[np.ndarray, np.ndarray]:
@@ -221,10 +257,15 @@ def render_commands(plan: NetworkPlan, netns: list[str] | None = None) -> list[s
         out.append(f"# device {dev.index} ({dev.addr}): {len(dev.links)} shaped destinations"
                    + (f", unshaped: {list(dev.unshaped)}" if dev.unshaped else ""))
         out.append(f"{pre}tc qdisc replace dev {ifn} root handle 1: htb default 0 r2q 10")
+        parent = "1:"
+        if dev.egress_bps is not None:
+            parent = f"1:{_hex(EGRESS_CLASS_MINOR)}"
+            out.append(f"{pre}tc class replace dev {ifn} parent 1: classid {parent} htb "
+                       f"rate {dev.egress_bps}bit ceil {dev.egress_bps}bit")
         for link in dev.links:
             out.append(
-                f"{pre}tc class replace dev {ifn} parent 1: classid 1:{_hex(link.class_minor)} htb "
-                f"rate {link.rate_bps}bit ceil {link.rate_bps}bit burst {link.burst_bytes}b "
+                f"{pre}tc class replace dev {ifn} parent {parent} classid 1:{_hex(link.class_minor)} htb "
+                f"rate {link.htb_rate_bps}bit ceil {link.rate_bps}bit burst {link.burst_bytes}b "
                 f"cburst {link.cburst_bytes}b quantum {link.quantum_bytes}"
             )
             netem = f"delay {link.delay_us}us"

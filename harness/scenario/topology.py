@@ -79,6 +79,9 @@ class Topology:
     bandwidth_gbps: np.ndarray  # already multiplied by bandwidth_scale
     bandwidth_scale: float = 1.0  # the factor applied to the scenario file's bandwidths (scaled())
     server: Server | None = None  # only scenarios of the FL workload have one
+    # per device, the most its interface sends in all (Gbps, scaled like bandwidth_gbps); None or inf:
+    # no limit beyond each pair's own rate (an FL server's uplink is one: workloads/fl/federation.py)
+    egress_gbps: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -92,7 +95,9 @@ class Topology:
             raise ScenarioError(f"{self.source}: bandwidth_scale: must be a finite number > 0 (got {s!r})")
         if s == 1.0:
             return self
-        return replace(self, bandwidth_gbps=self.bandwidth_gbps * s, bandwidth_scale=self.bandwidth_scale * s)
+        egress = None if self.egress_gbps is None else self.egress_gbps * s
+        return replace(self, bandwidth_gbps=self.bandwidth_gbps * s, bandwidth_scale=self.bandwidth_scale * s,
+                       egress_gbps=egress)
 
     def region_of(self, device: int) -> Region:
         return self.regions[self.device_region[device]]
@@ -141,6 +146,7 @@ class Topology:
             bandwidth_gbps=self.bandwidth_gbps[np.ix_(idx, idx)].copy(),
             bandwidth_scale=self.bandwidth_scale,
             server=self.server,
+            egress_gbps=None if self.egress_gbps is None else self.egress_gbps[idx].copy(),
         )
 
 

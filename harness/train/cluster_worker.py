@@ -30,7 +30,7 @@ def _process_start_time() -> float:
 MASTER_PORT = 29500
 
 
-def _keep_tcp_window_when_idle() -> None:
+def keep_tcp_window_when_idle() -> None:
     """A training connection idles between bursts (compute, the other phase); Linux would
     restart slow start after each idle period longer than an RTO, costing several RTTs per
     message on 100+ ms links. Long-lived training links are tuned this way in practice."""
@@ -88,7 +88,7 @@ def main(pairs: list[tuple[str, str]]) -> int:
             def target(rank: int, spec=spec, port=MASTER_PORT + k):  # a fresh port: no wait on the last one's
                 d = devs[rank]
                 netns.enter(d["netns_path"])
-                _keep_tcp_window_when_idle()
+                keep_tcp_window_when_idle()
                 env = RankEnv(rank=rank, world_size=len(devs), master_addr=master, master_port=port,
                               addr=d["addr"], ifname=d["ifname"], device_index=d["index"])
                 return rank_main(spec, env)

@@ -126,12 +126,12 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: 
         everyone = [None] * env.world_size if env.rank == 0 else None
         dist.gather_object(stats, everyone, dst=0)
         result.gathered = everyone
-    _leave_together(env.rank, env.world_size, spec.run.group_timeout_s)
+    leave_together(env.rank, env.world_size, spec.run.group_timeout_s)
     dist.destroy_process_group()
     return result
 
 
-def _leave_together(rank: int, world_size: int, timeout_s: float) -> None:
+def leave_together(rank: int, world_size: int, timeout_s: float) -> None:
     """Rank 0 hosts the store: it leaves only after every rank said it is done. (A gloo
     barrier would not do: with lazily connected pairs, a rank done with its part of the
     barrier can take the store down while others still need it to connect.)"""

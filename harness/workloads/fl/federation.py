@@ -6,17 +6,25 @@ eq. 13) through its own uplink (the scenario's `server.uplink_gbps`, else B_inte
 network interface carries at most its fastest link (B_intra) in each direction, as in
 harness/compute/links.py. `--alpha` replaces B_inter (and a defaulted uplink) by alpha * B_intra.
 Scaling down keeps the rack shape: it keeps whole racks, the same share of every scenario entry.
+
+The emulated cluster (`harness fl --backend emu`) runs this federation as a topology of its own
+(`emulated_topology`): the workers, then the server as one more device in a region of its own,
+whose interface is limited to the uplink (Topology.egress_gbps); the workers' interfaces are not
+limited beyond their pairs (the emulated cluster's per-pair shaping), which `scaled` says to the
+simulator when it predicts such a run.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ...errors import HarnessError
 from ...compute.profiles import device_profiles
 from ...scenario import Topology, load_scenario
-from ...units import gbps_to_bytes_per_s, ms_to_s
+from ...scenario.topology import Link, Region
+from ...units import bytes_per_s_to_gbps, gbps_to_bytes_per_s, ms_to_s, s_to_ms
 
 DTYPE = "fp32"  # OWL trains in fp32 (PyTorch 1.9 defaults): 4 bytes per parameter, the fp32 peak
 
@@ -38,6 +46,20 @@ class Federation:
     server_delay_s: float
     flops_per_s: tuple[float, ...]  # what every worker achieves (fp32 peak x efficiency)
     gpu: str
+    nic_Bps: float | None = None  # a worker's interface, each direction; None: its fastest link (B_intra)
+
+    @property
+    def worker_nic_Bps(self) -> float:
+        return self.intra_Bps if self.nic_Bps is None else self.nic_Bps
+
+    def scaled(self, bandwidth_scale: float, compute_time_scale: float) -> "Federation":
+        """The federation as the emulated cluster runs it: every bandwidth x bandwidth_scale, every
+        computation compute_time_scale times longer, and the workers' interfaces unlimited beyond their
+        pairs (per-pair shaping; the server's uplink stays one shared limit)."""
+        s, c = bandwidth_scale, compute_time_scale
+        return replace(self, intra_Bps=self.intra_Bps * s, inter_Bps=self.inter_Bps * s,
+                       uplink_Bps=self.uplink_Bps * s, flops_per_s=tuple(f / c for f in self.flops_per_s),
+                       nic_Bps=math.inf)
 
     @property
     def workers(self) -> int:
@@ -130,8 +152,36 @@ def whole_racks(topo: Topology, devices: int) -> Topology:
     return topo.subset([d for r in racks for d in range(starts[r], starts[r + 1])])
 
 
-def load_federation(name: str, devices: int | None = None, alpha: float | None = None) -> Federation:
+def load_topology(name: str, devices: int | None = None) -> Topology:
+    """An FL scenario, kept to `devices` workers in whole racks."""
     topo = load_scenario(name)
-    if devices is not None:
-        topo = whole_racks(topo, devices)
-    return federation(topo, alpha)
+    return topo if devices is None else whole_racks(topo, devices)
+
+
+def load_federation(name: str, devices: int | None = None, alpha: float | None = None) -> Federation:
+    return federation(load_topology(name, devices), alpha)
+
+
+def emulated_topology(topo: Topology, fed: Federation) -> Topology:
+    """`fed` (the federation of `topo`, at its alpha) as devices of the emulated cluster: the workers in
+    their racks, then the server (device `fed.workers`) in a region of its own, reached at B_inter after
+    its delay, its interface limited to its uplink. Unscaled: Topology.scaled gives the run's."""
+    W = fed.workers
+    rack = np.append(fed.rack_of, -1)
+    same = rack[:, None] == rack[None, :]
+    server = np.zeros(W + 1, dtype=bool)
+    server[W] = True
+    either = server[:, None] | server[None, :]
+    delay = np.where(either, s_to_ms(fed.server_delay_s),
+                     np.where(same, s_to_ms(fed.intra_delay_s), s_to_ms(fed.inter_delay_s)))
+    bw = np.where(same & ~either, bytes_per_s_to_gbps(fed.intra_Bps), bytes_per_s_to_gbps(fed.inter_Bps))
+    np.fill_diagonal(delay, 0.0)
+    np.fill_diagonal(bw, np.inf)
+    egress = np.full(W + 1, np.inf)
+    egress[W] = bytes_per_s_to_gbps(fed.uplink_Bps)
+    host = Region("server", 1, Link(s_to_ms(fed.server_delay_s), bytes_per_s_to_gbps(fed.inter_Bps)),
+                  topo.regions[0].profile)
+    return Topology(name=topo.name, description=topo.description, source=topo.source,
+                    regions=topo.regions + (host,), device_region=tuple(topo.device_region) + (len(topo.regions),),
+                    delay_ms=delay, bandwidth_gbps=bw, bandwidth_scale=topo.bandwidth_scale, server=topo.server,
+                    egress_gbps=egress)

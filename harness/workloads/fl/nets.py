@@ -47,3 +47,51 @@ class Tiny(nn.Module):
         for base in self.bases:
             x = base(x)
         return self.classifier(x.mean(dim=(2, 3)))
+
+
+class GlobalMean(nn.Module):
+    """Tiny's global pooling before the classifier."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3))
+
+
+def _branch_units(branch: nn.Module) -> list[nn.Module]:
+    """A branch's layers as units that run one after another: each ends with a module that has parameters
+    (a convolution with its BatchNorm and ReLU, or a linear layer); a pooling before it runs with it."""
+    if isinstance(branch, nn.Sequential) and isinstance(branch[0], nn.Conv2d):
+        return [branch]  # one convolution layer (_conv)
+    units, pending = [], []
+    for m in (branch.children() if isinstance(branch, nn.Sequential) else [branch]):
+        pending.append(m)
+        if any(True for _ in m.parameters()):
+            units.append(pending[0] if len(pending) == 1 else nn.Sequential(*pending))
+            pending = []
+    if pending:
+        raise ValueError(f"a branch ends without a layer that has parameters: {pending}")
+    return units
+
+
+def layer_units(net: Tiny) -> list[list[list[nn.Module]]]:
+    """Per base, per branch, the units that compute the profile's layers (models.tiny(): same order, same
+    parameters each), sharing the net's parameters: a worker runs them one at a time as they arrive."""
+    bases = []
+    for base in net.bases:
+        branches = base.branches if isinstance(base, Concat) else [base]
+        bases.append([_branch_units(b) for b in branches])
+    bases.append([[nn.Sequential(GlobalMean(), net.classifier)]])
+    return bases
+
+
+def forward_by_units(bases: list[list[list[nn.Module]]], x: torch.Tensor) -> torch.Tensor:
+    """The net's forward from its units in forward order (what a worker computes, in whatever order its
+    layers arrive): a base's branches read the base's input and are concatenated."""
+    for branches in bases:
+        outs = []
+        for units in branches:
+            h = x
+            for u in units:
+                h = u(h)
+            outs.append(h)
+        x = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+    return x

@@ -47,6 +47,7 @@ class Round:
     e0_seconds: float  # backward + gradient all-reduce + update: the same for every strategy
     server_bytes: float
     config: dict = field(default_factory=dict)
+    transfers: tuple[Transfer, ...] = field(default=(), repr=False)  # the plan: what the emulated run sends
 
 
 @dataclass(frozen=True)
@@ -75,8 +76,11 @@ def get(name: str) -> Strategy:
 
 
 def selected(spec: str) -> list[str]:
-    """`all` or one strategy's name -> the strategies to run."""
-    return [s.name for s in STRATEGIES.values() if s.in_all] if spec == "all" else [get(spec).name]
+    """`all`, or strategies' names separated by commas -> the strategies to run (each once, in that order)."""
+    if spec == "all":
+        return [s.name for s in STRATEGIES.values() if s.in_all]
+    names = [get(n.strip()).name for n in spec.split(",")]
+    return list(dict.fromkeys(names))
 
 
 def e0_seconds(model: BranchyModel, fed: Federation, batch: int) -> float:
@@ -108,7 +112,7 @@ def simulate(name: str, model: BranchyModel, fed: Federation, batch: int, transf
     fwd = max(ends)
     e0 = e0_seconds(model, fed, batch)
     server = sum(t.nbytes for t in transfers if t.src == SERVER)
-    return Round(name, fwd + e0, float(ready.max()), fwd, e0, float(server), dict(config or {}))
+    return Round(name, fwd + e0, float(ready.max()), fwd, e0, float(server), dict(config or {}), tuple(transfers))
 
 
 def _from_server(fed: Federation, packs: list[list[int]], nbytes: np.ndarray) -> list[Transfer]:

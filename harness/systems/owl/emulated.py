@@ -1,0 +1,132 @@
+"""The host's side of an emulated FL run: plans, the cluster, and measured FL records.
+
+The run's federation is the scenario's at the run's scales (Federation.scaled: bandwidths x
+bandwidth_scale, compute compute_time_scale times longer, the emulated cluster's per-pair shaping);
+every strategy plans for that federation, as it would for the testbed it faces, and its plan is
+what the processes send. The cluster is emulated_topology (the server a device of its own behind
+its uplink) at the same bandwidth scale. A record carries what was measured: the round, the
+distribution (the last parameter to land anywhere), the forward, and the bytes counted as sent.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import HarnessError
+from ...files import atomic_write_json
+from ...scenario import Topology
+from ...train.launch import RankFailure
+from ...train.rank import PROGRESS_PREFIX
+from ...workloads.fl import strategies as st
+from ...workloads.fl.federation import Federation, emulated_topology, federation
+from ...workloads.fl.flows import layer_seconds, traffic
+from ...workloads.fl.models import BranchyModel
+from ...workloads.fl.records import FLRecord, to_record
+from .runtime import FLSpec, RoundSpec, Transfer
+
+#: The model a worker process builds (harness/workloads/fl/nets.py); the others exist as profiles only.
+RUNNABLE = ("tiny",)
+#: Wall-clock allowance per strategy's round on top of the simulated round (warm-up, connections, checks).
+ROUND_OVERHEAD_S = 60.0
+
+
+@dataclass(frozen=True)
+class EmuSetting:
+    """How an emulated FL run is scaled and bounded."""
+
+    bandwidth_scale: float = 1.0
+    compute_time_scale: float = 1.0
+    timeout_s: float | None = None  # None: from the simulated rounds
+    kernel: str = "auto"
+    seed: int = 0
+    fault_rank: int | None = None
+
+
+def plan_rounds(model: BranchyModel, fed: Federation, strategies: list[str], batch: int) -> list[st.Round]:
+    """Every strategy's round as the simulator plans it for the (scaled) federation."""
+    return [st.run(n, model, fed, batch) for n in strategies]
+
+
+def fl_spec(model: BranchyModel, fed: Federation, rounds: list[st.Round], batch: int, setting: EmuSetting) -> FLSpec:
+    if model.name not in RUNNABLE:
+        raise HarnessError(f"--model: {model.name} cannot run on the emulated backend (runnable: "
+                           f"{', '.join(RUNNABLE)}); the simulator runs every model")
+    secs = layer_seconds(model, fed, batch)
+    backward = [2 * model.fwd_flop * batch / f for f in fed.flops_per_s]
+    timeout = setting.timeout_s or sum(2 * r.seconds + ROUND_OVERHEAD_S for r in rounds)
+    return FLSpec(model.name, batch, fed.racks, tuple(tuple(float(x) for x in row) for row in secs),
+                  tuple(float(b) for b in backward),
+                  tuple(RoundSpec(r.strategy, tuple(Transfer.of(k, t) for k, t in enumerate(r.transfers)))
+                        for r in rounds),
+                  float(timeout), seed=setting.seed, fault_rank=setting.fault_rank)
+
+
+def run_fl_emulated(topo: Topology, fed: Federation, model: BranchyModel, rounds: list[st.Round], batch: int,
+                    setting: EmuSetting, work: Path, *, run_id: str, stream=None) -> tuple[list[FLRecord], dict]:
+    """Run `rounds` (plan_rounds of `fed` at the setting's scales) in one boot of the emulated cluster;
+    (records, manifest extras). `fed` is the scenario's federation (unscaled); raises RankFailure naming
+    a process that failed."""
+    from ...network.emulate import run_emulated
+
+    scaled = fed.scaled(setting.bandwidth_scale, setting.compute_time_scale)
+    spec = fl_spec(model, scaled, rounds, batch, setting)
+    spec_path, out_path = Path(work) / "fl-spec.json", Path(work) / "fl-out.json"
+    atomic_write_json(spec_path, spec.to_json())
+    cluster = emulated_topology(topo, fed).scaled(setting.bandwidth_scale)
+    env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    res = run_emulated(cluster, [sys.executable, "-m", "harness.systems.owl.launcher", str(spec_path), str(out_path)],
+                       mode="launcher", kernel=setting.kernel, timeout_s=spec.timeout_s + 60, env=env,
+                       stream=None if stream is None else _ProgressOnly(stream))
+    outcome = json.loads(out_path.read_text()) if out_path.exists() else None
+    if outcome is None or outcome["status"] != "ok":
+        why = outcome["reason"] if outcome else (
+            f"emulated cluster timed out after {spec.timeout_s + 60:g} s" if res.timed_out
+            else f"emulated cluster: launcher exited {res.returncodes}: {' '.join(res.outputs)[-500:]}")
+        raise RankFailure(why)
+    records = [measured_record(r, ranks, fed=fed, scaled=scaled, model=model, batch=batch, run_id=run_id,
+                               setting=setting)
+               for r, ranks in zip(rounds, outcome["rounds"])]
+    return records, {"kernel": res.kernel, "readback": res.readback, "bandwidth_scale": setting.bandwidth_scale,
+                     "compute_time_scale": setting.compute_time_scale}
+
+
+class _ProgressOnly:
+    """The launcher's output as run_emulated streams it: progress lines go on (the rest stays in the job's log)."""
+
+    def __init__(self, out):
+        self.out = out
+
+    def write(self, text: str) -> None:
+        for line in text.splitlines(keepends=True):
+            if line.startswith(PROGRESS_PREFIX):
+                self.out.write(line)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def measured_record(planned: st.Round, ranks: list[dict], *, fed: Federation, scaled: Federation,
+                    model: BranchyModel, batch: int, run_id: str, setting: EmuSetting) -> FLRecord:
+    """The record of one measured round: times from the workers, bytes from everyone's counts."""
+    W = fed.workers
+    workers = ranks[:W]
+    dist_s = max(max(w["arrivals"]) for w in workers)
+    fwd = max(w["forward_end"] for w in workers)
+    end = max(w["end"] for w in workers)
+    sent: dict[str, float] = {}
+    for r in ranks:
+        for k, v in r["sent"].items():
+            sent[k] = sent.get(k, 0) + v
+    rack_bytes = tuple(float(sent.get(f"rack{k}", 0)) for k in range(len(fed.racks)))
+    measured = replace(planned, seconds=end, distribution_seconds=dist_s, forward_seconds=fwd, e0_seconds=end - fwd,
+                       server_bytes=float(sent.get("server", 0)))
+    rec = to_record(measured, run_id=run_id, fed=fed, model=model, batch=batch)
+    return replace(rec, backend="emu", rack_bytes=rack_bytes, inter_rack_bytes=float(sent.get("inter", 0)),
+                   allreduce_bytes=float(sent.get("allreduce", 0)), bandwidth_scale=setting.bandwidth_scale,
+                   compute_time_scale=setting.compute_time_scale,
+                   overruns=int(sum(w["overruns"] for w in workers)))

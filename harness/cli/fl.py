@@ -34,13 +34,17 @@ def register(sub) -> None:
     p.add_argument("--backend", default="sim", choices=["sim", "emu"],
                    help="sim: the flow simulator; emu: processes in the emulated cluster (tc/netem shaped links)")
     p.add_argument("--batch", type=positive_int, default=32, help="minibatch per worker")
-    p.add_argument("--bandwidth-scale", type=positive_float, help="emu: multiply every rate, the server's uplink too "
+    p.add_argument("--bandwidth-scale", type=positive_float, default=argparse.SUPPRESS,
+                   help="emu: multiply every rate, the server's uplink too "
                    "(default 1; e.g. 0.001 so that distribution dominates the round at CPU speed)")
-    p.add_argument("--compute-time-scale", type=positive_float, metavar="X", help="emu: every layer's forward and the "
+    p.add_argument("--compute-time-scale", type=positive_float, metavar="X", default=argparse.SUPPRESS,
+                   help="emu: every layer's forward and the "
                    "backward take X times their modelled time on the scenario's GPU (default 1; e.g. 10000)")
-    p.add_argument("--timeout", type=positive_float, help="emu: seconds before the run is failed (default: from the "
+    p.add_argument("--timeout", type=positive_float, default=argparse.SUPPRESS,
+                   help="emu: seconds before the run is failed (default: from the "
                    "simulated rounds)")
-    p.add_argument("--kernel", choices=("auto", "host", "uml"), help="emu: the host kernel (needs sch_netem) or "
+    p.add_argument("--kernel", choices=("auto", "host", "uml"), default=argparse.SUPPRESS,
+                   help="emu: the host kernel (needs sch_netem) or "
                    "user-mode Linux (default auto)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="emu: the model's and the data's seed")
     p.add_argument("--json", type=output_file, help="also write the records as a JSON list")
@@ -70,7 +74,7 @@ def cmd_fl(args) -> int:
     if args.scenario is None:
         raise FLError("--scenario: required (e.g. owl-testbed)")
     if args.backend != "emu":
-        given = [n for n in EMU_ONLY if getattr(args, n) is not None]
+        given = [n for n in EMU_ONLY if hasattr(args, n)]
         if given:
             raise FLError(f"--{given[0].replace('_', '-')}: only with --backend emu")
     model = get_branchy(args.model)
@@ -123,7 +127,7 @@ def _emulated(args, model, names) -> int:
     from ..network import reaper
     from ..results import manifest, new_run_id, run_dir
     from ..errors import HarnessError
-    from ..systems.owl.emulated import RUNNABLE, EmuSetting, plan_rounds, run_fl_emulated
+    from ..systems.owl.emulated import RUNNABLE, EmuSetting, emulated_federation, plan_rounds, run_fl_emulated
     from ..train.launch import RankFailure
     from ..workloads.fl.federation import FLError, federation, load_topology
 
@@ -132,11 +136,13 @@ def _emulated(args, model, names) -> int:
                       "--backend sim simulates every model")
     topo = load_topology(args.scenario, args.devices)
     feds = [federation(topo, a) for a in (args.alpha or [None])]
-    setting = EmuSetting(bandwidth_scale=args.bandwidth_scale or 1.0, compute_time_scale=args.compute_time_scale or 1.0,
-                         timeout_s=args.timeout, kernel=args.kernel or "auto", seed=args.seed)
+    setting = EmuSetting(bandwidth_scale=getattr(args, "bandwidth_scale", 1.0),
+                         compute_time_scale=getattr(args, "compute_time_scale", 1.0),
+                         timeout_s=getattr(args, "timeout", None), kernel=getattr(args, "kernel", "auto"),
+                         seed=args.seed)
     # every plan before anything is written: a strategy that cannot plan is one line, not a failed run
-    plans = [plan_rounds(model, f.scaled(setting.bandwidth_scale, setting.compute_time_scale), names, args.batch)
-             for f in feds]
+    plans = [plan_rounds(model, emulated_federation(f, setting.bandwidth_scale, setting.compute_time_scale), names,
+                         args.batch) for f in feds]
     run_id = new_run_id("fl")
     out = Path(args.out or run_dir(topo.name, run_id, args.results))
     man = out / "manifest.json"

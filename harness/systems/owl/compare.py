@@ -1,8 +1,8 @@
 """`harness sim compare` for FL records: each measured round against the flow simulation of the same round.
 
 The simulation runs on the record's scenario kept to its workers, its alpha, model and batch, at
-the run's scales (Federation.scaled: the network the emulated cluster shaped, the compute the
-processes were held to), and plans the strategy as the run did; nothing is calibrated. Error =
+the run's scales (emulated_federation: the network the emulated cluster shaped, its TCP payload
+share, the compute the processes were held to), and plans the strategy as the run did; nothing is calibrated. Error =
 simulated / measured - 1, for the round and for the distribution, beside the bytes the
 simulator plans and those the run counted.
 """
@@ -16,6 +16,7 @@ from ...workloads.fl.federation import federation, load_topology
 from ...workloads.fl.flows import traffic
 from ...workloads.fl.models import get_branchy
 from ...workloads.fl.records import FLRecord
+from .emulated import emulated_federation
 
 TARGET_ERROR = 0.15
 
@@ -45,7 +46,7 @@ def compare_fl(records: list[FLRecord]) -> list[FLComparison]:
         key = (r.scenario, r.workers)
         if key not in topos:
             topos[key] = load_topology(r.scenario, r.workers)
-        fed = federation(topos[key], r.alpha).scaled(r.bandwidth_scale, r.compute_time_scale)
+        fed = emulated_federation(federation(topos[key], r.alpha), r.bandwidth_scale, r.compute_time_scale)
         sim = st.run(r.strategy, get_branchy(r.model), fed, r.batch)
         out.append(FLComparison(r, sim, sum(traffic(fed, sim.transfers)[1])))
     return out
@@ -53,7 +54,8 @@ def compare_fl(records: list[FLRecord]) -> list[FLComparison]:
 
 def format_table(rows: list[FLComparison]) -> str:
     lines = [f"{'scenario':<12} {'alpha':>5} {'strategy':<8} {'measured s':>10} {'sim s':>8} {'error':>7} "
-             f"{'distrib. s':>10} {'sim':>7} {'error':>7} {'server MB':>9} {'planned':>8} {'racks MB':>8} {'planned':>8}"]
+             f"{'distrib. s':>10} {'sim':>7} {'error':>7} {'server MB':>9} {'planned':>8} {'racks MB':>8} "
+             f"{'planned':>8}"]
     for c in rows:
         r, s = c.record, c.simulated
         lines.append(f"{r.scenario:<12} {r.alpha:>5g} {r.strategy:<8} {r.seconds:>10.3f} {s.seconds:>8.3f} "

@@ -1,7 +1,8 @@
 """The host's side of an emulated FL run: plans, the cluster, and measured FL records.
 
-The run's federation is the scenario's at the run's scales (Federation.scaled: bandwidths x
-bandwidth_scale, compute compute_time_scale times longer, the emulated cluster's per-pair shaping);
+The run's federation is the scenario's at the run's scales (emulated_federation: bandwidths x
+bandwidth_scale of which TCP's payload share carries parameters, compute compute_time_scale times
+longer, the emulated cluster's per-pair shaping);
 every strategy plans for that federation, as it would for the testbed it faces, and its plan is
 what the processes send. The cluster is emulated_topology (the server a device of its own behind
 its uplink) at the same bandwidth scale. A record carries what was measured: the round, the
@@ -19,6 +20,7 @@ import numpy as np
 
 from ...errors import HarnessError
 from ...files import atomic_write_json
+from ...network.plan import tcp_efficiency
 from ...scenario import Topology
 from ...train.launch import RankFailure
 from ...train.rank import PROGRESS_PREFIX
@@ -47,6 +49,12 @@ class EmuSetting:
     fault_rank: int | None = None
 
 
+def emulated_federation(fed: Federation, bandwidth_scale: float, compute_time_scale: float) -> Federation:
+    """`fed` as the emulated cluster runs it (Federation.scaled): the shaped rates carry TCP frames, so the
+    parameters move at the share of them that is payload."""
+    return fed.scaled(bandwidth_scale, compute_time_scale, payload_share=tcp_efficiency())
+
+
 def plan_rounds(model: BranchyModel, fed: Federation, strategies: list[str], batch: int) -> list[st.Round]:
     """Every strategy's round as the simulator plans it for the (scaled) federation."""
     return [st.run(n, model, fed, batch) for n in strategies]
@@ -73,7 +81,7 @@ def run_fl_emulated(topo: Topology, fed: Federation, model: BranchyModel, rounds
     a process that failed."""
     from ...network.emulate import run_emulated
 
-    scaled = fed.scaled(setting.bandwidth_scale, setting.compute_time_scale)
+    scaled = emulated_federation(fed, setting.bandwidth_scale, setting.compute_time_scale)
     spec = fl_spec(model, scaled, rounds, batch, setting)
     spec_path, out_path = Path(work) / "fl-spec.json", Path(work) / "fl-out.json"
     atomic_write_json(spec_path, spec.to_json())

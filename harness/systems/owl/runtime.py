@@ -105,7 +105,8 @@ class FLSpec:
     def to_json(self) -> dict:
         return {"model": self.model, "batch": self.batch, "racks": list(self.racks),
                 "layer_seconds": [list(s) for s in self.layer_seconds], "backward_seconds": list(self.backward_seconds),
-                "rounds": [{"strategy": r.strategy, "transfers": [t.to_json() for t in r.transfers]} for r in self.rounds],
+                "rounds": [{"strategy": r.strategy, "transfers": [t.to_json() for t in r.transfers]}
+                           for r in self.rounds],
                 "timeout_s": self.timeout_s, "seed": self.seed, "group_timeout_s": self.group_timeout_s,
                 "fault_rank": self.fault_rank}
 
@@ -139,7 +140,6 @@ class _Model:
         self.bases = layer_units(self.net)
         self.units = [u for base in self.bases for branch in base for u in branch]
         self.params = [list(u.parameters()) for u in self.units]
-        self.shape = [(b, j, k) for b, base in enumerate(self.bases) for j, br in enumerate(base) for k in range(len(br))]
 
     def pack(self, layers) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for l in layers for p in self.params[l]])

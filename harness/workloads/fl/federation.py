@@ -52,11 +52,12 @@ class Federation:
     def worker_nic_Bps(self) -> float:
         return self.intra_Bps if self.nic_Bps is None else self.nic_Bps
 
-    def scaled(self, bandwidth_scale: float, compute_time_scale: float) -> "Federation":
-        """The federation as the emulated cluster runs it: every bandwidth x bandwidth_scale, every
+    def scaled(self, bandwidth_scale: float, compute_time_scale: float, payload_share: float = 1.0) -> "Federation":
+        """The federation as the emulated cluster runs it: every bandwidth x bandwidth_scale, of which the
+        parameters get `payload_share` (the rest is the frames' headers: network/plan.tcp_efficiency), every
         computation compute_time_scale times longer, and the workers' interfaces unlimited beyond their
         pairs (per-pair shaping; the server's uplink stays one shared limit)."""
-        s, c = bandwidth_scale, compute_time_scale
+        s, c = bandwidth_scale * payload_share, compute_time_scale
         return replace(self, intra_Bps=self.intra_Bps * s, inter_Bps=self.inter_Bps * s,
                        uplink_Bps=self.uplink_Bps * s, flops_per_s=tuple(f / c for f in self.flops_per_s),
                        nic_Bps=math.inf)

@@ -137,4 +137,5 @@ def measured_record(planned: st.Round, ranks: list[dict], *, fed: Federation, sc
     return replace(rec, backend="emu", rack_bytes=rack_bytes, inter_rack_bytes=float(sent.get("inter", 0)),
                    allreduce_bytes=float(sent.get("allreduce", 0)), bandwidth_scale=setting.bandwidth_scale,
                    compute_time_scale=setting.compute_time_scale,
-                   overruns=int(sum(w["overruns"] for w in workers)))
+                   overruns=int(sum(w["overruns"] for w in workers)),
+                   server_wire_bytes=float(ranks[W].get("interface_tx_bytes") or 0))

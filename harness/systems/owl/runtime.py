@@ -19,7 +19,8 @@ parameters in forward order). Every round of the spec runs the same way:
 - every worker checks that what it received is the server's model, to the bit.
 
 Bytes are counted as sent (train/wire.py's WireCounter around each call), by where they go:
-out of the server, inside each rack, across racks, and the all-reduce's.
+out of the server, inside each rack, across racks, and the all-reduce's; the server also reads what
+its interface sent in the round as the kernel counts it (frames: payload plus TCP/IP/Ethernet headers).
 """
 from __future__ import annotations
 
@@ -129,6 +130,7 @@ class RankRound:
     end: float = float("nan")
     sent: dict = field(default_factory=dict)  # bytes by where they went: server, rack<r>, inter, allreduce
     overruns: int = 0
+    interface_tx_bytes: int | None = None  # the server: what its interface sent in the round, headers and all
 
 
 class _Model:
@@ -181,10 +183,24 @@ def _warm_up(rank: int, W: int, rs: RoundSpec, workers_group) -> None:
     dist.barrier()
 
 
-def server_round(spec: FLSpec, rs: RoundSpec, model: _Model, fault: bool) -> RankRound:
+def interface_tx_bytes(ifname: str) -> int | None:
+    """Bytes this namespace's interface `ifname` has sent, as the kernel counts them (/proc/net/dev is the
+    calling process's namespace); None without an interface (loopback runs)."""
+    if not ifname:
+        return None
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name.strip() == ifname:
+                return int(rest.split()[8])
+    raise RuntimeError(f"/proc/net/dev: no interface {ifname}")
+
+
+def server_round(spec: FLSpec, rs: RoundSpec, model: _Model, fault: bool, ifname: str = "") -> RankRound:
     W = spec.workers
     out = RankRound(W)
     dist.barrier()
+    tx0 = interface_tx_bytes(ifname)
     t0 = time.perf_counter()
     works, counter = [], WireCounter()
     with counter:
@@ -197,6 +213,9 @@ def server_round(spec: FLSpec, rs: RoundSpec, model: _Model, fault: bool) -> Ran
     for w in works:
         w.wait()
     out.end = time.perf_counter() - t0
+    dist.barrier()  # every worker has everything: the last frames have left (a finished send may sit in a queue)
+    if tx0 is not None:
+        out.interface_tx_bytes = interface_tx_bytes(ifname) - tx0
     return out
 
 
@@ -378,9 +397,10 @@ def fl_rank_main(rank: int, spec: FLSpec, master_addr: str, master_port: int, if
         _warm_up(rank, W, rs, workers_group)
         model = _Model(spec.seed)  # the server's model, every round (the workers' update stays theirs)
         if rank == W:
-            out.append(server_round(spec, rs, model, fault))
+            out.append(server_round(spec, rs, model, fault, ifname))
         else:
             out.append(_Worker(spec, rs, model, reference, rank, fault).run(workers_group))
+            dist.barrier()  # the server reads its interface's count once every worker is done
             if rank == 0:
                 progress(f"round {k + 1}/{len(spec.rounds)} ({rs.strategy}): {out[-1].end:.2f} s on worker 0")
     leave_together(rank, W + 1, spec.group_timeout_s)

@@ -45,6 +45,7 @@ class FLRecord:
     bandwidth_scale: float = 1.0  # the run's scales (emu; a simulation at paper scale: 1)
     compute_time_scale: float = 1.0
     overruns: int = 0  # emu: layers whose real computation outlasted their modelled time
+    server_wire_bytes: float = 0.0  # emu: what the server's interface sent in the round, as its kernel counts it
 
     def setting(self) -> tuple:
         """What records must share to be compared (normalised to naive)."""

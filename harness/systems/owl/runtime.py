@@ -158,10 +158,6 @@ class _Model:
         return sum(p.numel() for l in layers for p in self.params[l])
 
 
-def _sent(counter: WireCounter) -> int:
-    return counter.take()
-
-
 def _fault():
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -170,10 +166,10 @@ def _warm_up(rank: int, W: int, rs: RoundSpec, workers_group) -> None:
     """One message on every pair the round uses (either way round: a gloo pair is one connection) and one
     all-reduce of the workers, then a barrier of everyone."""
     pairs = sorted({tuple(sorted((W if t.src == SERVER else t.src, t.dst))) for t in rs.transfers})
-    works, one = [], torch.zeros(WARMUP_NUMEL)
+    works, ping = [], torch.zeros(WARMUP_NUMEL)
     for a, b in pairs:
         if rank == a:
-            works.append(dist.isend(one, b, tag=WARMUP_TAG))
+            works.append(dist.isend(ping, b, tag=WARMUP_TAG))
         elif rank == b:
             works.append(dist.irecv(torch.zeros(WARMUP_NUMEL), a, tag=WARMUP_TAG))
     for w in works:
@@ -207,7 +203,7 @@ def server_round(spec: FLSpec, rs: RoundSpec, model: _Model, fault: bool, ifname
         for t in rs.transfers:
             if t.src == SERVER:
                 works.append(dist.isend(model.pack(t.layers), t.dst, tag=t.index))
-    out.sent = {"server": _sent(counter)}
+    out.sent = {"server": counter.take()}
     if fault:
         _fault()
     for w in works:
@@ -283,7 +279,7 @@ class _Worker:
                 with counter:
                     works.append(dist.isend(model.pack(t.layers), t.dst, tag=t.index))
                 same = spec.rack_of(t.dst) == spec.rack_of(self.rank)
-                self._charge(f"rack{spec.rack_of(self.rank)}" if same else "inter", _sent(counter))
+                self._charge(f"rack{spec.rack_of(self.rank)}" if same else "inter", counter.take())
             for w in works:
                 w.wait()
         except BaseException as e:  # noqa: BLE001 - re-raised by the main thread
@@ -334,7 +330,7 @@ class _Worker:
         counter = WireCounter()
         with counter:
             dist.all_reduce(flat, group=workers_group)
-        self._charge("allreduce", _sent(counter))
+        self._charge("allreduce", counter.take())
         flat /= spec.workers
         at = 0
         with torch.no_grad():

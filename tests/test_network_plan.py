@@ -178,8 +178,8 @@ def test_an_interface_limit_is_a_parent_class_that_its_destinations_share():
     assert dev.egress_bps == 5_000_000 and [d.egress_bps for d in plan.devices[:3]] == [None] * 3
     for link in dev.links:
         pair = round(topo.bandwidth_gbps[3][link.dst] * 1e9 * 0.01)
-        assert link.rate_bps == min(pair, 5_000_000) and link.htb_rate_bps == min(pair, 5_000_000 // 3)
-    assert all(link.htb_rate_bps == link.rate_bps for d in plan.devices[:3] for link in d.links)
+        assert link.rate_bps == min(pair, 5_000_000) and link.assured_bps == min(pair, 5_000_000 // 3)
+    assert all(link.assured_bps == link.rate_bps for d in plan.devices[:3] for link in d.links)
     cmds = "\n".join(render_commands(plan))
     assert "parent 1: classid 1:fffe htb rate 5000000bit ceil 5000000bit" in cmds
     assert cmds.count("parent 1:fffe classid") == 3

@@ -127,13 +127,12 @@ def _emulated(args, model, names) -> int:
     from ..network import reaper
     from ..results import manifest, new_run_id, run_dir
     from ..errors import HarnessError
-    from ..systems.owl.emulated import RUNNABLE, EmuSetting, emulated_federation, plan_rounds, run_fl_emulated
+    from ..systems.owl.emulated import (EmuSetting, check_runnable, emulated_federation, plan_rounds,
+                                        run_fl_emulated)
     from ..train.launch import RankFailure
     from ..workloads.fl.federation import FLError, federation, load_topology
 
-    if model.name not in RUNNABLE:
-        raise FLError(f"--model: {model.name} does not run on --backend emu (runnable: {', '.join(RUNNABLE)}); "
-                      "--backend sim simulates every model")
+    check_runnable(model)
     topo = load_topology(args.scenario, args.devices)
     feds = [federation(topo, a) for a in (args.alpha or [None])]
     setting = EmuSetting(bandwidth_scale=getattr(args, "bandwidth_scale", 1.0),

@@ -59,7 +59,7 @@ def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan, *, fresh: bool = False
             cls = 0x10000 | link.class_minor
             step = f"htb class 1:{link.class_minor:x}"
             ipr.tc("add-class", "htb", index=idx, handle=cls, parent=parent,
-                   rate=link.htb_rate_bps // 8, ceil=link.rate_bps // 8, burst=link.burst_bytes,
+                   rate=link.assured_bps // 8, ceil=link.rate_bps // 8, burst=link.burst_bytes,
                    cburst=link.cburst_bytes, quantum=link.quantum_bytes, mtu=2048)
             step = f"netem {link.netem_major:x}:"
             ipr.tc("add", "netem", index=idx, handle=link.netem_major << 16, parent=cls,
@@ -138,9 +138,9 @@ def compare(dev: DevicePlan, rb: dict) -> list[str]:
         where = f"device {dev.index} -> {link.dst}"
         if c is None:
             problems.append(f"{where}: class 1:{link.class_minor:x} missing")
-        elif abs(c["rate_bps"] - link.htb_rate_bps) > 8 or abs(c["ceil_bps"] - link.rate_bps) > 8:
+        elif abs(c["rate_bps"] - link.assured_bps) > 8 or abs(c["ceil_bps"] - link.rate_bps) > 8:
             problems.append(f"{where}: rate {c['rate_bps']} ceil {c['ceil_bps']} bit/s, planned "
-                            f"{link.htb_rate_bps} ceil {link.rate_bps}")
+                            f"{link.assured_bps} ceil {link.rate_bps}")
         q = netems.get(link.netem_major)
         if q is None:
             problems.append(f"{where}: netem {link.netem_major:x}: missing")

@@ -69,11 +69,7 @@ class ShapedLink:
     jitter_us: int
     loss_pct: float
     limit_packets: int
-    assured_bps: int = 0  # HTB rate: rate_bps, or under an interface limit its equal share of it
-
-    @property
-    def htb_rate_bps(self) -> int:
-        return self.assured_bps or self.rate_bps
+    assured_bps: int  # HTB rate: rate_bps, or under an interface limit its equal share of it
 
 
 @dataclass(frozen=True)
@@ -186,7 +182,8 @@ def build_plan(
             limit = math.ceil(in_flight + max(QUEUE_MIN_PACKETS, QUEUE_BDP_FACTOR * bdp_rtt))
             links.append(ShapedLink(
                 dst=e, dst_addr=addrs[e], class_minor=e + 1, netem_major=0x100 + e,
-                rate_bps=rate_bps, burst_bytes=burst, cburst_bytes=burst, quantum_bytes=quantum,
+                rate_bps=rate_bps, assured_bps=rate_bps, burst_bytes=burst, cburst_bytes=burst,
+                quantum_bytes=quantum,
                 delay_us=int(round(ms_to_us(delay_ms))), jitter_us=jitter_us, loss_pct=float(loss_pct),
                 limit_packets=limit,
             ))
@@ -265,7 +262,7 @@ def render_commands(plan: NetworkPlan, netns: list[str] | None = None) -> list[s
         for link in dev.links:
             out.append(
                 f"{pre}tc class replace dev {ifn} parent {parent} classid 1:{_hex(link.class_minor)} htb "
-                f"rate {link.htb_rate_bps}bit ceil {link.rate_bps}bit burst {link.burst_bytes}b "
+                f"rate {link.assured_bps}bit ceil {link.rate_bps}bit burst {link.burst_bytes}b "
                 f"cburst {link.cburst_bytes}b quantum {link.quantum_bytes}"
             )
             netem = f"delay {link.delay_us}us"

@@ -31,6 +31,7 @@ from harness import layout as layouts
 from harness.compute.model import get_model
 from harness.train.local import local_spec, run_local
 from harness.train.reference import reference_train
+from tests import emulation
 
 pytestmark = pytest.mark.bench
 
@@ -70,16 +71,6 @@ def test_pipeline_overhead_over_compute_loopback(benchmark):
     assert overhead <= OVERHEAD_MAX
 
 
-def _emulation_missing() -> str:
-    from harness.network import kernel
-
-    try:
-        kernel.choose("auto")
-    except kernel.KernelError as e:
-        return str(e)
-    return "" if os.geteuid() == 0 else "needs root for namespaces"
-
-
 def case5(system: str, seed: int, root: Path):
     from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 
@@ -93,7 +84,7 @@ RANDOM_SEEDS = (2022, 2023, 2024)
 
 
 def test_case5_scheduled_vs_random_and_lower_bound(benchmark, tmp_path):
-    missing = _emulation_missing()
+    missing = emulation.missing()
     if missing:
         pytest.skip(f"emulated cluster unavailable: {missing}")
     from harness.results import read_records

@@ -11,22 +11,18 @@ distribution (the last parameter to land anywhere), the forward, and the bytes c
 from __future__ import annotations
 
 import json
-import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
-
-from ...errors import HarnessError
 from ...files import atomic_write_json
 from ...network.plan import tcp_efficiency
 from ...scenario import Topology
 from ...train.launch import RankFailure
 from ...train.rank import PROGRESS_PREFIX
 from ...workloads.fl import strategies as st
-from ...workloads.fl.federation import Federation, emulated_topology, federation
-from ...workloads.fl.flows import layer_seconds, traffic
+from ...workloads.fl.federation import Federation, FLError, emulated_topology
+from ...workloads.fl.flows import layer_seconds
 from ...workloads.fl.models import BranchyModel
 from ...workloads.fl.records import FLRecord, to_record
 from .runtime import FLSpec, RoundSpec, Transfer
@@ -60,10 +56,14 @@ def plan_rounds(model: BranchyModel, fed: Federation, strategies: list[str], bat
     return [st.run(n, model, fed, batch) for n in strategies]
 
 
-def fl_spec(model: BranchyModel, fed: Federation, rounds: list[st.Round], batch: int, setting: EmuSetting) -> FLSpec:
+def check_runnable(model: BranchyModel) -> None:
     if model.name not in RUNNABLE:
-        raise HarnessError(f"--model: {model.name} cannot run on the emulated backend (runnable: "
-                           f"{', '.join(RUNNABLE)}); the simulator runs every model")
+        raise FLError(f"--model: {model.name} does not run on --backend emu (runnable: {', '.join(RUNNABLE)}); "
+                      "--backend sim simulates every model")
+
+
+def fl_spec(model: BranchyModel, fed: Federation, rounds: list[st.Round], batch: int, setting: EmuSetting) -> FLSpec:
+    check_runnable(model)
     secs = layer_seconds(model, fed, batch)
     backward = [2 * model.fwd_flop * batch / f for f in fed.flops_per_s]
     timeout = setting.timeout_s or sum(2 * r.seconds + ROUND_OVERHEAD_S for r in rounds)

@@ -146,12 +146,14 @@ class _Model:
     def pack(self, layers) -> torch.Tensor:
         return torch.cat([p.detach().reshape(-1) for l in layers for p in self.params[l]])
 
-    def unpack(self, layers, flat: torch.Tensor) -> None:
+    def unpack(self, layers, flat: torch.Tensor, keep=None) -> None:
+        """Copy `flat` (pack's layout) into the layers' parameters; of those in `keep` only, when given."""
         at = 0
         with torch.no_grad():
             for l in layers:
                 for p in self.params[l]:
-                    p.copy_(flat[at:at + p.numel()].view_as(p))
+                    if keep is None or l in keep:
+                        p.copy_(flat[at:at + p.numel()].view_as(p))
                     at += p.numel()
 
     def numel(self, layers) -> int:
@@ -243,7 +245,7 @@ class _Worker:
                 now = time.perf_counter() - self.t0
                 with self.lock:
                     fresh = [l for l in t.layers if not self.ready[l].is_set()]
-                    self._unpack(t.layers, fresh, buf)
+                    model.unpack(t.layers, buf, keep=fresh)  # a later copy of a layer changes nothing
                     for l in fresh:
                         self.arrivals[l] = now
                         self.ready[l].set()
@@ -255,15 +257,6 @@ class _Worker:
             self.errors.append(e)
             with self.lock:
                 self.lock.notify_all()
-
-    def _unpack(self, layers, fresh, buf) -> None:
-        """Keep the layers that arrive for the first time (a later copy of a layer changes nothing)."""
-        at = 0
-        for l in layers:
-            n = self.model.numel([l])
-            if l in fresh:
-                self.model.unpack([l], buf[at:at + n])
-            at += n
 
     def _relay(self) -> None:
         spec, model = self.spec, self.model
@@ -385,8 +378,7 @@ def fl_rank_main(rank: int, spec: FLSpec, master_addr: str, master_port: int, if
     workers_group = dist.new_group(list(range(W)))
     reference = _Model(spec.seed)
     if rank < W:  # the first forward and backward are slow (allocations, kernels): not in a round
-        x = torch.randn(spec.batch, 3, 32, 32)
-        forward_by_units(_Model(spec.seed).bases, x).sum().backward()
+        forward_by_units(reference.bases, torch.randn(spec.batch, 3, 32, 32)).sum().backward()
     out = []
     for k, rs in enumerate(spec.rounds):
         fault = k == 0 and spec.fault_rank == rank

@@ -66,3 +66,14 @@ def test_a_process_that_dies_mid_round_fails_it_naming_the_process(who, name):
         launch(spec, [{"addr": "127.0.0.1"} for _ in range(fed.workers + 1)], port=29621 + who)
     assert str(e.value).startswith(name)
     assert time.monotonic() - t0 < 60  # the others are stopped within fork_ranks' grace, not the run's timeout
+
+
+def test_the_receivers_check_catches_a_parameter_that_differs_from_the_servers():
+    from harness.systems.owl.runtime import _Model, check_received
+
+    received, server = _Model(0), _Model(0)
+    check_received(received, server, 3)  # the same seed: the same model
+    with torch.no_grad():
+        received.params[5][0].view(-1)[0] += 1e-6
+    with pytest.raises(RuntimeError, match="worker 3: layer 5: the parameters received differ"):
+        check_received(received, server, 3)

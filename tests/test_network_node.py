@@ -152,6 +152,22 @@ GUEST = textwrap.dedent("""
         os.waitpid(pid, 0)
         return json.loads(os.read(r2, 100))
 
+    def sysctls(netns):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            enter(netns)
+            names = ("tcp_congestion_control", "tcp_slow_start_after_idle", "tcp_rmem", "tcp_wmem")
+            got = {n: " ".join(open(f"/proc/sys/net/ipv4/{n}").read().split()) for n in names}
+            os.write(w, json.dumps(got).encode()); os._exit(0)
+        os.waitpid(pid, 0)
+        return json.loads(os.read(r, 1000))
+
+    # the scenario's TCP settings hold in every namespace, whichever way it is wired
+    want = {"tcp_congestion_control": "bbr", "tcp_slow_start_after_idle": "0",
+            "tcp_rmem": "4096 131072 8388608", "tcp_wmem": "4096 16384 4194304"}
+    for node, d in (("a", 0), ("a", 1), ("b", 2), ("b", 3)):
+        assert sysctls(ns(node, d)) == want, (node, d, sysctls(ns(node, d)))
     a = rtt(ns("a", 0), ns("a", 1), addr(1))   # macvlan, same node
     b = rtt(ns("b", 2), ns("b", 3), addr(3))   # veth on a bridge
     topo = inv.topo
@@ -175,8 +191,11 @@ _missing = kernel.uml_missing() + ([] if os.geteuid() == 0 else ["root"])
 @pytest.mark.skipif(bool(_missing), reason=f"user-mode Linux unavailable: {', '.join(_missing)}")
 @pytest.mark.timeout(150)
 def test_apply_and_clear_wire_and_shape_namespaces_in_a_kernel(tmp_path):
+    scenario = tmp_path / "net4-tcp.yaml"
+    scenario.write_text(Path(NET4).read_text() + "transport: {congestion_control: bbr, slow_start_after_idle: false, "
+                        "rmem_max_bytes: 8388608}\n")
     inv = _inventory(tmp_path, f"""
-        scenario: {NET4}
+        scenario: {scenario}
         bandwidth_scale: 0.01
         subnet: 10.214.0.0/16
         nodes:

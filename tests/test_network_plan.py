@@ -185,3 +185,22 @@ def test_an_interface_limit_is_a_parent_class_that_its_destinations_share():
     assert cmds.count("parent 1:fffe classid") == 3
     with pytest.raises(PlanError, match=r"egress_gbps\[3\]: must be at least one"):
         _plan(replace(topo, egress_gbps=np.array([np.inf, np.inf, np.inf, 1e-9])))
+
+
+def test_the_plan_carries_the_scenarios_tcp_settings_with_auto_buffers_sized_from_its_links():
+    topo = load_scenario("5", devices=8)
+    assert topo.transport.rmem_max_bytes == "auto"
+    plan = _plan(topo)
+    # the largest round-trip BDP of case 5: 1.15 Gbps x (67 + 67) ms between Oregon and Virginia
+    bdp = max(topo.bandwidth_gbps[d, e] * 1e9 / 8 * (topo.delay_ms[d, e] + topo.delay_ms[e, d]) / 1e3
+              for d in range(8) for e in range(8) if d != e)
+    assert plan.transport["rmem_max_bytes"] == plan.transport["wmem_max_bytes"] == pytest.approx(4 * bdp, rel=1e-6)
+    assert plan.to_json()["transport"]["slow_start_after_idle"] is False
+    # at 1 % of the bandwidth the links' BDPs are small: Linux's 6 MiB floor
+    assert _plan(topo, 0.01).transport["rmem_max_bytes"] == 6291456
+    cmds = render_commands(plan, [f"ns{i}" for i in range(8)])
+    assert f"ip netns exec ns3 sysctl -qw net.ipv4.tcp_slow_start_after_idle='0'" in cmds
+    assert any(c.startswith("ip netns exec ns0 sysctl -qw net.ipv4.tcp_rmem='4096 131072 ") for c in cmds)
+    linux = _plan(load_scenario(NET4))
+    assert linux.transport == {"congestion_control": "cubic", "slow_start_after_idle": True,
+                               "rmem_max_bytes": 6291456, "wmem_max_bytes": 4194304}

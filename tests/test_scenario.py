@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from harness.scenario import ScenarioError, list_scenarios, load_scenario
+from harness.scenario.transport import Transport
 
 
 def test_every_paper_scenario_loads_at_full_scale():
@@ -99,6 +100,12 @@ def test_a_small_valid_file_gives_asymmetric_device_matrices(tmp_path):
     ("{delay_ms: 1, bandwidth_gbps: 10}", "{delay_ms: 1, bandwidth_gbps: 10, jitter: 2}", "intra_region", "jitter"),
     ("{name: B, devices: 2}", "{name: B, devices: 0}", "regions[1].devices", "0"),
     ("name: t\n", "name: t\nregions: [\n", "YAML syntax error", "line"),
+    ("name: t\n", "name: t\ntransport: {congestion_control: vegas}\n", "transport.congestion_control", "vegas"),
+    ("name: t\n", "name: t\ntransport: {slow_start_after_idle: 0}\n", "transport.slow_start_after_idle", "0"),
+    ("name: t\n", "name: t\ntransport: {rmem_max_bytes: 1024}\n", "transport.rmem_max_bytes", "1024"),
+    ("name: t\n", "name: t\ntransport: {wmem_max_bytes: big}\n", "transport.wmem_max_bytes", "big"),
+    ("name: t\n", "name: t\ntransport: {initcwnd: 20}\n", "transport.initcwnd", "unknown key"),
+    ("name: t\n", "name: t\ntransport: cubic\n", "transport", "cubic"),
 ])
 def test_bad_input_names_file_field_and_value(tmp_path, old, new, field, value):
     assert old in GOOD
@@ -107,6 +114,24 @@ def test_bad_input_names_file_field_and_value(tmp_path, old, new, field, value):
         load_scenario(str(p))
     msg = str(e.value)
     assert str(p) in msg and field in msg and value in msg and "\n" not in msg
+
+
+def test_transport_defaults_to_linux_and_a_file_overrides_what_it_names(tmp_path):
+    t = load_scenario(str(write(tmp_path, GOOD)))
+    assert t.transport == Transport() == Transport("cubic", True, 6291456, 4194304)
+    assert t.transport.sysctls() == {"tcp_congestion_control": "cubic", "tcp_slow_start_after_idle": "1",
+                                     "tcp_rmem": "4096 131072 6291456", "tcp_wmem": "4096 16384 4194304"}
+    t = load_scenario(str(write(tmp_path, GOOD.replace(
+        "name: t\n", "name: t\ntransport: {congestion_control: bbr, wmem_max_bytes: auto}\n", 1))))
+    assert t.transport == Transport("bbr", True, 6291456, "auto")
+    assert t.scaled(0.1).transport == t.subset([0, 2]).transport == t.transport
+    # auto: 4 round-trip BDPs, at least Linux's 6 MiB, at most 256 MiB
+    assert t.transport.resolved(10e6).wmem_max_bytes == 40_000_000
+    assert t.transport.resolved(1e3).wmem_max_bytes == 6291456
+    assert t.transport.resolved(1e9).wmem_max_bytes == 256 << 20
+    assert t.transport.resolved(1e9).rmem_max_bytes == 6291456
+    with pytest.raises(ValueError, match="resolve"):
+        t.transport.sysctls()
 
 
 def test_missing_file_and_unknown_scenario(tmp_path):

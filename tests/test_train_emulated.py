@@ -41,6 +41,9 @@ def test_runs_share_one_boot_and_a_killed_rank_fails_only_its_own_run(tmp_path, 
     for d, m, iters in ((dirs[0], mans[0], 2), (dirs[2], mans[2], 1)):
         recs = read_records(d / "records.csv")
         assert m["readback"] and m["kernel"] in ("host", "uml")
+        # case 3 keeps the window between bursts: the scenario's TCP settings, set in every device's namespace
+        assert m["transport"]["slow_start_after_idle"] is False
+        assert {rb["transport"]["tcp_slow_start_after_idle"] for rb in m["readback"].values()} == {"0"}
         assert [(r["backend"], r["kernel"], r["iteration"]) for r in recs] == [
             ("emu", m["kernel"], i) for i in range(1, iters + 1)]
         # Case 3's cross-region link (10 ms one way) is in every iteration: the pipeline or the DP

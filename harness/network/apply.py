@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import platform
 import socket
+from pathlib import Path
 
 from pyroute2 import IPRoute, netns, protocols
 from pyroute2.netlink.exceptions import NetlinkError
@@ -17,6 +18,7 @@ from ..errors import HarnessError
 from .plan import EGRESS_CLASS_MINOR, DevicePlan
 
 ENOENT, ENODEV, EINVAL = 2, 19, 22
+SYSCTL_DIR = "/proc/sys/net/ipv4"
 
 
 class ShapingError(HarnessError, RuntimeError):
@@ -162,6 +164,27 @@ def compare(dev: DevicePlan, rb: dict) -> list[str]:
     if len(classes) != planned:
         problems.append(f"device {dev.index}: {len(classes)} classes, planned {planned}")
     return problems
+
+
+def set_transport(sysctls: dict[str, str]) -> dict[str, str]:
+    """Write the plan's TCP settings (plan.transport_sysctls) in the current network namespace and return
+    them as the kernel reads them back; a value the kernel does not take is a ShapingError."""
+    for name, value in sysctls.items():
+        try:
+            Path(f"{SYSCTL_DIR}/{name}").write_text(value)
+        except OSError as e:
+            hint = " (modprobe tcp_bbr)" if name == "tcp_congestion_control" else ""
+            raise ShapingError(f"net.ipv4.{name} = {value!r}: {e.strerror or e}{hint}") from None
+    got = read_transport(sysctls)
+    wrong = [k for k, v in sysctls.items() if got[k].split() != v.split()]
+    if wrong:
+        raise ShapingError(f"net.ipv4.{wrong[0]}: set {sysctls[wrong[0]]!r}, kernel holds {got[wrong[0]]!r}")
+    return got
+
+
+def read_transport(names) -> dict[str, str]:
+    """The current namespace's net.ipv4 values of `names`, whitespace as in the plan (one space)."""
+    return {n: " ".join(Path(f"{SYSCTL_DIR}/{n}").read_text().split()) for n in names}
 
 
 def delete_netns(names: list[str]) -> None:

@@ -17,14 +17,11 @@ from tqdm import tqdm
 
 from . import netns as harness_netns
 from . import registry
-from .apply import ShapingError, apply_device, compare, readback
-from .plan import NetworkPlan, build_plan, device_addresses
+from .apply import ShapingError, apply_device, compare, readback, set_transport
+from .plan import NetworkPlan, build_plan, device_addresses, transport_sysctls
 
 SUBNET = "10.213.0.0/16"
 NETNS_DIR = "/var/run/netns"
-#: TCP buffer ceiling per namespace: at least Linux's defaults, and room for 2x the largest BDP.
-TCP_MEM_MIN_MAX_BYTES = 6 * 1024 * 1024
-TCP_MEM_CAP_BYTES = 256 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -79,10 +76,10 @@ class Cluster:
 
     # -- steps -----------------------------------------------------------------
     def _create(self) -> None:
-        """Namespaces, veths into the bridge, addresses, TCP buffers, then the shaping (with one
+        """Namespaces, veths into the bridge, addresses, TCP settings, then the shaping (with one
         netlink socket per namespace, opened from inside it: no helper processes)."""
         rid = self.run_id
-        tcp_max = self._tcp_buffer_bytes()
+        sysctls = transport_sysctls(self.plan)
         problems = []
         bar = tqdm(total=len(self.devices), desc="namespaces + shaping", disable=not self.progress, leave=False)
         with IPRoute() as ipr:
@@ -98,7 +95,7 @@ class Cluster:
                 ipr.link("set", index=p, net_ns_fd=dev.netns)
                 ipr.link("set", index=h, master=br, state="up")
                 with harness_netns.inside(dev.netns_path):
-                    _set_tcp_buffers(tcp_max)
+                    transport = set_transport(sysctls)
                     with IPRoute() as nsr:
                         i = nsr.link_lookup(ifname=dev.ifname)[0]
                         nsr.addr("add", index=i, address=dev.addr, prefixlen=self.plan.prefix_len)
@@ -106,19 +103,12 @@ class Cluster:
                         nsr.link("set", index=nsr.link_lookup(ifname="lo")[0], state="up")
                         apply_device(nsr, i, dplan, fresh=True)
                         rb = readback(nsr, i)
-                self.readback[str(dev.index)] = rb
                 problems += compare(dplan, rb)
+                self.readback[str(dev.index)] = {**rb, "transport": transport}
                 bar.update()
         bar.close()
         if problems:
             raise ShapingError(f"kernel state differs from the plan: {problems[0]} ({len(problems)} differences)")
-
-    def _tcp_buffer_bytes(self) -> int:
-        bdp = 0.0
-        for dev in self.plan.devices:
-            for link in dev.links:
-                bdp = max(bdp, link.rate_bps / 8 * 2 * (link.delay_us + link.jitter_us) / 1e6)
-        return int(min(TCP_MEM_CAP_BYTES, max(TCP_MEM_MIN_MAX_BYTES, 4 * bdp)))
 
     def describe(self, kernel: str) -> dict:
         """The HARNESS_CLUSTER document for launcher-mode programs."""
@@ -129,10 +119,4 @@ class Cluster:
             "devices": [vars(d) for d in self.devices],
             "readback": self.readback,  # the shaping as the kernel holds it; each run's manifest keeps it
         }
-
-
-def _set_tcp_buffers(max_bytes: int) -> None:
-    for name, default in (("tcp_rmem", 131072), ("tcp_wmem", 16384)):
-        with open(f"/proc/sys/net/ipv4/{name}", "w") as f:
-            f.write(f"4096 {default} {max_bytes}")
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..scenario.inventory import Inventory, InventoryError, load_inventory
 from . import registry
-from .plan import build_plan, device_addresses, namespace_commands, render_commands
+from .plan import build_plan, device_addresses, namespace_commands, render_commands, transport_sysctls
 
 NETNS_DIR = "/var/run/netns"
 
@@ -100,8 +100,7 @@ def node_commands(inv: Inventory, node: str) -> list[str]:
         name = registry.netns_name(rid, d)
         out += namespace_commands(name, dev.ifname, f"ip link add {dev.ifname} link {spec.nic} type macvlan mode bridge",
                                   dev.addr, plan.prefix_len)
-    sub = type(plan)(plan.scenario, plan.bandwidth_scale, plan.mtu, plan.prefix_len,
-                     tuple(plan.devices[d] for d in spec.devices))
+    sub = replace(plan, devices=tuple(plan.devices[d] for d in spec.devices))
     out += render_commands(sub, [registry.netns_name(rid, i) for i in range(inv.topo.n)])  # indexed by device id
     out.append("# start each GPU process in its device's namespace, gloo/NCCL on sockets over its interface:")
     for k, d in enumerate(spec.devices):
@@ -122,7 +121,7 @@ def apply_node(inventory: Path, node: str, *, dry_run: bool = False, link_kind: 
     from pyroute2 import IPRoute
 
     from . import netns as harness_netns
-    from .apply import ShapingError, apply_device, compare, readback
+    from .apply import ShapingError, apply_device, compare, readback, set_transport
 
     spec, rid, plan = node_plan(inv, node)
     entry = registry.Entry(run_id=rid, pid=0, kind="node",
@@ -150,6 +149,7 @@ def apply_node(inventory: Path, node: str, *, dry_run: bool = False, link_kind: 
                 i = ipr.link_lookup(ifname=dev.ifname)[0]
                 ipr.link("set", index=i, net_ns_fd=registry.netns_name(rid, d))
                 with harness_netns.inside(path), IPRoute() as nsr:
+                    set_transport(transport_sysctls(plan))
                     i = nsr.link_lookup(ifname=dev.ifname)[0]
                     nsr.addr("add", index=i, address=dev.addr, prefixlen=plan.prefix_len)
                     nsr.link("set", index=i, state="up")

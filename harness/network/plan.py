@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
 from ..errors import HarnessError
+from ..scenario.transport import LINUX, Transport
 from ..units import bits_to_bytes, gbps_to_bits_per_s, ms_to_us
 
 #: Links with zero delay at or above this rate are inside a node (NVLink, PCIe): not shaped.
@@ -89,6 +90,8 @@ class NetworkPlan:
     mtu: int
     prefix_len: int
     devices: tuple[DevicePlan, ...]
+    #: every namespace's TCP settings (harness/scenario/transport.py), `auto` buffers resolved for these links
+    transport: dict = field(default_factory=lambda: LINUX.to_json())
 
     @property
     def n(self) -> int:
@@ -193,7 +196,15 @@ def build_plan(
                      for lk in links]
         devices.append(DevicePlan(d, addrs[d], ifnames[d], tuple(links), tuple(unshaped),
                                   egress[d] if links else None))
-    return NetworkPlan(topo.name, float(topo.bandwidth_scale), mtu, prefix_len, tuple(devices))
+    transport = getattr(topo, "transport", LINUX).resolved(_largest_bdp_bytes(devices))
+    return NetworkPlan(topo.name, float(topo.bandwidth_scale), mtu, prefix_len, tuple(devices), transport.to_json())
+
+
+def _largest_bdp_bytes(devices: list[DevicePlan]) -> float:
+    """The largest round-trip bandwidth-delay product of any shaped link (what `auto` buffers are sized from)."""
+    one_way = {(dev.index, lk.dst): (lk.delay_us + lk.jitter_us) / 1e6 for dev in devices for lk in dev.links}
+    return max((bits_to_bytes(lk.rate_bps) * (one_way[(dev.index, lk.dst)] + one_way.get((lk.dst, dev.index), 0.0))
+                for dev in devices for lk in dev.links), default=0.0)
 
 
 def _egress_bps(topo, frame: int) -> list[int | None]:
@@ -229,6 +240,11 @@ def target_matrices(plan: NetworkPlan) -> tuple[np.ndarray, np.ndarray]:
     return rtt, rate * tcp_efficiency(plan.mtu)
 
 
+def transport_sysctls(plan: NetworkPlan) -> dict[str, str]:
+    """The plan's TCP settings as net.ipv4 sysctl values (set inside every device's namespace)."""
+    return Transport(**plan.transport).sysctls()
+
+
 def _hex(v: int) -> str:
     return format(v, "x")
 
@@ -250,6 +266,7 @@ def render_commands(plan: NetworkPlan, netns: list[str] | None = None) -> list[s
     out = []
     for dev in plan.devices:
         pre = f"ip netns exec {netns[dev.index]} " if netns else ""
+        out += [f"{pre}sysctl -qw net.ipv4.{k}='{v}'" for k, v in transport_sysctls(plan).items()]
         ifn = dev.ifname
         out.append(f"# device {dev.index} ({dev.addr}): {len(dev.links)} shaped destinations"
                    + (f", unshaped: {list(dev.unshaped)}" if dev.unshaped else ""))

@@ -30,7 +30,7 @@ from ..errors import HarnessError
 from . import registry, runner
 from .kernel import UML_BINARY, UML_MODULES
 
-MODULES = ("sch_netem", "sch_htb", "cls_u32", "veth", "bridge", "macvlan", "dummy")
+MODULES = ("sch_netem", "sch_htb", "cls_u32", "veth", "bridge", "macvlan", "dummy", "tcp_bbr")
 MEM_MIN = 6 << 30
 MEM_MAX = 32 << 30
 SHIM_SRC = Path(__file__).with_name("uml_xstate_shim.c")

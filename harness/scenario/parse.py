@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 
 from .gpus import GPU_TYPES, find_gpu
+from .transport import AUTO, AUTO_MAX_BYTES, CONGESTION_CONTROLS, LINUX, LINUX_RMEM, LINUX_WMEM, Transport
+from .transport import KEYS as TRANSPORT_KEYS
 from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology
 
 
-_TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "server"}
+_TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "server", "transport"}
 _SERVER_KEYS = {"delay_ms", "uplink_gbps"}
 _REGION_KEYS = {"name", "devices", "count", "intra_region", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
@@ -188,6 +190,7 @@ def parse_scenario(doc, path: Path) -> Topology:
         delay_ms=delay,
         bandwidth_gbps=bw,
         server=server,
+        transport=parse_transport(path, doc["transport"]) if "transport" in doc else LINUX,
     )
 
 
@@ -255,3 +258,30 @@ def _inter(path, d, regions: list[Region]) -> tuple[np.ndarray, np.ndarray]:
                 arr[i, j] = _number(path, f"{f}.{key}[{i}][{j}]", v, positive=positive)
         out.append(arr[np.ix_(pos, pos)])
     return out[0], out[1]
+
+
+def parse_transport(path, d) -> Transport:
+    """The `transport:` mapping of a scenario file; every key optional (Linux's value)."""
+    def fail(field: str, problem: str, value=None):
+        got = "" if value is None else f" (got {value!r})"
+        raise ScenarioError(f"{path}: transport.{field}: {problem}{got}")
+
+    if not isinstance(d, dict):
+        raise ScenarioError(f"{path}: transport: must be a mapping (got {d!r})")
+    unknown = sorted(set(d) - TRANSPORT_KEYS)
+    if unknown:
+        fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(TRANSPORT_KEYS))})")
+    cc = d.get("congestion_control", LINUX.congestion_control)
+    if cc not in CONGESTION_CONTROLS:
+        fail("congestion_control", f"must be one of {', '.join(CONGESTION_CONTROLS)}", cc)
+    idle = d.get("slow_start_after_idle", LINUX.slow_start_after_idle)
+    if not isinstance(idle, bool):
+        fail("slow_start_after_idle", "must be true or false", idle)
+    buffers = {}
+    for key, default, low in (("rmem_max_bytes", LINUX.rmem_max_bytes, LINUX_RMEM[1]),
+                              ("wmem_max_bytes", LINUX.wmem_max_bytes, LINUX_WMEM[1])):
+        v = d.get(key, default)
+        if v != AUTO and (isinstance(v, bool) or not isinstance(v, int) or not (low <= v <= AUTO_MAX_BYTES)):
+            fail(key, f"must be an integer in {low}..{AUTO_MAX_BYTES} or {AUTO}", v)
+        buffers[key] = v
+    return Transport(cc, idle, **buffers)

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import HarnessError
 from ..units import gbps_to_bits_per_s, ms_to_s
+from .transport import LINUX, Transport
 
 
 class ScenarioError(HarnessError, ValueError):
@@ -82,6 +83,7 @@ class Topology:
     # per device, the most its interface sends in all (Gbps, scaled like bandwidth_gbps); None or inf:
     # no limit beyond each pair's own rate (an FL server's uplink is one: workloads/fl/federation.py)
     egress_gbps: np.ndarray | None = None
+    transport: Transport = LINUX  # every device's TCP settings (transport.py)
 
     @property
     def n(self) -> int:
@@ -147,6 +149,7 @@ class Topology:
             bandwidth_scale=self.bandwidth_scale,
             server=self.server,
             egress_gbps=None if self.egress_gbps is None else self.egress_gbps[idx].copy(),
+            transport=self.transport,
         )
 
 

@@ -30,16 +30,6 @@ def _process_start_time() -> float:
 MASTER_PORT = 29500
 
 
-def keep_tcp_window_when_idle() -> None:
-    """A training connection idles between bursts (compute, the other phase); Linux would
-    restart slow start after each idle period longer than an RTO, costing several RTTs per
-    message on 100+ ms links. Long-lived training links are tuned this way in practice."""
-    try:
-        Path("/proc/sys/net/ipv4/tcp_slow_start_after_idle").write_text("0")
-    except OSError:
-        pass
-
-
 #: Lines the launcher prints around each run of a batch, so the host can cut the log per run
 #: and knows that run's outcome file is complete (train/emulated.py).
 BEGIN_MARK, END_MARK = "harness-run-begin ", "harness-run-end "
@@ -88,7 +78,6 @@ def main(pairs: list[tuple[str, str]]) -> int:
             def target(rank: int, spec=spec, port=MASTER_PORT + k):  # a fresh port: no wait on the last one's
                 d = devs[rank]
                 netns.enter(d["netns_path"])
-                keep_tcp_window_when_idle()
                 env = RankEnv(rank=rank, world_size=len(devs), master_addr=master, master_port=port,
                               addr=d["addr"], ifname=d["ifname"], device_index=d["index"])
                 return rank_main(spec, env)

@@ -165,6 +165,8 @@ def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
         "host_cpus": os.cpu_count(),  # emulated ranks share them (sim compare's cpu load)
         "host": platform.node(), "pid": os.getpid(),  # whose run it is: `running` with the pid gone is killed
         "placement": None if placement is None else placement.to_json(spec.layout),
+        # the scenario's TCP settings (`auto` buffers as written; an emulated run's readback holds the values)
+        "transport": topo.transport.to_json(),
         # the best expected loss on the run's synthetic data (nats): what a convergence plot is read against
         "data": {"set": spec.model.data, "loss_floor": loss_floor(spec.cfg, spec.model.data, spec.model.seed)},
         **(shared or {}),

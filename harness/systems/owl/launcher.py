@@ -27,7 +27,6 @@ def launch(spec, devices: list[dict], *, port: int = MASTER_PORT, tmp_dir: Path 
     """Run `spec` with one process per device ({"addr", "ifname", "netns_path" or None}); per round, per rank
     its RankRound. Raises RankFailure naming the first process that failed."""
     from ...network import netns
-    from ...train.cluster_worker import keep_tcp_window_when_idle
     from ...train.launch import fork_ranks
     from .runtime import fl_rank_main
 
@@ -40,7 +39,6 @@ def launch(spec, devices: list[dict], *, port: int = MASTER_PORT, tmp_dir: Path 
         d = devices[rank]
         if d.get("netns_path"):
             netns.enter(d["netns_path"])
-            keep_tcp_window_when_idle()
         return fl_rank_main(rank, spec, devices[0]["addr"], port, d.get("ifname", ""))
 
     per_rank = fork_ranks(len(devices), target, timeout_s=spec.timeout_s, label=label(spec, devices), tmp_dir=tmp_dir)

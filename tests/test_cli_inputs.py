@@ -158,6 +158,10 @@ def bad_values(action: argparse.Action, files: dict[str, str], text: list[str]) 
         return ["bogus", "-1", "", "1.5"]
     if t is F.name_list:
         return ["", "a,,b", "bogus", " "]
+    if t is F.byte_sizes:
+        return ["", "0", "4X", "1.5M", "64K,", "-1", "x"]
+    if t is F.seconds_list:
+        return ["", "-1", "x", "nan", "inf", "0,,1"]
     raise AssertionError(f"{action.option_strings or action.dest}: type {t!r} has no bad values here: give the "
                          "flag one of harness/plan/flags.py's types")
 

@@ -18,9 +18,9 @@ import traceback
 
 from ..errors import HarnessError
 # the argparse types and helpers of every command
-from ..plan.flags import (add_alias, add_results_argument, fractions, input_dir, input_file,  # noqa: F401
-                          input_path, name_list, non_negative_int, nonempty, output_dir, output_file,
-                          positive_float, positive_int, scenario_name)
+from ..plan.flags import (add_alias, add_results_argument, byte_sizes, fractions, input_dir,  # noqa: F401
+                          input_file, input_path, name_list, non_negative_int, nonempty, output_dir, output_file,
+                          positive_float, positive_int, scenario_name, seconds_list)
 
 
 class Parser(argparse.ArgumentParser):

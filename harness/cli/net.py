@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from . import input_file, non_negative_int, output_file, positive_float, positive_int, scenario_name
+from . import (byte_sizes, input_file, non_negative_int, output_dir, output_file, positive_float, positive_int,
+               scenario_name, seconds_list)
 
 
 def register(sub) -> None:
@@ -20,6 +21,19 @@ def register(sub) -> None:
     v.add_argument("--measure-s", type=positive_float, default=2.0, help="bulk measuring window (default 2 s)")
     v.add_argument("--retries", type=non_negative_int, default=1, help="re-measure pairs that miss their target (default 1)")
     v.add_argument("--timeout", type=positive_float, default=600.0)
+    v.add_argument("--transfer-curves", type=output_dir, metavar="DIR",
+                   help="instead: one connection's transfer time against message size and idle time per link class "
+                        "(pairs of distinct rate and RTT), written to DIR as CSV, JSON (with the kernel's TCP "
+                        "settings) and a plot, beside what the simulator's transport model predicts")
+    v.add_argument("--sizes", type=byte_sizes, default=curves_defaults()[0],
+                   help="transfer curves: message sizes (default 64K,512K,4M,32M)")
+    v.add_argument("--idle", type=seconds_list, default=curves_defaults()[1],
+                   help="transfer curves: idle seconds before each message (default 0,2)")
+    v.add_argument("--reps", type=positive_int, default=curves_defaults()[2],
+                   help="transfer curves: repetitions of every point (default 2)")
+    v.add_argument("--transport", choices=("scenario", "linux", "tuned"), default="scenario",
+                   help="TCP settings: the scenario's (default), Linux's defaults, or tuned (buffers from the "
+                        "links' bandwidth-delay product, no slow start after idle)")
     v.set_defaults(func=cmd_verify)
 
     c = ss.add_parser("clean", help="remove what killed runs left (namespaces, veths, bridges, UML kernels)")
@@ -49,11 +63,24 @@ def _scenario_args(p) -> None:
                    help="multiply every rate by s (delays stay real); default 1")
 
 
+def curves_defaults():
+    from ..network.curves import IDLES_S, REPS, SIZES
+
+    return SIZES, IDLES_S, REPS
+
+
 def cmd_verify(args) -> int:
+    from dataclasses import replace
+
     from ..network.verify import verify
     from ..scenario import load_scenario
+    from ..scenario.transport import PRESETS
 
     topo = load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale)
+    if args.transport != "scenario":
+        topo = replace(topo, transport=PRESETS[args.transport])
+    if args.transfer_curves:
+        return _transfer_curves(topo, args)
     rep = verify(topo, pairs=args.pairs, kernel=args.kernel,
                  measure_s=args.measure_s, retries=args.retries, timeout_s=args.timeout,
                  stream=sys.stderr)
@@ -63,6 +90,17 @@ def cmd_verify(args) -> int:
         if path:
             print(f"wrote {path}")
     return 0 if rep.ok else 1
+
+
+def _transfer_curves(topo, args) -> int:
+    from ..network.curves import measure_curves
+    from ..report.transfer import write_transfer_report
+
+    rep = measure_curves(topo, pairs=args.pairs, sizes=args.sizes, idles_s=args.idle, reps=args.reps,
+                         kernel=args.kernel, timeout_s=args.timeout, stream=sys.stderr)
+    for path in write_transfer_report(rep, args.transfer_curves):
+        print(f"wrote {path}")
+    return 0
 
 
 def cmd_clean(args) -> int:

@@ -114,6 +114,12 @@ def tcp_efficiency(mtu: int = 1500) -> float:
     return (mtu - TCP_IP_HEADER_BYTES) / (mtu + ETH_HEADER_BYTES)
 
 
+def htb_burst_bytes(rate_bps: float, mtu: int = 1500) -> int:
+    """The bucket of a shaped link: what its rate sends in BURST_SECONDS, at least two frames. After an idle
+    moment that many bytes pass at once (the simulator's transport model counts them: compute/transport.py)."""
+    return max(2 * (mtu + ETH_HEADER_BYTES), math.ceil(bits_to_bytes(rate_bps) * BURST_SECONDS))
+
+
 def device_addresses(n: int, subnet: str = "10.213.0.0/16") -> tuple[list[str], int]:
     """IPv4 address of each device in the dedicated private subnet, and the prefix length."""
     try:
@@ -174,7 +180,7 @@ def build_plan(
                     f"below one {frame}-byte frame per second"
                 )
             rate_Bps = bits_to_bytes(rate_bps)
-            burst = max(2 * frame, math.ceil(rate_Bps * BURST_SECONDS))
+            burst = htb_burst_bytes(rate_bps, mtu)
             quantum = int(min(HTB_QUANTUM_MAX_BYTES, max(frame, rate_Bps / 10)))
             jitter_us = int(round(ms_to_us(jitter_ms)))
             # netem holds the packets in flight on this one-way delay, plus a queue of two

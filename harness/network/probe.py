@@ -36,6 +36,9 @@ RECV_BYTES = 8 << 20
 #: the window edges move by ~this much (0.1 % of a 2 s window) and it costs few syscalls.
 RECV_EVERY_S = 0.002
 SEND_BACKOFF_S = 0.002
+#: at most a quarter of the smallest receive window (tcp_rmem's default 128 KiB buffer holds a 64 KiB window):
+#: a low-water mark the window cannot reach would stall the receiver
+MESSAGE_LOWAT_BYTES = 16 << 10
 
 
 def _header(doc: dict) -> bytes:
@@ -67,6 +70,8 @@ def _serve(conn: socket.socket) -> None:
     with conn:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         hdr = json.loads(_recv_exact(conn, HEADER))
+        if hdr["mode"] == "messages":
+            return _serve_messages(conn)
         if hdr["mode"] == "ping":
             while True:
                 b = conn.recv(1)
@@ -98,6 +103,26 @@ def _serve(conn: socket.socket) -> None:
                 pass
         except OSError:
             pass
+
+
+def _serve_messages(conn: socket.socket) -> None:
+    """Transfer curves (curves.py): messages of <8-byte size><payload>; after a message's last byte the
+    receiver answers with the time it arrived (CLOCK_MONOTONIC: one kernel holds every namespace)."""
+    buf = bytearray(RECV_BYTES)
+    view = memoryview(buf)
+    while True:
+        size = struct.unpack("!Q", _recv_exact(conn, 8))[0]
+        if size == 0:
+            return
+        left = size
+        while left:
+            # wake up when the rest (or a large chunk) is there, not per packet: syscalls are costly in UML
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(left, MESSAGE_LOWAT_BYTES))
+            got = conn.recv_into(view[:min(left, RECV_BYTES)])
+            if not got:
+                raise ConnectionError("peer closed")
+            left -= got
+        conn.sendall(struct.pack("!d", time.monotonic()))
 
 
 def _server(addr: str, ready_w: int) -> None:
@@ -156,6 +181,34 @@ def _bulk(dst_addr: str, warmup_s: float, measure_s: float, rate_bps: float) -> 
     if not raw.endswith(b"}"):
         raise TimeoutError("no measurement from the receiver")
     return json.loads(raw)
+
+
+def _messages(dst_addr: str, trials: list[dict], primer_bytes: int) -> dict:
+    """One connection (TCP_NODELAY, as gloo's): per trial, a primer message that opens the window, the
+    trial's idle time after its arrival, then the message; its time runs from the first write to the
+    arrival of its last byte at the receiver."""
+    biggest = max([primer_bytes] + [t["bytes"] for t in trials])
+    payload = memoryview(bytes(biggest))
+    out = []
+    with socket.create_connection((dst_addr, PORT), timeout=120) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        s.sendall(_header({"mode": "messages"}))
+
+        def send(n: int) -> tuple[float, float]:
+            t0 = time.monotonic()
+            s.sendall(struct.pack("!Q", n))
+            s.sendall(payload[:n])
+            return t0, struct.unpack("!d", _recv_exact(s, 8))[0]
+
+        for t in trials:
+            arrived = send(primer_bytes)[1] if primer_bytes else time.monotonic()
+            pause = arrived + t["idle_s"] - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            t0, t1 = send(t["bytes"])
+            out.append({**t, "seconds": t1 - t0, "idle_measured_s": t0 - arrived})
+        s.sendall(struct.pack("!Q", 0))
+    return {"trials": out}
 
 
 def _fork(netns_path: str, fn) -> tuple[int, int]:
@@ -239,6 +292,8 @@ def main(spec_path: str, out_path: str) -> int:
         os.close(r)
         servers.append(pid)
     try:
+        if "messages" in spec:
+            return _curves(devs, spec, out_path)
         results: dict[tuple[int, int], dict] = {}
         pairs = {(p["src"], p["dst"]): p for rnd in spec["rounds"] for p in rnd}
         rounds = spec["rounds"]
@@ -265,6 +320,24 @@ def main(spec_path: str, out_path: str) -> int:
     tmp = out_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(list(results.values()), f)
+    os.replace(tmp, out_path)
+    return 0
+
+
+def _curves(devs: dict, spec: dict, out_path: str) -> int:
+    """Each pair on its own (nothing else on the kernel's one CPU), one after another."""
+    results = []
+    for k, p in enumerate(spec["messages"]):
+        t0 = time.monotonic()
+        kid = _fork(devs[p["src"]]["netns_path"],
+                    lambda p=p: _messages(devs[p["dst"]]["addr"], p["trials"], p["primer_bytes"]))
+        res = _collect([kid])[0]
+        results.append({"src": p["src"], "dst": p["dst"], **res})
+        print(f"probe: transfer curves {k + 1}/{len(spec['messages'])} ({p['src']}->{p['dst']}) in "
+              f"{time.monotonic() - t0:.1f} s{' ' + res['error'] if 'error' in res else ''}", flush=True)
+    tmp = out_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(results, f)
     os.replace(tmp, out_path)
     return 0
 

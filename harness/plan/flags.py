@@ -8,6 +8,7 @@ without the CLI. The request's own checks (model, layout, network) happen where 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -80,6 +81,35 @@ def fractions(text: str) -> list[float]:
         vals = []
     if not vals or not all(0 < v <= 1 for v in vals):
         raise argparse.ArgumentTypeError(f"must be numbers in (0, 1], comma-separated (got {text!r})")
+    return vals
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def byte_sizes(text: str) -> tuple[int, ...]:
+    """argparse type: sizes in bytes, comma-separated, each an integer >= 1 with an optional K, M or G
+    (KiB, MiB, GiB): 64K,4M."""
+    out = []
+    for x in text.split(","):
+        x = x.strip().upper()
+        unit = x[-1:] if x[-1:] in _SIZE_UNITS else ""
+        digits = x[:len(x) - len(unit)]
+        if not digits.isdigit() or int(digits) < 1:
+            raise argparse.ArgumentTypeError(f"must be sizes such as 64K,4M (bytes, K/M/G binary), comma-separated "
+                                             f"(got {text!r})")
+        out.append(int(digits) * _SIZE_UNITS[unit])
+    return tuple(out)
+
+
+def seconds_list(text: str) -> tuple[float, ...]:
+    """argparse type: durations in seconds >= 0, comma-separated."""
+    try:
+        vals = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        vals = ()
+    if not vals or not all(0 <= v < math.inf for v in vals):
+        raise argparse.ArgumentTypeError(f"must be seconds >= 0, comma-separated (got {text!r})")
     return vals
 
 

@@ -59,3 +59,5 @@ class Transport:
 
 
 LINUX = Transport()
+#: named settings a command may put in place of the scenario's (`--transport`)
+PRESETS = {"linux": LINUX, "tuned": Transport("cubic", False, AUTO, AUTO)}

@@ -1,0 +1,100 @@
+"""How long one TCP connection takes to deliver a message: the transport model of the simulator.
+
+A link is a rate R (the shaped rate times TCP's payload share, network/plan.tcp_efficiency), a one-way
+delay a and a round trip r. The message of b bytes is sent in round trips (a fluid model of Linux's TCP
+without loss, which the emulated links' netem queues, sized from the bandwidth-delay product, give):
+- a round sends min(cwnd, W) bytes, W = min(tcp_rmem max / 2, tcp_wmem max): Linux 6.1 advertises half
+  of the receive buffer (tcp_adv_win_scale = 1) and keeps no more unacknowledged data than the send
+  buffer. The congestion window cwnd doubles every round trip (slow start: every ACK lets out two
+  segments, no loss ends it) up to 2 W: Linux lets it grow to twice what was in flight;
+- a round whose window covers the path (the link is still sending when the first ACK comes back) turns
+  into a continuous stream: the rest goes at R. A window below the bandwidth-delay product sends one
+  window per round trip;
+- a connection in use holds cwnd = 2 W, unless it sat idle longer than its retransmission timeout
+  (RTO = r + 200 ms, Linux's floor on the RTT variance, rounded up to the kernel's clock tick: Linux keeps
+  both in jiffies) with `slow_start_after_idle` on: then Linux halves it once per RTO of silence, down to
+  the initial window of 10 segments (tcp_cwnd_restart);
+- a link may hold a token bucket (the emulated link's HTB burst, network/plan.py: `burst_bytes`; a
+  real path has none): its tokens refill at R while the link is idle and let that many bytes through at
+  once. The last byte arrives one delay after it left.
+The last-byte time is the message's time; its first byte leaves at 0. Times are arrays: every argument
+broadcasts, so one call prices every pair, size and idle time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: RFC 6928 / Linux TCP_INIT_CWND, segments
+INITIAL_WINDOW_SEGMENTS = 10
+#: Linux TCP_RTO_MIN: the RTT variance term of the RTO never goes below it
+RTO_MIN_S = 0.2
+#: clock ticks per second (CONFIG_HZ): Debian's user-mode Linux kernel (the emulated cluster's) and Debian's
+#: amd64 kernels (the hosts the simulator stands for)
+UML_HZ = 100
+HOST_HZ = 250
+MAX_ROUNDS = 100_000
+
+
+@dataclass(frozen=True)
+class TcpPath:
+    """One connection's path: payload rate (bytes/s), one-way delay and round trip (s), the ceiling of the
+    bytes in flight W, the segment size, slow start after idle, and the link's token bucket (payload bytes)."""
+
+    rate_Bps: np.ndarray
+    delay_s: np.ndarray
+    rtt_s: np.ndarray
+    window_bytes: float
+    mss_bytes: int = 1448
+    slow_start_after_idle: bool = True
+    bucket_bytes: np.ndarray | float = 0.0
+    hz: int = HOST_HZ
+
+    @classmethod
+    def of(cls, rate_Bps, delay_s, rtt_s, transport, mtu: int = 1500, bucket_bytes=0.0, hz: int = HOST_HZ) -> "TcpPath":
+        """`transport`: resolved settings (harness/scenario/transport.py: no `auto` left)."""
+        window = min(int(transport.rmem_max_bytes) / 2, int(transport.wmem_max_bytes))
+        return cls(np.asarray(rate_Bps, dtype=float), np.asarray(delay_s, dtype=float), np.asarray(rtt_s, dtype=float),
+                   float(window), mtu - 52, bool(transport.slow_start_after_idle), bucket_bytes, hz)
+
+    def rto_s(self) -> np.ndarray:
+        return np.ceil((self.rtt_s + RTO_MIN_S) * self.hz - 1e-9) / self.hz
+
+    def initial_cwnd(self, idle_s) -> np.ndarray:
+        """The congestion window (bytes) a message starts with `idle_s` after the previous one arrived (the
+        sender's silence began one delay before that arrival)."""
+        idle = np.asarray(idle_s, dtype=float)
+        full = np.broadcast_to(np.float64(2 * self.window_bytes), np.broadcast(idle, self.rtt_s).shape)
+        if not self.slow_start_after_idle:
+            return full.copy()
+        halvings = np.floor((idle + self.delay_s) / self.rto_s())
+        iw = INITIAL_WINDOW_SEGMENTS * self.mss_bytes
+        return np.maximum(np.minimum(full, iw), full / np.exp2(np.clip(halvings, 0, 60)))
+
+    def message_seconds(self, nbytes, idle_s=0.0) -> np.ndarray:
+        """Seconds from a message's first write to its last byte's arrival (see the module docstring)."""
+        b, idle, R, a, r, bucket = np.broadcast_arrays(
+            np.asarray(nbytes, dtype=float), np.asarray(idle_s, dtype=float), self.rate_Bps, self.delay_s,
+            self.rtt_s, np.asarray(self.bucket_bytes, dtype=float))
+        left = b.copy()
+        t = np.zeros(b.shape)
+        cwnd = self.initial_cwnd(idle) * np.ones(b.shape)
+        tokens = np.minimum(bucket, (idle + a) * R)  # the link was idle since the last byte left
+        done = np.zeros(b.shape, dtype=bool)
+        finish = np.zeros(b.shape)
+        for _ in range(MAX_ROUNDS):
+            if done.all():
+                break
+            sent = np.minimum(np.minimum(cwnd, self.window_bytes), left)
+            busy = np.maximum(sent - tokens, 0.0) / R  # the link's time for this round's bytes
+            stream = busy >= r  # still sending when the first ACK returns: no more gaps
+            last = (sent >= left) | stream
+            end = t + np.where(stream, np.maximum(left - tokens, 0.0) / R, busy) + a
+            finish = np.where(~done & last, end, finish)
+            done |= last
+            left = left - sent
+            tokens = np.minimum(bucket, np.maximum(tokens - sent, 0.0) + (r - busy) * R)
+            t = t + r
+            cwnd = np.minimum(2 * cwnd, 2 * self.window_bytes)
+        return finish

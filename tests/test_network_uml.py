@@ -275,3 +275,32 @@ def test_host_kernel_path():
     res = run_emulated(load_scenario(NET4), ["true"], kernel="host", timeout_s=30)
     assert res.kernel == "host" and res.returncodes == [0] * 4
     _no_leftovers_of(res.run_id)
+
+
+@pytest.mark.timeout(240)
+def test_transfer_curves_measure_each_link_class_under_the_settings_asked_for(tmp_path, capsys):
+    """`net verify --transfer-curves`: one row per link class, size and idle time; every namespace held the
+    TCP settings asked for (tuned in place of the scenario's Linux defaults), and the transport model predicts
+    each message (5 %)."""
+    from harness.report.transfer import modelled_seconds
+    from harness.scenario.transport import Transport
+
+    out = tmp_path / "curves"
+    rc = main(["net", "verify", "--scenario", NET4, "--bandwidth-scale", "0.01", "--kernel", "uml", "--pairs", "sample",
+               "--transfer-curves", str(out), "--sizes", "64K,256K", "--idle", "0", "--reps", "1",
+               "--transport", "tuned"])
+    printed = capsys.readouterr().out
+    assert rc == 0, printed
+    doc = json.loads((out / "transfer-curves.json").read_text())
+    pairs = {(p["src"], p["dst"]) for p in doc["points"]}
+    classes = {(p["rate_mbps"], p["rtt_ms"]) for p in doc["points"]}
+    assert len(pairs) == len(classes) >= 2 and len(doc["points"]) == 2 * len(pairs)
+    # auto buffers at 1 % of the rates: the links' BDPs are small, Linux's 6 MiB floor
+    tuned = Transport("cubic", False, 6291456, 6291456)
+    assert doc["transport"] == tuned.to_json() and len(doc["transport_readback"]) == 4
+    assert all(rb == tuned.sysctls() for rb in doc["transport_readback"].values())
+    measured = [p["seconds"] for p in doc["points"]]
+    for p, m, t in zip(doc["points"], modelled_seconds(doc), measured):
+        assert t > p["delay_ms"] / 1e3 and abs(m / t - 1) <= 0.05, (p, m)
+    assert (out / "transfer-curves.png").stat().st_size > 0 and "within 5 %" in printed
+    assert len((out / "transfer-curves.csv").read_text().splitlines()) == 1 + len(doc["points"])

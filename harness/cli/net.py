@@ -25,11 +25,11 @@ def register(sub) -> None:
                    help="instead: one connection's transfer time against message size and idle time per link class "
                         "(pairs of distinct rate and RTT), written to DIR as CSV, JSON (with the kernel's TCP "
                         "settings) and a plot, beside what the simulator's transport model predicts")
-    v.add_argument("--sizes", type=byte_sizes, default=curves_defaults()[0],
+    v.add_argument("--sizes", type=byte_sizes,
                    help="transfer curves: message sizes (default 64K,512K,4M,32M)")
-    v.add_argument("--idle", type=seconds_list, default=curves_defaults()[1],
+    v.add_argument("--idle", type=seconds_list,
                    help="transfer curves: idle seconds before each message (default 0,2)")
-    v.add_argument("--reps", type=positive_int, default=curves_defaults()[2],
+    v.add_argument("--reps", type=positive_int,
                    help="transfer curves: repetitions of every point (default 2)")
     v.add_argument("--transport", choices=("scenario", "linux", "tuned"), default="scenario",
                    help="TCP settings: the scenario's (default), Linux's defaults, or tuned (buffers from the "
@@ -63,12 +63,6 @@ def _scenario_args(p) -> None:
                    help="multiply every rate by s (delays stay real); default 1")
 
 
-def curves_defaults():
-    from ..network.curves import IDLES_S, REPS, SIZES
-
-    return SIZES, IDLES_S, REPS
-
-
 def cmd_verify(args) -> int:
     from dataclasses import replace
 
@@ -96,8 +90,10 @@ def _transfer_curves(topo, args) -> int:
     from ..network.curves import measure_curves
     from ..report.transfer import write_transfer_report
 
-    rep = measure_curves(topo, pairs=args.pairs, sizes=args.sizes, idles_s=args.idle, reps=args.reps,
-                         kernel=args.kernel, timeout_s=args.timeout, stream=sys.stderr)
+    from ..network.curves import IDLES_S, REPS, SIZES
+
+    rep = measure_curves(topo, pairs=args.pairs, sizes=args.sizes or SIZES, idles_s=args.idle or IDLES_S,
+                         reps=args.reps or REPS, kernel=args.kernel, timeout_s=args.timeout, stream=sys.stderr)
     for path in write_transfer_report(rep, args.transfer_curves):
         print(f"wrote {path}")
     return 0

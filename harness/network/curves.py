@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import csv
 import io
-import json
-import shutil
-import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import HarnessError
 from ..files import atomic_write_json, atomic_write_text
 from .plan import build_plan, device_addresses, target_matrices, tcp_efficiency
-from .verify import select_pairs
+from .verify import run_probe, select_pairs
 
 #: message sizes (bytes): a pipeline's activation at tiny scale up to a 1.3B model's gradient shard
 SIZES = (64 << 10, 512 << 10, 4 << 20, 32 << 20)
@@ -56,15 +52,6 @@ class CurveReport:
         w.writeheader()
         w.writerows(self.rows)
         return buf.getvalue()
-
-    def table(self) -> str:
-        lines = [f"{'pair':>7} {'rate':>9} {'RTT':>8} {'bytes':>10} {'idle':>5} {'measured':>9} {'ideal':>9} "
-                 f"{'x ideal':>7}"]
-        for r in self.rows:
-            lines.append(f"{r['src']:>3}->{r['dst']:<3} {r['rate_mbps']:>6.1f}Mb/s {r['rtt_ms']:>6.1f}ms "
-                         f"{r['bytes']:>10} {r['idle_s']:>4.1f}s {r['seconds']:>8.4f}s {r['ideal_seconds']:>8.4f}s "
-                         f"{r['seconds'] / r['ideal_seconds']:>7.2f}")
-        return "\n".join(lines)
 
     def write(self, out_dir: Path) -> list[Path]:
         out_dir = Path(out_dir)
@@ -106,22 +93,8 @@ def measure_curves(topo, *, pairs: str = "sample", sizes=SIZES, idles_s=IDLES_S,
         bdp = goodput[s, d] / 8 * rtt_t[s, d] / 1e3
         trials = [{"bytes": int(b), "idle_s": float(t), "rep": r} for t in idles_s for b in sizes for r in range(reps)]
         specs.append({"src": s, "dst": d, "trials": trials, "primer_bytes": int(max(PRIMER_MIN_BYTES, 2 * bdp))})
-    from .emulate import run_emulated  # pyroute2 and the cluster: only when measuring
-
-    tmp = Path(tempfile.mkdtemp(prefix="harness-curves-"))
-    try:
-        spec, out = tmp / "spec.json", tmp / "out.json"
-        spec.write_text(json.dumps({"messages": specs}))
-        res = run_emulated(topo, [sys.executable, "-m", "harness.network.probe", str(spec), str(out)],
-                           mode="launcher", kernel=kernel, timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"},
-                           stream=stream)
-        if not res.ok or not out.exists():
-            tail = " | ".join(res.outputs[0].strip().splitlines()[-3:]) if res.outputs else ""
-            raise HarnessError(f"transfer curves: probe failed (rc {res.returncode}"
-                               f"{', timed out' if res.timed_out else ''}): {tail}")
-        meas = json.loads(out.read_text())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    meas, res = run_probe(topo, {"messages": specs}, "transfer curves", kernel=kernel, timeout_s=timeout_s,
+                          stream=stream)
     rows = []
     for m in meas:
         s, d = m["src"], m["dst"]

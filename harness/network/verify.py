@@ -170,6 +170,25 @@ def warmup_s(rate_bps: float, rtt_ms: float, mtu: int) -> float:
     return (math.log2(max(bdp_packets, 10) / 10) + 5) * rtt + 0.5
 
 
+def run_probe(topo, spec: dict, what: str, *, kernel: str, timeout_s: float, stream=None):
+    """Run the measurement program (probe.py) with `spec` in the emulated cluster of `topo`; (its
+    measurements, the EmulationResult). A failed or silent probe is one HarnessError naming `what`."""
+    tmp = Path(tempfile.mkdtemp(prefix="harness-probe-"))
+    try:
+        spec_path, out = tmp / "spec.json", tmp / "out.json"
+        spec_path.write_text(json.dumps(spec))
+        res = run_emulated(topo, [sys.executable, "-m", "harness.network.probe", str(spec_path), str(out)],
+                           mode="launcher", kernel=kernel,
+                           timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"}, stream=stream)
+        if not res.ok or not out.exists():
+            tail = " | ".join(res.outputs[0].strip().splitlines()[-3:]) if res.outputs else ""
+            raise HarnessError(f"{what}: probe failed (rc {res.returncode}"
+                               f"{', timed out' if res.timed_out else ''}): {tail}")
+        return json.loads(out.read_text()), res
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def verify(topo, *, pairs: str = "all", kernel: str = "auto",
            measure_s: float = 2.0, pings: int = 5, retries: int = 1, timeout_s: float = 600.0, stream=None) -> VerifyReport:
     """Measure every selected ordered pair in the emulated cluster of `topo` (scaled: Topology.scaled);
@@ -184,22 +203,10 @@ def verify(topo, *, pairs: str = "all", kernel: str = "auto",
                 "goodput_target_bps": float(gp_t[s, d]),
                 "warmup_s": warmup_s(gp_t[s, d], rtt_t[s, d], plan.mtu)} for s, d in rnd]
               for rnd in bulk_rounds(chosen)]
-    tmp = Path(tempfile.mkdtemp(prefix="harness-verify-"))
-    try:
-        spec, out = tmp / "spec.json", tmp / "out.json"
-        spec.write_text(json.dumps({"pings": pings, "rounds": rounds, "retries": retries}))
-        t0 = time.monotonic()
-        res = run_emulated(topo, [sys.executable, "-m", "harness.network.probe", str(spec), str(out)],
-                           mode="launcher", kernel=kernel,
-                           timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"}, stream=stream)
-        duration = time.monotonic() - t0
-        if not res.ok or not out.exists():
-            tail = " | ".join(res.outputs[0].strip().splitlines()[-3:]) if res.outputs else ""
-            raise HarnessError(f"net verify: probe failed (rc {res.returncode}"
-                               f"{', timed out' if res.timed_out else ''}): {tail}")
-        meas = json.loads(out.read_text())
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.monotonic()
+    meas, res = run_probe(topo, {"pings": pings, "rounds": rounds, "retries": retries}, "net verify",
+                          kernel=kernel, timeout_s=timeout_s, stream=stream)
+    duration = time.monotonic() - t0
     got = {(r["src"], r["dst"]): r for r in meas}
     results = []
     for s, d in chosen:

@@ -5,10 +5,12 @@ import numpy as np
 import pytest
 
 from harness.scenario import DeviceProfile, Link, Region, Topology
+from harness.scenario.transport import PRESETS
 
 
-def make_topology(delay_ms, bandwidth_gbps, name="test") -> Topology:
-    """A one-device-per-region Topology from (N, N) matrices (diagonal ignored)."""
+def make_topology(delay_ms, bandwidth_gbps, name="test", transport=PRESETS["tuned"]) -> Topology:
+    """A one-device-per-region Topology from (N, N) matrices (diagonal ignored). Its TCP settings are tuned
+    (windows that cover every link) unless a test asks for others: closed forms at the rate from byte one."""
     delay = np.array(delay_ms, dtype=float)
     bw = np.array(bandwidth_gbps, dtype=float)
     n = len(delay)
@@ -16,7 +18,7 @@ def make_topology(delay_ms, bandwidth_gbps, name="test") -> Topology:
     np.fill_diagonal(bw, np.inf)
     prof = DeviceProfile("test", 1.0, 1.0)
     regions = tuple(Region(f"r{i}", 1, Link(0.0, 1.0), prof) for i in range(n))
-    return Topology(name, "", "<test>", regions, tuple(range(n)), delay, bw)
+    return Topology(name, "", "<test>", regions, tuple(range(n)), delay, bw, transport=transport)
 
 
 def random_topology(n: int, seed: int, name="random") -> Topology:

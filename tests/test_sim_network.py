@@ -101,3 +101,21 @@ def test_sharded_ps_grouped_is_bounded_by_egress_and_never_slower_than_rounds():
     # at least: every device pushes its D-1 shards through its own egress, twice
     egress_bound = 2 * ((n - 1) * nbytes / n / links.egress_Bps).max()
     assert grouped >= egress_bound
+
+
+def test_linux_default_buffers_send_one_window_per_round_trip_on_a_long_fat_ring():
+    """Linux's defaults cap the window at 3 MiB (half of tcp_rmem's 6 MiB): on 8 Gbit/s x 100 ms links a ring
+    step of two windows takes a round trip more than its bytes at the rate (compute/transport.py)."""
+    from harness.scenario.transport import LINUX
+
+    n, delay_ms, gbps = 4, 50.0, 8.0
+    W = 3 << 20
+    nbytes = n * 2 * W  # chunks of two windows
+    tuned = Links.from_topology(uniform(n, delay_ms, gbps))
+    linux = Links.from_topology(make_topology(np.full((n, n), delay_ms), np.full((n, n), gbps), transport=LINUX))
+    alpha, rate = delay_ms / 1e3, gbps * 1e9 / 8
+    ring = np.arange(n)[None, :]
+    np.testing.assert_allclose(network.ring_allreduce(tuned, ring, nbytes), 2 * (n - 1) * (alpha + 2 * W / rate))
+    np.testing.assert_allclose(network.ring_allreduce(linux, ring, nbytes),
+                               2 * (n - 1) * (alpha + 2 * alpha + W / rate), rtol=1e-12)
+    assert linux.transport.rmem_max_bytes == 6291456 and tuned.transport.rmem_max_bytes > 6291456

@@ -36,8 +36,8 @@ class StageModel:
         # [a, b]: one micro-batch's activation (or gradient) from a to b, alone on its link (ours sends one
         # transfer per link and direction at a time, and no two stage pairs of a table share a link)
         links = Links.from_topology(topo, nic="per-pair")
-        with np.errstate(divide="ignore"):
-            self.send_seconds = work.activation_bytes(cfg, micro_batch, bpv) / links.rate_Bps + links.delay_s
+        src, dst = np.indices(links.rate_Bps.shape)
+        self.send_seconds = links.serialization_s(src, dst, work.activation_bytes(cfg, micro_batch, bpv)) + links.delay_s
         per_param = work.training_bytes_per_param(bpv)
         self.block_flop = np.full(cfg.layers, sum(work.block_phases(recompute)) * work.block_fwd_flop(cfg, micro_batch))
         self.block_memory = np.full(cfg.layers, cfg.block_params * per_param

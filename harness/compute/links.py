@@ -1,7 +1,9 @@
 """Messages over the device-level delay/bandwidth matrices, and collectives as their point-to-point steps.
 
 Link model. A transfer of b bytes from d to e takes delay_ms[d][e] (one way) plus
-b / rate. The rate is the max-min fair share of three capacities the transfer
+its serialisation: b / rate when the connection's window covers the path, more when the scenario's TCP
+settings leave it smaller (the window sends one window per round trip: compute/transport.py, on a
+connection in use). The rate is the max-min fair share of three capacities the transfer
 crosses: the pair path d->e (bandwidth_gbps[d][e]), the sender's egress and the
 receiver's ingress. A device's egress (ingress) capacity is its fastest outgoing
 (incoming) pair: its network interface can at least do that, and nothing in a
@@ -43,7 +45,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..scenario import Topology
+from ..scenario.transport import LINUX, Transport
 from ..units import gbps_to_bytes_per_s, ms_to_s
+from .transport import TcpPath
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,20 @@ class Links:
     egress_Bps: np.ndarray
     ingress_Bps: np.ndarray
     protocol: Protocol = PROTOCOLS["nccl"]
+    transport: Transport | None = None  # resolved TCP settings (compute/transport.py); None: the rate from byte one
+
+    def serialization_s(self, src, dst, nbytes, rate_Bps=None) -> np.ndarray:
+        """Seconds a message of nbytes on each pair src[k] -> dst[k] takes beyond the one-way delay, at the
+        pair's rate (or `rate_Bps`, its fair share): a connection in use, under the scenario's TCP settings."""
+        src, dst = np.asarray(src), np.asarray(dst)
+        rate = self.rate_Bps[src, dst] if rate_Bps is None else np.asarray(rate_Bps, dtype=float)
+        nbytes = np.asarray(nbytes, dtype=float)
+        if self.transport is None:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.where(np.isinf(rate), 0.0, nbytes / rate)
+        delay = self.delay_s[src, dst]
+        path = TcpPath.of(rate, delay, delay + self.delay_s[dst, src], self.transport)
+        return np.maximum(path.message_seconds(nbytes) - delay, 0.0)
 
     @classmethod
     def from_topology(cls, topo: Topology, protocol: Protocol | str = "nccl", nic: str = "shared") -> "Links":
@@ -90,7 +108,10 @@ class Links:
             if protocol not in PROTOCOLS:
                 raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
             protocol = PROTOCOLS[protocol]
-        return cls(delay, rate, egress, ingress, protocol)
+        finite = np.where(np.isinf(rate), 0.0, rate)
+        bdp = float((finite * (delay + delay.T)).max(initial=0.0))  # the largest round trip's, as the plan sizes `auto`
+        transport = getattr(topo, "transport", LINUX).resolved(bdp)
+        return cls(delay, rate, egress, ingress, protocol, transport)
 
     def fair_rates(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Max-min fair rate of every concurrent transfer src[k] -> dst[k] (bytes/s)."""
@@ -138,10 +159,9 @@ def _progressive_filling(src, dst, pair, egress, ingress) -> np.ndarray:
 
 
 def step_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
-    """(serialisation seconds, delay seconds) of concurrent transfers of nbytes each."""
+    """(serialisation seconds, delay seconds) of concurrent transfers of nbytes each, at their fair shares."""
     rate = links.fair_rates(src, dst).reshape(src.shape)
-    ser = np.where(np.isinf(rate), 0.0, nbytes / np.where(np.isinf(rate), 1.0, rate))
-    return ser, links.delay_s[src, dst]
+    return links.serialization_s(src, dst, nbytes, rate), links.delay_s[src, dst]
 
 
 def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start=None) -> np.ndarray:

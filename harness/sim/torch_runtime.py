@@ -181,7 +181,7 @@ def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: li
                 continue
             s, d = members[root], members[q]
             depart = max(begin[root], begin[q] + h * links.delay_s[d, s], pair_free[root, q])
-            sent = depart + nbytes / links.rate_Bps[s, d]
+            sent = depart + float(links.serialization_s(s, d, nbytes))
             pair_free[root, q] = sent
             end[root] = max(end[root], sent)
             end[q] = sent + links.delay_s[s, d]
@@ -230,7 +230,7 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
             return
         pair = (x.src, x.dst)
         depart = max(x.send_post, x.recv_post + h * links.delay_s[x.dst, x.src], pair_free.get(pair, -np.inf))
-        x.sent = depart + x.nbytes / links.rate_Bps[x.src, x.dst]
+        x.sent = depart + float(links.serialization_s(x.src, x.dst, x.nbytes))
         x.arrived = x.sent + links.delay_s[x.src, x.dst]
         pair_free[pair] = x.sent
 

@@ -53,7 +53,7 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
     block_bytes = [layer.params * BYTES_PER_VALUE for layer in gpt_layer_profile(cfg).layers]
     act = activation_bytes(cfg, mb, bpv)
     hop = lambda a, b: (links.delay_s[a, b] * (1 + links.protocol.p2p_handshake)  # noqa: E731
-                        + (0.0 if a == b else act / links.rate_Bps[a, b]))
+                        + (0.0 if a == b else float(links.serialization_s(a, b, act))))
     per_vw = batch // (lay.dp * mb)  # minibatches of every VW in an iteration
     vws, push, pull, busiest = [], 0.0, 0.0, 0.0
     for pipe in lay.replica_pipelines():
@@ -67,7 +67,7 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
             for blk in range(a, b):
                 to[hosts[blk]] = to.get(hosts[blk], 0.0) + block_bytes[blk]
             for h in (set(hosts) if k == 0 else to):  # the first stage's pull waits on every shard
-                ser = 0.0 if h == d else to.get(h, 0.0) / links.rate_Bps[d, h]
+                ser = 0.0 if h == d else float(links.serialization_s(d, h, to.get(h, 0.0)))
                 if h in to:
                     push = max(push, links.delay_s[d, h] + ser)
                 pull = max(pull, 2 * links.delay_s[d, h] + ser)

@@ -39,6 +39,19 @@ def test_sim_prints_every_system_and_writes_records_and_json(cli, tmp_path):
     assert len(rows) == len(docs) and {r["backend"] for r in rows} == {"sim"}
 
 
+def test_linux_default_tcp_settings_slow_every_system_down_on_the_world_wide_case(cli, tmp_path):
+    """Case 5 states tuned TCP (windows that cover its links); `--transport linux` puts Linux's 3 MiB window on
+    130-470 ms round trips: every message of more than a window pays round trips (compute/transport.py)."""
+    best = {}
+    for t in ("scenario", "linux"):
+        rc, out, err = cli("sim", "--scenario", "5", "--devices", "8", "--system", "megatron", "--model", "gpt3-xl",
+                           "--layers", "8", "--batch", "64", "--transport", t, "--json", tmp_path / f"{t}.json",
+                           "--out", tmp_path / t)
+        assert rc == 0, err
+        best[t] = next(d for d in json.loads((tmp_path / f"{t}.json").read_text()) if d["best"])
+    assert best["linux"]["seconds"] > 1.5 * best["scenario"]["seconds"]
+
+
 def test_sim_user_errors_are_one_line(cli):
     rc, out, err = cli("sim", "--scenario", "5", "--devices", "8", "--layers", "8", "--batch", "7", "--no-cache")
     assert rc == 2 and err.strip().count("\n") == 0 and "--batch" in err

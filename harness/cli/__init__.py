@@ -21,6 +21,19 @@ from ..errors import HarnessError
 from ..plan.flags import (add_alias, add_results_argument, byte_sizes, fractions, input_dir,  # noqa: F401
                           input_file, input_path, name_list, non_negative_int, nonempty, output_dir, output_file,
                           positive_float, positive_int, scenario_name, seconds_list)
+from ..scenario.transport import PRESETS
+
+
+def add_transport_argument(p: argparse.ArgumentParser) -> None:
+    """`--transport`: TCP settings in place of the scenario's `transport:` (harness/scenario/transport.py)."""
+    p.add_argument("--transport", choices=("scenario", *PRESETS), default="scenario",
+                   help="TCP settings: the scenario's (default), Linux's defaults (linux), or tuned (buffers from the "
+                        "links' bandwidth-delay product, no slow start after idle)")
+
+
+def transport_of(args):
+    """The Transport `--transport` asks for, or None: the scenario's own."""
+    return None if getattr(args, "transport", "scenario") == "scenario" else PRESETS[args.transport]
 
 
 class Parser(argparse.ArgumentParser):

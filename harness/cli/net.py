@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from . import (byte_sizes, input_file, non_negative_int, output_dir, output_file, positive_float, positive_int,
-               scenario_name, seconds_list)
+from . import (add_transport_argument, byte_sizes, input_file, non_negative_int, output_dir, output_file, positive_float, positive_int,
+               scenario_name, seconds_list, transport_of)
 
 
 def register(sub) -> None:
@@ -31,9 +31,7 @@ def register(sub) -> None:
                    help="transfer curves: idle seconds before each message (default 0,2)")
     v.add_argument("--reps", type=positive_int,
                    help="transfer curves: repetitions of every point (default 2)")
-    v.add_argument("--transport", choices=("scenario", "linux", "tuned"), default="scenario",
-                   help="TCP settings: the scenario's (default), Linux's defaults, or tuned (buffers from the "
-                        "links' bandwidth-delay product, no slow start after idle)")
+    add_transport_argument(v)
     v.set_defaults(func=cmd_verify)
 
     c = ss.add_parser("clean", help="remove what killed runs left (namespaces, veths, bridges, UML kernels)")
@@ -68,11 +66,9 @@ def cmd_verify(args) -> int:
 
     from ..network.verify import verify
     from ..scenario import load_scenario
-    from ..scenario.transport import PRESETS
-
     topo = load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale)
-    if args.transport != "scenario":
-        topo = replace(topo, transport=PRESETS[args.transport])
+    if transport_of(args) is not None:
+        topo = replace(topo, transport=transport_of(args))
     if args.transfer_curves:
         return _transfer_curves(topo, args)
     rep = verify(topo, pairs=args.pairs, kernel=args.kernel,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import HarnessError
@@ -11,8 +12,8 @@ from .. import workloads
 from ..plan import systems
 from ..plan.flags import flag_dest
 from ..allocation import ALLOCATORS
-from . import (add_alias, add_results_argument, input_file, input_path, name_list, non_negative_int, nonempty, output_dir,
-               output_file, positive_int, scenario_name)
+from . import (add_alias, add_results_argument, add_transport_argument, input_file, input_path, name_list,
+               non_negative_int, nonempty, output_dir, output_file, positive_int, scenario_name, transport_of)
 
 from ..scenario import PAPER_CASES as CASES
 from ..scheduler import DEFAULT_BUDGET
@@ -42,6 +43,7 @@ def _common(p: argparse.ArgumentParser, defaults: dict) -> None:
                    help="do not read or write results/sim/schedules/")
     p.add_argument("--protocol", choices=["nccl", "gloo"], default=d("--protocol"),
                    help="communication library's handshakes (default nccl, as the paper's GPUs)")
+    add_transport_argument(p)
     p.add_argument("--allocator", choices=ALLOCATORS,
                    help="ours' and ours-random's blocks per stage over their pipelines (harness allocate; default "
                         "even; with --scheduler ga-hetero its own optimal)")
@@ -151,7 +153,7 @@ def _sim_kwargs(args) -> dict:
                            f"HetPipe: {', '.join(PS_PLACEMENTS)})")
     return {"profile_overrides": _overrides(args), "budget": args.budget or DEFAULT_BUDGET, "schedule_seed": args.seed,
             "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol, "allocator": args.allocator,
-            "scheduler": args.scheduler,
+            "scheduler": args.scheduler, "transport": transport_of(args),
             "cache_dir": None if args.no_cache else results_root(args.results) / "sim" / "schedules"}
 
 
@@ -252,6 +254,8 @@ def cmd_sim_cnn(args) -> int:
     if args.staleness < 0:
         raise HarnessError(f"--staleness: must be >= 0 (got {args.staleness})")
     topo = load_scenario(args.scenario, args.devices)
+    if transport_of(args) is not None:
+        topo = replace(topo, transport=transport_of(args))
     model = get_cnn(args.model)
     from ..compute.profiles import device_profiles
 

@@ -232,9 +232,8 @@ def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: float, ready: n
     src = np.repeat(groups[:, :, None], D, axis=2)  # (G, D, D): src[g, p, q] = groups[g, p]
     dst = np.repeat(groups[:, None, :], D, axis=1)
     off = ~np.eye(D, dtype=bool)[None].repeat(G, 0)
-    rate = links.rate_Bps[src, dst]
     notice = handshake * links.delay_s[dst, src]
-    pair = np.where(off, notice + links.delay_s[src, dst] + shard / np.where(off, rate, 1.0), 0.0).max((1, 2))
+    pair = np.where(off, notice + links.delay_s[src, dst] + links.serialization_s(src, dst, shard), 0.0).max((1, 2))
     out_load = (D - 1) * shard / links.egress_Bps[groups]  # (G, D)
     in_load = (D - 1) * shard / links.ingress_Bps[groups]
     min_delay = np.where(off, links.delay_s[src, dst], np.inf)

@@ -282,7 +282,7 @@ def render_markdown(sweeps: dict[str, CaseSweep], fs: CaseSweep | None, notes: d
           f"layouts of seeds 2022-2024, averaged); DeepSpeed best of ZeRO-3 and ZeRO-1 + P in {{1,2,4,8}}. "
           f"Schedules: {notes.get('scheduler', 'ga')} (seed {notes.get('schedule_seed', 0)}, budget "
           f"{notes.get('budget', '?')}); sharded-PS model `{notes.get('ps_mode', 'grouped')}`; communication "
-          f"library `{notes.get('protocol', 'nccl')}`.", ""]
+          f"library `{notes.get('protocol', 'nccl')}`; TCP settings: {notes.get('transport', 'as each scenario states')}.", ""]
     L += ["Compute: peak from the scenario's device profile x efficiency "
           f"({notes.get('efficiency_source', '')}). Nothing in the simulator is fitted to the paper's results; "
           "the paper's numbers below are references only.", ""]
@@ -425,6 +425,7 @@ def sweep_notes(sim_kwargs: dict) -> dict:
     return {"scheduler": sim_kwargs.get("scheduler", "ga"), "schedule_seed": sim_kwargs.get("schedule_seed", 0),
             "budget": sim_kwargs.get("budget", 5000), "ps_mode": sim_kwargs.get("ps_mode", "grouped"),
             "protocol": sim_kwargs.get("protocol", "nccl"),
+            "transport": "as each scenario states" if sim_kwargs.get("transport") is None else sim_kwargs["transport"].to_json(),
             "efficiency_source": f"{prof.gpu} {json.dumps(prof.efficiency)}: {prof.source}"}
 
 

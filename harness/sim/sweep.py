@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +27,7 @@ from ..compute.profiles import ComputeProfile, device_profiles
 from ..files import atomic_write_json
 from ..results import IterationRecord
 from ..scenario import Topology
+from ..scenario.transport import Transport
 from .. import compute as work
 from ..compute.links import PROTOCOLS, Links
 from ..scheduler import DEFAULT_BUDGET
@@ -65,12 +66,15 @@ class Simulator:
                  d_pp: int = 8, scheduler: str = "ga", schedule_seed: int = 0, budget: int = DEFAULT_BUDGET,
                  cache_dir: Path | None = None, ps_mode: str = "grouped",
                  placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1, protocol: str = "nccl",
-                 nic: str = "shared", profiles: list[ComputeProfile] | None = None, allocator: str | None = None):
+                 nic: str = "shared", profiles: list[ComputeProfile] | None = None, allocator: str | None = None,
+                 transport: Transport | None = None):
         if topo.n % d_pp:
             raise SimError(f"--d-pp: {d_pp} does not divide the {topo.n} devices of {topo.name}")
         for p in placements:
             if p not in PLACEMENTS:
                 raise SimError(f"--placement: unknown placement {p!r} (known: {', '.join(PLACEMENTS)})")
+        if transport is not None:  # TCP settings in place of the scenario's (`--transport`)
+            topo = replace(topo, transport=transport)
         self.topo = topo
         if protocol not in PROTOCOLS:
             raise SimError(f"--protocol: unknown {protocol!r} (known: {', '.join(PROTOCOLS)})")

@@ -84,3 +84,10 @@ def test_the_model_reproduces_the_curves_measured_in_the_emulated_cluster(name, 
     # ... where delay + size / rate misses by far more on Linux's defaults
     if name == "linux":
         assert np.median(np.abs(ideal / measured - 1)) > 0.3
+
+
+def test_a_device_to_itself_takes_no_time():
+    p = TcpPath.of(np.array([np.inf, R]), np.array([0.0, 0.05]), np.array([0.0, 0.1]), LINUX, bucket_bytes=1e6)
+    with np.errstate(all="raise"):
+        t = p.message_seconds(1e6, idle_s=[0.0, 0.0])
+    assert t[0] == 0.0 and t[1] == pytest.approx(0.05)

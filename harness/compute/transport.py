@@ -80,7 +80,9 @@ class TcpPath:
         left = b.copy()
         t = np.zeros(b.shape)
         cwnd = self.initial_cwnd(idle) * np.ones(b.shape)
-        tokens = np.minimum(bucket, (idle + a) * R)  # the link was idle since the last byte left
+        local = np.isinf(R)  # a device to itself: no link
+        refill = lambda dt: np.where(local, 0.0, dt * np.where(local, 0.0, R))  # noqa: E731
+        tokens = np.minimum(bucket, refill(idle + a))  # the link was idle since the last byte left
         done = np.zeros(b.shape, dtype=bool)
         finish = np.zeros(b.shape)
         for _ in range(MAX_ROUNDS):
@@ -94,7 +96,7 @@ class TcpPath:
             finish = np.where(~done & last, end, finish)
             done |= last
             left = left - sent
-            tokens = np.minimum(bucket, np.maximum(tokens - sent, 0.0) + (r - busy) * R)
+            tokens = np.minimum(bucket, np.maximum(tokens - sent, 0.0) + refill(r - busy))
             t = t + r
             cwnd = np.minimum(2 * cwnd, 2 * self.window_bytes)
         return finish

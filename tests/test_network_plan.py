@@ -201,6 +201,7 @@ def test_the_plan_carries_the_scenarios_tcp_settings_with_auto_buffers_sized_fro
     cmds = render_commands(plan, [f"ns{i}" for i in range(8)])
     assert f"ip netns exec ns3 sysctl -qw net.ipv4.tcp_slow_start_after_idle='0'" in cmds
     assert any(c.startswith("ip netns exec ns0 sysctl -qw net.ipv4.tcp_rmem='4096 131072 ") for c in cmds)
+    assert not any("tcp_congestion_control" in c for c in cmds)  # the kernel's own
     linux = _plan(load_scenario(NET4))
-    assert linux.transport == {"congestion_control": "cubic", "slow_start_after_idle": True,
+    assert linux.transport == {"congestion_control": None, "slow_start_after_idle": True,
                                "rmem_max_bytes": 6291456, "wmem_max_bytes": 4194304}

@@ -118,12 +118,14 @@ def test_bad_input_names_file_field_and_value(tmp_path, old, new, field, value):
 
 def test_transport_defaults_to_linux_and_a_file_overrides_what_it_names(tmp_path):
     t = load_scenario(str(write(tmp_path, GOOD)))
-    assert t.transport == Transport() == Transport("cubic", True, 6291456, 4194304)
-    assert t.transport.sysctls() == {"tcp_congestion_control": "cubic", "tcp_slow_start_after_idle": "1",
+    assert t.transport == Transport() == Transport(None, True, 6291456, 4194304)
+    # the congestion control is the kernel's own unless the scenario names one
+    assert t.transport.sysctls() == {"tcp_slow_start_after_idle": "1",
                                      "tcp_rmem": "4096 131072 6291456", "tcp_wmem": "4096 16384 4194304"}
     t = load_scenario(str(write(tmp_path, GOOD.replace(
         "name: t\n", "name: t\ntransport: {congestion_control: bbr, wmem_max_bytes: auto}\n", 1))))
     assert t.transport == Transport("bbr", True, 6291456, "auto")
+    assert t.transport.resolved(1e3).sysctls()["tcp_congestion_control"] == "bbr"
     assert t.scaled(0.1).transport == t.subset([0, 2]).transport == t.transport
     # auto: 4 round-trip BDPs, at least Linux's 6 MiB, at most 256 MiB
     assert t.transport.resolved(10e6).wmem_max_bytes == 40_000_000

@@ -15,6 +15,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import common as tc_common
 
 from ..errors import HarnessError
+from ..scenario.transport import SYSCTL_NAMES
 from .plan import EGRESS_CLASS_MINOR, DevicePlan
 
 ENOENT, ENODEV, EINVAL = 2, 19, 22
@@ -167,15 +168,17 @@ def compare(dev: DevicePlan, rb: dict) -> list[str]:
 
 
 def set_transport(sysctls: dict[str, str]) -> dict[str, str]:
-    """Write the plan's TCP settings (plan.transport_sysctls) in the current network namespace and return
-    them as the kernel reads them back; a value the kernel does not take is a ShapingError."""
+    """Write the plan's TCP settings (plan.transport_sysctls) in the current network namespace and return the
+    namespace's settings as the kernel reads them back (SYSCTL_NAMES); a value it does not take is a
+    ShapingError."""
     for name, value in sysctls.items():
         try:
             Path(f"{SYSCTL_DIR}/{name}").write_text(value)
         except OSError as e:
-            hint = " (modprobe tcp_bbr)" if name == "tcp_congestion_control" else ""
+            hint = (" (a namespace takes only the host's net.ipv4.tcp_allowed_congestion_control; for bbr: "
+                    "modprobe tcp_bbr)" if name == "tcp_congestion_control" else "")
             raise ShapingError(f"net.ipv4.{name} = {value!r}: {e.strerror or e}{hint}") from None
-    got = read_transport(sysctls)
+    got = read_transport(SYSCTL_NAMES)
     wrong = [k for k, v in sysctls.items() if got[k].split() != v.split()]
     if wrong:
         raise ShapingError(f"net.ipv4.{wrong[0]}: set {sysctls[wrong[0]]!r}, kernel holds {got[wrong[0]]!r}")

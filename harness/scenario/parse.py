@@ -272,7 +272,7 @@ def parse_transport(path, d) -> Transport:
     if unknown:
         fail(unknown[0], f"unknown key (allowed: {', '.join(sorted(TRANSPORT_KEYS))})")
     cc = d.get("congestion_control", LINUX.congestion_control)
-    if cc not in CONGESTION_CONTROLS:
+    if cc is not None and cc not in CONGESTION_CONTROLS:
         fail("congestion_control", f"must be one of {', '.join(CONGESTION_CONTROLS)}", cc)
     idle = d.get("slow_start_after_idle", LINUX.slow_start_after_idle)
     if not isinstance(idle, bool):

@@ -5,8 +5,10 @@ as the shaped rate does: a window of Linux's default buffers covers 3 MB, a few 
 135 ms path; a connection idle for longer than its retransmission timeout restarts slow start
 (`tcp_slow_start_after_idle`), so a pipeline's bursty sends pay round trips again.
 
-Defaults are Linux's (6.1, also the user-mode kernel's): CUBIC, slow start after idle on, tcp_rmem
-max 6 MiB, tcp_wmem max 4 MiB. A buffer given as `auto` is sized from the scenario's links instead:
+Defaults are Linux's (6.1, also the user-mode kernel's): slow start after idle on, tcp_rmem max 6 MiB,
+tcp_wmem max 4 MiB, and the kernel's own congestion control, left as it is (CUBIC in Linux and in the
+user-mode kernel; a host may default to another: a namespace may only take one of the host's
+net.ipv4.tcp_allowed_congestion_control, so one is set only where a scenario names it). A buffer given as `auto` is sized from the scenario's links instead:
 4 round-trip bandwidth-delay products of its fastest, farthest shaped link (at least Linux's default,
 at most 256 MiB), room for the window to fill any of its links (what the harness did before
 `transport:` existed). The network layer applies the settings inside every device's namespace
@@ -29,7 +31,7 @@ KEYS = {"congestion_control", "slow_start_after_idle", "rmem_max_bytes", "wmem_m
 
 @dataclass(frozen=True)
 class Transport:
-    congestion_control: str = "cubic"
+    congestion_control: str | None = None  # None: the kernel's own
     slow_start_after_idle: bool = True
     rmem_max_bytes: int | str = LINUX_RMEM[2]  # or AUTO
     wmem_max_bytes: int | str = LINUX_WMEM[2]
@@ -47,12 +49,11 @@ class Transport:
         writes them."""
         if AUTO in (self.rmem_max_bytes, self.wmem_max_bytes):
             raise ValueError("resolve `auto` buffers first (Transport.resolved)")
-        return {
-            "tcp_congestion_control": self.congestion_control,
-            "tcp_slow_start_after_idle": str(int(self.slow_start_after_idle)),
-            "tcp_rmem": f"{LINUX_RMEM[0]} {LINUX_RMEM[1]} {self.rmem_max_bytes}",
-            "tcp_wmem": f"{LINUX_WMEM[0]} {LINUX_WMEM[1]} {self.wmem_max_bytes}",
-        }
+        out = {"tcp_congestion_control": self.congestion_control} if self.congestion_control else {}
+        return {**out,
+                "tcp_slow_start_after_idle": str(int(self.slow_start_after_idle)),
+                "tcp_rmem": f"{LINUX_RMEM[0]} {LINUX_RMEM[1]} {self.rmem_max_bytes}",
+                "tcp_wmem": f"{LINUX_WMEM[0]} {LINUX_WMEM[1]} {self.wmem_max_bytes}"}
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -60,4 +61,6 @@ class Transport:
 
 LINUX = Transport()
 #: named settings a command may put in place of the scenario's (`--transport`)
-PRESETS = {"linux": LINUX, "tuned": Transport("cubic", False, AUTO, AUTO)}
+PRESETS = {"linux": LINUX, "tuned": Transport(None, False, AUTO, AUTO)}
+#: what a namespace's settings are read back as (the congestion control in force also where none is set)
+SYSCTL_NAMES = ("tcp_congestion_control", "tcp_slow_start_after_idle", "tcp_rmem", "tcp_wmem")

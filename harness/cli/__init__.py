@@ -9,6 +9,7 @@ is one line saying where its traceback was saved. Never a traceback on the termi
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import importlib
 import os
 import pkgutil
@@ -34,6 +35,11 @@ def add_transport_argument(p: argparse.ArgumentParser) -> None:
 def transport_of(args):
     """The Transport `--transport` asks for, or None: the scenario's own."""
     return None if getattr(args, "transport", "scenario") == "scenario" else PRESETS[args.transport]
+
+
+def with_transport(topo, args):
+    """`topo` with the TCP settings `--transport` asks for in place of its own."""
+    return topo if transport_of(args) is None else replace(topo, transport=transport_of(args))
 
 
 class Parser(argparse.ArgumentParser):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import sys
 
-from . import (add_transport_argument, byte_sizes, input_file, non_negative_int, output_dir, output_file, positive_float, positive_int,
-               scenario_name, seconds_list, transport_of)
+from . import (add_transport_argument, byte_sizes, input_file, non_negative_int, output_dir, output_file,
+               positive_float, positive_int, scenario_name, seconds_list, with_transport)
 
 
 def register(sub) -> None:
@@ -62,13 +62,10 @@ def _scenario_args(p) -> None:
 
 
 def cmd_verify(args) -> int:
-    from dataclasses import replace
-
     from ..network.verify import verify
     from ..scenario import load_scenario
-    topo = load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale)
-    if transport_of(args) is not None:
-        topo = replace(topo, transport=transport_of(args))
+
+    topo = with_transport(load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale), args)
     if args.transfer_curves:
         return _transfer_curves(topo, args)
     rep = verify(topo, pairs=args.pairs, kernel=args.kernel,
@@ -83,10 +80,8 @@ def cmd_verify(args) -> int:
 
 
 def _transfer_curves(topo, args) -> int:
-    from ..network.curves import measure_curves
+    from ..network.curves import IDLES_S, REPS, SIZES, measure_curves
     from ..report.transfer import write_transfer_report
-
-    from ..network.curves import IDLES_S, REPS, SIZES
 
     rep = measure_curves(topo, pairs=args.pairs, sizes=args.sizes or SIZES, idles_s=args.idle or IDLES_S,
                          reps=args.reps or REPS, kernel=args.kernel, timeout_s=args.timeout, stream=sys.stderr)

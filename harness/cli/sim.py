@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import Counter
-from dataclasses import replace
 from pathlib import Path
 
 from ..errors import HarnessError
@@ -13,7 +12,8 @@ from ..plan import systems
 from ..plan.flags import flag_dest
 from ..allocation import ALLOCATORS
 from . import (add_alias, add_results_argument, add_transport_argument, input_file, input_path, name_list,
-               non_negative_int, nonempty, output_dir, output_file, positive_int, scenario_name, transport_of)
+               non_negative_int, nonempty, output_dir, output_file, positive_int, scenario_name, transport_of,
+               with_transport)
 
 from ..scenario import PAPER_CASES as CASES
 from ..scheduler import DEFAULT_BUDGET
@@ -253,9 +253,7 @@ def cmd_sim_cnn(args) -> int:
             raise HarnessError(f"--system: {s!r} does not train {args.model} (known for CNN models: all, {', '.join(known)})")
     if args.staleness < 0:
         raise HarnessError(f"--staleness: must be >= 0 (got {args.staleness})")
-    topo = load_scenario(args.scenario, args.devices)
-    if transport_of(args) is not None:
-        topo = replace(topo, transport=transport_of(args))
+    topo = with_transport(load_scenario(args.scenario, args.devices), args)
     model = get_cnn(args.model)
     from ..compute.profiles import device_profiles
 

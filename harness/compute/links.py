@@ -71,17 +71,13 @@ class Links:
     egress_Bps: np.ndarray
     ingress_Bps: np.ndarray
     protocol: Protocol = PROTOCOLS["nccl"]
-    transport: Transport | None = None  # resolved TCP settings (compute/transport.py); None: the rate from byte one
+    transport: Transport = LINUX  # resolved TCP settings (compute/transport.py)
 
     def serialization_s(self, src, dst, nbytes, rate_Bps=None) -> np.ndarray:
         """Seconds a message of nbytes on each pair src[k] -> dst[k] takes beyond the one-way delay, at the
         pair's rate (or `rate_Bps`, its fair share): a connection in use, under the scenario's TCP settings."""
         src, dst = np.asarray(src), np.asarray(dst)
         rate = self.rate_Bps[src, dst] if rate_Bps is None else np.asarray(rate_Bps, dtype=float)
-        nbytes = np.asarray(nbytes, dtype=float)
-        if self.transport is None:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return np.where(np.isinf(rate), 0.0, nbytes / rate)
         delay = self.delay_s[src, dst]
         path = TcpPath.of(rate, delay, delay + self.delay_s[dst, src], self.transport)
         return np.maximum(path.message_seconds(nbytes) - delay, 0.0)
@@ -110,7 +106,7 @@ class Links:
             protocol = PROTOCOLS[protocol]
         finite = np.where(np.isinf(rate), 0.0, rate)
         bdp = float((finite * (delay + delay.T)).max(initial=0.0))  # the largest round trip's, as the plan sizes `auto`
-        transport = getattr(topo, "transport", LINUX).resolved(bdp)
+        transport = topo.transport.resolved(bdp)
         return cls(delay, rate, egress, ingress, protocol, transport)
 
     def fair_rates(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

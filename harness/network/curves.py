@@ -27,8 +27,8 @@ SIZES = (64 << 10, 512 << 10, 4 << 20, 32 << 20)
 IDLES_S = (0.0, 2.0)
 REPS = 2
 PRIMER_MIN_BYTES = 1 << 20
-FIELDS = ("src", "dst", "rate_mbps", "delay_ms", "rtt_ms", "burst_bytes", "limit_packets", "bytes", "idle_s", "rep", "idle_measured_s",
-          "seconds", "ideal_seconds")
+FIELDS = ("src", "dst", "rate_mbps", "delay_ms", "rtt_ms", "burst_bytes", "limit_packets", "bytes", "idle_s", "rep",
+          "idle_measured_s", "seconds", "ideal_seconds")
 
 
 @dataclass
@@ -104,7 +104,8 @@ def measure_curves(topo, *, pairs: str = "sample", sizes=SIZES, idles_s=IDLES_S,
         for t in m["trials"]:
             ideal = lk.delay_us / 1e6 + t["bytes"] / (goodput[s, d] / 8)
             rows.append({"src": s, "dst": d, "rate_mbps": lk.rate_bps / 1e6, "delay_ms": lk.delay_us / 1e3,
-                         "rtt_ms": float(rtt_t[s, d]), "burst_bytes": lk.burst_bytes, "limit_packets": lk.limit_packets, **{k: t[k] for k in ("bytes", "idle_s", "rep")},
-                         "idle_measured_s": t["idle_measured_s"], "seconds": t["seconds"], "ideal_seconds": ideal})
+                         "rtt_ms": float(rtt_t[s, d]), "burst_bytes": lk.burst_bytes, "limit_packets": lk.limit_packets,
+                         **{k: t[k] for k in ("bytes", "idle_s", "rep", "idle_measured_s", "seconds")},
+                         "ideal_seconds": ideal})
     readback = {k: v.get("transport", {}) for k, v in res.readback.items()}
     return CurveReport(topo.name, float(topo.bandwidth_scale), res.kernel, plan.mtu, plan.transport, readback, rows)

@@ -202,7 +202,7 @@ def build_plan(
                      for lk in links]
         devices.append(DevicePlan(d, addrs[d], ifnames[d], tuple(links), tuple(unshaped),
                                   egress[d] if links else None))
-    transport = getattr(topo, "transport", LINUX).resolved(_largest_bdp_bytes(devices))
+    transport = topo.transport.resolved(_largest_bdp_bytes(devices))
     return NetworkPlan(topo.name, float(topo.bandwidth_scale), mtu, prefix_len, tuple(devices), transport.to_json())
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from harness.cli import build_parser, main
-from harness.plan import flags as F
+from harness.plan import arg_types as F
+from harness.plan.flags import rank_order_text
 
 DATA = Path(__file__).parent / "data"
 INVENTORY = DATA / "cluster-2node.yaml"
@@ -154,7 +155,7 @@ def bad_values(action: argparse.Action, files: dict[str, str], text: list[str]) 
         return [*text, files["missing"], files["binary"], files["dir"]]
     if t is None or t is F.nonempty:
         return text
-    if t is F.rank_order_text:
+    if t is rank_order_text:
         return ["bogus", "-1", "", "1.5"]
     if t is F.name_list:
         return ["", "a,,b", "bogus", " "]
@@ -163,7 +164,7 @@ def bad_values(action: argparse.Action, files: dict[str, str], text: list[str]) 
     if t is F.seconds_list:
         return ["", "-1", "x", "nan", "inf", "0,,1"]
     raise AssertionError(f"{action.option_strings or action.dest}: type {t!r} has no bad values here: give the "
-                         "flag one of harness/plan/flags.py's types")
+                         "flag one of harness/plan/arg_types.py's types")
 
 
 def _subparsers(parser):

@@ -41,6 +41,20 @@ def test_the_topology_is_scaled_once_where_the_run_is_planned():
     assert p.topo.bandwidth_scale == 0.01 and p.spec.network.bandwidth_scale == 0.01
 
 
+def test_transport_replaces_the_scenarios_tcp_settings_where_the_run_is_planned():
+    """`harness run --transport linux`: the cluster (plan.topo) and the manifest get Linux's settings; the spec
+    says what was asked; a name that is no preset is a one-line error."""
+    from harness.scenario.transport import LINUX
+
+    asked = run_request(["--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "16",
+                         "--network", "none", "--system", "megatron", "--transport", "linux"])
+    p = plan_run(asked)
+    assert p.topo.transport == LINUX and p.spec.network.transport == "linux"
+    assert plan("megatron").topo.transport.slow_start_after_idle is False  # the scenario's (tuned)
+    with pytest.raises(ConfigError, match="network.transport: must be one of scenario, linux, tuned"):
+        NetworkSection("5", transport="fast")
+
+
 @pytest.mark.parametrize("system, flags, message", [
     ("megatron", dict(zero=1), "--zero: not an option of --system megatron (it takes --tp, --pp, --dp, "),
     ("deepspeed", dict(zero=1, tp=2), "--tp: not an option of --system deepspeed"),

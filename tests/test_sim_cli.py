@@ -214,3 +214,28 @@ def test_compare_table_flags_runs_that_kept_the_host_busy():
     assert "1.13" in busy and "MISS" in busy and "cpu >= 0.5: 1 run(s)" in busy
     quiet = format_table([Comparison(**row, host_load=0.05), Comparison(**{**row, "system": "megatron"})])
     assert "cpu >=" not in quiet and "    -  MISS" in quiet
+
+
+@pytest.mark.parametrize("system", ["ours", "megatron"])
+def test_compare_simulates_a_run_under_the_tcp_settings_its_manifest_recorded(system):
+    """A run under `--transport linux` restarts slow start after every silence longer than the RTO (its
+    sharded PS, rings and first activations of an iteration): sim compare simulates it so, and the scenario's
+    tuned settings for a run that recorded them."""
+    from harness.errors import HarnessError
+    from harness.plan.flags import run_request
+    from harness.plan.layouts import plan_run
+    from harness.scenario.transport import LINUX, PRESETS
+    from harness.sim.compare import simulate_record
+
+    spec = plan_run(run_request(["--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4",
+                                 "--batch", "8", "--bandwidth-scale", "0.01", "--network", "none",
+                                 "--system", system] + (["--pp", "4", "--dp", "2"] if system == "megatron" else []))).spec
+    rec = dict(scenario="5-worldwide", system=system, backend="emu", devices=8, model="tiny", layers=4, batch=8,
+               micro_batch=1, bandwidth_scale=0.01, config=json.dumps(spec.layout.to_json()), dtype="fp32",
+               device_type="cpu", kernel="uml")
+    tuned = simulate_record({**rec, "transport": json.dumps(PRESETS["tuned"].to_json())})
+    assert tuned == pytest.approx(simulate_record(rec))  # case 5 states the tuned settings
+    linux = simulate_record({**rec, "transport": json.dumps(LINUX.to_json())})
+    assert linux > 1.05 * tuned
+    with pytest.raises(HarnessError, match="records: transport: not the TCP settings of a run"):
+        simulate_record({**rec, "transport": "[1]"})

@@ -1,6 +1,8 @@
 """Link model and collectives of the simulator against closed forms."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -112,10 +114,33 @@ def test_linux_default_buffers_send_one_window_per_round_trip_on_a_long_fat_ring
     W = 3 << 20
     nbytes = n * 2 * W  # chunks of two windows
     tuned = Links.from_topology(uniform(n, delay_ms, gbps))
-    linux = Links.from_topology(make_topology(np.full((n, n), delay_ms), np.full((n, n), gbps), transport=LINUX))
+    in_use = replace(LINUX, slow_start_after_idle=False)  # the windows alone: no restart after the silence
+    linux = Links.from_topology(make_topology(np.full((n, n), delay_ms), np.full((n, n), gbps), transport=in_use))
     alpha, rate = delay_ms / 1e3, gbps * 1e9 / 8
     ring = np.arange(n)[None, :]
     np.testing.assert_allclose(network.ring_allreduce(tuned, ring, nbytes), 2 * (n - 1) * (alpha + 2 * W / rate))
     np.testing.assert_allclose(network.ring_allreduce(linux, ring, nbytes),
                                2 * (n - 1) * (alpha + 2 * alpha + W / rate), rtol=1e-12)
     assert linux.transport.rmem_max_bytes == 6291456 and tuned.transport.rmem_max_bytes > 6291456
+
+
+def test_slow_start_after_idle_costs_the_first_ring_step_its_round_trips():
+    """With Linux's slow start after idle, a ring that starts after an iteration's silence sends its first
+    chunk from the initial window (10 segments of 1448 B), doubling per round trip: 8 round trips send
+    255 x 14480 B, the 9th the rest of the two windows. The next steps follow within a delay, below the
+    retransmission timeout (RTT + 200 ms), so they keep the grown window: a round trip per window."""
+    from harness.scenario.transport import LINUX
+
+    n, delay_ms, gbps = 4, 50.0, 8.0
+    W = 3 << 20
+    nbytes = n * 2 * W
+    linux = Links.from_topology(make_topology(np.full((n, n), delay_ms), np.full((n, n), gbps), transport=LINUX))
+    alpha, rate, iw = delay_ms / 1e3, gbps * 1e9 / 8, 10 * 1448
+    in_use_step = 2 * alpha + W / rate + alpha
+    first_step = 8 * 2 * alpha + (2 * W - 255 * iw) / rate + alpha
+    np.testing.assert_allclose(network.ring_allreduce(linux, np.arange(n)[None, :], nbytes),
+                               first_step + (2 * (n - 1) - 1) * in_use_step, rtol=1e-12)
+    # the sharded PS's two exchanges: the scatter from the initial window, the gather right after on grown ones
+    shard = 2 * W
+    ps = network.sharded_ps(linux, np.arange(n)[None, :], n * shard)
+    np.testing.assert_allclose(ps, first_step + in_use_step, rtol=1e-12)

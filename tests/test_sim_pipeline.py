@@ -1,6 +1,8 @@
 """Pipeline timeline engine: closed forms, and extrapolation against the full event simulation."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -88,3 +90,32 @@ def test_trainer_and_simulator_take_their_order_from_schedule_order(monkeypatch)
     # the trainer calls the order through the module, so it follows the same definition
     assert trainer.schedule_order.stage_order("gpipe", 2, 0, M) == [("F", m) for m in range(M)] + [("B", m) for m in range(M)]
     assert trainer.schedule_order.stage_order("1f1b", 3, 1, M) == real("1f1b", 3, 1, M)
+
+
+@pytest.mark.parametrize("compute_s, second_ser", [
+    (0.01, 0.1),  # back to back: the window the first message grew (114,480 B) carries 100 kB in one round
+    (1.0, 0.2 + 0.04276),  # 0.543 s of silence > RTO 0.4 s: halved once (57,240 B), two rounds
+])
+def test_slow_start_after_idle_in_the_pipeline_engine(compute_s, second_ser):
+    """Linux's slow start after idle: a hop's connection starts the iteration silent, so the first 100 kB
+    activation goes from the initial window (14,480, 28,960, 57,920 B: 3 rounds of RTT 0.2 s at 1 MB/s);
+    the second keeps the grown window unless its sender was silent for longer than the RTO."""
+    from harness.compute.links import Links
+    from harness.scenario.transport import LINUX
+    from tests.conftest import make_topology
+
+    delay = np.array([[0.0, 100.0], [100.0, 0.0]])
+    links = Links.from_topology(make_topology(delay, np.full((2, 2), 0.008), transport=LINUX))
+    f = np.full((2, 1), compute_s)
+    zero = np.zeros((1, 1))
+    nbytes = 100_000.0
+    ser = links.serialization_s(0, 1, nbytes)
+    assert ser == pytest.approx(0.1)  # a connection in use
+    times = pipeline.StageTimes(f, f, np.full((1, 1), ser), np.full((1, 1), 0.1), np.full((1, 1), ser),
+                                np.full((1, 1), 0.1), links, np.array([[0], [1]]), nbytes)
+    first_ser = 2 * 0.2 + (nbytes - 43_440) / 1e6
+    tl = pipeline.simulate(times, 2, "gpipe", overlap=True)
+    second_depart = max(2 * compute_s, compute_s + first_ser)
+    assert tl.fwd_span[0, 0] == pytest.approx(second_depart + second_ser + 0.1 - compute_s)
+    in_use = pipeline.simulate(replace(times, links=None), 2, "gpipe", overlap=True)
+    assert in_use.fwd_span[0, 0] == pytest.approx(max(2 * compute_s, compute_s + 0.1) + 0.2 - compute_s)

@@ -19,17 +19,11 @@ import traceback
 
 from ..errors import HarnessError
 # the argparse types and helpers of every command
-from ..plan.flags import (add_alias, add_results_argument, byte_sizes, fractions, input_dir,  # noqa: F401
-                          input_file, input_path, name_list, non_negative_int, nonempty, output_dir, output_file,
-                          positive_float, positive_int, scenario_name, seconds_list)
+from ..plan.arg_types import (byte_sizes, fractions, input_dir, input_file, input_path, name_list,  # noqa: F401
+                              non_negative_int, nonempty, output_dir, output_file, positive_float, positive_int,
+                              scenario_name, seconds_list)
+from ..plan.flags import add_alias, add_results_argument, add_transport_argument  # noqa: F401
 from ..scenario.transport import PRESETS
-
-
-def add_transport_argument(p: argparse.ArgumentParser) -> None:
-    """`--transport`: TCP settings in place of the scenario's `transport:` (harness/scenario/transport.py)."""
-    p.add_argument("--transport", choices=("scenario", *PRESETS), default="scenario",
-                   help="TCP settings: the scenario's (default), Linux's defaults (linux), or tuned (buffers from the "
-                        "links' bandwidth-delay product, no slow start after idle)")
 
 
 def transport_of(args):

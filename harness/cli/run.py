@@ -4,7 +4,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..plan import systems
-from ..plan.flags import add_run_arguments, nonempty, each_requests, layout_request, request_from_args
+from ..plan.arg_types import nonempty
+from ..plan.flags import add_run_arguments, each_requests, layout_request, request_from_args
 
 
 def register(sub) -> None:

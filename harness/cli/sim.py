@@ -9,7 +9,7 @@ from pathlib import Path
 from ..errors import HarnessError
 from .. import workloads
 from ..plan import systems
-from ..plan.flags import flag_dest
+from ..plan.arg_types import flag_dest
 from ..allocation import ALLOCATORS
 from . import (add_alias, add_results_argument, add_transport_argument, input_file, input_path, name_list,
                non_negative_int, nonempty, output_dir, output_file, positive_int, scenario_name, transport_of,

@@ -47,7 +47,7 @@ import numpy as np
 from ..scenario import Topology
 from ..scenario.transport import LINUX, Transport
 from ..units import gbps_to_bytes_per_s, ms_to_s
-from .transport import TcpPath
+from .transport import HOST_HZ, TcpPath
 
 
 @dataclass(frozen=True)
@@ -72,15 +72,20 @@ class Links:
     ingress_Bps: np.ndarray
     protocol: Protocol = PROTOCOLS["nccl"]
     transport: Transport = LINUX  # resolved TCP settings (compute/transport.py)
+    hz: int = HOST_HZ  # the senders' kernel clock (their retransmission timeouts are in its ticks)
+
+    def path(self, src, dst, rate_Bps=None) -> TcpPath:
+        """The TCP path of each pair src[k] -> dst[k], at the pair's rate or `rate_Bps` (its fair share)."""
+        src, dst = np.asarray(src), np.asarray(dst)
+        rate = self.rate_Bps[src, dst] if rate_Bps is None else np.asarray(rate_Bps, dtype=float)
+        delay = self.delay_s[src, dst]
+        return TcpPath.of(rate, delay, delay + self.delay_s[dst, src], self.transport, hz=self.hz)
 
     def serialization_s(self, src, dst, nbytes, rate_Bps=None) -> np.ndarray:
         """Seconds a message of nbytes on each pair src[k] -> dst[k] takes beyond the one-way delay, at the
         pair's rate (or `rate_Bps`, its fair share): a connection in use, under the scenario's TCP settings."""
-        src, dst = np.asarray(src), np.asarray(dst)
-        rate = self.rate_Bps[src, dst] if rate_Bps is None else np.asarray(rate_Bps, dtype=float)
-        delay = self.delay_s[src, dst]
-        path = TcpPath.of(rate, delay, delay + self.delay_s[dst, src], self.transport)
-        return np.maximum(path.message_seconds(nbytes) - delay, 0.0)
+        path = self.path(src, dst, rate_Bps)
+        return np.maximum(path.message_seconds(nbytes) - path.delay_s, 0.0)
 
     @classmethod
     def from_topology(cls, topo: Topology, protocol: Protocol | str = "nccl", nic: str = "shared") -> "Links":
@@ -119,6 +124,41 @@ class Links:
             # A permutation: no resource carries two transfers.
             return np.where(local, np.inf, np.minimum(pair, np.minimum(self.egress_Bps[src], self.ingress_Bps[dst])))
         return _progressive_filling(src, dst, pair, self.egress_Bps, self.ingress_Bps)
+
+
+class Connections:
+    """Every ordered pair's TCP connection through one exchange or iteration: when its sender last sent and
+    the window it holds, so that a message after a silence longer than the retransmission timeout restarts
+    slow start (the scenario's `slow_start_after_idle`), and a connection that carried only small messages
+    keeps a small window. Each connection begins long silent, as the previous iteration left it: a
+    pipeline's and a data-parallel group's connections carry nothing for most of an iteration. With slow
+    start after idle off a connection's window never shrinks, and every message takes what
+    `Links.serialization_s` says."""
+
+    def __init__(self, links: Links):
+        n = links.rate_Bps.shape[0]
+        self.links = links
+        self.last_sent = np.full((n, n), -np.inf)  # when each sender's last byte left
+        self.cwnd = np.full((n, n), np.inf)  # inf: full (twice the window)
+
+    @property
+    def idle_matters(self) -> bool:
+        return bool(self.links.transport.slow_start_after_idle)
+
+    def send(self, src, dst, nbytes, depart, rate_Bps=None) -> np.ndarray:
+        """Seconds beyond the one-way delay of messages src[k] -> dst[k] whose first byte leaves at
+        depart[k] (concurrent: distinct pairs); the connections remember them."""
+        if not self.idle_matters:
+            return self.links.serialization_s(src, dst, nbytes, rate_Bps)
+        src, dst = np.asarray(src), np.asarray(dst)
+        depart = np.broadcast_to(np.asarray(depart, dtype=float), np.broadcast(src, dst).shape)
+        path = self.links.path(src, dst, rate_Bps)
+        start = path.restarted(np.minimum(self.cwnd[src, dst], path.full_cwnd()), depart - self.last_sent[src, dst])
+        seconds, after = path.transfer(nbytes, start)
+        ser = np.maximum(seconds - path.delay_s, 0.0)
+        self.last_sent[src, dst] = depart + ser
+        self.cwnd[src, dst] = after
+        return ser
 
 
 def _progressive_filling(src, dst, pair, egress, ingress) -> np.ndarray:
@@ -160,8 +200,10 @@ def step_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float) ->
     return links.serialization_s(src, dst, nbytes, rate), links.delay_s[src, dst]
 
 
-def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start=None) -> np.ndarray:
-    """Finish time of every device after `steps` ring steps of chunk_bytes (groups: (G, D) in ring order)."""
+def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start=None,
+         conns: Connections | None = None) -> np.ndarray:
+    """Finish time of every device after `steps` ring steps of chunk_bytes (groups: (G, D) in ring order);
+    `conns`: the connections' state so far (default: silent since the previous iteration)."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
     ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
@@ -169,26 +211,30 @@ def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start
         return ready
     succ = np.roll(groups, -1, axis=1)
     ser, delay = step_times(links, groups, succ, chunk_bytes)
+    rate = links.fair_rates(groups, succ).reshape(groups.shape)
+    conns = Connections(links) if conns is None else conns
     notice = links.protocol.step_handshake * links.delay_s[succ, groups]  # receiver's ready notice
     for _ in range(steps):
         begin = np.maximum(ready, np.roll(ready, -1, axis=1) + notice) if notice.any() else ready
+        if conns.idle_matters:  # the first steps run on windows restarted after the iteration's silence
+            ser = conns.send(groups, succ, chunk_bytes, begin, rate)
         sent = begin + ser
         arrive = np.roll(sent + delay, 1, axis=1)  # position p receives from p-1
         ready = np.maximum(sent, arrive)
     return ready
 
 
-def ring_allreduce(links: Links, groups, nbytes: float, start=None) -> np.ndarray:
+def ring_allreduce(links: Links, groups, nbytes: float, start=None, conns: Connections | None = None) -> np.ndarray:
     groups = np.atleast_2d(groups)
     D = groups.shape[1]
-    return ring(links, groups, nbytes / D, 2 * (D - 1), start)
+    return ring(links, groups, nbytes / D, 2 * (D - 1), start, conns)
 
 
-def ring_allgather(links: Links, groups, nbytes: float, start=None) -> np.ndarray:
+def ring_allgather(links: Links, groups, nbytes: float, start=None, conns: Connections | None = None) -> np.ndarray:
     """All-gather (or reduce-scatter, the same traffic) of a tensor of nbytes in total."""
     groups = np.atleast_2d(groups)
     D = groups.shape[1]
-    return ring(links, groups, nbytes / D, D - 1, start)
+    return ring(links, groups, nbytes / D, D - 1, start, conns)
 
 
 def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "grouped",
@@ -209,12 +255,16 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
     if mode != "rounds":
         raise ValueError(f"unknown sharded-PS mode {mode!r}")
     pos = np.arange(D)
+    conns = Connections(links)
     for _phase in range(2):  # scatter gradient shards, then gather the aggregated shards
         for k in range(1, D):
             to = (pos + k) % D
             ser, delay = step_times(links, groups, groups[:, to], shard)
             notice = handshake * links.delay_s[groups[:, to], groups]
             begin = np.maximum(ready, ready[:, to] + notice)  # rendezvous with the receiver
+            if conns.idle_matters:
+                ser = conns.send(groups, groups[:, to], shard, begin,
+                                 links.fair_rates(groups, groups[:, to]).reshape(groups.shape))
             arrive = begin + ser + delay  # at device `to`; the send completes on delivery
             recv_end = np.empty_like(arrive)
             recv_end[:, to] = arrive
@@ -229,13 +279,16 @@ def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: float, ready: n
     dst = np.repeat(groups[:, None, :], D, axis=1)
     off = ~np.eye(D, dtype=bool)[None].repeat(G, 0)
     notice = handshake * links.delay_s[dst, src]
-    pair = np.where(off, notice + links.delay_s[src, dst] + links.serialization_s(src, dst, shard), 0.0).max((1, 2))
     out_load = (D - 1) * shard / links.egress_Bps[groups]  # (G, D)
     in_load = (D - 1) * shard / links.ingress_Bps[groups]
     min_delay = np.where(off, links.delay_s[src, dst], np.inf)
     busiest = np.maximum(out_load + min_delay.min(2), in_load + min_delay.min(1)).max(1)
-    phase = np.maximum(pair, busiest)  # (G,)
+    conns = Connections(links)
+    ser = links.serialization_s(src, dst, shard)  # on connections in use
     t = ready.max(1)
-    for _ in range(exchanges):
-        t = t + phase
+    for _ in range(exchanges):  # every ordered pair carries a shard in each: scatter, then gather back
+        if conns.idle_matters:  # the scatter's windows restarted after the iteration's silence
+            ser = conns.send(src, dst, shard, t[:, None, None] + notice)
+        pair = np.where(off, notice + links.delay_s[src, dst] + ser, 0.0).max((1, 2))
+        t = t + np.maximum(pair, busiest)
     return np.repeat(t[:, None], D, axis=1)

@@ -61,30 +61,46 @@ class TcpPath:
     def rto_s(self) -> np.ndarray:
         return np.ceil((self.rtt_s + RTO_MIN_S) * self.hz - 1e-9) / self.hz
 
+    def full_cwnd(self) -> np.ndarray:
+        """The congestion window of a connection in use: Linux grows it to twice what was in flight."""
+        return np.broadcast_to(np.float64(2 * self.window_bytes), np.shape(self.rtt_s)).copy()
+
+    def restarted(self, cwnd, silence_s) -> np.ndarray:
+        """The window a connection holds after its sender was silent `silence_s` (tcp_cwnd_restart: halved
+        once per RTO, down to the initial window; unchanged with slow start after idle off)."""
+        cwnd = np.asarray(cwnd, dtype=float)
+        if not self.slow_start_after_idle:
+            return np.broadcast_to(cwnd, np.broadcast(cwnd, silence_s, self.rtt_s).shape).copy()
+        halvings = np.floor(np.maximum(np.asarray(silence_s, dtype=float), 0.0) / self.rto_s())
+        iw = np.minimum(cwnd, INITIAL_WINDOW_SEGMENTS * self.mss_bytes)
+        return np.maximum(iw, cwnd / np.exp2(np.clip(halvings, 0, 60)))
+
     def initial_cwnd(self, idle_s) -> np.ndarray:
         """The congestion window (bytes) a message starts with `idle_s` after the previous one arrived (the
         sender's silence began one delay before that arrival)."""
-        idle = np.asarray(idle_s, dtype=float)
-        full = np.broadcast_to(np.float64(2 * self.window_bytes), np.broadcast(idle, self.rtt_s).shape)
-        if not self.slow_start_after_idle:
-            return full.copy()
-        halvings = np.floor((idle + self.delay_s) / self.rto_s())
-        iw = INITIAL_WINDOW_SEGMENTS * self.mss_bytes
-        return np.maximum(np.minimum(full, iw), full / np.exp2(np.clip(halvings, 0, 60)))
+        return self.restarted(self.full_cwnd(), np.asarray(idle_s, dtype=float) + self.delay_s)
 
     def message_seconds(self, nbytes, idle_s=0.0) -> np.ndarray:
         """Seconds from a message's first write to its last byte's arrival (see the module docstring)."""
-        b, idle, R, a, r, bucket = np.broadcast_arrays(
+        return self.transfer(nbytes, self.initial_cwnd(idle_s), idle_s)[0]
+
+    def transfer(self, nbytes, cwnd, idle_s=0.0) -> tuple[np.ndarray, np.ndarray]:
+        """(seconds to the last byte's arrival, congestion window after) of a message that starts with
+        window `cwnd`, `idle_s` after the link's previous byte arrived. The window grows only while the
+        flow fills it (Linux's tcp_is_cwnd_limited: up to twice what was in flight), so a connection
+        that carries small messages keeps a small window."""
+        b, idle, R, a, r, bucket, cwnd = np.broadcast_arrays(
             np.asarray(nbytes, dtype=float), np.asarray(idle_s, dtype=float), self.rate_Bps, self.delay_s,
-            self.rtt_s, np.asarray(self.bucket_bytes, dtype=float))
+            self.rtt_s, np.asarray(self.bucket_bytes, dtype=float), np.asarray(cwnd, dtype=float))
         left = b.copy()
         t = np.zeros(b.shape)
-        cwnd = self.initial_cwnd(idle) * np.ones(b.shape)
+        cwnd = cwnd.copy()
         local = np.isinf(R)  # a device to itself: no link
         refill = lambda dt: np.where(local, 0.0, dt * np.where(local, 0.0, R))  # noqa: E731
         tokens = np.minimum(bucket, refill(idle + a))  # the link was idle since the last byte left
         done = np.zeros(b.shape, dtype=bool)
         finish = np.zeros(b.shape)
+        after = cwnd.copy()
         for _ in range(MAX_ROUNDS):
             if done.all():
                 break
@@ -94,9 +110,13 @@ class TcpPath:
             last = (sent >= left) | stream
             end = t + np.where(stream, np.maximum(left - tokens, 0.0) / R, busy) + a
             finish = np.where(~done & last, end, finish)
+            grown = np.where(cwnd < 2 * sent, cwnd + sent, cwnd)
+            # a stream of at least a window more fills the window until it stops growing
+            streamed = np.maximum(grown, np.minimum(2 * self.window_bytes, 2 * np.minimum(left, self.window_bytes)))
+            after = np.where(~done & last, np.where(stream, streamed, grown), after)
             done |= last
             left = left - sent
             tokens = np.minimum(bucket, np.maximum(tokens - sent, 0.0) + refill(r - busy))
             t = t + r
-            cwnd = np.minimum(2 * cwnd, 2 * self.window_bytes)
-        return finish
+            cwnd = np.minimum(grown, 2 * self.window_bytes)
+        return finish, after

@@ -20,6 +20,7 @@ from ..errors import HarnessError
 from ..compute.profiles import device_profiles
 from ..results import new_run_id
 from ..scenario import Topology, load_scenario, reload_name
+from ..scenario.transport import PRESETS
 from .request import LayoutRequest, Resolved, RunRequest, RunSpec
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ def plan_run(req: RunRequest) -> Plan:
     if entry.train is None:
         raise HarnessError(f"--system: {entry.name} runs only in the simulator so far (harness sim --system {entry.name})")
     topo = load_scenario(req.network.scenario, devices=req.network.devices).scaled(req.network.bandwidth_scale)
+    if req.network.transport != "scenario":  # the run's TCP settings in place of the scenario's
+        topo = replace(topo, transport=PRESETS[req.network.transport])
     layout, placement = resolve_layout(req, topo)
     resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),
                         backend="emu" if req.network.mode == "emulated" else "local",

@@ -21,12 +21,14 @@ from ..layout import DP_SYNCS, SCHEDULES, Layout
 from ..compute.model import GPTConfig, get_model
 from ..compute.profiles import ComputeProfile
 from ..compute import BYTES_PER_VALUE
+from ..scenario.transport import PRESETS
 from ..scheduler import DEFAULT_BUDGET
 from ..workloads.markov import DATA_SETS
 
 DTYPE_NAMES = tuple(BYTES_PER_VALUE)
 NETWORK_MODES = ("emulated", "none", "shaped")
 KERNELS = ("auto", "host", "uml")
+TRANSPORTS = ("scenario", *PRESETS)
 FAULT_MODES = ("kill", "exit")
 
 
@@ -127,11 +129,13 @@ class NetworkSection:
     bandwidth_scale: float = 1.0  # applied once: Topology.scaled
     mode: str = "emulated"  # emulated: namespaces + shaping; none: no shaping; shaped: real nodes after `net apply`
     kernel: str = "auto"  # emulated: auto | host | uml as asked (network/kernel.py); resolved.kernel: what ran
+    transport: str = "scenario"  # TCP settings: the scenario's, or a preset in place of them (scenario/transport.py)
 
     def __post_init__(self):
         _positive("network.bandwidth_scale", self.bandwidth_scale, float)
         _one_of("network.mode", self.mode, NETWORK_MODES)
         _one_of("network.kernel", self.kernel, KERNELS)
+        _one_of("network.transport", self.transport, TRANSPORTS)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ from ..compute import BYTES_PER_VALUE
 from ..compute.profiles import OP_CLASSES, ComputeProfile, device_profiles
 from ..results import read_records
 from ..scenario import load_scenario
+from ..scenario.transport import KEYS as TRANSPORT_KEYS, Transport
+from ..compute.transport import UML_HZ
 from .sweep import Simulator
 
 TARGET_ERROR = 0.15
@@ -39,7 +41,7 @@ BUSY_HOST = 0.5
 DEFAULT_DTYPE = {"emu": "fp32", "local": "fp32", "cluster": "bf16"}
 DEFAULT_DEVICE = {"emu": "cpu", "local": "cpu", "cluster": "cuda"}
 GROUP_KEYS = ("scenario", "system", "backend", "devices", "model", "layers", "batch", "micro_batch",
-              "bandwidth_scale", "seed", "config", "dtype", "device_type", "compute_time_scale")
+              "bandwidth_scale", "seed", "config", "dtype", "device_type", "compute_time_scale", "transport")
 
 
 @dataclass
@@ -99,6 +101,9 @@ def load_measured(path: Path) -> list[dict]:
             r.setdefault("dtype", section("model").get("dtype"))
             r.setdefault("device_type", section("run").get("device_type"))
             r.setdefault("scenario_source", section("resolved").get("scenario_source"))
+            r.setdefault("kernel", section("resolved").get("kernel"))
+            if isinstance(doc.get("transport"), dict):  # the TCP settings the run had (--transport or the scenario's)
+                r.setdefault("transport", json.dumps(doc["transport"], sort_keys=True))
             if section("compute").get("model"):  # a compute-model run: its devices' times are the table's
                 r.setdefault("compute_time_scale", float(section("compute").get("time_scale", 1.0)))
             out.append(r)
@@ -119,6 +124,8 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
 def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> tuple[float, float]:
     """(iteration seconds, busiest device's compute seconds) of the run a record describes."""
     topo = _topology(rec).scaled(float(rec.get("bandwidth_scale") or 1.0))
+    if rec.get("transport"):
+        topo = replace(topo, transport=_transport(rec["transport"]))
     cfg = get_model(rec["model"], int(rec["layers"]))
     mb, batch, system = int(rec["micro_batch"]), int(rec["batch"]), rec["system"]
     dtype = rec.get("dtype") or DEFAULT_DTYPE.get(rec.get("backend"), "fp16")
@@ -139,7 +146,18 @@ def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) 
                                        for p in device_profiles(topo, dtype=dtype)]
     sim = Simulator(topo, overrides, d_pp=d_pp, micro_batch=mb, protocol=protocol, nic=nic, profiles=profiles)
     lay = record_layout(rec, cfg, topo.n, device, lambda: sim.assignment(cfg, batch))
-    return entry.simulate_layout_fn()(sim.links, sim.profiles, cfg, batch, lay, mb, bpv)
+    # the user-mode kernel's clock runs at 100 Hz: its retransmission timeouts are in 10 ms ticks
+    links = replace(sim.links, hz=UML_HZ) if rec.get("kernel") == "uml" else sim.links
+    return entry.simulate_layout_fn()(links, sim.profiles, cfg, batch, lay, mb, bpv)
+
+
+def _transport(text: str) -> Transport:
+    """The TCP settings a run's manifest recorded."""
+    try:
+        doc = json.loads(text)
+        return Transport(**{k: v for k, v in doc.items() if k in TRANSPORT_KEYS})
+    except (json.JSONDecodeError, TypeError, AttributeError):
+        raise HarnessError(f"records: transport: not the TCP settings of a run ({text!r})") from None
 
 
 # ----------------------------------------------------------------------------- the systems' runtime models

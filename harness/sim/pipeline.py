@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..compute.links import Connections, Links
 from ..layout import schedule_order
 
 
@@ -41,6 +42,12 @@ class StageTimes:
     fwd_delay: np.ndarray
     bwd_ser: np.ndarray
     bwd_delay: np.ndarray
+    # with both: every hop's message of `message_bytes` goes through the connection of its device pair
+    # (stages: (P, R) devices), so one after a silence longer than the RTO restarts slow start
+    # (compute/links.Connections); else every hop takes its *_ser, a connection in use
+    links: Links | None = None
+    stages_devices: np.ndarray | None = None
+    message_bytes: float = 0.0
 
     @property
     def stages(self) -> int:
@@ -80,6 +87,14 @@ def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
     last_f = np.full((max(P - 1, 0), R), -np.inf)
     last_b = np.full((max(P - 1, 0), R), -np.inf)
     orders = [task_order(schedule, P, M, j) for j in range(P)]
+    conns = Connections(times.links) if times.links is not None and times.stages_devices is not None else None
+    if conns is not None and not conns.idle_matters:
+        conns = None
+    dev = times.stages_devices
+
+    def hop(j: int, to: int, ser: np.ndarray, depart: np.ndarray) -> np.ndarray:
+        return ser if conns is None else conns.send(dev[j], dev[to], times.message_bytes, depart)
+
     ptr = [0] * P
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -96,12 +111,13 @@ def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
                     free[j] = end
                     if j < P - 1:
                         s = np.maximum(end, send_f[j]) if overlap else end
-                        arrive = s + times.fwd_ser[j] + times.fwd_delay[j]
+                        ser = hop(j, j + 1, times.fwd_ser[j], s)
+                        arrive = s + ser + times.fwd_delay[j]
                         act[j + 1, m] = arrive
                         first_f[j] = np.minimum(first_f[j], s)
                         last_f[j] = np.maximum(last_f[j], arrive)
                         if overlap:
-                            send_f[j] = s + times.fwd_ser[j]
+                            send_f[j] = s + ser
                         else:
                             free[j] = arrive
                     else:
@@ -114,12 +130,13 @@ def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
                     free[j] = end
                     if j > 0:
                         s = np.maximum(end, send_b[j]) if overlap else end
-                        arrive = s + times.bwd_ser[j - 1] + times.bwd_delay[j - 1]
+                        ser = hop(j, j - 1, times.bwd_ser[j - 1], s)
+                        arrive = s + ser + times.bwd_delay[j - 1]
                         grad[j - 1, m] = arrive
                         first_b[j - 1] = np.minimum(first_b[j - 1], s)
                         last_b[j - 1] = np.maximum(last_b[j - 1], arrive)
                         if overlap:
-                            send_b[j] = s + times.bwd_ser[j - 1]
+                            send_b[j] = s + ser
                         else:
                             free[j] = arrive
                 ptr[j] += 1

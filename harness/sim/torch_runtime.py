@@ -22,8 +22,10 @@ for measured baseline records instead of the paper-scale model (harness/systems/
 Every rank's optimizer step (over its stage, or its ZeRO-1 shard of it) follows its
 gradient all-reduce and precedes the broadcasts.
 
-A send completes when its last byte has left (departure + bytes / rate); it arrives
-one delay later. Transfers on one ordered pair go out one after another.
+A send completes when its last byte has left (departure + bytes / rate, or more under the scenario's
+TCP settings: compute/links.Connections, one per device pair through the iteration, so that a message
+after a silence longer than the RTO restarts slow start); it arrives one delay later. Transfers on one
+ordered pair go out one after another.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from ..layout import Layout
 from ..compute.model import GPTConfig
 from .. import compute as work
 from ..compute import links as network
-from ..compute.links import Links
+from ..compute.links import Connections, Links
 from .systems import SimError, check_layers, optimizer_step
 
 #: ProcessGroupGloo's worker threads (torch's default Options: 2): collectives in flight per process.
@@ -162,7 +164,7 @@ def zero1_owner(tensor_bytes: list[float], ranks: int) -> list[int]:
 
 
 def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: list[float], owner: list[int],
-               threads: int = GLOO_THREADS) -> np.ndarray:
+               threads: int = GLOO_THREADS, conns: Connections | None = None) -> np.ndarray:
     """End time of every member after one gloo broadcast per tensor (root = its owner), in order.
 
     A member runs broadcast k on the first of its `threads` workers to free up; the root sends to
@@ -172,6 +174,7 @@ def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: li
     free = np.repeat(np.asarray(start, dtype=float)[:, None], threads, axis=1)  # (D, threads)
     pair_free = np.zeros((D, D))
     h = links.protocol.p2p_handshake
+    conns = Connections(links) if conns is None else conns
     for nbytes, root in zip(tensors, owner):
         w = free.argmin(1)
         begin = free[np.arange(D), w]
@@ -181,7 +184,7 @@ def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: li
                 continue
             s, d = members[root], members[q]
             depart = max(begin[root], begin[q] + h * links.delay_s[d, s], pair_free[root, q])
-            sent = depart + float(links.serialization_s(s, d, nbytes))
+            sent = depart + float(conns.send(s, d, nbytes, depart))
             pair_free[root, q] = sent
             end[root] = max(end[root], sent)
             end[q] = sent + links.delay_s[s, d]
@@ -211,6 +214,7 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
     msgs: dict[tuple, _Message] = {}
     pair_free: dict[tuple[int, int], float] = {}
     h = links.protocol.p2p_handshake
+    conns = Connections(links)  # one per device pair: the pipeline's, the all-reduce's, ZeRO's broadcasts
 
     def message(kind: str, r: int, src_stage: int, m: int) -> _Message:
         key = (kind, r, src_stage, m)
@@ -230,7 +234,7 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
             return
         pair = (x.src, x.dst)
         depart = max(x.send_post, x.recv_post + h * links.delay_s[x.dst, x.src], pair_free.get(pair, -np.inf))
-        x.sent = depart + float(links.serialization_s(x.src, x.dst, x.nbytes))
+        x.sent = depart + float(conns.send(x.src, x.dst, x.nbytes, depart))
         x.arrived = x.sent + links.delay_s[x.src, x.dst]
         pair_free[pair] = x.sent
 
@@ -270,7 +274,7 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
                                 if np.isnan(reduce_at[j]).any():
                                     break
                                 reduce_end[j] = network.ring_allreduce(links, dev[j][None, :], grads[j],
-                                                                       start=reduce_at[j][None, :])[0]
+                                                                       start=reduce_at[j][None, :], conns=conns)[0]
                             t[j, r] = reduce_end[j][r]
                     ptr[j, r] += 1
                     remaining -= 1
@@ -284,7 +288,7 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
     stepped = t.copy()
     if zero == 1 and R > 1:
         for j, tensors in enumerate(stage_tensor_bytes(cfg, split, bytes_per_value)):
-            t[j] = broadcasts(links, dev[j], t[j], tensors, zero1_owner(tensors, R))
+            t[j] = broadcasts(links, dev[j], t[j], tensors, zero1_owner(tensors, R), conns=conns)
     dp_seconds = float(max((reduce_end[j] - reduce_at[j]).max() for j in reduce_end)) if reduce_end else 0.0
     return float(t.max()), float((M * (fwd + bwd) + opt.T).max()), {"micro_batches": M, "pipeline_seconds": float(pipeline_end.max()),
                             "dp_seconds": dp_seconds, "optimizer_seconds": float(opt.max()),

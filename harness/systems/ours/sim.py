@@ -49,7 +49,7 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     S = pipelines.T  # (P, R)
     fser, fdel = network.step_times(links, S[:-1], S[1:], act)
     bser, bdel = network.step_times(links, S[1:], S[:-1], act)
-    times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel)
+    times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel, links, S, act)
     grads = (work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) if dp_bytes is None
              else np.asarray(dp_bytes, dtype=float))
     # No barrier between iterations: a stage starts the next one when its own sync is done, so a

@@ -69,7 +69,12 @@ def pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_batc
     else:
         f_link = b_link = np.zeros((0, dp))
     zeros = np.zeros_like(f_link)
-    times = pipeline.StageTimes(fwd, bwd, f_link, zeros, b_link, zeros)
+    if pp > 1 and tp == 1:  # each hop one message on one connection: its window remembers the iteration
+        h = links.protocol.p2p_handshake
+        times = pipeline.StageTimes(fwd, bwd, fser[..., 0], (fdel + h * bdel)[..., 0], bser[..., 0],
+                                    (bdel + h * fdel)[..., 0], links, dev[..., 0], act)
+    else:
+        times = pipeline.StageTimes(fwd, bwd, f_link, zeros, b_link, zeros)
     tl = pipeline.timeline(times, M, "1f1b", overlap=False)
     compute = M * np.moveaxis(f_all + b_all, -1, 0)  # (pp, dp, tp)
     return tl, M, compute

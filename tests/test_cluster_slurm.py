@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.network import kernel
+from harness.network import kernel, registry
 from harness.network.node import NETNS_DIR, node_run_id
 from harness.results import read_records
 
@@ -116,7 +116,12 @@ def slurm(tmp_path_factory):
     key.chmod(0o400)
     host = socket.gethostname().split(".")[0]
     (d / "slurm.conf").write_text(SLURM_CONF.format(host=host, d=d, node=NODE, cpus=os.cpu_count()))
-    ns = f"hslurm-{os.getpid()}"
+    # registered like a cluster's namespace: a worker killed before its teardown (SIGTERM ends pytest without
+    # `finally`) leaves it to `harness net clean`, which removes the namespaces of owners that are gone
+    rid = registry.new_run_id()
+    ns = registry.netns_name(rid, 0)
+    entry = registry.Entry(run_id=rid, pid=os.getpid(), kind="cluster", netns=[ns])
+    entry.save()
     subprocess.run(["ip", "netns", "add", ns], check=True)
     procs: list[subprocess.Popen] = []
     s = Slurm(d, ns)
@@ -153,6 +158,7 @@ def slurm(tmp_path_factory):
                 p.kill()
                 p.wait()
         subprocess.run(["ip", "netns", "del", ns])
+        entry.drop()
 
 
 def _inventory(slurm, name: str, text: str) -> Path:

@@ -9,7 +9,6 @@ is one line saying where its traceback was saved. Never a traceback on the termi
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
 import importlib
 import os
 import pkgutil
@@ -23,7 +22,7 @@ from ..plan.arg_types import (byte_sizes, fractions, input_dir, input_file, inpu
                               non_negative_int, nonempty, output_dir, output_file, positive_float, positive_int,
                               scenario_name, seconds_list)
 from ..plan.flags import add_alias, add_results_argument, add_transport_argument  # noqa: F401
-from ..scenario.transport import PRESETS
+from ..scenario.transport import PRESETS, with_preset
 
 
 def transport_of(args):
@@ -33,7 +32,7 @@ def transport_of(args):
 
 def with_transport(topo, args):
     """`topo` with the TCP settings `--transport` asks for in place of its own."""
-    return topo if transport_of(args) is None else replace(topo, transport=transport_of(args))
+    return with_preset(topo, getattr(args, "transport", "scenario"))
 
 
 class Parser(argparse.ArgumentParser):

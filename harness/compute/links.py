@@ -148,16 +148,17 @@ class Connections:
     def send(self, src, dst, nbytes, depart, rate_Bps=None) -> np.ndarray:
         """Seconds beyond the one-way delay of messages src[k] -> dst[k] whose first byte leaves at
         depart[k] (concurrent: distinct pairs); the connections remember them."""
-        if not self.idle_matters:
-            return self.links.serialization_s(src, dst, nbytes, rate_Bps)
         src, dst = np.asarray(src), np.asarray(dst)
         depart = np.broadcast_to(np.asarray(depart, dtype=float), np.broadcast(src, dst).shape)
-        path = self.links.path(src, dst, rate_Bps)
-        start = path.restarted(np.minimum(self.cwnd[src, dst], path.full_cwnd()), depart - self.last_sent[src, dst])
-        seconds, after = path.transfer(nbytes, start)
-        ser = np.maximum(seconds - path.delay_s, 0.0)
+        if not self.idle_matters:
+            ser = self.links.serialization_s(src, dst, nbytes, rate_Bps)
+        else:
+            path = self.links.path(src, dst, rate_Bps)
+            start = path.restarted(np.minimum(self.cwnd[src, dst], path.full_cwnd()),
+                                   depart - self.last_sent[src, dst])
+            seconds, self.cwnd[src, dst] = path.transfer(nbytes, start)
+            ser = np.maximum(seconds - path.delay_s, 0.0)
         self.last_sent[src, dst] = depart + ser
-        self.cwnd[src, dst] = after
         return ser
 
 
@@ -210,8 +211,8 @@ def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start
     if D == 1 or steps == 0 or chunk_bytes <= 0:
         return ready
     succ = np.roll(groups, -1, axis=1)
-    ser, delay = step_times(links, groups, succ, chunk_bytes)
     rate = links.fair_rates(groups, succ).reshape(groups.shape)
+    ser, delay = links.serialization_s(groups, succ, chunk_bytes, rate), links.delay_s[groups, succ]
     conns = Connections(links) if conns is None else conns
     notice = links.protocol.step_handshake * links.delay_s[succ, groups]  # receiver's ready notice
     for _ in range(steps):
@@ -259,12 +260,11 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
     for _phase in range(2):  # scatter gradient shards, then gather the aggregated shards
         for k in range(1, D):
             to = (pos + k) % D
-            ser, delay = step_times(links, groups, groups[:, to], shard)
+            rate = links.fair_rates(groups, groups[:, to]).reshape(groups.shape)
+            delay = links.delay_s[groups, groups[:, to]]
             notice = handshake * links.delay_s[groups[:, to], groups]
             begin = np.maximum(ready, ready[:, to] + notice)  # rendezvous with the receiver
-            if conns.idle_matters:
-                ser = conns.send(groups, groups[:, to], shard, begin,
-                                 links.fair_rates(groups, groups[:, to]).reshape(groups.shape))
+            ser = conns.send(groups, groups[:, to], shard, begin, rate)
             arrive = begin + ser + delay  # at device `to`; the send completes on delivery
             recv_end = np.empty_like(arrive)
             recv_end[:, to] = arrive

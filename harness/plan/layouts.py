@@ -20,7 +20,7 @@ from ..errors import HarnessError
 from ..compute.profiles import device_profiles
 from ..results import new_run_id
 from ..scenario import Topology, load_scenario, reload_name
-from ..scenario.transport import PRESETS
+from ..scenario.transport import with_preset
 from .request import LayoutRequest, Resolved, RunRequest, RunSpec
 
 @dataclass(frozen=True)
@@ -52,8 +52,7 @@ def plan_run(req: RunRequest) -> Plan:
     if entry.train is None:
         raise HarnessError(f"--system: {entry.name} runs only in the simulator so far (harness sim --system {entry.name})")
     topo = load_scenario(req.network.scenario, devices=req.network.devices).scaled(req.network.bandwidth_scale)
-    if req.network.transport != "scenario":  # the run's TCP settings in place of the scenario's
-        topo = replace(topo, transport=PRESETS[req.network.transport])
+    topo = with_preset(topo, req.network.transport)  # the run's TCP settings in place of the scenario's
     layout, placement = resolve_layout(req, topo)
     resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),
                         backend="emu" if req.network.mode == "emulated" else "local",

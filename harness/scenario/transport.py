@@ -17,7 +17,7 @@ at most 256 MiB), room for the window to fill any of its links (what the harness
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 CONGESTION_CONTROLS = ("cubic", "reno", "bbr")
 #: Linux's net.ipv4.tcp_rmem / tcp_wmem (min, default, max) in bytes.
@@ -62,5 +62,10 @@ class Transport:
 LINUX = Transport()
 #: named settings a command may put in place of the scenario's (`--transport`)
 PRESETS = {"linux": LINUX, "tuned": Transport(None, False, AUTO, AUTO)}
+
+
+def with_preset(topo, name: str):
+    """`topo` (a Topology) with the preset `name` in place of its TCP settings; `scenario`: as it is."""
+    return topo if name == "scenario" else replace(topo, transport=PRESETS[name])
 #: what a namespace's settings are read back as (the congestion control in force also where none is set)
 SYSCTL_NAMES = ("tcp_congestion_control", "tcp_slow_start_after_idle", "tcp_rmem", "tcp_wmem")

@@ -87,10 +87,9 @@ def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
     last_f = np.full((max(P - 1, 0), R), -np.inf)
     last_b = np.full((max(P - 1, 0), R), -np.inf)
     orders = [task_order(schedule, P, M, j) for j in range(P)]
-    conns = Connections(times.links) if times.links is not None and times.stages_devices is not None else None
-    if conns is not None and not conns.idle_matters:
-        conns = None
     dev = times.stages_devices
+    idle_matters = times.links is not None and dev is not None and times.links.transport.slow_start_after_idle
+    conns = Connections(times.links) if idle_matters else None
 
     def hop(j: int, to: int, ser: np.ndarray, depart: np.ndarray) -> np.ndarray:
         return ser if conns is None else conns.send(dev[j], dev[to], times.message_bytes, depart)

@@ -172,7 +172,6 @@ def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: li
     flat tree: exact for the two-member groups the emulated runs use)."""
     D = len(members)
     free = np.repeat(np.asarray(start, dtype=float)[:, None], threads, axis=1)  # (D, threads)
-    pair_free = np.zeros((D, D))
     h = links.protocol.p2p_handshake
     conns = Connections(links) if conns is None else conns
     for nbytes, root in zip(tensors, owner):
@@ -183,9 +182,8 @@ def broadcasts(links: Links, members: np.ndarray, start: np.ndarray, tensors: li
             if q == root:
                 continue
             s, d = members[root], members[q]
-            depart = max(begin[root], begin[q] + h * links.delay_s[d, s], pair_free[root, q])
+            depart = max(begin[root], begin[q] + h * links.delay_s[d, s], conns.last_sent[s, d])
             sent = depart + float(conns.send(s, d, nbytes, depart))
-            pair_free[root, q] = sent
             end[root] = max(end[root], sent)
             end[q] = sent + links.delay_s[s, d]
         free[np.arange(D), w] = end
@@ -212,7 +210,6 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
     grads = work.stage_param_bytes(cfg, split, bytes_per_value)
     programs = [schedule_program(schedule, P, M, j) for j in range(P)]
     msgs: dict[tuple, _Message] = {}
-    pair_free: dict[tuple[int, int], float] = {}
     h = links.protocol.p2p_handshake
     conns = Connections(links)  # one per device pair: the pipeline's, the all-reduce's, ZeRO's broadcasts
 
@@ -232,11 +229,9 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
     def resolve(x: _Message) -> None:
         if x.sent is not None or x.send_post is None or x.recv_post is None:
             return
-        pair = (x.src, x.dst)
-        depart = max(x.send_post, x.recv_post + h * links.delay_s[x.dst, x.src], pair_free.get(pair, -np.inf))
+        depart = max(x.send_post, x.recv_post + h * links.delay_s[x.dst, x.src], conns.last_sent[x.src, x.dst])
         x.sent = depart + float(conns.send(x.src, x.dst, x.nbytes, depart))
         x.arrived = x.sent + links.delay_s[x.src, x.dst]
-        pair_free[pair] = x.sent
 
     t = np.zeros((P, R))
     ptr = np.zeros((P, R), dtype=int)

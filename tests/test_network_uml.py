@@ -281,27 +281,34 @@ def test_host_kernel_path():
 def test_transfer_curves_measure_each_link_class_under_the_settings_asked_for(tmp_path, capsys):
     """`net verify --transfer-curves`: one row per link class, size and idle time; every namespace held the
     TCP settings asked for (tuned in place of the scenario's Linux defaults), and the transport model predicts
-    each message (5 %)."""
+    each message (5 %: the faster of two repetitions; load only adds time)."""
     from harness.report.transfer import modelled_seconds
     from harness.scenario.transport import Transport
 
     out = tmp_path / "curves"
     rc = main(["net", "verify", "--scenario", NET4, "--bandwidth-scale", "0.01", "--kernel", "uml", "--pairs", "sample",
-               "--transfer-curves", str(out), "--sizes", "64K,256K", "--idle", "0", "--reps", "1",
+               "--transfer-curves", str(out), "--sizes", "64K,256K", "--idle", "0", "--reps", "2",
                "--transport", "tuned"])
     printed = capsys.readouterr().out
     assert rc == 0, printed
     doc = json.loads((out / "transfer-curves.json").read_text())
     pairs = {(p["src"], p["dst"]) for p in doc["points"]}
     classes = {(p["rate_mbps"], p["rtt_ms"]) for p in doc["points"]}
-    assert len(pairs) == len(classes) >= 2 and len(doc["points"]) == 2 * len(pairs)
+    assert len(pairs) == len(classes) >= 2 and len(doc["points"]) == 2 * 2 * len(pairs)
     # auto buffers at 1 % of the rates: the links' BDPs are small, Linux's 6 MiB floor
     tuned = Transport(None, False, 6291456, 6291456)
     assert doc["transport"] == tuned.to_json() and len(doc["transport_readback"]) == 4
     # the user-mode kernel's own congestion control, CUBIC, where the settings name none
     assert all(rb == {**tuned.sysctls(), "tcp_congestion_control": "cubic"} for rb in doc["transport_readback"].values())
-    measured = [p["seconds"] for p in doc["points"]]
-    for p, m, t in zip(doc["points"], modelled_seconds(doc), measured):
-        assert t > p["delay_ms"] / 1e3 and abs(m / t - 1) <= 0.05, (p, m)
+    # a loaded machine only delays a message (the guest's clock ticks late, its processes wait for a CPU): no
+    # repetition beats the model by more than 5 %, and the faster of each message's two is within 5 % of it
+    fastest = {}
+    for p, m in zip(doc["points"], modelled_seconds(doc)):
+        t = p["seconds"]
+        assert t > p["delay_ms"] / 1e3 and m / t - 1 <= 0.05, (p, m)
+        key = (p["src"], p["dst"], p["bytes"])
+        fastest[key] = min(fastest.get(key, (t, m)), (t, m))
+    assert len(fastest) == 2 * len(pairs)
+    assert all(abs(m / t - 1) <= 0.05 for t, m in fastest.values()), fastest
     assert (out / "transfer-curves.png").stat().st_size > 0 and "within 5 %" in printed
     assert len((out / "transfer-curves.csv").read_text().splitlines()) == 1 + len(doc["points"])

@@ -89,7 +89,7 @@ def test_an_entry_names_only_flags_that_exist_and_roles_of_the_paper():
         systems.System("x", "x", train=print, flags=("--pipeline",))
     with pytest.raises(HarnessError, match="two of its flags set the same layout field"):
         systems.System("x", "x", train=print, flags=("--pp", "--d-pp"))
-    with pytest.raises(HarnessError, match="paper_role must be one of"):
+    with pytest.raises(HarnessError, match="paper_role and report_role must be one of"):
         systems.System("x", "x", train=print, paper_role="hetpipe")
     assert systems.paper_systems() == {r: r for r in systems.PAPER_ROLES}
 

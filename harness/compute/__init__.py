@@ -117,7 +117,7 @@ def c_dp_bytes(cfg: GPTConfig, split: int | list[int], bytes_per_value: int = PA
 
 def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: list[ComputeProfile],
                   devices: np.ndarray, tp: int = 1, recompute: bool = True,
-                  vocab_parallel: bool = True) -> tuple[np.ndarray, np.ndarray]:
+                  vocab_parallel: bool = True, lm_head: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """(forward, backward incl. recompute) seconds per micro-batch of the stage each device runs.
 
     split: blocks of every stage (Layout.layers_per_stage, possibly uneven);
@@ -125,7 +125,8 @@ def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: 
     with tensor parallelism every device does 1/tp of its stage's blocks, and of the LM head
     when it is vocab-parallel (Megatron-LM; the harness's baselines replicate it: False).
     recompute=False: the blocks' backward is 2 forwards (the harness's CPU runs and its
-    baselines keep activations).
+    baselines keep activations). lm_head=False: the last stage ends in a head too small to time (a
+    sequence classifier's, as the paper's own runs trained: dtfm).
     """
     layers = np.asarray(split, dtype=float)
     d_pp = len(split)
@@ -134,7 +135,7 @@ def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: 
     rate_h = np.array([p.flops_per_s("lm_head") for p in profiles])[devices]
     f_block = layers * block_fwd_flop(cfg, micro_batch) / tp
     head = np.zeros(d_pp)
-    head[-1] = head_fwd_flop(cfg, micro_batch) / (tp if vocab_parallel else 1)
+    head[-1] = head_fwd_flop(cfg, micro_batch) / (tp if vocab_parallel else 1) if lm_head else 0.0
     block_f, block_b = block_phases(recompute)
     head_f, head_b = HEAD_PHASES
     fwd = block_f * f_block / rate_t + head_f * head / rate_h

@@ -252,7 +252,7 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
     shard = nbytes / D
     handshake = 0 if preposted else links.protocol.step_handshake
     if mode == "grouped":
-        return _grouped_all_to_all(links, groups, shard, ready, exchanges=2, handshake=handshake)
+        return _grouped_all_to_all(links, groups, shard, ready, exchanges=2, handshake=handshake)[-1]
     if mode != "rounds":
         raise ValueError(f"unknown sharded-PS mode {mode!r}")
     pos = np.arange(D)
@@ -272,8 +272,37 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
     return ready
 
 
+def sharded_ps_phases(links: Links, groups, nbytes: float, start=None) -> tuple[np.ndarray, np.ndarray]:
+    """(end of the scatter, end of the gather) of every device's grouped sharded parameter server (G, D),
+    each phase one all-to-all of every pair at once that starts when the whole group is in it (a
+    library's grouped send/receive calls: NCCL's groupStart/groupEnd)."""
+    groups = np.atleast_2d(np.asarray(groups, dtype=int))
+    G, D = groups.shape
+    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    if D == 1 or nbytes <= 0:
+        return ready, ready
+    scatter, gather = _grouped_all_to_all(links, groups, nbytes / D, ready, exchanges=2,
+                                          handshake=links.protocol.step_handshake)
+    return scatter, gather
+
+
+def dissemination_barrier(links: Links, ranks, arrive) -> np.ndarray:
+    """When each rank leaves gloo's barrier (gloo/barrier.cc: the dissemination barrier of Hensgen, Finkel and
+    Manber 1988), entered at `arrive` by ranks whose devices are `ranks` in rank order: in round k = 1, 2, 4,
+    ... < N, rank r sends an empty message to r + k and waits for the one from r - k (mod N)."""
+    ranks = np.asarray(ranks, dtype=int)
+    t = np.asarray(arrive, dtype=float).copy()
+    n, k = len(ranks), 1
+    while k < n:
+        src = (np.arange(n) - k) % n
+        t = np.maximum(t, t[src] + links.delay_s[ranks[src], ranks])
+        k <<= 1
+    return t
+
+
 def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: float, ready: np.ndarray, exchanges: int,
-                        handshake: int) -> np.ndarray:
+                        handshake: int) -> list[np.ndarray]:
+    """Every device's finish time (G, D) after each exchange."""
     G, D = groups.shape
     src = np.repeat(groups[:, :, None], D, axis=2)  # (G, D, D): src[g, p, q] = groups[g, p]
     dst = np.repeat(groups[:, None, :], D, axis=1)
@@ -286,9 +315,11 @@ def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: float, ready: n
     conns = Connections(links)
     ser = links.serialization_s(src, dst, shard)  # on connections in use
     t = ready.max(1)
+    ends = []
     for _ in range(exchanges):  # every ordered pair carries a shard in each: scatter, then gather back
         if conns.idle_matters:  # the scatter's windows restarted after the iteration's silence
             ser = conns.send(src, dst, shard, t[:, None, None] + notice)
         pair = np.where(off, notice + links.delay_s[src, dst] + ser, 0.0).max((1, 2))
         t = t + np.maximum(pair, busiest)
-    return np.repeat(t[:, None], D, axis=1)
+        ends.append(np.repeat(t[:, None], D, axis=1))
+    return ends

@@ -28,8 +28,12 @@ torchtitan's train-spec idea: a `System` bundles
 - `gate_runs`: what it contributes to the regression gate (harness/regress/): "wire" -> the `harness run`
   flags of the short loopback run whose bytes on the wire are exact figures, "measured" -> those of its
   emulated runs (noisy figures);
-- `paper_role`: the column it fills in the paper's evaluation (`sim report`): ours, ours-random
-  (ours without the scheduler), megatron or deepspeed. The report compares roles; which system
+- `sources`: (setting, how it is modelled, where that comes from) of its paper-scale configuration, the
+  table `harness sim report` prints (a tuple, or "module:NAME" of one);
+- `paper_role`: the role it fills among the harness's runnable systems: ours, ours-random (ours without
+  the scheduler), megatron or deepspeed (the regression gate's ratios, emulated runs);
+- `report_role`: the role it fills in the paper's evaluation (`sim report`) in place of the system whose
+  paper_role it is: a model of the paper's own runtime (dtfm). The report compares roles; which system
   fills a role is this registry's call.
 
 Functions may be given as "module:function" and are imported on first use, so `harness run
@@ -81,6 +85,8 @@ class System:
     compute_observed: bool = False
     scheduled: bool = False
     paper_role: str | None = None
+    report_role: str | None = None
+    sources: Ref | tuple = ()
     style: tuple[str, str] | None = None
     gate_runs: dict = field(default_factory=dict)  # "wire" | "measured" -> `harness run` flags
     report_section: Ref | None = None  # a ReportSection
@@ -90,8 +96,10 @@ class System:
         unknown = [f for f in self.flags if f not in LAYOUT_FLAGS]
         if unknown:
             raise HarnessError(f"system {self.name}: unknown flag {unknown[0]!r} (known: {', '.join(LAYOUT_FLAGS)})")
-        if self.paper_role not in (None, *PAPER_ROLES):
-            raise HarnessError(f"system {self.name}: paper_role must be one of {', '.join(PAPER_ROLES)}")
+        for role in (self.paper_role, self.report_role):
+            if role not in (None, *PAPER_ROLES):
+                raise HarnessError(f"system {self.name}: paper_role and report_role must be one of "
+                                   f"{', '.join(PAPER_ROLES)}")
         fields_ = [LAYOUT_FLAGS[f] for f in self.flags]
         if len(set(fields_)) != len(fields_):
             raise HarnessError(f"system {self.name}: two of its flags set the same layout field ({self.flags})")
@@ -116,6 +124,9 @@ class System:
 
     def record_layout_fn(self) -> Callable:
         return _resolve(self.record_layout)
+
+    def sources_list(self) -> tuple:
+        return _resolve(self.sources) or ()
 
     def report_section_obj(self) -> "ReportSection | None":
         return _resolve(self.report_section)
@@ -205,6 +216,16 @@ def paper_systems() -> dict[str, str]:
     if missing:
         raise HarnessError(f"systems: no system fills the paper's role {missing[0]!r}")
     return {r: out[r] for r in PAPER_ROLES}
+
+
+def report_systems() -> dict[str, str]:
+    """role -> the system `harness sim report` shows in it: the first registered with that report_role,
+    else paper_systems()'s."""
+    out = paper_systems()
+    for s in reversed(list(registered().values())):
+        if s.report_role is not None:
+            out[s.report_role] = s.name
+    return out
 
 
 def gate_runs(kind: str) -> dict[str, tuple[str, ...]]:

@@ -6,7 +6,9 @@ layout and placement (harness.sim.sweep), and FluidStack (App. D.5) for GPT3-XL
 appear here only as references next to what the simulator predicts.
 
 Tables and figures speak of the paper's roles (systems.PAPER_ROLES: ours, ours-random, megatron,
-deepspeed); `CaseSweep.best` finds the system the registry puts in each role.
+deepspeed), filled by the registry's report_systems() (the paper's own runtime, dtfm, as ours), and of
+`harness-ours`, this harness's runtime on the same schedules, in a column of its own; `CaseSweep.best`
+finds the system in each.
 """
 from __future__ import annotations
 
@@ -27,24 +29,26 @@ from ..plan import systems as registry
 from ..sim.sweep import Candidate, Simulator, prefetch_assignments, record_json, to_record
 from .. import plots
 from ..plots.figures import save_figure
+from .sim_text import MODEL_TEXT, PAPER, disagreements, rng, sources_markdown
 
 CASES = PAPER_CASES
 LAYERS = (24, 32, 40)
 BATCHES = (1024, 2048, 4096)
 FLUIDSTACK_RUNS = (("gpt3-xl", 40, 4096), ("gpt3-6.7b", None, 1024), ("gpt3-13b", None, 1024))
-FLUIDSTACK_ROLES = ("ours", "ours-random", "megatron")  # what the report shows of FluidStack (Fig. 7)
 ROLES = registry.PAPER_ROLES
+HARNESS_OURS = "harness-ours"  # the harness's own runtime (registry paper_role "ours"), beside the paper's
+COLUMNS = ROLES + (HARNESS_OURS,)
+FLUIDSTACK_ROLES = ("ours", "ours-random", "megatron", HARNESS_OURS)  # what the report shows of FluidStack (Fig. 7)
 
-# The paper's headline relations (Yuan et al. 2022, sec. 4.2, App. D.5): references for the report only.
-PAPER = {
-    "case5_vs_megatron": 4.8,
-    "case5_vs_deepspeed": 3.6,
-    "other_cases_range": (1.2, 2.5),
-    "scheduler_max": 2.7,
-    "case5_vs_case1_range": (1.7, 3.5),
-    "fluidstack_percent_peak": {"gpt3-xl": 27.4, "gpt3-6.7b": 26.4, "gpt3-13b": 29.7},
-}
 
+def role_systems() -> dict[str, str]:
+    """column -> the system the report shows in it (HARNESS_OURS: paper_systems()'s ours)."""
+    return {**registry.report_systems(), HARNESS_OURS: registry.paper_systems()["ours"]}
+
+
+def column_label(role: str) -> str:
+    system = role_systems()[role]
+    return f"harness {system}" if role == HARNESS_OURS else role if system == role else f"{role} ({system})"
 
 @dataclass
 class CaseSweep:
@@ -54,7 +58,7 @@ class CaseSweep:
 
     def best(self, setting, role: str, placement: str | None = None) -> Candidate | None:
         """The fastest candidate of the system in the paper's `role` (in `placement`, if given)."""
-        system = registry.paper_systems()[role]
+        system = role_systems()[role]
         cands = [c for c in self.candidates[setting] if c.system == system
                  and (placement is None or c.config.get("placement") in (None, placement))]
         return min(cands, key=lambda c: c.seconds) if cands else None
@@ -76,7 +80,7 @@ def sweep_cases(cases=CASES, layers=LAYERS, batches=BATCHES, model: str = "gpt3-
         topo = sim.topo
         cs = CaseSweep(topo, [(L, B) for L in layers for B in batches])
         for L, B in cs.settings:
-            cs.candidates[(L, B)] = sim.sweep(get_model(model, L), B, _systems(ROLES))
+            cs.candidates[(L, B)] = sim.sweep(get_model(model, L), B, _systems(COLUMNS))
             if progress:
                 progress(f"{topo.name} L={L} B={B}")
         out[case] = cs
@@ -100,8 +104,8 @@ def sweep_fluidstack(progress=None, workers: int | None = None, schedule_progres
 
 
 def _systems(roles) -> list[str]:
-    paper = registry.paper_systems()
-    return [paper[r] for r in roles]
+    systems = role_systems()
+    return list(dict.fromkeys(systems[r] for r in roles))
 
 
 # ----------------------------------------------------------------------------- tables
@@ -115,10 +119,6 @@ def _mean_pflops_ratio(cs: CaseSweep, base: str, placement: str | None = None, m
         return np.mean([pflop_per_iteration(get_model(model, s[0]), s[1]) / cs.best(s, system, pl).seconds
                         for s in cs.settings])
     return pf("ours") / pf(base, placement)
-
-
-def _rng(a: np.ndarray) -> str:
-    return f"{a.min():.2f}-{a.max():.2f}x"
 
 
 def summary_rows(sweeps: dict[str, CaseSweep]) -> list[dict]:
@@ -152,13 +152,14 @@ def _cfg_text(c: Candidate) -> str:
 
 
 def case_table(cs: CaseSweep) -> str:
-    lines = ["| setting | ours s | ours-random s | Megatron s (best layout) | DeepSpeed s (best layout) | "
-             "vs Megatron | vs DeepSpeed | vs random |", "|---|---|---|---|---|---|---|---|"]
+    o_, r_, h_ = (column_label(k) for k in ("ours", "ours-random", HARNESS_OURS))
+    lines = [f"| setting | {o_} s | {r_} s | Megatron s (best layout) | DeepSpeed s (best layout) | "
+             f"vs Megatron | vs DeepSpeed | vs random | {h_} s |", "|---|---|---|---|---|---|---|---|---|"]
     for s in cs.settings:
-        o, r, m, d = (cs.best(s, k) for k in ROLES)
+        o, r, m, d, h = (cs.best(s, k) for k in COLUMNS)
         lines.append(f"| {_label(s)} | {o.seconds:.2f} | {r.seconds:.2f} | {m.seconds:.2f} ({_cfg_text(m)}) | "
                      f"{d.seconds:.2f} ({_cfg_text(d)}) | {m.seconds / o.seconds:.2f}x | "
-                     f"{d.seconds / o.seconds:.2f}x | {r.seconds / o.seconds:.2f}x |")
+                     f"{d.seconds / o.seconds:.2f}x | {r.seconds / o.seconds:.2f}x | {h.seconds:.2f} |")
     return "\n".join(lines)
 
 
@@ -169,8 +170,8 @@ def figure3(cs: CaseSweep, out: Path, model: str = "gpt3-xl") -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.4), gridspec_kw={"width_ratios": [1, 1, 1.5]})
     plots.heatmap(axes[0], cs.topo.delay_ms, f"{cs.topo.name}: (a) delay", "one-way delay (ms)", "viridis")
     plots.heatmap(axes[1], cs.topo.bandwidth_gbps, f"{cs.topo.name}: (b) bandwidth", "Gbps", "magma")
-    series = {sys_: np.array([pflop_per_iteration(get_model(model, s[0]), s[1]) / cs.best(s, sys_).seconds
-                              for s in cs.settings]) for sys_ in ROLES}
+    series = {column_label(k): np.array([pflop_per_iteration(get_model(model, s[0]), s[1]) / cs.best(s, k).seconds
+                                         for s in cs.settings]) for k in COLUMNS}
     unit, factor = plots.flop_rate_unit(list(series.values()))
     plots.lines(axes[2], [_label(s) for s in cs.settings], {k: v * factor for k, v in series.items()},
                 f"{unit} (simulated)", "(c) throughput")
@@ -183,7 +184,7 @@ def figure6(cs: CaseSweep, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(10, 4))
-    series = {sys_: [cs.best(s, sys_).seconds for s in cs.settings] for sys_ in ROLES}
+    series = {column_label(k): [cs.best(s, k).seconds for s in cs.settings] for k in COLUMNS}
     values = [v for ys in series.values() for v in ys]
     plots.grouped_bars(ax, [_label(s) for s in cs.settings], series, "iteration seconds (simulated)",
                        f"{cs.topo.name}: runtime of one iteration", log=max(values) > 20 * min(values))
@@ -214,9 +215,9 @@ def figure7(fs: CaseSweep, out: Path) -> Path:
 
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     labels = [f"{s[2]} L{s[0]} B{s[1]}" for s in fs.settings]
-    pflops = {k: np.array([pflop_per_iteration(get_model(s[2], s[0]), s[1]) / fs.best(s, k).seconds
-                           for s in fs.settings]) for k in FLUIDSTACK_ROLES}
-    secs = {k: [fs.best(s, k).seconds for s in fs.settings] for k in FLUIDSTACK_ROLES}
+    pflops = {column_label(k): np.array([pflop_per_iteration(get_model(s[2], s[0]), s[1]) / fs.best(s, k).seconds
+                                         for s in fs.settings]) for k in FLUIDSTACK_ROLES}
+    secs = {column_label(k): [fs.best(s, k).seconds for s in fs.settings] for k in FLUIDSTACK_ROLES}
     unit, factor = plots.flop_rate_unit(list(pflops.values()))
     plots.grouped_bars(axes[0], labels, {k: v * factor for k, v in pflops.items()}, f"{unit} (simulated)",
                        f"(a) cluster {unit}")
@@ -295,16 +296,16 @@ def render_markdown(sweeps: dict[str, CaseSweep], fs: CaseSweep | None, notes: d
     for r in rows:
         paper = (f"{PAPER['case5_vs_megatron']}x Megatron, {PAPER['case5_vs_deepspeed']}x DeepSpeed"
                  if r["case"] == "5" else "1.2-2.5x (cases 1-4 together)")
-        L.append(f"| {r['case']} ({r['scenario']}) | {_rng(r['vs_megatron'])} | {r['vs_megatron_mean']:.2f}x | "
-                 f"{_rng(r['vs_megatron_random'])} | {_rng(r['vs_deepspeed'])} | {r['vs_deepspeed_mean']:.2f}x | "
-                 f"{_rng(r['vs_random'])} | {paper} |")
+        L.append(f"| {r['case']} ({r['scenario']}) | {rng(r['vs_megatron'])} | {r['vs_megatron_mean']:.2f}x | "
+                 f"{rng(r['vs_megatron_random'])} | {rng(r['vs_deepspeed'])} | {r['vs_deepspeed_mean']:.2f}x | "
+                 f"{rng(r['vs_random'])} | {paper} |")
     L.append("")
     sched_max = max(r["vs_random"].max() for r in rows)
     L.append(f"Scheduler over random placement: up to {sched_max:.2f}x (paper: up to {PAPER['scheduler_max']}x).")
     c51 = case5_vs_case1(sweeps)
     if c51:
-        L.append(f"Ours in case 5 vs case 1: {_rng(c51['megatron'])} slower than Megatron, "
-                 f"{_rng(c51['deepspeed'])} slower than DeepSpeed (paper: {PAPER['case5_vs_case1_range'][0]}-"
+        L.append(f"Ours in case 5 vs case 1: {rng(c51['megatron'])} slower than Megatron, "
+                 f"{rng(c51['deepspeed'])} slower than DeepSpeed (paper: {PAPER['case5_vs_case1_range'][0]}-"
                  f"{PAPER['case5_vs_case1_range'][1]}x).")
         s0, s1 = sweeps["5"].settings[0], sweeps["5"].settings[-1]
         if s0 in sweeps["1"].settings and s1 in sweeps["1"].settings and s0 != s1:
@@ -314,108 +315,22 @@ def render_markdown(sweeps: dict[str, CaseSweep], fs: CaseSweep | None, notes: d
     L.append("")
     if fs:
         L += ["## FluidStack (App. D.5, Fig. 7): percent of the cluster's peak", "",
-              "| model | layers | batch | ours | ours-random | Megatron | paper (ours) |", "|---|---|---|---|---|---|---|"]
+              f"| model | layers | batch | {' | '.join(column_label(k) for k in FLUIDSTACK_ROLES)} | paper (ours) |",
+              "|---|---|---|---|---|---|---|---|"]
         for r in fluidstack_rows(fs):
             L.append(f"| {r['model']} | {r['layers']} | {r['batch']} | {r['ours']:.1f}% | {r['ours-random']:.1f}% | "
-                     f"{r['megatron']:.1f}% | {PAPER['fluidstack_percent_peak'][r['model']]}% |")
+                     f"{r['megatron']:.1f}% | {r[HARNESS_OURS]:.1f}% | {PAPER['fluidstack_percent_peak'][r['model']]}% |")
         L += ["", "![fig7](fig7-fluidstack.png)", ""]
     L += ["## Where the model disagrees with the paper, and why", ""]
-    L += disagreements(rows, c51, fs)
+    L += disagreements(rows, c51, fluidstack_rows(fs) if fs else None)
     L += ["", "## Per case", ""]
     for case, cs in sweeps.items():
         L += [f"### Case {case}: {cs.topo.description}", "", case_table(cs), "",
               f"![fig3](fig3-case{case}.png)", "", f"![fig6](fig6-case{case}.png)", ""]
     if sweeps and all(cs.settings == next(iter(sweeps.values())).settings for cs in sweeps.values()):
         L += ["### DeepSpeed ZeRO-3 alone (Fig. 5)", "", "![fig5](fig5-zero3.png)", ""]
-    L += ["## Model (what is simulated)", "", MODEL_TEXT]
+    L += ["## Model (what is simulated)", "", MODEL_TEXT, "", sources_markdown()]
     return "\n".join(L) + "\n"
-
-
-def disagreements(rows, c51, fs) -> list[str]:
-    """Each headline relation, the simulated value, and the reason where they differ."""
-    out = []
-    r5 = next((r for r in rows if r["case"] == "5"), None)
-    if r5 is not None:
-        out.append(f"- Case 5: simulated ours vs Megatron {r5['vs_megatron_mean']:.2f}x (mean PFLOPS; "
-                   f"{_rng(r5['vs_megatron_random'])} against Megatron on the random layouts the paper gave it), "
-                   f"vs DeepSpeed {r5['vs_deepspeed_mean']:.2f}x; paper {PAPER['case5_vs_megatron']}x / "
-                   f"{PAPER['case5_vs_deepspeed']}x. The simulator lets the baselines pick the rank-order placement "
-                   "too (pipelines across regions, data parallelism inside one region), which the paper did not; "
-                   "against random layouts only, the gap widens.")
-    others = [r for r in rows if r["case"] != "5"]
-    if others:
-        lo = min(r["vs_megatron"].min() for r in others)
-        hi = max(max(r["vs_megatron"].max(), r["vs_deepspeed"].max()) for r in others)
-        head = last_stage_load("gpt3-xl", 24, 8)
-        out.append(f"- Cases 1-4: simulated speedups {lo:.2f}-{hi:.2f}x (paper 1.2-2.5x). In the data-center cases "
-                   "the simulator finds ours no faster, and often slower, than the tuned baselines: every system is "
-                   "modelled at the same fp16 GEMM efficiency and with nominal link rates, so with fast links all "
-                   "are compute-bound and ours pays for its 8-stage split: its last stage also runs the LM head "
-                   f"(2*s*h*V forward FLOP, {head['head_blocks']:.2f} blocks' worth), so at 24 layers it computes "
-                   f"{head['ratio']:.2f}x what the other stages do and paces the pipeline; the baselines spread the "
-                   "head with tensor parallelism or over more layers per stage. The paper's baselines were real "
-                   "Megatron/DeepSpeed runs; the emulated baselines show how much a library's runtime can lose on "
-                   "top of the ideal model (rendezvous sends, data-parallel syncs serialised down the pipeline: "
-                   "`harness sim compare`), which this paper-scale model of Megatron-LM and DeepSpeed does not "
-                   "charge, as nothing at paper scale measures it.")
-    if c51:
-        out.append(f"- Case 5 ours vs case 1 baselines: simulated {_rng(c51['megatron'])} (Megatron) and "
-                   f"{_rng(c51['deepspeed'])} (DeepSpeed), paper 1.7-3.5x. The simulator streams ours' 8 MB "
-                   "micro-batch activations at the NCCL-measured rate with compute/communication overlap; "
-                   "`make scenario-5` checks that model against emulated runs of ours' runtime "
-                   "(`sim-vs-emu.csv`), so what it leaves out is below the link model: TCP slow start after "
-                   "idle on 50-240 ms round trips, kernel launches, the optimizer step. It may also be "
-                   "optimistic for the case-1 baselines: the scenario has no per-node NIC, so concurrent "
-                   "inter-node flows of one node (e.g. the data-parallel rings of several tensor ranks) each get "
-                   "25 Gbps instead of sharing it.")
-    sched = max(r["vs_random"].max() for r in rows)
-    out.append(f"- Scheduler vs random: simulated up to {sched:.2f}x (paper up to {PAPER['scheduler_max']}x). The "
-               "random layouts are the same three seeds for every case, averaged; the paper's random layouts were "
-               "drawn by its own generator, so the simulated ratio depends on which three layouts were drawn.")
-    if fs:
-        xl = fluidstack_rows(fs)[0]
-        out.append(f"- FluidStack: ours {xl['ours']:.1f}% of peak for GPT3-XL L{xl['layers']} B{xl['batch']} "
-                   f"(paper {PAPER['fluidstack_percent_peak']['gpt3-xl']}%). The ceiling is the assumed 30% GEMM "
-                   "efficiency (a V100 measurement; no published A40 figure), less the pipeline bubble and the "
-                   "LM-head imbalance; calibrate with `harness sim calibrate` once A40 records exist.")
-    out.append("- Ours' data-parallel sync is modelled as the grouped all-to-all the runtime issues; the paper's "
-               "cost model adds the per-peer times as if sequential (eq. 2), so it overestimates it; with "
-               "`--ps-mode rounds` the simulator runs the sequential order the cost model assumes.")
-    return out
-
-
-def last_stage_load(model: str, layers: int, d_pp: int) -> dict:
-    """Compute of ours' last stage (blocks + LM head) over a middle stage's, and the head in blocks."""
-    from .. import compute
-
-    cfg = get_model(model, layers)
-    head_blocks = compute.head_fwd_flop(cfg, 1) / compute.block_fwd_flop(cfg, 1)
-    per_stage = layers / d_pp
-    # blocks: forward + backward + recompute = 4 forwards; head: forward + backward = 3
-    return {"head_blocks": head_blocks, "ratio": (4 * per_stage + 3 * head_blocks) / (4 * per_stage)}
-
-
-MODEL_TEXT = """\
-- Compute: forward of a block = 24*b*s*h^2*(1+s/6h) FLOP, backward 2x, recompute 1x (the 96 of the FLOP formula);
-  the LM head (2*b*s*h*V forward) runs on the last stage. Seconds = FLOP / (peak x efficiency).
-- Links: delay + bytes / rate on the scenario's directed pair; transfers sharing a sender's egress or a receiver's
-  ingress (capacity = the device's fastest link) share it max-min fairly (harness/compute/links.py).
-- Ours: GPipe, micro-batch 1, receive / compute / send on separate streams (sends serialised per direction);
-  each C_j then runs the sharded parameter server (grouped all-to-all of gradient shards, then of the sums).
-- Megatron: 1F1B with blocking point-to-point; per layer and micro-batch 2 (forward) + 2 (recompute) + 2 (backward)
-  ring all-reduces of the activation when T > 1; gradient ring all-reduce per data-parallel group; rank order
-  tensor-fastest, then data, then pipeline.
-- DeepSpeed ZeRO-3: per layer and micro-batch 3 ring all-gathers (forward, recompute, backward) + 1 reduce-scatter,
-  prefetched behind compute; ZeRO-1 + pipeline: 1F1B as Megatron with T = 1, then gradient ring all-reduce and
-  parameter ring all-gather.
-- Not modelled: optimizer step (memory-bound, tens of ms), memory limits, kernel launch and framework overheads,
-  jitter and loss, TCP slow start.
-- Checked against emulated runs with `harness sim compare`, which simulates what the harness ran: ours with its
-  pre-posted receives, and the baselines as torch.distributed.pipelining + DDP (+ ZeRO-1) over gloo run them
-  (harness/sim/torch_runtime.py: rendezvous sends posted when the schedule reaches them, DDP's all-reduce inside
-  the last backward, one broadcast per parameter tensor). Those are library behaviours of the emulated baselines,
-  not assumptions about the Megatron-LM / DeepSpeed runs of the paper, so this report does not apply them.
-"""
 
 
 def sweep_notes(sim_kwargs: dict) -> dict:

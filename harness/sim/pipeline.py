@@ -69,8 +69,14 @@ class Timeline:
     bwd_span: np.ndarray
 
 
-def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None) -> Timeline:
-    """The exact event timeline of one iteration."""
+PHASES = ("FB", "F", "B")  # the tasks a run simulates: all, the forwards alone, the backwards alone
+
+
+def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None, phase: str = "FB") -> Timeline:
+    """The exact event timeline of one iteration; `phase` "F" or "B": only its forwards, or only its
+    backwards with every forward done before `start` (a runtime with a barrier between them: dtfm)."""
+    if phase not in PHASES:
+        raise ValueError(f"unknown phase {phase!r} (known: {', '.join(PHASES)})")
     P, R = times.fwd.shape
     # start: when each stage (P, R) -- or each replica (R,), every stage alike -- may begin
     t0 = np.zeros((P, R)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (P, R)).copy()
@@ -81,12 +87,12 @@ def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
     free = t0.copy()  # compute stream (the whole process when blocking)
     send_f = t0.copy()  # send stream towards j+1 (overlap)
     send_b = t0.copy()  # send stream towards j-1 (overlap)
-    fwd_done_last = np.full((M, R), np.nan)
+    fwd_done_last = np.full((M, R), np.nan if phase != "B" else -np.inf)
     first_f = np.full((max(P - 1, 0), R), np.inf)
     first_b = np.full((max(P - 1, 0), R), np.inf)
     last_f = np.full((max(P - 1, 0), R), -np.inf)
     last_b = np.full((max(P - 1, 0), R), -np.inf)
-    orders = [task_order(schedule, P, M, j) for j in range(P)]
+    orders = [[t for t in task_order(schedule, P, M, j) if t[0] in phase] for j in range(P)]
     dev = times.stages_devices
     idle_matters = times.links is not None and dev is not None and times.links.transport.slow_start_after_idle
     conns = Connections(times.links) if idle_matters else None
@@ -143,11 +149,12 @@ def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
                 progressed = True
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked")  # a bug, never a user error
-    return Timeline(free, last_f - first_f, last_b - first_b)
+    span = lambda first, last: np.where(np.isfinite(first), last - first, 0.0)  # noqa: E731  (0: sent nothing)
+    return Timeline(free, span(first_f, last_f), span(first_b, last_b))
 
 
 def timeline(times: StageTimes, M: int, schedule: str, overlap: bool, start=None,
-             exact_up_to: int | None = None) -> Timeline:
+             exact_up_to: int | None = None, phase: str = "FB") -> Timeline:
     """The iteration's timeline; extrapolated linearly in M for long iterations."""
     P = times.stages
     a = 3 * P + 2
@@ -155,9 +162,9 @@ def timeline(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
     limit = b if exact_up_to is None else max(exact_up_to, b)
     if M <= limit or (schedule == "1f1b" and overlap):
         # 1F1B with overlapped sends lets send queues grow for long: no early periodic regime to extend
-        return simulate(times, M, schedule, overlap, start)
-    ta = simulate(times, a, schedule, overlap, start)
-    tb = simulate(times, b, schedule, overlap, start)
+        return simulate(times, M, schedule, overlap, start, phase)
+    ta = simulate(times, a, schedule, overlap, start, phase)
+    tb = simulate(times, b, schedule, overlap, start, phase)
     k = (M - b) / (b - a)
     return Timeline(*(y + k * (y - x) for x, y in ((ta.finish, tb.finish), (ta.fwd_span, tb.fwd_span),
                                                      (ta.bwd_span, tb.bwd_span))))

@@ -24,7 +24,7 @@ register(System(
     "megatron", "tensor x pipeline x data parallel in Megatron-LM's rank order (--tp/--pp/--dp)",
     train="harness.systems.baselines.systems:train_megatron", layout_rule=megatron_layout,
     flags=BASELINE_FLAGS, defaults={"schedule": "1f1b"}, simulate={"gpt": "harness.systems.megatron.sim:candidates_megatron"},
-    tune_grid="harness.layout:megatron_grid", paper_role="megatron", style=("#1f77b4", "^"),
+    tune_grid="harness.layout:megatron_grid", paper_role="megatron", sources="harness.systems.baselines.sources:MEGATRON", style=("#1f77b4", "^"),
     # measured: its rank-order layout without tensor parallelism (TP all-reduces across continents would take
     # minutes an iteration); 11 s an iteration here, so one warm-up and two timed iterations
     gate_runs={"wire": ("--system", "megatron", "--tp", "2", "--pp", "2", "--dp", "2"),

@@ -1,0 +1,24 @@
+"""Megatron's and DeepSpeed's paper-scale settings in the simulator: what the paper states, and what the
+model assumes where it states nothing (`harness sim report` prints them; the registry names them)."""
+
+PAPER_D2 = "Yuan et al. 2022, App. D.2"
+NOT_STATED = "not stated in the paper:"
+
+MEGATRON = (
+    ("degrees", "best T x P x D in {1,2,4,8}^3 with T*P*D = 64", PAPER_D2),
+    ("placement", "rank order, or the random layouts ours-random runs on",
+     f"{PAPER_D2} (the random layouts only; the model also tries rank order)"),
+    ("pipeline schedule", "1F1B, blocking point-to-point", f"{NOT_STATED} Megatron-LM's default (non-interleaved)"),
+    ("micro-batch", "1 sample", f"{NOT_STATED} as the paper's own runs"),
+    ("activation recompute", "on", f"{NOT_STATED} Megatron-LM's GPT examples (--checkpoint-activations)"),
+    ("precision", "fp16 (V100 tensor cores)", "Yuan et al. 2022, sec. 4 (125 TFLOPS fp16 peak)"),
+    ("workload", "GPT pre-training: GPT-2 vocabulary, LM head on the last stage", f"{NOT_STATED} Megatron-LM's GPT"),
+)
+DEEPSPEED = (
+    ("configurations", "ZeRO-3 alone, or ZeRO-1 + pipeline (P in {1,2,4,8}); the better",
+     f"{PAPER_D2} (DeepSpeed 0.6.7 combines only ZeRO-1 with its pipeline)"),
+    ("ZeRO-3 gathers", "one layer's parameters a gather, the next prefetched behind compute",
+     f"{NOT_STATED} DeepSpeed's stage3_prefetch_bucket_size default"),
+    ("micro-batch, recompute, precision, workload", "1 sample, on, fp16, GPT with an LM head",
+     f"{NOT_STATED} as Megatron's"),
+)

@@ -109,9 +109,13 @@ def test_cli_update_then_gate_passes_then_catches_a_planted_change(cli, tmp_path
     doc = json.loads(base.read_text())
     doc["figures"]["emulated/ours/seconds"] = {"value": 2.0, "unit": "s/iter", "kind": "absolute",
                                                "samples": [2.0, 2.1]}
-    base.write_text(json.dumps(doc))
+    measured_on = {**doc["machine"], "cpu": "another CPU"}
+    base.write_text(json.dumps({**doc, "machine": measured_on}))
     rc, out, err = cli("regress", "--quick", "--update-baseline", "--baseline", str(base))
-    assert rc == 0 and "emulated/ours/seconds" in json.loads(base.read_text())["figures"]
+    renewed = json.loads(base.read_text())
+    # and the machine they were measured on: a time is compared on that machine only
+    assert rc == 0 and "emulated/ours/seconds" in renewed["figures"] and renewed["machine"] == measured_on
+    base.write_text(json.dumps({**renewed, "machine": doc["machine"]}))
     rc, out, err = cli("regress", "--quick", "--baseline", str(base), "--history", str(hist))
     assert rc == 0, err
     assert out.splitlines()[0].split() == ["figure", "unit", "baseline", "now", "change", "noise", "verdict"]

@@ -61,7 +61,8 @@ def test_zero3_step_closed_form_on_uniform_ring():
     topo = uniform(n, delay_ms, gbps)
     links, prof = Links.from_topology(topo), device_profiles(topo)
     batch = 2 * n
-    r = baselines.simulate_zero3(links, prof, CFG, batch, layouts.in_rank_order(1, 1, n, CFG.layers, zero=3))
+    # no reuse distance: every module step gathers its parameters
+    r = baselines.simulate_zero3(links, prof, CFG, batch, layouts.in_rank_order(1, 1, n, CFG.layers, zero=3), max_reuse=0)
     alpha, rate = delay_ms / 1e3, gbps * 1e9 / 8
 
     def ag(params):  # ring all-gather: D-1 steps of one shard
@@ -70,10 +71,27 @@ def test_zero3_step_closed_form_on_uniform_ring():
     c_f = compute.block_fwd_flop(CFG, 1) / prof[0].flops_per_s("transformer")
     h_f = compute.head_fwd_flop(CFG, 1) / prof[0].flops_per_s("lm_head")
     per_layer = 2 * max(c_f, ag(CFG.block_params)) + max(2 * c_f, 2 * ag(CFG.block_params))
-    per_mb = (CFG.layers * per_layer + 2 * ag(CFG.embedding_params)
+    per_mb = (CFG.layers * per_layer + 3 * ag(CFG.embedding_params)  # forward gather; backward gather + reduce-scatter
               + max(h_f, ag(CFG.head_params)) + max(2 * h_f, 2 * ag(CFG.head_params)))
     opt = compute.optimizer_seconds(sum(stage_params(CFG, 1)) / n, prof[0])  # each device steps its 1/n shard
     assert r.seconds == pytest.approx(batch // n * per_mb + opt, rel=1e-12)
+
+
+def test_zero3_keeps_parameters_a_module_reuses_within_the_distance():
+    """DeepSpeed's release rule by hand on two blocks (block 50.4M, embedding 107M, head 103M parameters) with a
+    reuse distance of 5e8: the trace is E, b0, b1, H forward; H backward; b1, b0 recompute + backward; E backward."""
+    cfg = get_model("gpt3-xl", 2)
+    p, e, h = cfg.block_params, cfg.embedding_params, cfg.head_params
+    assert 6 * p + 2 * h > 5e8 > 3 * p + 2 * h and 6 * p + 2 * e > 5e8 > 3 * p + 2 * e  # what each step sees ahead
+    first = [True, True, True, True, False, False, False, False, False, True]  # E's forward gather is gone by its backward
+    steady = [False, False, False, True, False, False, False, False, False, True]  # blocks and E kept from the last one
+    assert baselines.zero3_gathers(cfg, 2, 5e8) == tuple(first + steady)
+    # the paper's model under DeepSpeed's default distance: a block gathers fewer than twice a micro-batch, not 3 times
+    cfg24 = get_model("gpt3-xl", 24)
+    steps = len(baselines.zero3_trace(cfg24))
+    second = baselines.zero3_gathers(cfg24, 2)[steps:]
+    blocks = sum(g for (m, _, _), g in zip(baselines.zero3_trace(cfg24), second) if m.startswith("block"))
+    assert 24 <= blocks < 2 * 24
 
 
 def _all_systems(topo, pipelines, batch=32):

@@ -60,10 +60,12 @@ def _regress(args) -> int:
 
     DebugSection.parse(args.debug)  # a bad option is one line now, not after the exact figures
     keep: dict = {}
+    kept_machine = None
     if args.update_baseline:
         if args.quick and args.baseline.exists():  # renew the exact figures (and suite), keep the measured ones
             keep = {n: f for n, f in regress.read_baseline(args.baseline, same_suite=False).items()
                     if f.kind != "exact"}
+            kept_machine = regress.baseline_machine(args.baseline) if keep else None  # where they were measured
         baseline = None
     else:
         baseline = regress.read_baseline(args.baseline)  # fail before the work
@@ -74,7 +76,7 @@ def _regress(args) -> int:
         repeats = regress.BASELINE_REPEATS if args.update_baseline else regress.REPEATS
         figures += regress.measured_figures(_default("runs"), tuple(args.debug), repeats=repeats, progress=say)
     if args.update_baseline:
-        regress.write_baseline(args.baseline, figures + list(keep.values()))
+        regress.write_baseline(args.baseline, figures + list(keep.values()), machine_of=kept_machine)
         print(f"wrote {args.baseline} ({len(figures) + len(keep)} figures)")
         return 0
     if args.quick:  # the measured figures were not run: not missing

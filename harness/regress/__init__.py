@@ -246,13 +246,14 @@ def versions() -> dict:
     return {"python": platform.python_version(), "numpy": numpy.__version__, "scipy": scipy.__version__}
 
 
-def write_baseline(path: Path, figures: list[Figure], suite: Suite | None = None) -> None:
+def write_baseline(path: Path, figures: list[Figure], suite: Suite | None = None, machine_of: dict | None = None) -> None:
+    """machine_of: the machine the measured figures among `figures` ran on (default: this one)."""
     from ..files import atomic_write_json
     from ..results import git_commit
 
     atomic_write_json(Path(path), {
         "schema": SCHEMA, "commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "machine": machine(), "versions": versions(), "suite": (suite or SUITE).to_json(),
+        "machine": machine_of or machine(), "versions": versions(), "suite": (suite or SUITE).to_json(),
         "figures": {f.name: {k: v for k, v in asdict(f).items() if k != "name"} for f in figures},
     })
 

@@ -98,8 +98,9 @@ MODEL_TEXT = """\
 - Megatron: 1F1B with blocking point-to-point; per layer and micro-batch 2 (forward) + 2 (recompute) + 2 (backward)
   ring all-reduces of the activation when T > 1; gradient ring all-reduce per data-parallel group; rank order
   tensor-fastest, then data, then pipeline.
-- DeepSpeed ZeRO-3: per layer and micro-batch 3 ring all-gathers (forward, recompute, backward) + 1 reduce-scatter,
-  prefetched behind compute; ZeRO-1 + pipeline: 1F1B as Megatron with T = 1, then gradient ring all-reduce and
+- DeepSpeed ZeRO-3: per module step (forward, recompute, backward) a ring all-gather of its parameters unless they
+  are still live (DeepSpeed's reuse distance, 1e9 parameters), prefetched behind compute, and per backward a
+  reduce-scatter of its gradients; ZeRO-1 + pipeline: 1F1B as Megatron with T = 1, then gradient ring all-reduce and
   parameter ring all-gather.
 - Not modelled: memory limits, kernel launch and framework overheads, jitter and loss.
 - Checked against emulated runs with `harness sim compare`, which simulates what the harness ran: its ours with

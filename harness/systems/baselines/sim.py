@@ -8,14 +8,19 @@ runtime), the model `sim compare` holds a baseline run against, and the layouts 
   stage; 1F1B with blocking point-to-point; with T > 1 each tensor rank sends 1/T of
   the activation to its peer and the next stage all-gathers it (Narayanan et al. 2021,
   scatter/gather); then a ring all-reduce of the gradients per data-parallel group.
-- deepspeed ZeRO-3: all devices data-parallel; per layer and micro-batch an all-gather
-  of the layer's parameters for the forward, one for the recomputed forward, one for
-  the backward, and a reduce-scatter of its gradients; the next layer's all-gather is
-  prefetched, so a layer takes max(compute, communication).
+- deepspeed ZeRO-3: all devices data-parallel; every module step (forward, recomputed
+  forward, backward of the embedding, each block, the head) all-gathers the module's
+  parameters unless they are still live (DeepSpeed keeps a module's parameters when it is
+  used again within stage3_max_reuse_distance parameters: the recompute and backward of a
+  block share one gather, the last blocks keep theirs from the forward, the first from
+  one micro-batch to the next), and each backward reduce-scatters its gradients; the next
+  module's gather is prefetched, so a step takes max(compute, communication).
 - deepspeed ZeRO-1 + pipeline: the pipeline engine as Megatron's with T = 1, then a
   ring all-reduce of the gradients and a ring all-gather of the updated parameters.
 """
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 
@@ -120,34 +125,80 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout
                      details={"pipeline_seconds": float(tl.finish.max()), "micro_batches": M})
 
 
+# DeepSpeed 0.6.7's ZeRO-3 defaults (deepspeed/runtime/zero/constants.py): a module's gathered parameters stay
+# when the module is used again within this many parameters' worth of modules (stage3_max_reuse_distance;
+# partitioned_param_coordinator.py __params_to_release); the next module's are prefetched
+# (stage3_prefetch_bucket_size 5e7, about one GPT3-XL block)
+ZERO3_MAX_REUSE_DISTANCE = 1_000_000_000
+
+
+def zero3_trace(cfg: GPTConfig) -> list[tuple[str, str, int]]:
+    """One micro-batch's modules in the order ZeRO-3 fetches them, (module, phase, parameters): the embedding,
+    the blocks and the LM head forward; the head backward; each block's recomputed forward and its backward,
+    last block first (activation checkpointing); the embedding backward."""
+    blocks = [f"block{i}" for i in range(cfg.layers)]
+    trace = [("embedding", "forward", cfg.embedding_params)] + [(b, "forward", cfg.block_params) for b in blocks]
+    trace += [("head", "forward", cfg.head_params), ("head", "backward", cfg.head_params)]
+    for b in reversed(blocks):
+        trace += [(b, "recompute", cfg.block_params), (b, "backward", cfg.block_params)]
+    return trace + [("embedding", "backward", cfg.embedding_params)]
+
+
+@functools.lru_cache(maxsize=256)
+def zero3_gathers(cfg: GPTConfig, micro_batches: int, max_reuse: float = ZERO3_MAX_REUSE_DISTANCE) -> tuple[bool, ...]:
+    """Whether each step of `micro_batches` repetitions of zero3_trace(cfg) gathers its module's parameters: a
+    module's parameters are released after a step unless it is used again before `max_reuse` parameters' worth
+    of modules have passed (DeepSpeed's reuse distance); the optimizer step ends the iteration, releasing all."""
+    steps = zero3_trace(cfg) * micro_batches
+    live, out = set(), []
+    for s, (module, _, _) in enumerate(steps):
+        out.append(module not in live)
+        live.add(module)
+        traversed, keep = 0, False
+        for other, _, numel in steps[s + 1:]:
+            if traversed >= max_reuse:
+                break
+            if other == module:
+                keep = True
+                break
+            traversed += numel
+        if not keep:
+            live.discard(module)
+    return tuple(out)
+
+
 def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
-                   micro_batch: int = 1, bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
+                   micro_batch: int = 1, bytes_per_value: int = work.PAPER_BYTES,
+                   max_reuse: float = ZERO3_MAX_REUSE_DISTANCE) -> SimResult:
+    """Every module step of every micro-batch takes the longer of its compute and its communication (the
+    gather of its parameters, unless still live, prefetched behind the previous step; its gradients'
+    reduce-scatter in its backward); then every rank's optimizer step over its shard."""
     ring = layout.array()[0, :, 0][None, :]  # ZeRO-3: one stage, every device a replica, in rank order
     N = ring.shape[1]
     M = work.micro_batches(batch, micro_batch, N, "data-parallel devices")
     rate_t = min(p.flops_per_s("transformer") for p in profiles)  # synchronous collectives: slowest device paces
     rate_h = min(p.flops_per_s("lm_head") for p in profiles)
-    c_f = work.block_fwd_flop(cfg, micro_batch) / rate_t
-    h_f = work.head_fwd_flop(cfg, micro_batch) / rate_h
-    bpv = bytes_per_value
+    forward = {"embedding": 0.0, "head": work.head_fwd_flop(cfg, micro_batch) / rate_h,
+               "block": work.block_fwd_flop(cfg, micro_batch) / rate_t}  # the embedding is a lookup
+    phase = {"forward": 1, "recompute": 1, "backward": 2}
+    ring_s = {}
 
-    def gather(params: float) -> float:
-        return float(network.ring_allgather(links, ring, params * bpv).max())
+    def gather(params: int) -> float:  # reduce-scatter moves the same bytes as all-gather
+        if params not in ring_s:
+            ring_s[params] = float(network.ring_allgather(links, ring, params * bytes_per_value).max())
+        return ring_s[params]
 
-    ag_block = gather(cfg.block_params)
-    ag_emb = gather(cfg.embedding_params)
-    ag_head = gather(cfg.head_params)
-    rs_block, rs_emb, rs_head = ag_block, ag_emb, ag_head  # reduce-scatter moves the same bytes as all-gather
-    per_layer = max(c_f, ag_block) + max(c_f, ag_block) + max(2 * c_f, ag_block + rs_block)
-    per_micro = (cfg.layers * per_layer
-                 + ag_emb + rs_emb  # embedding lookup: no compute to hide behind
-                 + max(h_f, ag_head) + max(2 * h_f, ag_head + rs_head))
-    compute_mb = cfg.layers * 4 * c_f + 3 * h_f
-    comm_mb = cfg.layers * (3 * ag_block + rs_block) + ag_emb + rs_emb + 2 * ag_head + rs_head
+    trace = zero3_trace(cfg)
+    seconds = compute_s = comm_s = 0.0
+    for (module, ph, params), gathered in zip(trace * M, zero3_gathers(cfg, M, max_reuse)):
+        c = phase[ph] * forward["block" if module.startswith("block") else module]
+        comm = (gather(params) if gathered else 0.0) + (gather(params) if ph == "backward" else 0.0)
+        seconds += max(c, comm)
+        compute_s += c
+        comm_s += comm
     opt = float(optimizer_step(cfg, profiles, layout, shards=N).max())  # every rank steps its 1/N shard
-    return SimResult("deepspeed", {"zero": 3, "dp": N}, M * per_micro + opt, M * compute_mb + opt,
-                     dp_comm_seconds=M * comm_mb,
-                     details={"micro_batches": M, "allgather_block_seconds": ag_block})
+    return SimResult("deepspeed", {"zero": 3, "dp": N}, seconds + opt, compute_s + opt, dp_comm_seconds=comm_s,
+                     details={"micro_batches": M, "allgather_block_seconds": gather(cfg.block_params)})
 
 
 def simulate_runtime_of_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int,

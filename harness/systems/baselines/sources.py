@@ -3,6 +3,7 @@ model assumes where it states nothing (`harness sim report` prints them; the reg
 
 PAPER_D2 = "Yuan et al. 2022, App. D.2"
 NOT_STATED = "not stated in the paper:"
+DS = "DeepSpeed v0.6.7 (the paper's version)"
 
 MEGATRON = (
     ("degrees", "best T x P x D in {1,2,4,8}^3 with T*P*D = 64", PAPER_D2),
@@ -17,8 +18,12 @@ MEGATRON = (
 DEEPSPEED = (
     ("configurations", "ZeRO-3 alone, or ZeRO-1 + pipeline (P in {1,2,4,8}); the better",
      f"{PAPER_D2} (DeepSpeed 0.6.7 combines only ZeRO-1 with its pipeline)"),
-    ("ZeRO-3 gathers", "one layer's parameters a gather, the next prefetched behind compute",
-     f"{NOT_STATED} DeepSpeed's stage3_prefetch_bucket_size default"),
+    ("ZeRO-3 gathers", "a module's parameters gathered unless still live: kept while the module is used again "
+     "within 1e9 parameters' worth of modules; the next module's prefetched behind compute",
+     f"{NOT_STATED} {DS} defaults: stage3_max_reuse_distance 1e9, stage3_prefetch_bucket_size 5e7 "
+     "(runtime/zero/constants.py, partitioned_param_coordinator.py)"),
+    ("ZeRO-3 gradients", "reduce-scattered in every micro-batch's backward", f"{DS} runtime/zero/stage3.py "
+     "(gradients partitioned as each backward produces them)"),
     ("micro-batch, recompute, precision, workload", "1 sample, on, fp16, GPT with an LM head",
      f"{NOT_STATED} as Megatron's"),
 )

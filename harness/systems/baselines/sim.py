@@ -205,8 +205,8 @@ def simulate_runtime_of_layout(links, profiles, cfg, batch: int, lay: Layout, mb
                                bpv: int) -> tuple[float, float]:
     """The baselines' runtime the layout names: ZeRO-3 (FSDP2), Megatron-LM's model when tensor parallel
     (the torch-runtime model has none), else torch.distributed.pipelining + DDP (+ ZeRO-1)."""
-    if lay.zero == 3:
-        r = simulate_zero3(links, profiles, cfg, batch, lay, mb, bpv)
+    if lay.zero == 3:  # FSDP2 reshards after each use: DeepSpeed's reuse distance does not apply
+        r = simulate_zero3(links, profiles, cfg, batch, lay, mb, bpv, max_reuse=0)
     elif lay.tp > 1:
         r = simulate_megatron(links, profiles, cfg, batch, lay, mb, bpv)
     else:

@@ -252,7 +252,7 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
     shard = nbytes / D
     handshake = 0 if preposted else links.protocol.step_handshake
     if mode == "grouped":
-        return _grouped_all_to_all(links, groups, shard, ready, exchanges=2, handshake=handshake)[-1]
+        return sharded_ps_phases(links, groups, nbytes, ready, preposted)[1]
     if mode != "rounds":
         raise ValueError(f"unknown sharded-PS mode {mode!r}")
     pos = np.arange(D)
@@ -272,17 +272,18 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
     return ready
 
 
-def sharded_ps_phases(links: Links, groups, nbytes: float, start=None) -> tuple[np.ndarray, np.ndarray]:
+def sharded_ps_phases(links: Links, groups, nbytes: float, start=None,
+                      preposted: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(end of the scatter, end of the gather) of every device's grouped sharded parameter server (G, D),
     each phase one all-to-all of every pair at once that starts when the whole group is in it (a
-    library's grouped send/receive calls: NCCL's groupStart/groupEnd)."""
+    library's grouped send/receive calls: NCCL's groupStart/groupEnd); preposted as sharded_ps."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
     ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
     if D == 1 or nbytes <= 0:
         return ready, ready
     scatter, gather = _grouped_all_to_all(links, groups, nbytes / D, ready, exchanges=2,
-                                          handshake=links.protocol.step_handshake)
+                                          handshake=0 if preposted else links.protocol.step_handshake)
     return scatter, gather
 
 

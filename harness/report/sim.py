@@ -50,6 +50,7 @@ def column_label(role: str) -> str:
     system = role_systems()[role]
     return f"harness {system}" if role == HARNESS_OURS else role if system == role else f"{role} ({system})"
 
+
 @dataclass
 class CaseSweep:
     topo: Topology

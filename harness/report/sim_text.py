@@ -16,6 +16,7 @@ PAPER = {
     "fluidstack_percent_peak": {"gpt3-xl": 27.4, "gpt3-6.7b": 26.4, "gpt3-13b": 29.7},
 }
 
+
 def rng(a: np.ndarray) -> str:
     return f"{a.min():.2f}-{a.max():.2f}x"
 

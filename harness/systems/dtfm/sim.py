@@ -116,7 +116,7 @@ def step_micro_batches(batch: int, micro_batch: int, pipelines: int) -> tuple[in
 
 
 def simulate_dtfm(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, batch: int, layout: Layout,
-                  micro_batch: int = 1, bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
+                  micro_batch: int = 1, bytes_per_value: int = work.PAPER_BYTES, system: str = "dtfm") -> SimResult:
     """One iteration of DT-FM on the layout's pipelines (its stages' blocks; schedule and recompute are
     DT-FM's own). details["timeline"]: its Spans."""
     pipelines = layout.array()[:, :, 0].T  # (D_DP, D_PP); DT-FM's rank r = dp * D_PP + pp
@@ -162,7 +162,7 @@ def simulate_dtfm(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     t = barrier(end)
     compute = float((steps * M * (fwd + bwd)).max() + opt.max())
     return SimResult(
-        "dtfm", {"pp": P, "dp": R, "steps": steps}, float(t[0, 0]) - began, compute,
+        system, {"pp": P, "dp": R, "steps": steps}, float(t[0, 0]) - began, compute,
         dp_comm_seconds=max(s.end - s.start for s in spans if s.kind in ("scatter", "gather")) if R > 1 else 0.0,
         details={"timeline": spans, "period_seconds": float(t.max()), "micro_batches": steps * M,
                  "barrier_seconds": sum(s.end - s.start for s in spans if s.kind == "barrier")},
@@ -185,9 +185,8 @@ def candidates_dtfm(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidat
 def candidates_dtfm_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
     """DT-FM on the seeded random placements of RANDOM_SEEDS (the paper's random rank maps), averaged."""
     lays = sim.random_layouts(cfg)
-    runs = [simulate_dtfm(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch) for lay in lays]
-    for r in runs:
-        r.system = "dtfm-random"
+    runs = [simulate_dtfm(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, system="dtfm-random")
+            for lay in lays]
     return [mean_candidate("dtfm-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
                                            "pipelines": [[list(p) for p in lay.pipelines] for lay in lays]},
                            runs, RANDOM_SEEDS)]

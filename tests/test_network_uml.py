@@ -289,8 +289,9 @@ def test_transfer_curves_measure_each_link_class_under_the_settings_asked_for(tm
     rc = main(["net", "verify", "--scenario", NET4, "--bandwidth-scale", "0.01", "--kernel", "uml", "--pairs", "sample",
                "--transfer-curves", str(out), "--sizes", "64K,256K", "--idle", "0", "--reps", "2",
                "--transport", "tuned"])
-    printed = capsys.readouterr().out
-    assert rc == 0, printed
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert rc == 0, captured.err[-2000:]
     doc = json.loads((out / "transfer-curves.json").read_text())
     pairs = {(p["src"], p["dst"]) for p in doc["points"]}
     classes = {(p["rate_mbps"], p["rtt_ms"]) for p in doc["points"]}

@@ -19,7 +19,7 @@ def register(sub) -> None:
     v.add_argument("--csv", type=output_file, help="write one row per pair as CSV")
     v.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto")
     v.add_argument("--measure-s", type=positive_float, default=2.0, help="bulk measuring window (default 2 s)")
-    v.add_argument("--retries", type=non_negative_int, default=1, help="re-measure pairs that miss their target (default 1)")
+    v.add_argument("--retries", type=non_negative_int, default=1, help="re-measure pairs that miss their target; with --transfer-curves, pairs whose connection failed (default 1)")
     v.add_argument("--timeout", type=positive_float, default=600.0)
     v.add_argument("--transfer-curves", type=output_dir, metavar="DIR",
                    help="instead: one connection's transfer time against message size and idle time per link class "
@@ -84,7 +84,8 @@ def _transfer_curves(topo, args) -> int:
     from ..report.transfer import write_transfer_report
 
     rep = measure_curves(topo, pairs=args.pairs, sizes=args.sizes or SIZES, idles_s=args.idle or IDLES_S,
-                         reps=args.reps or REPS, kernel=args.kernel, timeout_s=args.timeout, stream=sys.stderr)
+                         reps=args.reps or REPS, kernel=args.kernel, timeout_s=args.timeout, retries=args.retries,
+                         stream=sys.stderr)
     for path in write_transfer_report(rep, args.transfer_curves):
         print(f"wrote {path}")
     return 0

@@ -8,7 +8,8 @@ two round-trip bandwidth-delay products, which opens the window; then, `idle_s` 
 byte arrived, the message. Its time runs from the first write to the arrival of its last byte at the
 receiver (both ends read one clock: every namespace is in one kernel). Pairs are measured one at a time,
 so nothing else loads the kernel's CPU. The kernel's TCP settings (read back from every namespace) and
-each link's netem queue limit are written beside the points.
+each link's netem queue limit are written beside the points. A pair whose connection fails (a loaded host's
+stall) is measured again, `retries` times at most.
 """
 from __future__ import annotations
 
@@ -74,9 +75,9 @@ def link_classes(pairs: list[tuple[int, int]], rate_bps, rtt_ms) -> list[tuple[i
 
 
 def measure_curves(topo, *, pairs: str = "sample", sizes=SIZES, idles_s=IDLES_S, reps: int = REPS,
-                   kernel: str = "auto", timeout_s: float = 1800.0, stream=None) -> CurveReport:
+                   kernel: str = "auto", timeout_s: float = 1800.0, retries: int = 1, stream=None) -> CurveReport:
     """Transfer time against message size and idle time per link class of `topo` (scaled); see the module
-    docstring."""
+    docstring. retries: a pair whose connection fails is measured again, up to this many times."""
     if not sizes or any(b < 1 for b in sizes) or any(t < 0 for t in idles_s) or not idles_s or reps < 1:
         raise HarnessError("transfer curves: need sizes >= 1 byte, idle times >= 0 and reps >= 1")
     n = topo.n
@@ -93,7 +94,7 @@ def measure_curves(topo, *, pairs: str = "sample", sizes=SIZES, idles_s=IDLES_S,
         bdp = goodput[s, d] / 8 * rtt_t[s, d] / 1e3
         trials = [{"bytes": int(b), "idle_s": float(t), "rep": r} for t in idles_s for b in sizes for r in range(reps)]
         specs.append({"src": s, "dst": d, "trials": trials, "primer_bytes": int(max(PRIMER_MIN_BYTES, 2 * bdp))})
-    meas, res = run_probe(topo, {"messages": specs}, "transfer curves", kernel=kernel, timeout_s=timeout_s,
+    meas, res = run_probe(topo, {"messages": specs, "retries": retries}, "transfer curves", kernel=kernel, timeout_s=timeout_s,
                           stream=stream)
     rows = []
     for m in meas:

@@ -329,10 +329,14 @@ def _curves(devs: dict, spec: dict, out_path: str) -> int:
     results = []
     for k, p in enumerate(spec["messages"]):
         t0 = time.monotonic()
-        kid = _fork(devs[p["src"]]["netns_path"],
-                    lambda p=p: _messages(devs[p["dst"]]["addr"], p["trials"], p["primer_bytes"]))
-        res = _collect([kid])[0]
-        results.append({"src": p["src"], "dst": p["dst"], **res})
+        for attempt in range(1 + spec.get("retries", 0)):  # a connection that failed is measured again
+            kid = _fork(devs[p["src"]]["netns_path"],
+                        lambda p=p: _messages(devs[p["dst"]]["addr"], p["trials"], p["primer_bytes"]))
+            res = _collect([kid])[0]
+            if "error" not in res:
+                break
+            print(f"probe: transfer curves ({p['src']}->{p['dst']}) attempt {attempt + 1}: {res['error']}", flush=True)
+        results.append({"src": p["src"], "dst": p["dst"], **res, "attempts": attempt + 1})
         print(f"probe: transfer curves {k + 1}/{len(spec['messages'])} ({p['src']}->{p['dst']}) in "
               f"{time.monotonic() - t0:.1f} s{' ' + res['error'] if 'error' in res else ''}", flush=True)
     tmp = out_path + ".tmp"

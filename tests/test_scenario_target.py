@@ -66,6 +66,8 @@ def test_quick_case_1_writes_consistent_outputs(tmp_path):
     for row in table.itertuples():  # every measured row, with its figures as in runs.csv
         assert f"| {row.label} | {row.runs} | {row.seconds:.3f} | {row.pflops * 1e6:.3g} (" in report
     assert "**measured**" in report and "simulated" in report
+    ga = json.loads((out / "schedule-ga.json").read_text())  # the schedule's lower bound and gap (issue 57)
+    assert f"no layout costs less than {ga['bound']['total']:.3f} s" in report and f"{ga['gap']:.1%}" in report
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert f"`{head}`" in report
 

@@ -13,7 +13,7 @@ from harness.scheduler.exhaustive import balanced_partitions, count_partitions
 from .conftest import random_topology
 
 KEYS = ["scenario", "devices", "d_pp", "d_dp", "scheduler", "seed", "c_pp_gb", "c_dp_gb", "partition", "pipelines",
-        "cost", "trace", "layers", "model"]
+        "cost", "trace", "layers", "model", "bound", "gap"]
 
 
 def test_registry_has_the_five_schedulers():
@@ -95,9 +95,20 @@ def test_cli_schedule_and_compare(cli, tmp_path):
     assert rc == 0 and "COMM-COST" in stdout
     doc = json.loads(out.read_text())
     assert list(doc) == KEYS and doc["d_pp"] * doc["d_dp"] == 8 and doc["trace"][-1][0] == 200
+    # the lower bound and the gap, in the JSON and the text
+    assert 0 < doc["bound"]["total"] <= doc["cost"]["total"]
+    assert doc["gap"] == pytest.approx((doc["cost"]["total"] - doc["bound"]["total"]) / doc["cost"]["total"])
+    assert f"no layout below {doc['bound']['total']:.4f} s" in stdout and f"gap {doc['gap']:.1%}" in stdout
+    m = doc["model"]
+    assert 0 < m["bound"]["total"] <= m["iteration_s"] and m["gap"] >= 0
     rc, stdout, _ = cli("schedule", "compare", "--scenario", "4", "--devices", "8", "--budget", "100",
                         "--seed", "0", "1", "--out", tmp_path / "cmp")
-    assert rc == 0 and "ga-kl" in stdout
+    assert rc == 0 and "ga-kl" in stdout and "no layout below" in stdout
+    final = (tmp_path / "cmp" / "final.csv").read_text().splitlines()
+    assert final[0] == "scheduler,seed,dp_s,pp_s,total_s,bound_s,gap"
+    for row in final[1:]:
+        total, bound, gap = map(float, row.split(",")[-3:])
+        assert bound <= total * (1 + 1e-12) and gap == pytest.approx((total - bound) / total)
     csv = (tmp_path / "cmp" / "compare.csv").read_text().splitlines()
     assert csv[0] == "scheduler,seed,candidates,best_total_s" and len(csv) > 6
     assert (tmp_path / "cmp" / "compare.png").read_bytes()[:4] == b"\x89PNG"

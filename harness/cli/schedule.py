@@ -123,12 +123,16 @@ def cmd_schedule(args) -> int:
                      setting=setting, allocator=allocator)
     print(f"{topo.name}: {topo.n} devices, D_PP={d_pp} x D_DP={d_dp}, c_pp={a.c_pp_gb:.4g} GB, "
           f"c_dp={a.c_dp_gb:.4g} GB, scheduler {a.scheduler} seed {a.seed}, {a.trace[-1][0]} candidates")
-    print(f"COMM-COST {a.cost['total']:.4f} s = DATAP {a.cost['dp']:.4f} s + PIPELINEP {a.cost['pp']:.4f} s")
+    print(f"COMM-COST {a.cost['total']:.4f} s = DATAP {a.cost['dp']:.4f} s + PIPELINEP {a.cost['pp']:.4f} s; "
+          f"no layout below {a.bound['total']:.4f} s (the bound: DATAP {a.bound['dp']:.4f} + PIPELINEP "
+          f"{a.bound['pp']:.4f}), gap {a.gap:.1%}" + (" (optimal)" if a.gap < 1e-9 else ""))
     m = a.model
     print(f"modelled iteration {m['iteration_s']:.4f} s = compute {m['compute_s']:.4f} s ({m['micro_batches']} "
           f"micro-batches) + DATAP {m['dp_s']:.4f} s (each stage's own c_dp) + PIPELINEP {m['pp_s']:.4f} s; "
           f"blocks by {m['allocator']}: " + " ".join(str(b - f) for f, b in a.layers[0])
           + ("" if m["fits_memory"] else f"; does not fit memory ({m['overflow_gb']:.1f} GB over)"))
+    print(f"  no layout and allocation below {m['bound']['total']:.4f} s (the bound: compute {m['bound']['compute']:.4f} "
+          f"+ DATAP {m['bound']['dp']:.4f} + PIPELINEP {m['bound']['pp']:.4f}), gap {m['gap']:.1%}")
     print("  (the scheduler's cost model adds compute and communication, as the paper's COMM-COST does; "
           "`harness sim` simulates the runtime, which overlaps them, and gives a shorter iteration)")
     for i, p in enumerate(a.pipelines):

@@ -88,11 +88,23 @@ def _schedule(d: Path, ga: dict) -> list[str]:
     L = ["## Scheduler (simulated, paper scale)", "",
          f"GA assignment (`schedule-ga.json`, D_PP = {ga['d_pp']} x D_DP = {ga['d_dp']} on {ga['devices']} devices, "
          f"seed {ga['seed']}): modelled communication {cost['total']:.3f} s per iteration "
-         f"(data parallel {cost['dp']:.3f} s + pipeline {cost['pp']:.3f} s).", "",
+         f"(data parallel {cost['dp']:.3f} s + pipeline {cost['pp']:.3f} s)" + _bound(ga), "",
          "Best communication cost each scheduler found (`compare/compare.csv`, paper Fig. 4):", "",
-         "| scheduler | seed | candidates | best total s |", "|---|---|---|---|"]
-    L += [f"| {r.scheduler} | {r.seed} | {r.candidates} | {r.best_total_s:.3f} |" for r in final.itertuples()]
+         "| scheduler | seed | candidates | best total s | gap to the bound |", "|---|---|---|---|---|"]
+    bound = (ga.get("bound") or {}).get("total")
+    L += [f"| {r.scheduler} | {r.seed} | {r.candidates} | {r.best_total_s:.3f} | "
+          f"{'-' if bound is None else f'{max(0.0, (r.best_total_s - bound) / r.best_total_s):.1%}'} |"
+          for r in final.itertuples()]
     return L + ["", "![compare](compare/compare.png)", ""]
+
+
+def _bound(ga: dict) -> str:
+    """The lower bound sentence of an assignment (older assignments carry none)."""
+    if not ga.get("bound"):
+        return "."
+    b = ga["bound"]
+    return (f"; no layout costs less than {b['total']:.3f} s (the lower bound of harness/scheduler/bound.py), "
+            f"so this one is at most {ga['gap']:.1%} above the best" + (": optimal." if ga["gap"] < 1e-9 else "."))
 
 
 def _simulated(sim: list[dict]) -> list[str]:

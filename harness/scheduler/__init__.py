@@ -9,6 +9,9 @@ A compute-aware scheduler (`ga-hetero`) searches the same partitions on the mode
 time instead (harness/scheduler/iteration_cost.py: communication, the slowest stage's compute and the
 bubble, with the optimal layer allocation of each candidate); it needs a ComputeSetting. Given one,
 every scheduler's assignment also carries its stages' blocks and the modelled parts.
+
+Every assignment carries a lower bound on the COMM-COST of any layout and its gap above it (and, given a
+ComputeSetting, the same for the modelled iteration time): harness/scheduler/bound.py.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from typing import Callable
 
 import numpy as np
 
+from .bound import comm_cost_bound, iteration_bound
 from .cost import CostModel
 from .iteration_cost import ComputeSetting, IterationModel
 from ..allocation import DEFAULT as DEFAULT_ALLOCATOR
@@ -56,6 +60,9 @@ class Assignment:
     # and the modelled iteration's parts (IterationCost.to_json)
     layers: list[list[list[int]]] | None = None
     model: dict | None = None
+    # a lower bound on the COMM-COST of every layout (harness/scheduler/bound.py) and how far above it this one is
+    bound: dict | None = None  # {"total": s, "dp": s, "pp": s}
+    gap: float | None = None  # (cost - bound) / cost
 
     def to_json(self) -> dict:
         return {
@@ -73,11 +80,13 @@ class Assignment:
             "trace": self.trace,
             "layers": self.layers,
             "model": self.model,
+            "bound": self.bound,
+            "gap": self.gap,
         }
 
     @classmethod
     def from_json(cls, doc: dict) -> "Assignment":
-        optional = ("trace", "layers", "model")
+        optional = ("trace", "layers", "model", "bound", "gap")
         missing = [k for k in cls.__dataclass_fields__ if k not in doc and k not in optional]
         if missing:
             raise SchedulerError(f"assignment JSON: missing key {missing[0]!r}")
@@ -128,6 +137,11 @@ def schedule(
         modelled = None if model is None else model.of_pipelines(pipelines, allocator=allocator)
     total = comm.pipeline_cost(pipelines)
     dp = comm.datap_cost(pipelines.T)
+    bound = comm_cost_bound(comm)
+    modelled_json = None
+    if modelled is not None:
+        at_least = iteration_bound(model)
+        modelled_json = {**modelled.to_json(), "bound": at_least.to_json(), "gap": at_least.gap(modelled.total)}
     return Assignment(
         scenario=topo.name,
         devices=topo.n,
@@ -142,7 +156,9 @@ def schedule(
         cost={"dp": dp, "pp": total - dp, "total": total},
         trace=[[int(n), float(c)] for n, c in result.trace],
         layers=None if modelled is None else [[list(s) for s in modelled.stages]] * d_dp,
-        model=None if modelled is None else modelled.to_json(),
+        model=modelled_json,
+        bound={"total": bound.total, "dp": bound.dp, "pp": bound.pp},
+        gap=bound.gap(total),
     )
 
 

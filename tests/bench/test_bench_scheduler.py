@@ -1,5 +1,6 @@
-"""Issue 2 targets: one 64-device COMM-COST evaluation <= 2 ms (median); `ga` with 5000
-candidates on case 5 <= 30 s; ga at least as good as ga-kl, both far better than random."""
+"""Issue 2 targets: one 64-device COMM-COST evaluation <= 2 ms (median); ga at least as good as ga-kl,
+both far better than random. Issue 57: `ga` with 5000 candidates on 64 devices (its seeding by the lower
+bound's run layouts included) <= 10 s."""
 import time
 
 import numpy as np
@@ -24,12 +25,13 @@ def test_cost_evaluation_64_devices(benchmark):
     assert benchmark.stats.stats.median <= 2e-3
 
 
-def test_ga_5000_candidates_case5(benchmark):
-    topo = load_scenario("5")
+@pytest.mark.parametrize("case", ["2", "5"])
+def test_ga_5000_candidates_64_devices(case, benchmark):
+    topo = load_scenario(case)
     a = benchmark.pedantic(lambda: schedule(topo, 8, 8, *SIZES, scheduler="ga", seed=0, budget=5000),
                            rounds=1, iterations=1)
     assert a.trace[-1][0] == 5000
-    assert benchmark.stats.stats.max <= 30.0
+    assert benchmark.stats.stats.max <= 10.0
 
 
 @pytest.mark.parametrize("case", ["1", "2", "3", "4", "5"])

@@ -1,0 +1,252 @@
+"""Lower bounds: how far from optimal a schedule may be.
+
+COMM-COST = DATAP-COST + PIPELINEP-COST (eqs. 1-4, harness/scheduler/cost.py). Each term is bounded
+from below over every balanced partition separately, and their sum bounds the sum (a relaxation: each
+term may take its own best groups, while a layout has one set of groups for both; where the two pull
+apart, as in case 1, where cheap gradients want a node in one group and cheap activations want it
+spread over many, the bound is loose).
+
+DATAP-COST: every device d is in some group of D_DP devices, and that group's cost is at least d's
+  summed links to its D_DP - 1 cheapest partners:  DATAP >= max_d (sum of the D_DP - 1 smallest
+  dp_link[d, .]).
+PIPELINEP-COST: the open-loop path visits every group and each edge's bottleneck matching pairs every
+  device of both its groups with a device elsewhere, so an edge costs at least n(d) = min pp_link[d, .]
+  of every device d of its two groups. Root the path at one end: every other group v has its own edge
+  to the group before it, costing at least m(v) = max_{d in v} n(d); so PIPELINEP >= the sum of m(v)
+  over all groups but one. Over every partition, the k-th largest group maximum is at least the
+  (k D_DP + 1)-th largest n(d) (k D_DP + 1 devices do not fit in k groups), and the sum of the
+  D_PP - 1 largest is what remains when the smallest is left out:
+      PIPELINEP >= sum_{k=0}^{D_PP-2} n_sorted_desc[k D_DP].
+Both are tight where the links allow every device its cheapest partners at once: uniform links, and
+case 2 (the single-GPU devices set both terms, and the four-GPU nodes' devices fill the fast stages).
+
+The modelled iteration time of `ga-hetero` (harness/scheduler/iteration_cost.py) adds compute to
+the same communication terms, each data-parallel group with its own stage's gradients. Compute: the
+k-th fastest stage runs at most at the speed of the ((k+1) D_DP)-th fastest device (its slowest
+device, and k+1 groups hold (k+1) D_DP devices), so with those speeds the least possible slowest
+stage over whole-block allocations bounds max_j t_j, and all blocks on the fastest device bounds
+sum_j t_j (plus the LM head on the device that runs it fastest). Its DATAP: every stage holds at
+least one block (the first also the embedding, the last the head), and the largest at least the
+mean of all parameters, each on some group.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cost import CostModel
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Lower bounds (seconds) of a schedule's cost and its parts; `gap` of a cost above it."""
+
+    total: float
+    dp: float
+    pp: float
+    compute: float = 0.0
+
+    def gap(self, cost: float) -> float:
+        """(cost - bound) / cost: the most a better layout could save, as a share of this one's cost."""
+        return 0.0 if cost <= 0 else max(0.0, (cost - self.total) / cost)
+
+    def to_json(self) -> dict:
+        return {"total": self.total, "dp": self.dp, "pp": self.pp, "compute": self.compute}
+
+
+def _cheapest(links: np.ndarray, k: int) -> np.ndarray:
+    """Per row: the sum of its k smallest off-diagonal entries."""
+    off = links + np.diag(np.full(len(links), np.inf))
+    return np.sort(off, axis=1)[:, :k].sum(1) if k else np.zeros(len(links))
+
+
+def datap_bound(dp_link: np.ndarray, d_dp: int) -> float:
+    return float(_cheapest(dp_link, d_dp - 1).max())
+
+
+def pipelinep_bound(pp_link: np.ndarray, d_pp: int, d_dp: int) -> float:
+    return float(_rooted_terms(pp_link, d_pp, d_dp).sum())
+
+
+def comm_cost_bound(model: CostModel) -> Bound:
+    """A lower bound on the COMM-COST of every partition of `model`'s devices (module docstring): the
+    larger of the separate terms' and of every threshold's joint bound."""
+    best = _separate(model)
+    for runs in _threshold_runs(model):
+        joint = min(runs, key=lambda r: r[0].total)[0]
+        if joint.total > best.total:
+            best = joint
+    return best
+
+
+def run_layouts(model: CostModel, limit: int) -> list[np.ndarray]:
+    """Up to `limit` partitions (group labels) the joint bound's runs describe, lowest bound first: at a
+    threshold, s groups that hold equal shares of every component (as many of the largest shares as fit,
+    each component's devices in consecutive blocks), the other devices in groups by component. On links
+    clustered in nodes or regions this is the layout that meets the bound when one does; a search seeded
+    with them need not find, one swap at a time, a layout whose cost falls only once all its groups are
+    in place (case 2: every four-GPU node spread over four stages)."""
+    thresholds = list(_threshold_runs(model, keep_comp=True))
+    ranked = sorted((bound.total, k, s) for k, (_, runs) in enumerate(thresholds) for bound, s in runs)
+    out, seen = [], set()
+    for _, k, s in ranked:
+        labels = _run_layout(thresholds[k][0], s, model.d_pp, model.d_dp)
+        key = frozenset(frozenset(np.flatnonzero(labels == g)) for g in range(model.d_pp))
+        if key not in seen:
+            seen.add(key)
+            out.append(labels)
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _run_layout(comp: np.ndarray, s: int, d_pp: int, d_dp: int) -> np.ndarray:
+    sizes = np.bincount(comp)
+    caps = sizes // s
+    take = np.zeros_like(caps)
+    left = d_dp
+    for c in np.argsort(-caps, kind="stable"):
+        take[c] = min(caps[c], left)
+        left -= take[c]
+    labels = np.full(len(comp), -1)
+    for c in np.flatnonzero(take):
+        members = np.flatnonzero(comp == c)
+        for g in range(s):
+            labels[members[g * take[c]:(g + 1) * take[c]]] = g
+    rest = np.flatnonzero(labels < 0)
+    rest = rest[np.argsort(comp[rest], kind="stable")]
+    labels[rest] = s + np.arange(len(rest)) // d_dp
+    return labels
+
+
+def _separate(model: CostModel) -> Bound:
+    dp = datap_bound(model.dp_link, model.d_dp)
+    pp = pipelinep_bound(model.pp_link, model.d_pp, model.d_dp)
+    return Bound(dp + pp, dp, pp)
+
+
+def _threshold_runs(model: CostModel, keep_comp: bool = False):
+    """Per threshold: [(the joint bound with j edges above it, the longest run's groups s)] over the
+    feasible j (with the threshold's components first when `keep_comp`)."""
+    d_pp, d_dp = model.d_pp, model.d_dp
+    if d_pp < 2 or d_dp < 2:
+        return
+    dp = datap_bound(model.dp_link, d_dp)
+    rooted = _rooted_terms(model.pp_link, d_pp, d_dp)
+    order = np.argsort(model.dp_link + np.diag(np.full(len(model.dp_link), np.inf)), axis=1)
+    for comp, above in _thresholds(model.pp_link):
+        runs = _joint(model.dp_link, order, comp, above, rooted, dp, d_pp, d_dp)
+        yield (comp, runs) if keep_comp else runs
+
+
+def _rooted_terms(pp_link: np.ndarray, d_pp: int, d_dp: int) -> np.ndarray:
+    """The D_PP - 1 edge bounds of the rooted path, largest first (module docstring)."""
+    if d_pp < 2:
+        return np.zeros(0)
+    nearest = np.sort(_cheapest(pp_link, 1))[::-1]
+    return nearest[np.arange(d_pp - 1) * d_dp]
+
+
+def _thresholds(pp_link: np.ndarray):
+    """(components of the links below v, v) at every link value v that joins two of them (Kruskal): between
+    such values the components stay, and an edge above the threshold costs at least v."""
+    n = len(pp_link)
+    parent = np.arange(n)
+
+    def find(x):
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    iu = np.triu_indices(n, 1)
+    values = pp_link[iu]
+    order = np.argsort(values, kind="stable")
+    k = 0
+    while k < len(order):
+        v = values[order[k]]
+        same = order[k:][values[order[k:]] <= v]  # every link of this value (ties: one threshold)
+        k += len(same)
+        if all(find(iu[0][x]) == find(iu[1][x]) for x in same):
+            continue
+        roots = np.array([find(x) for x in range(n)])
+        yield np.unique(roots, return_inverse=True)[1], float(v)
+        for x in same:
+            a, b = find(iu[0][x]), find(iu[1][x])
+            parent[a] = b
+
+
+def _capped_sums(dp_link, order, comp, caps, k):
+    """Per device d: its k cheapest dp links to others when its group holds at most caps[C] devices of
+    each component C (d itself among its own): a partition matroid, so the greedy choice is optimal."""
+    n = len(dp_link)
+    comp_sorted = comp[order]  # (n, n) components in each row's cheapest-first order
+    onehot = comp_sorted[:, :, None] == np.arange(caps.size)
+    rank = np.take_along_axis(onehot.cumsum(1), comp_sorted[:, :, None], 2)[:, :, 0] - 1
+    own = comp_sorted == comp[:, None]
+    allowed = (rank < caps[comp_sorted] - own) & (order != np.arange(n)[:, None])
+    taken = allowed & (allowed.cumsum(1) <= k)
+    sums = np.where(taken, np.take_along_axis(dp_link, order, 1), 0.0).sum(1)
+    return np.where(taken.sum(1) == k, sums, np.inf)
+
+
+def _joint(dp_link, order, comp, above, rooted, dp_alone, d_pp, d_dp) -> list[tuple[Bound, int]]:
+    """The bounds at one threshold T (the links below `above`): with j pipeline edges above T (each at
+    least `above`), the path falls into j + 1 runs of groups joined by edges below T; matched pairs
+    of such an edge lie in one component of the links below T, so the groups of a run hold the same
+    number of devices of every component, at most |C| / s of C for a run of s groups. The longest run
+    has s >= ceil(D_PP / (j + 1)) groups and s D_DP devices, whose largest DATAP-COST share is at least
+    the (s D_DP)-th smallest capped sum. The threshold's bound is the least over j."""
+    sizes = np.bincount(comp)
+    out = []
+    for j in range(d_pp):
+        s = -(-d_pp // (j + 1))
+        caps = sizes // s
+        if caps.sum() < d_dp:
+            continue  # no s groups of D_DP devices can hold equal shares of every component
+        sums = np.sort(_capped_sums(dp_link, order, comp, caps, d_dp - 1))
+        dp = max(dp_alone, float(sums[s * d_dp - 1]))
+        lifted = rooted.copy()
+        lifted[:j] = np.maximum(lifted[:j], above)  # the least rise: the edges already the dearest
+        pp = float(lifted.sum())
+        out.append((Bound(dp + pp, dp, pp), s))
+    return out
+
+
+def iteration_bound(model) -> Bound:
+    """A lower bound on the modelled iteration time (harness/scheduler/iteration_cost.py) of every
+    partition and allocation of an IterationModel (module docstring): compute alone, plus communication
+    as the larger of the joint COMM-COST bound with every stage's gradients at their least and of the
+    terms alone with the largest stage's; loose where fast links and fast devices pull groups apart."""
+    comm, cfg = model.comm, model.setting.cfg
+    d_pp, d_dp = model.d_pp, model.d_dp
+    compute = _compute_bound(model.stage_model, d_pp, d_dp, model.micro_batches)
+    bpv, layers = model.bytes_per_value, cfg.layers
+    whole = (layers * cfg.block_params + cfg.embedding_params + cfg.head_params) * bpv
+    first = (cfg.block_params + cfg.embedding_params) * bpv
+    last = (cfg.block_params + cfg.head_params) * bpv
+    least = whole if d_pp == 1 else cfg.block_params * bpv if d_pp >= 3 else min(first, last)
+    most = max(first, last, whole / d_pp)
+    joint = comm_cost_bound(CostModel(comm.topo, d_pp, d_dp, comm.c_pp_bytes, least))  # every stage >= least
+    largest = CostModel(comm.topo, d_pp, d_dp, comm.c_pp_bytes, most)  # some group holds the largest stage
+    dp_most = float(_cheapest(largest.dp_link, d_dp - 1).min())
+    alone = Bound(dp_most + pipelinep_bound(comm.pp_link, d_pp, d_dp), dp_most, pipelinep_bound(comm.pp_link, d_pp, d_dp))
+    dp, pp = (joint.dp, joint.pp) if joint.total >= alone.total else (alone.dp, alone.pp)
+    return Bound(compute + dp + pp, dp, pp, compute)
+
+
+def _compute_bound(sm, d_pp: int, d_dp: int, micro_batches: int) -> float:
+    """sum_j t_j + (M - 1) max_j t_j at its least: every block on the fastest device and the head on the
+    device fastest at it; the slowest stage the least over whole blocks with the k-th fastest stage at the
+    ((k+1) D_DP)-th fastest device's speed, one stage also running the head."""
+    layers, block = len(sm.block_flop), float(sm.block_flop.max())
+    speed = np.sort(1.0 / sm.per_flop)[::-1][(np.arange(d_pp) + 1) * d_dp - 1]  # (stages,)
+    head = float(sm.head_seconds.min())
+    steps = np.arange(1, layers + 1)[:, None] * block / speed[None, :]
+    times = np.unique(np.concatenate([steps.ravel(), head + steps.ravel()]))
+    blocks = np.floor(times[:, None] * speed[None, :] / block * (1 + 1e-12))  # (times, stages)
+    with_head = np.floor(np.maximum(times[:, None] - head, 0) * speed[None, :] / block * (1 + 1e-12))
+    most = (blocks.sum(1)[:, None] - blocks + with_head).max(1)  # the best stage to run the head
+    slowest = float(times[most >= layers].min())
+    return float(sm.block_flop.sum() * sm.per_flop.min()) + head + (micro_batches - 1) * slowest

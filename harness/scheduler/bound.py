@@ -1,10 +1,7 @@
 """Lower bounds: how far from optimal a schedule may be.
 
-COMM-COST = DATAP-COST + PIPELINEP-COST (eqs. 1-4, harness/scheduler/cost.py). Each term is bounded
-from below over every balanced partition separately, and their sum bounds the sum (a relaxation: each
-term may take its own best groups, while a layout has one set of groups for both; where the two pull
-apart, as in case 1, where cheap gradients want a node in one group and cheap activations want it
-spread over many, the bound is loose).
+COMM-COST = DATAP-COST + PIPELINEP-COST (eqs. 1-4, harness/scheduler/cost.py), bounded from below over
+every balanced partition, first term by term:
 
 DATAP-COST: every device d is in some group of D_DP devices, and that group's cost is at least d's
   summed links to its D_DP - 1 cheapest partners:  DATAP >= max_d (sum of the D_DP - 1 smallest
@@ -17,17 +14,23 @@ PIPELINEP-COST: the open-loop path visits every group and each edge's bottleneck
   (k D_DP + 1)-th largest n(d) (k D_DP + 1 devices do not fit in k groups), and the sum of the
   D_PP - 1 largest is what remains when the smallest is left out:
       PIPELINEP >= sum_{k=0}^{D_PP-2} n_sorted_desc[k D_DP].
-Both are tight where the links allow every device its cheapest partners at once: uniform links, and
-case 2 (the single-GPU devices set both terms, and the four-GPU nodes' devices fill the fast stages).
+
+Alone, each term may take its own best groups, and the two pull apart: cheap gradients want a node in
+one group, cheap activations want it spread over stages (case 1). Jointly, at every link threshold T
+(`_joint`): an edge below T matches devices within the components of the links below T, so the stages
+of a run joined by such edges hold equal shares of every component; the fewer edges above T, the longer
+the runs and the more spread (and dearer in DATAP-COST) every group. The bound is the largest over T of
+the least over the ways the path may fall into runs. It is the optimum where the links cluster and
+every cluster can be spread or kept as the bound assumes: uniform links, and the paper's cases 1-4.
 
 The modelled iteration time of `ga-hetero` (harness/scheduler/iteration_cost.py) adds compute to
 the same communication terms, each data-parallel group with its own stage's gradients. Compute: the
 k-th fastest stage runs at most at the speed of the ((k+1) D_DP)-th fastest device (its slowest
 device, and k+1 groups hold (k+1) D_DP devices), so with those speeds the least possible slowest
 stage over whole-block allocations bounds max_j t_j, and all blocks on the fastest device bounds
-sum_j t_j (plus the LM head on the device that runs it fastest). Its DATAP: every stage holds at
-least one block (the first also the embedding, the last the head), and the largest at least the
-mean of all parameters, each on some group.
+sum_j t_j (plus the LM head on the device that runs it fastest). Its communication: the joint bound
+with every stage's gradients at their least (one block; the first also the embedding, the last the
+head), or the terms alone with the largest stage's (at least the mean of all parameters) on some group.
 """
 from __future__ import annotations
 
@@ -82,41 +85,45 @@ def comm_cost_bound(model: CostModel) -> Bound:
 
 def run_layouts(model: CostModel, limit: int) -> list[np.ndarray]:
     """Up to `limit` partitions (group labels) the joint bound's runs describe, lowest bound first: at a
-    threshold, s groups that hold equal shares of every component (as many of the largest shares as fit,
-    each component's devices in consecutive blocks), the other devices in groups by component. On links
-    clustered in nodes or regions this is the layout that meets the bound when one does; a search seeded
-    with them need not find, one swap at a time, a layout whose cost falls only once all its groups are
-    in place (case 2: every four-GPU node spread over four stages)."""
+    threshold, runs of groups (longest first, each from the devices the longer ones left) that hold equal
+    shares of every component, as many of the largest shares as fit, each component's devices in
+    consecutive blocks. On links clustered in nodes or regions this is the layout that meets the bound
+    when one does; a search seeded with them need not find, one swap at a time, a layout whose cost falls
+    only once all its groups are in place (case 2: every four-GPU node spread over four stages)."""
     thresholds = list(_threshold_runs(model, keep_comp=True))
-    ranked = sorted((bound.total, k, s) for k, (_, runs) in enumerate(thresholds) for bound, s in runs)
+    ranked = sorted((bound.total, k, runs) for k, (_, found) in enumerate(thresholds) for bound, runs in found)
     out, seen = [], set()
-    for _, k, s in ranked:
-        labels = _run_layout(thresholds[k][0], s, model.d_pp, model.d_dp)
+    for _, k, runs in ranked:
+        if len(out) >= limit:
+            break
+        labels = _run_layout(thresholds[k][0], runs, model.d_dp)
+        if labels is None:
+            continue
         key = frozenset(frozenset(np.flatnonzero(labels == g)) for g in range(model.d_pp))
         if key not in seen:
             seen.add(key)
             out.append(labels)
-        if len(out) >= limit:
-            break
     return out
 
 
-def _run_layout(comp: np.ndarray, s: int, d_pp: int, d_dp: int) -> np.ndarray:
-    sizes = np.bincount(comp)
-    caps = sizes // s
-    take = np.zeros_like(caps)
-    left = d_dp
-    for c in np.argsort(-caps, kind="stable"):
-        take[c] = min(caps[c], left)
-        left -= take[c]
+def _run_layout(comp: np.ndarray, runs: tuple[int, ...], d_dp: int) -> np.ndarray | None:
     labels = np.full(len(comp), -1)
-    for c in np.flatnonzero(take):
-        members = np.flatnonzero(comp == c)
-        for g in range(s):
-            labels[members[g * take[c]:(g + 1) * take[c]]] = g
-    rest = np.flatnonzero(labels < 0)
-    rest = rest[np.argsort(comp[rest], kind="stable")]
-    labels[rest] = s + np.arange(len(rest)) // d_dp
+    group = 0
+    for s in runs:
+        free = labels < 0
+        caps = np.bincount(comp[free], minlength=comp.max() + 1) // s
+        if caps.sum() < d_dp:
+            return None
+        take = np.zeros_like(caps)
+        left = d_dp
+        for c in np.argsort(-caps, kind="stable"):
+            take[c] = min(caps[c], left)
+            left -= take[c]
+        for c in np.flatnonzero(take):
+            members = np.flatnonzero(free & (comp == c))
+            for g in range(s):
+                labels[members[g * take[c]:(g + 1) * take[c]]] = group + g
+        group += s
     return labels
 
 
@@ -127,8 +134,8 @@ def _separate(model: CostModel) -> Bound:
 
 
 def _threshold_runs(model: CostModel, keep_comp: bool = False):
-    """Per threshold: [(the joint bound with j edges above it, the longest run's groups s)] over the
-    feasible j (with the threshold's components first when `keep_comp`)."""
+    """Per threshold: [(the joint bound, the runs it assumes)] over the feasible runs (with the threshold's
+    components first when `keep_comp`)."""
     d_pp, d_dp = model.d_pp, model.d_dp
     if d_pp < 2 or d_dp < 2:
         return
@@ -191,27 +198,43 @@ def _capped_sums(dp_link, order, comp, caps, k):
     return np.where(taken.sum(1) == k, sums, np.inf)
 
 
-def _joint(dp_link, order, comp, above, rooted, dp_alone, d_pp, d_dp) -> list[tuple[Bound, int]]:
-    """The bounds at one threshold T (the links below `above`): with j pipeline edges above T (each at
-    least `above`), the path falls into j + 1 runs of groups joined by edges below T; matched pairs
-    of such an edge lie in one component of the links below T, so the groups of a run hold the same
-    number of devices of every component, at most |C| / s of C for a run of s groups. The longest run
-    has s >= ceil(D_PP / (j + 1)) groups and s D_DP devices, whose largest DATAP-COST share is at least
-    the (s D_DP)-th smallest capped sum. The threshold's bound is the least over j."""
+def _joint(dp_link, order, comp, above, rooted, dp_alone, d_pp, d_dp) -> list[tuple[Bound, tuple[int, ...]]]:
+    """The bounds at one threshold T (the links below `above`), per way the path may fall into runs: with
+    j pipeline edges above T (each at least `above`), the path is j + 1 runs of groups joined by edges
+    below T; matched pairs of such an edge lie in one component of the links below T, so the groups of a
+    run hold the same number of devices of every component, at most |C| / s of C for a run of s groups.
+    With the runs s_1 >= s_2 >= ..., the k longest hold (s_1 + ... + s_k) D_DP devices, each in a run of
+    at least s_k groups, so DATAP-COST is at least the ((s_1 + ... + s_k) D_DP)-th smallest capped sum at
+    s_k, for every k. The threshold's bound is the least over the runs (every partition of D_PP)."""
     sizes = np.bincount(comp)
+    sums = {}
     out = []
-    for j in range(d_pp):
-        s = -(-d_pp // (j + 1))
-        caps = sizes // s
-        if caps.sum() < d_dp:
-            continue  # no s groups of D_DP devices can hold equal shares of every component
-        sums = np.sort(_capped_sums(dp_link, order, comp, caps, d_dp - 1))
-        dp = max(dp_alone, float(sums[s * d_dp - 1]))
+    for runs in _integer_partitions(d_pp):
+        dp, held = dp_alone, 0
+        for s in runs:
+            if s not in sums:
+                sums[s] = np.sort(_capped_sums(dp_link, order, comp, sizes // s, d_dp - 1))
+            held += s
+            dp = max(dp, float(sums[s][held * d_dp - 1]))
+        if not np.isfinite(dp):
+            continue  # some run cannot hold equal shares of every component
+        j = len(runs) - 1
         lifted = rooted.copy()
         lifted[:j] = np.maximum(lifted[:j], above)  # the least rise: the edges already the dearest
         pp = float(lifted.sum())
-        out.append((Bound(dp + pp, dp, pp), s))
+        out.append((Bound(dp + pp, dp, pp), runs))
     return out
+
+
+def _integer_partitions(n: int, most: int | None = None):
+    """Every way to write n as a sum of parts, largest first (22 for n = 8, 231 for 16)."""
+    most = n if most is None else most
+    if n == 0:
+        yield ()
+        return
+    for first in range(min(n, most), 0, -1):
+        for rest in _integer_partitions(n - first, first):
+            yield (first,) + rest
 
 
 def iteration_bound(model) -> Bound:

@@ -41,6 +41,24 @@ def test_the_bound_is_never_above_the_exhaustive_optimum(seed):
     assert 0 <= bound.gap(optimum) < 1
 
 
+@pytest.mark.parametrize("seed", range(8))
+def test_the_shortcuts_for_large_instances_stay_below_the_optimum(seed, monkeypatch):
+    """Beyond EXACT_RUNS_MAX stages the joint bound reads only the longest run, beyond MAX_THRESHOLDS it
+    tries evenly spaced thresholds: both weaker, never above the optimum."""
+    import harness.scheduler.bound as bound_module
+
+    n, d_pp = SHAPES[seed % 6]
+    topo = (regional_topology if seed % 2 else random_topology)(n, 900 + seed)
+    model = CostModel(topo, d_pp, n // d_pp, 4e8, 3e8)
+    full = comm_cost_bound(model).total
+    monkeypatch.setattr(bound_module, "EXACT_RUNS_MAX", 1)
+    monkeypatch.setattr(bound_module, "MAX_THRESHOLDS", 2)
+    optimum = schedule(topo, d_pp, n // d_pp, 4e8, 3e8, scheduler="exhaustive").cost["total"]
+    assert comm_cost_bound(model).total <= min(full, optimum) * (1 + 1e-12)
+    for labels in bound_module.run_layouts(model, 16):  # still whole layouts
+        assert sorted(np.bincount(labels, minlength=d_pp)) == [n // d_pp] * d_pp
+
+
 @pytest.mark.parametrize("d_pp,d_dp", [(4, 2), (2, 4), (3, 3), (8, 8), (1, 6), (6, 1)])
 def test_the_bound_is_the_optimum_on_uniform_links(d_pp, d_dp):
     n = d_pp * d_dp

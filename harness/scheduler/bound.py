@@ -40,6 +40,9 @@ import numpy as np
 
 from .cost import CostModel
 
+MAX_THRESHOLDS = 48  # link thresholds the joint bound tries (all of them up to this many)
+EXACT_RUNS_MAX = 16  # D_PP up to which the joint bound tries every way the path falls into runs
+
 
 @dataclass(frozen=True)
 class Bound:
@@ -142,7 +145,10 @@ def _threshold_runs(model: CostModel, keep_comp: bool = False):
     dp = datap_bound(model.dp_link, d_dp)
     rooted = _rooted_terms(model.pp_link, d_pp, d_dp)
     order = np.argsort(model.dp_link + np.diag(np.full(len(model.dp_link), np.inf)), axis=1)
-    for comp, above in _thresholds(model.pp_link):
+    thresholds = list(_thresholds(model.pp_link))
+    if len(thresholds) > MAX_THRESHOLDS:  # any of them bounds; evenly spaced ones keep large instances quick
+        thresholds = [thresholds[k] for k in np.linspace(0, len(thresholds) - 1, MAX_THRESHOLDS).astype(int)]
+    for comp, above in thresholds:
         runs = _joint(model.dp_link, order, comp, above, rooted, dp, d_pp, d_dp)
         yield (comp, runs) if keep_comp else runs
 
@@ -184,18 +190,30 @@ def _thresholds(pp_link: np.ndarray):
             parent[a] = b
 
 
-def _capped_sums(dp_link, order, comp, caps, k):
-    """Per device d: its k cheapest dp links to others when its group holds at most caps[C] devices of
-    each component C (d itself among its own): a partition matroid, so the greedy choice is optimal."""
-    n = len(dp_link)
-    comp_sorted = comp[order]  # (n, n) components in each row's cheapest-first order
-    onehot = comp_sorted[:, :, None] == np.arange(caps.size)
-    rank = np.take_along_axis(onehot.cumsum(1), comp_sorted[:, :, None], 2)[:, :, 0] - 1
-    own = comp_sorted == comp[:, None]
-    allowed = (rank < caps[comp_sorted] - own) & (order != np.arange(n)[:, None])
-    taken = allowed & (allowed.cumsum(1) <= k)
-    sums = np.where(taken, np.take_along_axis(dp_link, order, 1), 0.0).sum(1)
-    return np.where(taken.sum(1) == k, sums, np.inf)
+class _Ranked:
+    """Each row's links cheapest first with, per entry, its component and how many cheaper entries of the
+    row share that component: what every capped sum of one threshold reads."""
+
+    def __init__(self, dp_link, order, comp):
+        n = len(dp_link)
+        self.comp_sorted = comp[order]  # (n, n)
+        by_comp = np.argsort(self.comp_sorted, axis=1, kind="stable")
+        grouped = np.take_along_axis(self.comp_sorted, by_comp, 1)
+        pos = np.broadcast_to(np.arange(n), (n, n))
+        starts = np.maximum.accumulate(np.where(np.diff(grouped, axis=1, prepend=-1) != 0, pos, 0), axis=1)
+        self.rank = np.empty((n, n), dtype=int)
+        np.put_along_axis(self.rank, by_comp, pos - starts, 1)
+        self.own = self.comp_sorted == comp[:, None]
+        self.other = order != np.arange(n)[:, None]
+        self.links = np.take_along_axis(dp_link, order, 1)
+
+    def capped_sums(self, caps, k):
+        """Per device d: its k cheapest dp links to others when its group holds at most caps[C] devices of
+        each component C (d itself among its own): a partition matroid, so the greedy choice is optimal."""
+        allowed = (self.rank < caps[self.comp_sorted] - self.own) & self.other
+        taken = allowed & (allowed.cumsum(1) <= k)
+        sums = np.where(taken, self.links, 0.0).sum(1)
+        return np.where(taken.sum(1) == k, sums, np.inf)
 
 
 def _joint(dp_link, order, comp, above, rooted, dp_alone, d_pp, d_dp) -> list[tuple[Bound, tuple[int, ...]]]:
@@ -207,13 +225,18 @@ def _joint(dp_link, order, comp, above, rooted, dp_alone, d_pp, d_dp) -> list[tu
     at least s_k groups, so DATAP-COST is at least the ((s_1 + ... + s_k) D_DP)-th smallest capped sum at
     s_k, for every k. The threshold's bound is the least over the runs (every partition of D_PP)."""
     sizes = np.bincount(comp)
+    ranked = _Ranked(dp_link, order, comp)
     sums = {}
     out = []
-    for runs in _integer_partitions(d_pp):
+    exact = d_pp <= EXACT_RUNS_MAX
+    # beyond, per number of runs the most even split: its longest run alone bounds every way with as many runs
+    ways = _integer_partitions(d_pp) if exact else (
+        tuple(d_pp // (j + 1) + (k < d_pp % (j + 1)) for k in range(j + 1)) for j in range(d_pp))
+    for runs in ways:
         dp, held = dp_alone, 0
-        for s in runs:
+        for s in runs if exact else runs[:1]:
             if s not in sums:
-                sums[s] = np.sort(_capped_sums(dp_link, order, comp, sizes // s, d_dp - 1))
+                sums[s] = np.sort(ranked.capped_sums(sizes // s, d_dp - 1))
             held += s
             dp = max(dp, float(sums[s][held * d_dp - 1]))
         if not np.isfinite(dp):

@@ -53,6 +53,7 @@ def test_the_shortcuts_for_large_instances_stay_below_the_optimum(seed, monkeypa
     full = comm_cost_bound(model).total
     monkeypatch.setattr(bound_module, "EXACT_RUNS_MAX", 1)
     monkeypatch.setattr(bound_module, "MAX_THRESHOLDS", 2)
+    model = CostModel(topo, d_pp, n // d_pp, 4e8, 3e8)  # a new model: the analysis is kept per model
     optimum = schedule(topo, d_pp, n // d_pp, 4e8, 3e8, scheduler="exhaustive").cost["total"]
     assert comm_cost_bound(model).total <= min(full, optimum) * (1 + 1e-12)
     for labels in bound_module.run_layouts(model, 16):  # still whole layouts

@@ -34,6 +34,7 @@ head), or the terms alone with the largest stage's (at least the mean of all par
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,7 +80,7 @@ def comm_cost_bound(model: CostModel) -> Bound:
     """A lower bound on the COMM-COST of every partition of `model`'s devices (module docstring): the
     larger of the separate terms' and of every threshold's joint bound."""
     best = _separate(model)
-    for runs in _threshold_runs(model):
+    for _, runs in _threshold_runs(model):  # runs of one stage each always fit: never empty
         joint = min(runs, key=lambda r: r[0].total)[0]
         if joint.total > best.total:
             best = joint
@@ -93,7 +94,7 @@ def run_layouts(model: CostModel, limit: int) -> list[np.ndarray]:
     consecutive blocks. On links clustered in nodes or regions this is the layout that meets the bound
     when one does; a search seeded with them need not find, one swap at a time, a layout whose cost falls
     only once all its groups are in place (case 2: every four-GPU node spread over four stages)."""
-    thresholds = list(_threshold_runs(model, keep_comp=True))
+    thresholds = _threshold_runs(model)
     ranked = sorted((bound.total, k, runs) for k, (_, found) in enumerate(thresholds) for bound, runs in found)
     out, seen = [], set()
     for _, k, runs in ranked:
@@ -136,21 +137,28 @@ def _separate(model: CostModel) -> Bound:
     return Bound(dp + pp, dp, pp)
 
 
-def _threshold_runs(model: CostModel, keep_comp: bool = False):
-    """Per threshold: [(the joint bound, the runs it assumes)] over the feasible runs (with the threshold's
-    components first when `keep_comp`)."""
+_ANALYSED: "weakref.WeakKeyDictionary[CostModel, list]" = weakref.WeakKeyDictionary()
+
+
+def _threshold_runs(model: CostModel) -> list[tuple[np.ndarray, list[tuple[Bound, tuple[int, ...]]]]]:
+    """Per threshold: (its components, [(the joint bound, the runs it assumes)] over the feasible runs);
+    once per CostModel (a schedule's bound and `ga`'s seed layouts read the same)."""
+    if model not in _ANALYSED:
+        _ANALYSED[model] = _analyse(model)
+    return _ANALYSED[model]
+
+
+def _analyse(model: CostModel) -> list:
     d_pp, d_dp = model.d_pp, model.d_dp
     if d_pp < 2 or d_dp < 2:
-        return
+        return []
     dp = datap_bound(model.dp_link, d_dp)
     rooted = _rooted_terms(model.pp_link, d_pp, d_dp)
     order = np.argsort(model.dp_link + np.diag(np.full(len(model.dp_link), np.inf)), axis=1)
     thresholds = list(_thresholds(model.pp_link))
     if len(thresholds) > MAX_THRESHOLDS:  # any of them bounds; evenly spaced ones keep large instances quick
         thresholds = [thresholds[k] for k in np.linspace(0, len(thresholds) - 1, MAX_THRESHOLDS).astype(int)]
-    for comp, above in thresholds:
-        runs = _joint(model.dp_link, order, comp, above, rooted, dp, d_pp, d_dp)
-        yield (comp, runs) if keep_comp else runs
+    return [(comp, _joint(model.dp_link, order, comp, above, rooted, dp, d_pp, d_dp)) for comp, above in thresholds]
 
 
 def _rooted_terms(pp_link: np.ndarray, d_pp: int, d_dp: int) -> np.ndarray:
@@ -176,11 +184,12 @@ def _thresholds(pp_link: np.ndarray):
     iu = np.triu_indices(n, 1)
     values = pp_link[iu]
     order = np.argsort(values, kind="stable")
+    ascending = values[order]
     k = 0
     while k < len(order):
-        v = values[order[k]]
-        same = order[k:][values[order[k:]] <= v]  # every link of this value (ties: one threshold)
-        k += len(same)
+        v = ascending[k]
+        end = int(np.searchsorted(ascending, v, side="right"))
+        same, k = order[k:end], end  # every link of this value (ties: one threshold)
         if all(find(iu[0][x]) == find(iu[1][x]) for x in same):
             continue
         roots = np.array([find(x) for x in range(n)])
@@ -277,7 +286,8 @@ def iteration_bound(model) -> Bound:
     joint = comm_cost_bound(CostModel(comm.topo, d_pp, d_dp, comm.c_pp_bytes, least))  # every stage >= least
     largest = CostModel(comm.topo, d_pp, d_dp, comm.c_pp_bytes, most)  # some group holds the largest stage
     dp_most = float(_cheapest(largest.dp_link, d_dp - 1).min())
-    alone = Bound(dp_most + pipelinep_bound(comm.pp_link, d_pp, d_dp), dp_most, pipelinep_bound(comm.pp_link, d_pp, d_dp))
+    pp_alone = pipelinep_bound(comm.pp_link, d_pp, d_dp)
+    alone = Bound(dp_most + pp_alone, dp_most, pp_alone)
     dp, pp = (joint.dp, joint.pp) if joint.total >= alone.total else (alone.dp, alone.pp)
     return Bound(compute + dp + pp, dp, pp, compute)
 

@@ -32,9 +32,11 @@ def register(sub) -> None:
 def cmd_list(args) -> int:
     from ..scenario import list_scenarios, load_scenario
 
-    for name in list_scenarios():
+    names = list_scenarios()
+    width = max(map(len, names))
+    for name in names:
         t = load_scenario(name)
-        print(f"{name:16s} {t.n:3d} devices  {len(t.regions):3d} regions  {t.description}")
+        print(f"{name:{width}s} {t.n:5d} devices  {len(t.regions):3d} regions  {t.description}")
     return 0
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from .bound import comm_cost_bound, iteration_bound
 from .cost import CostModel
+from .lumped import LUMPED_FROM, LumpedCostModel, link_classes
 from .iteration_cost import ComputeSetting, IterationModel
 from ..allocation import DEFAULT as DEFAULT_ALLOCATOR
 from ..scenario import Topology
@@ -98,6 +99,16 @@ class Assignment:
         return tuple(tuple(r) for r in self.layers[0]) if self.layers else None
 
 
+def cost_model(topo: Topology, d_pp: int, d_dp: int, c_pp_bytes: float, c_dp_bytes: float) -> CostModel:
+    """The searches' CostModel: on link classes from LUMPED_FROM devices where the links lump
+    (harness/scheduler/lumped.py), else on devices."""
+    comm = CostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
+    if topo.n < LUMPED_FROM:
+        return comm
+    classes = link_classes(comm)
+    return comm if classes is None else LumpedCostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes, classes)
+
+
 #: Candidates a scheduler evaluates unless told otherwise: one default for every command (run, schedule, sim).
 DEFAULT_BUDGET = 5000
 
@@ -125,7 +136,7 @@ def schedule(
     allocator = default_allocator(scheduler, allocator)
     if scheduler in COMPUTE_AWARE and setting is None:
         raise SchedulerError(f"--scheduler: {scheduler} needs the model and batch (a ComputeSetting)")
-    comm = CostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
+    comm = cost_model(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
     model = IterationModel(comm, setting) if setting is not None else None
     rng = np.random.default_rng(seed)
     result = SCHEDULERS[scheduler](model if scheduler in COMPUTE_AWARE else comm, rng, budget, progress)

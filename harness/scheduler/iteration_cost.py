@@ -39,6 +39,7 @@ import numpy as np
 from ..allocation import DEFAULT as DEFAULT_ALLOCATOR
 from ..allocation import AllocationError, StageModel, allocate_if_it_fits, optimal
 from .cost import CostModel, open_loop_tsp
+from .lumped import LumpedCostModel
 from ..compute.model import GPTConfig
 
 
@@ -147,12 +148,16 @@ class IterationModel:
         return self.of_pipelines(best.pipelines, allocator="optimal")
 
     def _best_orientation(self, P: np.ndarray) -> tuple[IterationCost, float]:
-        mean = np.zeros((self.d_pp, self.d_pp))
-        W, matchings = self.comm.coarsened_graph(P, mean)
-        pp, order = open_loop_tsp(W)
-        staged = self.comm.staged(P, order, matchings)
+        if isinstance(self.comm, LumpedCostModel):  # at scale: the path on link classes, its D_PP - 1 matchings
+            _, pp, order, smooth = self.comm.path(P)
+            staged = self.comm.staged_on_path(P, order)
+        else:
+            mean = np.zeros((self.d_pp, self.d_pp))
+            W, matchings = self.comm.coarsened_graph(P, mean)
+            pp, order = open_loop_tsp(W)
+            staged = self.comm.staged(P, order, matchings)
+            smooth = open_loop_tsp(mean)[0] + float(self.comm.datap_cost_per_group(P).mean())
         links = self._group_links(staged)
-        smooth = open_loop_tsp(mean)[0] + float(self.comm.datap_cost_per_group(P).mean())
         best = None
         for S, G in ((staged.T, links), (staged.T[:, ::-1], tuple(x[::-1] for x in links))):
             counts = np.array(optimal(self.stage_model.problem(S, named=False, limit_memory=False)))

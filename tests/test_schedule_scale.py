@@ -1,5 +1,6 @@
 """The scheduler at scale (issue 58): COMM-COST on link classes equals the device model's, and the
 searches use it from LUMPED_FROM devices on."""
+import itertools
 from dataclasses import replace
 
 import numpy as np
@@ -91,3 +92,59 @@ def test_searches_lump_from_lumped_from_devices_and_cost_exactly():
         assert a.cost["total"] >= a.bound["total"] - 1e-9
         of = IterationModel(exact, setting).of_pipelines(pipes, stages=a.stages)
         assert a.model["iteration_s"] == pytest.approx(of.total, rel=1e-9)
+
+
+# ---------------------------------------------------------------------------- the degrees planner
+from harness.allocation import StageModel, allocate_if_it_fits  # noqa: E402
+from harness.compute import micro_batches  # noqa: E402
+from harness.scheduler.degrees import degree_options, memory_short, plan  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["5", "hetero-regional"])
+def test_memory_check_agrees_with_the_allocator(name):
+    """An option fits (roomiest placement) exactly when the optimal allocator finds blocks within memory
+    for the groups of the largest memories with the two largest at the ends."""
+    topo, cfg = load_scenario(name), get_model("gpt3-xl")
+    by_memory = np.argsort(-np.array([p.memory_gb for p in topo.profiles]), kind="stable")
+    seen = set()
+    for batch, d_pp, recompute in itertools.product((1024, 64), (1, 2, 4, 8, 16), (True, False)):
+        d_dp = topo.n // d_pp
+        sm = StageModel(cfg, topo, 1, micro_batches(batch, 1, d_dp), "fp16", recompute)
+        groups = by_memory.reshape(d_pp, d_dp)
+        orders = [[0]] if d_pp == 1 else [[0, *range(2, d_pp), 1], [1, *range(2, d_pp), 0]]
+        fits = any(allocate_if_it_fits("optimal", sm, groups[o].T)[1] == 0 for o in orders)
+        short = memory_short(sm, d_pp, d_dp)
+        assert (short == 0) == fits, (d_pp, short)
+        seen.add(fits)
+        if len({p.memory_gb for p in topo.profiles}) == 1:
+            assert memory_short(sm, d_pp, d_dp, any_placement=True) == short
+    assert seen == {True, False}  # both outcomes occur: the check is not vacuous
+
+
+def test_planner_searches_by_bound_and_keeps_the_fastest_plan_that_fits():
+    topo, cfg = load_scenario("5"), get_model("gpt3-xl")
+    p = plan(topo, cfg, 1024, budget=150)
+    options = degree_options(topo, cfg, 1024)
+    assert p.options == options and all(o.d_pp * o.d_dp == 64 and o.d_pp <= cfg.layers for o in options)
+    assert {(o.d_pp, o.d_dp) for o in options} == {(1, 64), (2, 32), (4, 16), (8, 8), (16, 4)}
+    fitting = [o for o, _, fits in p.searched if fits]
+    best = min(t for _, t, fits in p.searched if fits)
+    assert p.chosen in fitting and p.assignment.model["iteration_s"] == best
+    assert p.assignment.model["fits_memory"] and (p.assignment.d_pp, p.assignment.d_dp) == (p.chosen.d_pp, p.chosen.d_dp)
+    assert [o.bound_s for o, _, _ in p.searched] == sorted(o.bound_s for o, _, _ in p.searched)
+    for o in options:  # an option left out either does not fit or cannot beat the plan chosen
+        if o not in [s for s, _, _ in p.searched]:
+            assert not o.fits or o.bound_s >= best
+        assert o.bound_s <= min([t for s, t, _ in p.searched if s == o] or [np.inf]) + 1e-9
+
+
+def test_planner_says_when_nothing_fits(cli):
+    p = plan(load_scenario("5", 8), get_model("gpt3-xl"), 1024, budget=40)
+    assert not any(o.fits for o in p.options)
+    assert p.chosen == min(p.options, key=lambda o: o.bound_s) and not p.assignment.model["fits_memory"]
+    rc, out, err = cli("schedule", "--scenario", "5", "--devices", "8", "--budget", "40", "--quiet")
+    assert rc == 0, err
+    assert "degrees by the planner" in out and "<- chosen" in out and "warning: no plan fits memory" in out
+    assert "does not fit memory" in out
+    rc, out, err = cli("schedule", "--scenario", "5", "--devices", "8", "--d-pp", "4", "--budget", "40", "--quiet")
+    assert rc == 0 and "degrees by the planner" not in out and "D_PP=4 x D_DP=2" in out

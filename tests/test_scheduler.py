@@ -13,7 +13,7 @@ from harness.scheduler.exhaustive import balanced_partitions, count_partitions
 from .conftest import random_topology
 
 KEYS = ["scenario", "devices", "d_pp", "d_dp", "scheduler", "seed", "c_pp_gb", "c_dp_gb", "partition", "pipelines",
-        "cost", "trace", "layers", "model", "bound", "gap"]
+        "cost", "trace", "layers", "model", "bound", "gap", "plan"]
 
 
 def test_registry_has_the_five_schedulers():

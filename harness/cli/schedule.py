@@ -15,8 +15,8 @@ def add_layout_arguments(p: argparse.ArgumentParser) -> None:
     # Not `required=True`: argparse would then demand it before `compare`; checked in resolve_layout.
     p.add_argument("--scenario", type=scenario_name, help="case number (1-5), name or path to a .yaml file (required)")
     p.add_argument("--devices", type=positive_int, help="scale down to K devices, keeping the structure")
-    p.add_argument("--d-pp", type=positive_int, help="pipeline stages (default: 8 for 64 devices; "
-                   "in general the smallest divisor >= sqrt(devices))")
+    p.add_argument("--d-pp", type=positive_int, help="pipeline stages (schedule: chosen by the planner within memory "
+                   "unless given; compare: the smallest divisor >= sqrt(devices), 8 for 64)")
     p.add_argument("--d-dp", type=positive_int, help="data-parallel degree (default: devices / d-pp)")
     p.add_argument("--model", default="gpt3-xl", help="model config for c_pp and c_dp (default gpt3-xl)")
     p.add_argument("--layers", type=positive_int, help="override the model's layer count")
@@ -46,8 +46,11 @@ def register(sub) -> None:
     p.add_argument("--allocator", choices=ALLOCATORS, help="blocks of every stage for the modelled iteration: even (default) | "
                    "sky-heuristic | sky-mip | optimal; ga-hetero always takes optimal")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
+    p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
+                   help="recompute activations per block in backward (default: the planner's choice, off where the "
+                   "stages fit memory without it; on when --d-pp/--d-dp fix the degrees)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="the scheduler's seed (default 0)")
-    p.add_argument("--json", type=output_file, help="write the assignment JSON here")
+    p.add_argument("--json", type=output_file, help="write the assignment JSON here (with the planner's options)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_schedule)
     ss = p.add_subparsers(dest="schedule_command", metavar="compare")
@@ -114,13 +117,18 @@ def cmd_schedule(args) -> int:
     from ..compute.model import get_model
     from ..scheduler import default_allocator
 
-    topo, d_pp, d_dp, c_pp, c_dp = resolve_layout(args)
-    allocator = default_allocator(args.scheduler, args.allocator)
-    setting = ComputeSetting(get_model(args.model, args.layers), args.batch, args.micro_batch, args.dtype)
-    bar, update = _progress_bar(args.budget, f"{args.scheduler} seed {args.seed}", args.quiet)
-    with bar:
-        a = schedule(topo, d_pp, d_dp, c_pp, c_dp, args.scheduler, args.seed, args.budget, progress=update,
-                     setting=setting, allocator=allocator)
+    if args.d_pp is None and args.d_dp is None and not (args.c_pp_gb or args.c_dp_gb):
+        topo, a = _planned(args)
+        d_pp, d_dp = a.d_pp, a.d_dp
+    else:
+        topo, d_pp, d_dp, c_pp, c_dp = resolve_layout(args)
+        allocator = default_allocator(args.scheduler, args.allocator)
+        setting = ComputeSetting(get_model(args.model, args.layers), args.batch, args.micro_batch, args.dtype,
+                                 True if args.recompute is None else args.recompute)
+        bar, update = _progress_bar(args.budget, f"{args.scheduler} seed {args.seed}", args.quiet)
+        with bar:
+            a = schedule(topo, d_pp, d_dp, c_pp, c_dp, args.scheduler, args.seed, args.budget, progress=update,
+                         setting=setting, allocator=allocator)
     print(f"{topo.name}: {topo.n} devices, D_PP={d_pp} x D_DP={d_dp}, c_pp={a.c_pp_gb:.4g} GB, "
           f"c_dp={a.c_dp_gb:.4g} GB, scheduler {a.scheduler} seed {a.seed}, {a.trace[-1][0]} candidates")
     print(f"COMM-COST {a.cost['total']:.4f} s = DATAP {a.cost['dp']:.4f} s + PIPELINEP {a.cost['pp']:.4f} s; "
@@ -135,12 +143,73 @@ def cmd_schedule(args) -> int:
           f"+ DATAP {m['bound']['dp']:.4f} + PIPELINEP {m['bound']['pp']:.4f}), gap {m['gap']:.1%}")
     print("  (the scheduler's cost model adds compute and communication, as the paper's COMM-COST does; "
           "`harness sim` simulates the runtime, which overlaps them, and gives a shorter iteration)")
-    for i, p in enumerate(a.pipelines):
+    for i, p in enumerate(a.pipelines[:SHOWN_PIPELINES]):
         print(f"  pipeline {i}: " + " -> ".join(map(str, p)))
+    if len(a.pipelines) > SHOWN_PIPELINES:
+        print(f"  ... {len(a.pipelines) - SHOWN_PIPELINES} more pipelines" + (" (all in the JSON)" if args.json else
+                                                                              " (--json writes all)"))
     if args.json:
         atomic_write_json(args.json, a.to_json())
         print(f"wrote {args.json}")
     return 0
+
+
+SHOWN_PIPELINES = 16  # pipelines printed; --json has every one
+
+
+def _planned(args):
+    """The planner's assignment (harness/scheduler/degrees.py), its options printed as a table."""
+    from ..compute.model import get_model
+    from ..scenario import load_scenario
+    from ..scheduler.degrees import plan
+
+    if not args.scenario:
+        from ..layout import LayoutError
+        raise LayoutError("--scenario: required (a case number 1-5, a name, or a path to a .yaml file)")
+    topo = load_scenario(args.scenario, args.devices)
+    cfg = get_model(args.model, args.layers)
+    bars = []
+
+    def on_search(o):
+        if bars:
+            bars[-1].close()
+        bar, update = _progress_bar(args.budget, f"{args.scheduler} {o.d_pp} x {o.d_dp}", args.quiet)
+        bars.append(bar)
+        return update
+
+    if not args.quiet:
+        print(f"{topo.name}: planning the degrees of {topo.n} devices ({cfg.name}, batch {args.batch}, "
+              f"micro-batch {args.micro_batch}, {args.dtype})...", file=sys.stderr, flush=True)
+    try:
+        p = plan(topo, cfg, args.batch, args.micro_batch, args.dtype, args.scheduler, args.seed, args.budget,
+                 args.recompute, args.allocator, on_search)
+    finally:
+        for bar in bars:
+            bar.close()
+    print(degrees_table(p))
+    p.assignment.plan = p.to_json()
+    return topo, p.assignment
+
+
+def degrees_table(p) -> str:
+    """The planner's options, the searched ones with their plans' modelled iteration."""
+    searched = {(o.d_pp, o.d_dp): (t, f) for o, t, f in p.searched}
+    lines = ["degrees by the planner (every split of the devices the layers and batch allow; memory as "
+             "`harness allocate` counts it; bound: no placement's modelled iteration is shorter):",
+             f"  {'D_PP x D_DP':>12s}  {'recompute':9s}  {'memory':24s}  {'bound s':>9s}  plan's iteration s"]
+    for o in p.options:
+        memory = ("fits" if o.fits_any else "fits (roomiest placement)") if o.fits else f"{o.short_gb:.2f} GB short"
+        t = searched.get((o.d_pp, o.d_dp))
+        if t is None:
+            found = "-" if o.fits else "- (does not fit)"
+        else:
+            found = f"{t[0]:.4f}" + ("" if t[1] else " (its plan does not fit)")
+            found += "  <- chosen" if (o.d_pp, o.d_dp) == (p.chosen.d_pp, p.chosen.d_dp) else ""
+        lines.append(f"  {o.d_pp:>5d} x {o.d_dp:<4d}  {'on' if o.recompute else 'off':9s}  {memory:24s}  "
+                     f"{o.bound_s:9.4f}  {found}")
+    if not p.assignment.model["fits_memory"]:
+        lines.append(f"warning: no plan fits memory; the chosen one is {p.assignment.model['overflow_gb']:.2f} GB over")
+    return "\n".join(lines)
 
 
 def cmd_compare(args) -> int:

@@ -27,7 +27,7 @@ from .iteration_cost import ComputeSetting, IterationModel
 from ..allocation import DEFAULT as DEFAULT_ALLOCATOR
 from ..scenario import Topology
 from .registry import COMPUTE_AWARE, COMPUTE_AWARE_ALLOCATOR, SCHEDULERS, SchedulerError, register  # noqa: F401
-from .search import SearchResult
+from .search import Evaluator, SearchResult
 
 
 def default_allocator(scheduler: str, allocator: str | None) -> str:
@@ -64,6 +64,8 @@ class Assignment:
     # a lower bound on the COMM-COST of every layout (harness/scheduler/bound.py) and how far above it this one is
     bound: dict | None = None  # {"total": s, "dp": s, "pp": s}
     gap: float | None = None  # (cost - bound) / cost
+    # the planner's options when it chose the degrees (harness/scheduler/degrees.py, Plan.to_json)
+    plan: dict | None = None
 
     def to_json(self) -> dict:
         return {
@@ -83,11 +85,12 @@ class Assignment:
             "model": self.model,
             "bound": self.bound,
             "gap": self.gap,
+            "plan": self.plan,
         }
 
     @classmethod
     def from_json(cls, doc: dict) -> "Assignment":
-        optional = ("trace", "layers", "model", "bound", "gap")
+        optional = ("trace", "layers", "model", "bound", "gap", "plan")
         missing = [k for k in cls.__dataclass_fields__ if k not in doc and k not in optional]
         if missing:
             raise SchedulerError(f"assignment JSON: missing key {missing[0]!r}")
@@ -139,7 +142,13 @@ def schedule(
     comm = cost_model(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
     model = IterationModel(comm, setting) if setting is not None else None
     rng = np.random.default_rng(seed)
-    result = SCHEDULERS[scheduler](model if scheduler in COMPUTE_AWARE else comm, rng, budget, progress)
+    searched = model if scheduler in COMPUTE_AWARE else comm
+    if d_pp == 1:  # one group holds every device: the only partition, nothing to search
+        ev = Evaluator(searched, budget, progress)
+        ev(np.zeros(topo.n, dtype=int))
+        result = ev.result()
+    else:
+        result = SCHEDULERS[scheduler](searched, rng, budget, progress)
     if scheduler in COMPUTE_AWARE:
         modelled = model.breakdown(result.partition)
         pipelines = modelled.pipelines

@@ -84,6 +84,8 @@ class CostModel:
         If `mean_out` (D_PP, D_PP) is given, it receives the mean link cost of each matching."""
         P = np.asarray(partition)
         a, b = self._iu
+        if not len(a):  # one stage: no pipeline edges
+            return np.zeros((self.d_pp, self.d_pp)), {}
         blocks = self.pp_link[P[a][:, :, None], P[b][:, None, :]]  # (pairs, D_DP, D_DP)
         if self._rank_weights:
             flat = blocks.reshape(len(a), -1)

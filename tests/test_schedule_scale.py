@@ -1,6 +1,7 @@
 """The scheduler at scale (issue 58): COMM-COST on link classes equals the device model's, and the
 searches use it from LUMPED_FROM devices on."""
 import itertools
+import json
 from dataclasses import replace
 
 import numpy as np
@@ -148,3 +149,35 @@ def test_planner_says_when_nothing_fits(cli):
     assert "does not fit memory" in out
     rc, out, err = cli("schedule", "--scenario", "5", "--devices", "8", "--d-pp", "4", "--budget", "40", "--quiet")
     assert rc == 0 and "degrees by the planner" not in out and "D_PP=4 x D_DP=2" in out
+
+
+# ---------------------------------------------------------------------------- the simulator at scale
+from harness.layout import DEGREES, megatron_degrees  # noqa: E402
+
+
+def test_megatron_grid_beyond_512_devices_scales_out_by_data_parallelism():
+    paper = megatron_degrees(64)
+    assert len(paper) == 10 and all(max(g) <= 8 and np.prod(g) == 64 for g in paper)  # App. D.2, unchanged
+    big = megatron_degrees(1024)
+    assert big and all(np.prod(g) == 1024 and g[0] in DEGREES and g[1] in DEGREES for g in big)
+    assert (1, 8, 128) in big and len(big) == 16
+
+
+def test_sim_at_scale_takes_the_planners_degrees_and_its_schedule(cli, tmp_path):
+    out_json = tmp_path / "sim.json"
+    rc, out, err = cli("sim", "--scenario", "worldwide-1k", "--devices", "128", "--system", "ours", "--budget", "60",
+                       "--no-cache", "--out", str(tmp_path / "run"), "--json", str(out_json))
+    assert rc == 0, err
+    assert "degrees by the planner: D_PP" in out and "its plan fits memory" in out
+    (rec,) = [r for r in json.loads(out_json.read_text()) if r["system"] == "ours"]
+    p = plan(load_scenario("worldwide-1k", 128), get_model("gpt3-xl"), 1024, budget=60, recompute=True)
+    assert rec["config"]["pp"] == p.chosen.d_pp and rec["config"]["pipelines"] == p.assignment.pipelines
+    from harness.sim.sweep import Simulator
+
+    sim = Simulator(load_scenario("worldwide-1k", 128), d_pp=p.chosen.d_pp, budget=60)
+    assert sim.missing(get_model("gpt3-xl"), 1024) is not None
+    sim.prime(get_model("gpt3-xl"), 1024, p.assignment.to_json())  # the planner's search is the sim's: not run again
+    assert sim.missing(get_model("gpt3-xl"), 1024) is None
+    other = Simulator(load_scenario("worldwide-1k", 128), d_pp=p.chosen.d_pp, budget=61)
+    other.prime(get_model("gpt3-xl"), 1024, p.assignment.to_json())  # another budget: another search
+    assert other.missing(get_model("gpt3-xl"), 1024) is not None

@@ -170,11 +170,43 @@ def cmd_sim(args) -> int:
     return RUNNERS[workload.name](args)
 
 
+def _planned(topo, cfg, args):
+    """The planner's degrees for ours at the paper's runtime (GPipe, recompute, fp16), with progress."""
+    from tqdm import tqdm
+
+    from ..compute import PAPER_DTYPE
+    from ..scheduler.degrees import plan
+    from ..sim.sweep import PAPER_RUNTIME
+
+    bars = []
+
+    def on_search(o):
+        if bars:
+            bars[-1].close()
+        bars.append(tqdm(total=args.budget or DEFAULT_BUDGET, desc=f"plan: {args.scheduler} {o.d_pp} x {o.d_dp}",
+                         unit="cand", file=sys.stderr, leave=False))
+        return lambda evaluated, best: bars[-1].update(evaluated - bars[-1].n)
+
+    print(f"{topo.name}: planning the degrees of {topo.n} devices...", file=sys.stderr, flush=True)
+    try:
+        p = plan(topo, cfg, args.batch, args.micro_batch, PAPER_DTYPE, args.scheduler, args.seed,
+                 args.budget or DEFAULT_BUDGET, PAPER_RUNTIME["recompute"], args.allocator, on_search)
+    finally:
+        for bar in bars:
+            bar.close()
+    m = p.assignment.model
+    print(f"degrees by the planner: D_PP {p.chosen.d_pp} x D_DP {p.chosen.d_dp} of {len(p.options)} options "
+          f"(`harness schedule` prints them all); its plan "
+          + ("fits memory" if m["fits_memory"] else f"does not fit memory ({m['overflow_gb']:.1f} GB over)"))
+    return p
+
+
 def cmd_sim_gpt(args) -> int:
     """`harness sim` on a GPT: every system's layouts, iteration records."""
     from ..errors import HarnessError
     from ..layout import default_pipeline_degrees
     from ..compute import micro_batches
+    from ..scheduler.lumped import LUMPED_FROM
     from ..compute.model import get_model
     from ..files import atomic_write_json
     from ..results import manifest, new_run_id, run_dir, write_records
@@ -192,8 +224,17 @@ def cmd_sim_gpt(args) -> int:
         if s not in known:
             raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(known)})")
     n = topo.n
-    d_pp = args.d_pp or default_pipeline_degrees(n, cfg.layers)[0]  # the rule `harness run` uses
+    planned = None
+    if args.d_pp:
+        d_pp = args.d_pp
+    elif n < LUMPED_FROM:  # the paper's sizes: the rule `harness run` uses (8 x 8 for 64 devices)
+        d_pp = default_pipeline_degrees(n, cfg.layers)[0]
+    else:  # at scale: the planner's degrees within memory (harness/scheduler/degrees.py)
+        planned = _planned(topo, cfg, args)
+        d_pp = planned.chosen.d_pp
     sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, **_sim_kwargs(args))
+    if planned is not None:
+        sim.prime(cfg, args.batch, planned.assignment.to_json())
     if any(systems.get(s).scheduled for s in which):  # ours' batch must split before its schedule is searched
         micro_batches(args.batch, args.micro_batch, n // d_pp, "replicas of ours")
     if any(systems.get(s).scheduled for s in which) and sim.missing(cfg, args.batch) is not None:

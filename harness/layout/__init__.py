@@ -380,8 +380,13 @@ def default_pipeline_degrees(devices: int, layers: int) -> tuple[int, int]:
 
 
 def megatron_degrees(devices: int) -> list[tuple[int, int, int]]:
-    """Every (D_TP, D_PP, D_DP) in {1, 2, 4, 8}^3 with product = devices (App. D.2)."""
-    return [(t, p, d) for t, p, d in itertools.product(DEGREES, repeat=3) if t * p * d == devices]
+    """Every (D_TP, D_PP, D_DP) in {1, 2, 4, 8}^3 with product = devices (App. D.2). Beyond 512 devices,
+    where that grid is empty, D_TP and D_PP from the same set and D_DP the rest: data parallelism is
+    how Megatron scales out past a node."""
+    paper = [(t, p, d) for t, p, d in itertools.product(DEGREES, repeat=3) if t * p * d == devices]
+    if paper:
+        return paper
+    return [(t, p, devices // (t * p)) for t, p in itertools.product(DEGREES, repeat=2) if devices % (t * p) == 0]
 
 
 def deepspeed_degrees(devices: int) -> list[tuple[int, int, int]]:

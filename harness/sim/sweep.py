@@ -130,6 +130,20 @@ class Simulator:
         layers = self._layers.get(self._job(cfg, batch)[0])
         return tuple(tuple(r) for r in layers[0]) if layers else None
 
+    def prime(self, cfg: GPTConfig, batch: int, doc: dict) -> None:
+        """Keep an assignment found elsewhere (the degrees planner's) as this job's when it is the same
+        search: same degrees, messages, scheduler, seed and budget; a compute-aware search reads the
+        simulator's profiles and runtime too, so it is searched again."""
+        from ..scheduler import COMPUTE_AWARE
+
+        key, path, _ = self._job(cfg, batch)
+        same = (doc["d_pp"], doc["d_dp"], doc["scheduler"], doc["seed"], len(doc["trace"]) and doc["trace"][-1][0]) == \
+            (self.d_pp, self.d_dp, self.scheduler, self.schedule_seed, self.budget)
+        cpp, cdp = c_pp_bytes(cfg, batch, self.d_dp), c_dp_bytes(cfg, self.d_pp)
+        if same and self.scheduler not in COMPUTE_AWARE and (round(doc["c_pp_gb"] * 1e9), round(doc["c_dp_gb"] * 1e9)) \
+                == (round(cpp), round(cdp)) and key not in self._assignments:
+            self._store(key, path, doc)
+
     def missing(self, cfg: GPTConfig, batch: int) -> tuple | None:
         """The scheduling job for (cfg, batch) when neither memory nor disk has it, else None."""
         key, path, args = self._job(cfg, batch)

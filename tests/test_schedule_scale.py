@@ -169,6 +169,7 @@ def test_sim_at_scale_takes_the_planners_degrees_and_its_schedule(cli, tmp_path)
                        "--no-cache", "--out", str(tmp_path / "run"), "--json", str(out_json))
     assert rc == 0, err
     assert "degrees by the planner: D_PP" in out and "its plan fits memory" in out
+    assert "[memory: fits]" in out  # ours on the planner's degrees, as harness/layout/memory.py counts it
     (rec,) = [r for r in json.loads(out_json.read_text()) if r["system"] == "ours"]
     p = plan(load_scenario("worldwide-1k", 128), get_model("gpt3-xl"), 1024, budget=60, recompute=True)
     assert rec["config"]["pp"] == p.chosen.d_pp and rec["config"]["pipelines"] == p.assignment.pipelines
@@ -181,3 +182,40 @@ def test_sim_at_scale_takes_the_planners_degrees_and_its_schedule(cli, tmp_path)
     other = Simulator(load_scenario("worldwide-1k", 128), d_pp=p.chosen.d_pp, budget=61)
     other.prime(get_model("gpt3-xl"), 1024, p.assignment.to_json())  # another budget: another search
     assert other.missing(get_model("gpt3-xl"), 1024) is not None
+
+
+# ---------------------------------------------------------------------------- every system's memory
+from harness import layout as layouts  # noqa: E402
+from harness.layout.memory import memory_fit, stage_bytes  # noqa: E402
+
+
+def test_layout_memory_counts_ours_as_harness_allocate_does():
+    topo, cfg, batch = load_scenario("5"), get_model("gpt3-xl"), 256
+    seen = set()
+    for d_pp in (1, 2, 4, 8):
+        d_dp = 64 // d_pp
+        lay = layouts.in_rank_order(1, d_pp, d_dp, cfg.layers, schedule="gpipe", recompute=True)
+        sm = StageModel(cfg, topo, 1, micro_batches(batch, 1, d_dp), "fp16", True)
+        want = sm.block_memory[0] * np.array(lay.layers_per_stage, dtype=float)
+        want[0] += sm.first_memory
+        want[-1] += sm.last_memory
+        assert np.allclose(stage_bytes(lay, cfg, batch, 1, 2), want, rtol=1e-12, atol=0)
+        fit = memory_fit(lay, topo, cfg, batch, 1, 2)
+        over = sm.problem(np.asarray(lay.pipelines)).overflow(lay.layers_per_stage)
+        assert fit.fits == (over == 0) and fit.have_gb == (16.0,) * d_pp
+        seen.add(fit.fits)
+    assert seen == {True, False}
+
+
+def test_layout_memory_of_tensor_parallelism_zero_and_1f1b():
+    cfg, batch = get_model("gpt3-xl"), 1024
+    base = stage_bytes(layouts.in_rank_order(1, 4, 16, cfg.layers), cfg, batch, 1, 2)  # 1F1B, no recompute
+    gpipe = stage_bytes(layouts.in_rank_order(1, 4, 16, cfg.layers, schedule="gpipe"), cfg, batch, 1, 2)
+    assert (gpipe > base).all()  # GPipe keeps all 64 micro-batches, 1F1B at most 4 - j
+    tp2 = stage_bytes(layouts.in_rank_order(2, 4, 8, cfg.layers), cfg, batch, 1, 2)
+    assert (tp2 < base).all()
+    zero1 = stage_bytes(layouts.in_rank_order(1, 4, 16, cfg.layers, zero=1), cfg, batch, 1, 2)
+    assert (zero1 < base).all() and (base - zero1 > 0).all()
+    zero3 = stage_bytes(layouts.in_rank_order(1, 1, 64, cfg.layers, zero=3), cfg, batch, 1, 2)
+    plain = stage_bytes(layouts.in_rank_order(1, 1, 64, cfg.layers), cfg, batch, 1, 2)
+    assert zero3[0] < plain[0]

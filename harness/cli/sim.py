@@ -170,43 +170,13 @@ def cmd_sim(args) -> int:
     return RUNNERS[workload.name](args)
 
 
-def _planned(topo, cfg, args):
-    """The planner's degrees for ours at the paper's runtime (GPipe, recompute, fp16), with progress."""
-    from tqdm import tqdm
-
-    from ..compute import PAPER_DTYPE
-    from ..scheduler.degrees import plan
-    from ..sim.sweep import PAPER_RUNTIME
-
-    bars = []
-
-    def on_search(o):
-        if bars:
-            bars[-1].close()
-        bars.append(tqdm(total=args.budget or DEFAULT_BUDGET, desc=f"plan: {args.scheduler} {o.d_pp} x {o.d_dp}",
-                         unit="cand", file=sys.stderr, leave=False))
-        return lambda evaluated, best: bars[-1].update(evaluated - bars[-1].n)
-
-    print(f"{topo.name}: planning the degrees of {topo.n} devices...", file=sys.stderr, flush=True)
-    try:
-        p = plan(topo, cfg, args.batch, args.micro_batch, PAPER_DTYPE, args.scheduler, args.seed,
-                 args.budget or DEFAULT_BUDGET, PAPER_RUNTIME["recompute"], args.allocator, on_search)
-    finally:
-        for bar in bars:
-            bar.close()
-    m = p.assignment.model
-    print(f"degrees by the planner: D_PP {p.chosen.d_pp} x D_DP {p.chosen.d_dp} of {len(p.options)} options "
-          f"(`harness schedule` prints them all); its plan "
-          + ("fits memory" if m["fits_memory"] else f"does not fit memory ({m['overflow_gb']:.1f} GB over)"))
-    return p
-
-
 def cmd_sim_gpt(args) -> int:
     """`harness sim` on a GPT: every system's layouts, iteration records."""
     from ..errors import HarnessError
     from ..layout import default_pipeline_degrees
     from ..compute import micro_batches
     from ..scheduler.lumped import LUMPED_FROM
+    from .sim_scale import memory_notes, planned_degrees
     from ..compute.model import get_model
     from ..files import atomic_write_json
     from ..results import manifest, new_run_id, run_dir, write_records
@@ -230,7 +200,7 @@ def cmd_sim_gpt(args) -> int:
     elif n < LUMPED_FROM:  # the paper's sizes: the rule `harness run` uses (8 x 8 for 64 devices)
         d_pp = default_pipeline_degrees(n, cfg.layers)[0]
     else:  # at scale: the planner's degrees within memory (harness/scheduler/degrees.py)
-        planned = _planned(topo, cfg, args)
+        planned = planned_degrees(topo, cfg, args)
         d_pp = planned.chosen.d_pp
     sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, **_sim_kwargs(args))
     if planned is not None:
@@ -252,9 +222,10 @@ def cmd_sim_gpt(args) -> int:
                for c in cands]
     print(f"{topo.name}: {n} devices, {cfg.name} L={cfg.layers} batch {args.batch}, micro-batch {args.micro_batch}")
     print(f"{'system':<12} {'seconds':>10} {'PFLOPS':>8}  layout")
+    memory = memory_notes(topo, cfg, args, cands)
     for c, rec in zip(cands, records):
         if c.best:
-            print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {_short(c.config)}")
+            print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {_short(c.config)}{memory[id(c)]}")
     per_system = Counter(c.system for c in cands)
     grid = sorted(((c, r) for c, r in zip(cands, records) if per_system[c.system] > 1),
                   key=lambda cr: (cr[0].system, cr[0].seconds))
@@ -263,7 +234,7 @@ def cmd_sim_gpt(args) -> int:
               "ZeRO-1 x P; placements averaged over seeds):")
         for c, rec in grid:
             print(f"  {c.system:<10} {c.seconds:>12.3f} s {rec.pflops:>8.4f} PFLOPS  {_short(c.config)}"
-                  f"{'  <- best' if c.best else ''}")
+                  f"{memory[id(c)]}{'  <- best' if c.best else ''}")
     for c in cands:
         if systems.get(c.system).scheduled:
             print(f"{c.system}' pipelines (device of stage 0..D_PP-1 per replica): "

@@ -57,6 +57,7 @@ class Candidate:
     compute_seconds: float
     seeds: tuple[int, ...]
     best: bool = False
+    layout: Layout | None = None  # the layout simulated (the first seed's), for what it holds in memory
 
 
 class Simulator:
@@ -216,7 +217,7 @@ def grid_candidates(sim: Simulator, system: str, grid, cfg: GPTConfig, batch: in
                 runs = [simulate(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch) for lay in lays]
             except (SimError, LayoutError, BatchError):
                 break  # this layout does not fit the model/batch (e.g. batch not divisible)
-            out.append(mean_candidate(system, {**config, "placement": name}, runs, seeds))
+            out.append(mean_candidate(system, {**config, "placement": name}, runs, seeds, lays[0]))
     return out
 
 
@@ -233,7 +234,7 @@ def candidates_of_rule(sim: Simulator, entry, cfg: GPTConfig, batch: int) -> lis
     lay, _ = resolve_layout(req, sim.topo)
     seconds, compute = entry.simulate_layout_fn()(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch,
                                                   work.PAPER_BYTES)
-    return [Candidate(entry.name, lay.to_json(), seconds, compute, ())]
+    return [Candidate(entry.name, lay.to_json(), seconds, compute, (), layout=lay)]
 
 
 def schedule_job(args: tuple, progress=None) -> dict:
@@ -275,9 +276,9 @@ def prefetch_assignments(jobs: list[tuple["Simulator", GPTConfig, int]], workers
     return len(todo)
 
 
-def mean_candidate(system: str, config: dict, runs: list[SimResult], seeds) -> Candidate:
+def mean_candidate(system: str, config: dict, runs: list[SimResult], seeds, layout: Layout | None = None) -> Candidate:
     return Candidate(system, config, float(np.mean([r.seconds for r in runs])),
-                     float(np.mean([r.compute_seconds for r in runs])), tuple(seeds))
+                     float(np.mean([r.compute_seconds for r in runs])), tuple(seeds), layout=layout)
 
 
 def to_record(c: Candidate, *, run_id: str, topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int = 1) -> IterationRecord:

@@ -177,9 +177,11 @@ def _layout(pipelines, cfg: GPTConfig, placement: str) -> Layout:
 def candidates_dtfm(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
     """DT-FM on the scheduler's assignment (the paper's rank map from generate_assignment.py)."""
     pipelines = sim.assignment(cfg, batch)
-    r = simulate_dtfm(sim.links, sim.profiles, cfg, batch, _layout(pipelines, cfg, sim.scheduler), sim.micro_batch)
+    lay = _layout(pipelines, cfg, sim.scheduler)
+    r = simulate_dtfm(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch)
     return [Candidate("dtfm", {"pp": sim.d_pp, "dp": sim.d_dp, "scheduler": sim.scheduler, "steps": r.config["steps"],
-                               "pipelines": pipelines.tolist()}, r.seconds, r.compute_seconds, (sim.schedule_seed,))]
+                               "pipelines": pipelines.tolist()}, r.seconds, r.compute_seconds, (sim.schedule_seed,),
+                      layout=lay)]
 
 
 def candidates_dtfm_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
@@ -189,7 +191,7 @@ def candidates_dtfm_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[C
             for lay in lays]
     return [mean_candidate("dtfm-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
                                            "pipelines": [[list(p) for p in lay.pipelines] for lay in lays]},
-                           runs, RANDOM_SEEDS)]
+                           runs, RANDOM_SEEDS, lays[0])]
 
 
 def simulate_dtfm_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int, bpv: int) -> tuple[float, float]:

@@ -107,7 +107,7 @@ def candidates_ours(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidat
     r = simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, ps_mode=sim.ps_mode)
     return [Candidate("ours", {"pp": sim.d_pp, "dp": sim.d_dp, "scheduler": sim.scheduler,
                                "pipelines": pipelines.tolist(), **_allocation_config(sim, lay)},
-                      r.seconds, r.compute_seconds, (sim.schedule_seed,))]
+                      r.seconds, r.compute_seconds, (sim.schedule_seed,), layout=lay)]
 
 
 def _allocated(sim: Simulator, lay: Layout, cfg: GPTConfig, batch: int) -> Layout:
@@ -135,7 +135,7 @@ def candidates_ours_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[C
     return [mean_candidate("ours-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
                                   "pipelines": [[list(p) for p in lay.pipelines] for lay in lays],
                                   **({} if keeps_even_split(sim.allocator) else {"allocator": sim.allocator})},
-                  runs, RANDOM_SEEDS)]
+                  runs, RANDOM_SEEDS, lays[0])]
 
 
 def simulate_ours_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int, bpv: int) -> tuple[float, float]:

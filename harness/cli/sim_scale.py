@@ -1,0 +1,54 @@
+"""`harness sim` at scale: the planner's degrees for ours, and what every simulated layout holds in memory."""
+from __future__ import annotations
+
+import sys
+
+from ..scheduler import DEFAULT_BUDGET
+
+
+def memory_notes(topo, cfg, args, cands) -> dict[int, str]:
+    """'  [memory: fits | N GB over]' of every candidate whose layout is known (harness/layout/memory.py);
+    the simulator itself does not limit memory."""
+    from ..compute import PAPER_BYTES
+    from ..layout import LayoutError
+    from ..layout.memory import memory_fit
+
+    out = {}
+    for c in cands:
+        try:
+            fit = memory_fit(c.layout, topo, cfg, args.batch, args.micro_batch, PAPER_BYTES) if c.layout else None
+        except LayoutError:  # pipelines that differ: no one table of stages
+            fit = None
+        out[id(c)] = "" if fit is None else f"  [memory: {fit.describe()}]"
+    return out
+
+
+def planned_degrees(topo, cfg, args):
+    """The planner's degrees for ours at the paper's runtime (GPipe, recompute, fp16), with progress."""
+    from tqdm import tqdm
+
+    from ..compute import PAPER_DTYPE
+    from ..scheduler.degrees import plan
+    from ..sim.sweep import PAPER_RUNTIME
+
+    bars = []
+
+    def on_search(o):
+        if bars:
+            bars[-1].close()
+        bars.append(tqdm(total=args.budget or DEFAULT_BUDGET, desc=f"plan: {args.scheduler} {o.d_pp} x {o.d_dp}",
+                         unit="cand", file=sys.stderr, leave=False))
+        return lambda evaluated, best: bars[-1].update(evaluated - bars[-1].n)
+
+    print(f"{topo.name}: planning the degrees of {topo.n} devices...", file=sys.stderr, flush=True)
+    try:
+        p = plan(topo, cfg, args.batch, args.micro_batch, PAPER_DTYPE, args.scheduler, args.seed,
+                 args.budget or DEFAULT_BUDGET, PAPER_RUNTIME["recompute"], args.allocator, on_search)
+    finally:
+        for bar in bars:
+            bar.close()
+    m = p.assignment.model
+    print(f"degrees by the planner: D_PP {p.chosen.d_pp} x D_DP {p.chosen.d_dp} of {len(p.options)} options "
+          f"(`harness schedule` prints them all); its plan "
+          + ("fits memory" if m["fits_memory"] else f"does not fit memory ({m['overflow_gb']:.1f} GB over)"))
+    return p

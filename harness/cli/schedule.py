@@ -109,6 +109,24 @@ def _progress_bar(total: int, desc: str, quiet: bool):
     return bar, update
 
 
+def option_bars(budget: int, scheduler: str, quiet: bool = False):
+    """(on_search, close) for the degrees planner: each option it searches gets a progress bar of its own."""
+    bars = []
+
+    def on_search(o):
+        if bars:
+            bars[-1].close()
+        bar, update = _progress_bar(budget, f"{scheduler} {o.d_pp} x {o.d_dp}", quiet)
+        bars.append(bar)
+        return update
+
+    def close():
+        for bar in bars:
+            bar.close()
+
+    return on_search, close
+
+
 def cmd_schedule(args) -> int:
     from ..files import atomic_write_json
     from ..scheduler import schedule
@@ -168,15 +186,7 @@ def _planned(args):
         raise LayoutError("--scenario: required (a case number 1-5, a name, or a path to a .yaml file)")
     topo = load_scenario(args.scenario, args.devices)
     cfg = get_model(args.model, args.layers)
-    bars = []
-
-    def on_search(o):
-        if bars:
-            bars[-1].close()
-        bar, update = _progress_bar(args.budget, f"{args.scheduler} {o.d_pp} x {o.d_dp}", args.quiet)
-        bars.append(bar)
-        return update
-
+    on_search, close_bars = option_bars(args.budget, args.scheduler, args.quiet)
     if not args.quiet:
         print(f"{topo.name}: planning the degrees of {topo.n} devices ({cfg.name}, batch {args.batch}, "
               f"micro-batch {args.micro_batch}, {args.dtype})...", file=sys.stderr, flush=True)
@@ -184,8 +194,7 @@ def _planned(args):
         p = plan(topo, cfg, args.batch, args.micro_batch, args.dtype, args.scheduler, args.seed, args.budget,
                  args.recompute, args.allocator, on_search)
     finally:
-        for bar in bars:
-            bar.close()
+        close_bars()
     print(degrees_table(p))
     p.assignment.plan = p.to_json()
     return topo, p.assignment

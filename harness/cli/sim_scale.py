@@ -25,28 +25,19 @@ def memory_notes(topo, cfg, args, cands) -> dict[int, str]:
 
 def planned_degrees(topo, cfg, args):
     """The planner's degrees for ours at the paper's runtime (GPipe, recompute, fp16), with progress."""
-    from tqdm import tqdm
-
     from ..compute import PAPER_DTYPE
     from ..scheduler.degrees import plan
     from ..sim.sweep import PAPER_RUNTIME
+    from .schedule import option_bars
 
-    bars = []
-
-    def on_search(o):
-        if bars:
-            bars[-1].close()
-        bars.append(tqdm(total=args.budget or DEFAULT_BUDGET, desc=f"plan: {args.scheduler} {o.d_pp} x {o.d_dp}",
-                         unit="cand", file=sys.stderr, leave=False))
-        return lambda evaluated, best: bars[-1].update(evaluated - bars[-1].n)
-
+    budget = args.budget or DEFAULT_BUDGET
+    on_search, close_bars = option_bars(budget, f"plan: {args.scheduler}")
     print(f"{topo.name}: planning the degrees of {topo.n} devices...", file=sys.stderr, flush=True)
     try:
-        p = plan(topo, cfg, args.batch, args.micro_batch, PAPER_DTYPE, args.scheduler, args.seed,
-                 args.budget or DEFAULT_BUDGET, PAPER_RUNTIME["recompute"], args.allocator, on_search)
+        p = plan(topo, cfg, args.batch, args.micro_batch, PAPER_DTYPE, args.scheduler, args.seed, budget,
+                 PAPER_RUNTIME["recompute"], args.allocator, on_search)
     finally:
-        for bar in bars:
-            bar.close()
+        close_bars()
     m = p.assignment.model
     print(f"degrees by the planner: D_PP {p.chosen.d_pp} x D_DP {p.chosen.d_dp} of {len(p.options)} options "
           f"(`harness schedule` prints them all); its plan "

@@ -17,7 +17,7 @@ These are the device model's values (the same maxima and sums, summed in another
 rounding, tests/test_schedule_scale.py), at a cost that grows with D_PP and C, not with D_DP: a
 1,024-device case-5 candidate costs about 1 ms instead of 0.3 s. Edges and group costs are cached
 by their count vectors: a local-search swap changes two groups, so most of a candidate's edges were
-seen before; the exact TSP (D_PP <= 16) is cached on its edge matrix, which takes few values.
+seen before; the path is cached on its edge matrix, which takes few values.
 
 The tie-breaker (CostModel.score's averaged terms) is the same in kind with one change: each
 matching's mean link is that of the cheapest-first transport of K[j] to K[j'] (the device model's
@@ -42,30 +42,34 @@ SEARCH_EXACT_TSP_MAX = 12  # stages up to which the search's path is the exact T
 TWO_OPT_STARTS = 8  # nearest-neighbour paths that 2-opt improves, the cheapest first
 
 
+def group_links(model: CostModel, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(pp, dp) link values between the groups of devices labelled 0..G-1 by `group`: any device pair of
+    two groups; on the diagonal two distinct devices of the group (0 where it has one device)."""
+    G = int(group.max()) + 1
+    members = [np.flatnonzero(group == g) for g in range(G)]
+    first = np.array([m[0] for m in members])
+    pp, dp = model.pp_link[np.ix_(first, first)].copy(), model.dp_link[np.ix_(first, first)].copy()
+    for g, m in enumerate(members):
+        pp[g, g], dp[g, g] = (model.pp_link[m[0], m[1]], model.dp_link[m[0], m[1]]) if len(m) > 1 else (0.0, 0.0)
+    return pp, dp
+
+
 def link_classes(model: CostModel) -> np.ndarray | None:
     """Class of every device (0..C-1, in order of first device), or None when the links do not lump
     into at most MAX_CLASSES classes (per-device links: the device model is the only exact one)."""
     region = np.asarray(model.topo.device_region)
-    reps = np.array([np.flatnonzero(region == r)[0] for r in range(region.max() + 1)])
-    # region-level values: any device pair of the two regions; the diagonal from two distinct devices
-    R = len(reps)
-    pp = model.pp_link[np.ix_(reps, reps)].copy()
-    dp = model.dp_link[np.ix_(reps, reps)].copy()
-    for r in range(R):
-        members = np.flatnonzero(region == r)
-        if len(members) > 1:
-            pp[r, r], dp[r, r] = model.pp_link[members[0], members[1]], model.dp_link[members[0], members[1]]
+    pp, dp = group_links(model, region)
     # the device matrices must be the expansion of the region ones (off the diagonal)
-    expand_pp, expand_dp = pp[np.ix_(region, region)], dp[np.ix_(region, region)]
     off = ~np.eye(len(region), dtype=bool)
-    if not (np.array_equal(expand_pp[off], model.pp_link[off]) and np.array_equal(expand_dp[off], model.dp_link[off])):
+    if not (np.array_equal(pp[np.ix_(region, region)][off], model.pp_link[off])
+            and np.array_equal(dp[np.ix_(region, region)][off], model.dp_link[off])):
         return None
     # regions whose links equal their own intra links merge into one class
+    R = len(pp)
+    sizes = np.bincount(region, minlength=R)
     cls = np.arange(R)
     for r, s in combinations(range(R), 2):
-        if cls[s] != s:
-            continue
-        if all(_alike(m, r, s, np.bincount(region, minlength=R)) for m in (pp, dp)):
+        if cls[s] == s and all(_alike(m, r, s, sizes) for m in (pp, dp)):
             cls[s] = cls[r]
     _, cls = np.unique(cls, return_inverse=True)
     return cls[region] if cls.max() + 1 <= MAX_CLASSES else None
@@ -92,16 +96,8 @@ class LumpedCostModel(CostModel):
             raise ValueError(f"{topo.source}: the links do not lump into at most {MAX_CLASSES} classes")
         C = int(self.device_class.max()) + 1
         self.classes = C
-        first = np.array([np.flatnonzero(self.device_class == c)[0] for c in range(C)])
         sizes = np.bincount(self.device_class, minlength=C)
-        self.class_pp = self.pp_link[np.ix_(first, first)].copy()
-        self.class_dp = self.dp_link[np.ix_(first, first)].copy()
-        for c in range(C):
-            if sizes[c] > 1:
-                pair = np.flatnonzero(self.device_class == c)[:2]
-                self.class_pp[c, c], self.class_dp[c, c] = self.pp_link[pair[0], pair[1]], self.dp_link[pair[0], pair[1]]
-            else:  # one device: never paired with its own class
-                self.class_pp[c, c] = self.class_dp[c, c] = 0.0
+        self.class_pp, self.class_dp = group_links(self, self.device_class)  # a one-device class never meets itself
         usable = ~np.eye(C, dtype=bool) | (sizes > 1)[:, None]
         self._values = np.unique(self.class_pp[usable])  # the edge values, ascending
         subsets = ((np.arange(1, 1 << C)[:, None] >> np.arange(C)) & 1).astype(np.int64)  # (2^C - 1, C)
@@ -208,6 +204,7 @@ class LumpedCostModel(CostModel):
                 _, cols = linear_sum_assignment(np.where(block <= least, block, np.inf))
             staged[k] = P[order[k]][cols]
         return staged
+
 
 def path_2opt(W: np.ndarray, starts: int = TWO_OPT_STARTS) -> tuple[float, list[int]]:
     """A short open path over symmetric W: nearest neighbour from every start (vectorised), then 2-opt

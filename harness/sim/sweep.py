@@ -138,11 +138,11 @@ class Simulator:
         from ..scheduler import COMPUTE_AWARE
 
         key, path, _ = self._job(cfg, batch)
-        same = (doc["d_pp"], doc["d_dp"], doc["scheduler"], doc["seed"], len(doc["trace"]) and doc["trace"][-1][0]) == \
-            (self.d_pp, self.d_dp, self.scheduler, self.schedule_seed, self.budget)
-        cpp, cdp = c_pp_bytes(cfg, batch, self.d_dp), c_dp_bytes(cfg, self.d_pp)
-        if same and self.scheduler not in COMPUTE_AWARE and (round(doc["c_pp_gb"] * 1e9), round(doc["c_dp_gb"] * 1e9)) \
-                == (round(cpp), round(cdp)) and key not in self._assignments:
+        if self.scheduler in COMPUTE_AWARE or key in self._assignments:
+            return
+        found = (self._fingerprint, doc["d_pp"], doc["d_dp"], round(doc["c_pp_gb"] * 1e9), round(doc["c_dp_gb"] * 1e9),
+                 doc["scheduler"], doc["seed"], doc["trace"][-1][0] if doc["trace"] else 0)
+        if found == key:
             self._store(key, path, doc)
 
     def missing(self, cfg: GPTConfig, batch: int) -> tuple | None:

@@ -2,7 +2,6 @@
 searches use it from LUMPED_FROM devices on."""
 import itertools
 import json
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -45,7 +44,7 @@ def test_link_classes_merge_alike_regions_and_refuse_per_device_links():
     topo = load_scenario("5")
     delay = topo.delay_ms.copy()
     delay[0, 1] = delay[1, 0] = 99.0  # one pair of Oregon's devices differs from the rest
-    odd = replace(topo, delay_ms=delay)
+    odd = topo.with_device_links(delay_ms=delay)
     assert link_classes(CostModel(odd, 8, 8, 8e6, 1e8)) is None
 
 

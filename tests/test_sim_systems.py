@@ -1,7 +1,6 @@
 """Whole-iteration models: hand-checkable cases, monotonicity, and the paper's cost model as a lower bound."""
 from __future__ import annotations
 
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -114,14 +113,14 @@ def test_less_bandwidth_or_more_delay_never_makes_an_iteration_faster(seed):
     pipelines = random_placement(8, seed).reshape(4, 2).T
     base = _all_systems(topo, pipelines)
     rng = np.random.default_rng(seed)
-    slower_bw = replace(topo, bandwidth_gbps=topo.bandwidth_gbps * rng.uniform(0.3, 1.0, (8, 8)))
-    more_delay = replace(topo, delay_ms=topo.delay_ms + rng.uniform(0, 50, (8, 8)))
+    slower_bw = topo.with_device_links(bandwidth_gbps=topo.bandwidth_gbps * rng.uniform(0.3, 1.0, (8, 8)))
+    more_delay = topo.with_device_links(delay_ms=topo.delay_ms + rng.uniform(0, 50, (8, 8)))
     for worse in (slower_bw, more_delay):
         after = _all_systems(worse, pipelines)
         for k in base:
             assert after[k] >= base[k] - 1e-9, k
     # and a strictly slower network does cost something for every system
-    much_worse = replace(topo, bandwidth_gbps=topo.bandwidth_gbps / 10)
+    much_worse = topo.with_device_links(bandwidth_gbps=topo.bandwidth_gbps / 10)
     after = _all_systems(much_worse, pipelines)
     assert all(after[k] > base[k] for k in base)
 

@@ -4,7 +4,6 @@ refused in one line that names the file, the field and the value.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import numpy as np
 from .gpus import GPU_TYPES, find_gpu
 from .transport import AUTO, AUTO_MAX_BYTES, CONGESTION_CONTROLS, LINUX, LINUX_RMEM, LINUX_WMEM, Transport
 from .transport import KEYS as TRANSPORT_KEYS
-from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology
+from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology, check_fits
 
 
 _TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "server", "transport"}
@@ -165,21 +164,11 @@ def parse_scenario(doc, path: Path) -> Topology:
             _fail(path, "regions", "duplicate region name", r.name)
         seen.add(r.name)
 
-    R = len(regions)
-    _check_fits(path, sum(r.devices for r in regions), R)
+    check_fits(path, len(regions), "region(s)")
     inter_delay, inter_bw = _inter(path, doc["inter_region"], regions)
+    np.fill_diagonal(inter_delay, [reg.intra.delay_ms for reg in regions])
+    np.fill_diagonal(inter_bw, [reg.intra.bandwidth_gbps for reg in regions])
     device_region = tuple(r for r, reg in enumerate(regions) for _ in range(reg.devices))
-    dr = np.asarray(device_region)
-    delay = inter_delay[np.ix_(dr, dr)]
-    bw = inter_bw[np.ix_(dr, dr)]
-    same = dr[:, None] == dr[None, :]
-    intra_delay = np.array([reg.intra.delay_ms for reg in regions])[dr]
-    intra_bw = np.array([reg.intra.bandwidth_gbps for reg in regions])[dr]
-    delay = np.where(same, intra_delay[:, None], delay)
-    bw = np.where(same, intra_bw[:, None], bw)
-    np.fill_diagonal(delay, 0.0)
-    np.fill_diagonal(bw, np.inf)
-    assert R == len(regions)
     server = _server(path, doc["server"]) if "server" in doc else None
     return Topology(
         name=str(doc["name"]),
@@ -187,28 +176,11 @@ def parse_scenario(doc, path: Path) -> Topology:
         source=str(path),
         regions=tuple(regions),
         device_region=device_region,
-        delay_ms=delay,
-        bandwidth_gbps=bw,
+        region_delay_ms=inter_delay,
+        region_bandwidth_gbps=inter_bw,
         server=server,
         transport=parse_transport(path, doc["transport"]) if "transport" in doc else LINUX,
     )
-
-
-#: float64 N x N matrices alive at once while a scenario of N devices is parsed (delay, bandwidth and
-#: their intermediates); consumers (scheduler, simulator, shaping plan) hold a few more.
-PARSE_MATRICES = 6
-
-
-def _check_fits(path: Path, devices: int, regions: int) -> None:
-    """One line, before any allocation, when the link matrices would not fit in this machine's memory
-    (a traceback from numpy, or the machine swapping, otherwise)."""
-    need = PARSE_MATRICES * 8 * (devices ** 2 + regions ** 2)
-    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    if need > have:
-        most = math.isqrt(have // (PARSE_MATRICES * 8))
-        _fail(path, "regions", f"{devices:,} devices in {regions:,} region(s) need {need / 2**30:,.1f} GiB for "
-                               f"their device x device link matrices, more than this machine's "
-                               f"{have / 2**30:.1f} GiB (at most about {most:,} devices here)")
 
 
 def _server(path, d) -> Server:

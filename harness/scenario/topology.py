@@ -1,10 +1,19 @@
-"""A scenario as the harness holds it: `Topology`, device-level one-way delay (ms) and bandwidth (Gbps)
-matrices, regions and per-device compute profiles; frozen, and scaled or cut down into new ones.
+"""A scenario as the harness holds it: `Topology`, one-way delay (ms) and bandwidth (Gbps) between regions,
+regions and per-device compute profiles; frozen, and scaled or cut down into new ones.
+
+Links are held by region (R x R, the diagonal each region's own link): a scenario of 10,240 devices in eight
+regions holds two 8 x 8 matrices, not two 800 MB device x device ones. The device x device matrices that
+small-scale consumers read (`delay_ms`, `bandwidth_gbps`) are expanded on first read; the consumers at
+scale (the planner on link classes) read `region_links` and never expand them. A topology whose links
+differ inside a region (a test that perturbs one pair, the FL emulation's server) carries device-level
+links instead (`with_device_links`).
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
+from functools import cached_property
 
 import numpy as np
 
@@ -15,6 +24,23 @@ from .transport import LINUX, Transport
 
 class ScenarioError(HarnessError, ValueError):
     """A scenario file or request is invalid; str() is one line: file: field: problem."""
+
+
+#: float64 N x N matrices alive at once while link matrices of N rows are built and read (delay, bandwidth
+#: and their intermediates; the scheduler and simulator hold a few more)
+LINK_MATRICES = 6
+
+
+def check_fits(source, rows: int, what: str) -> None:
+    """One line, before any allocation, when link matrices of `rows` rows (devices or regions) would not
+    fit in this machine's memory (a traceback from numpy, or the machine swapping, otherwise)."""
+    need = LINK_MATRICES * 8 * rows ** 2
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > have:
+        most = math.isqrt(have // (LINK_MATRICES * 8))
+        raise ScenarioError(f"{source}: regions: {rows:,} {what} need {need / 2**30:,.1f} GiB for their "
+                            f"{rows:,} x {rows:,} link matrices, more than this machine's "
+                            f"{have / 2**30:.1f} GiB (at most about {most:,} here)")
 
 
 @dataclass(frozen=True)
@@ -64,11 +90,12 @@ class Region:
 
 @dataclass(frozen=True)
 class Topology:
-    """The world a run happens in, at device level.
+    """The world a run happens in.
 
-    delay_ms[d][e] is the one-way delay applied on d's egress towards e;
-    bandwidth_gbps[d][e] the rate from d to e. The diagonal is unused
-    (delay 0, bandwidth inf). Device ids are row indices.
+    region_delay_ms[r][s] is the one-way delay applied on the egress of r's devices towards s's,
+    region_bandwidth_gbps[r][s] the rate; the diagonal is the link between two devices of one region.
+    At device level (`delay_ms`, `bandwidth_gbps`, device ids are row indices) the diagonal is unused
+    (delay 0, bandwidth inf).
     """
 
     name: str
@@ -76,18 +103,60 @@ class Topology:
     source: str
     regions: tuple[Region, ...]
     device_region: tuple[int, ...]  # region index of every device
-    delay_ms: np.ndarray
-    bandwidth_gbps: np.ndarray  # already multiplied by bandwidth_scale
+    region_delay_ms: np.ndarray
+    region_bandwidth_gbps: np.ndarray  # already multiplied by bandwidth_scale
     bandwidth_scale: float = 1.0  # the factor applied to the scenario file's bandwidths (scaled())
     server: Server | None = None  # only scenarios of the FL workload have one
     # per device, the most its interface sends in all (Gbps, scaled like bandwidth_gbps); None or inf:
     # no limit beyond each pair's own rate (an FL server's uplink is one: workloads/fl/federation.py)
     egress_gbps: np.ndarray | None = None
     transport: Transport = LINUX  # every device's TCP settings (transport.py)
+    # device x device links where they are not the regions' (with_device_links); None: the regions'
+    device_delay_ms: np.ndarray | None = None
+    device_bandwidth_gbps: np.ndarray | None = None
 
     @property
     def n(self) -> int:
         return len(self.device_region)
+
+    @property
+    def region_links(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(delay ms, bandwidth Gbps), R x R with each region's own link on the diagonal, when they are every
+        device pair's links (None when device-level links were given)."""
+        if self.device_delay_ms is not None or self.device_bandwidth_gbps is not None:
+            return None
+        return self.region_delay_ms, self.region_bandwidth_gbps
+
+    @cached_property
+    def delay_ms(self) -> np.ndarray:
+        """(N, N) one-way delays, device level (expanded once, on first read)."""
+        if self.device_delay_ms is not None:
+            return self.device_delay_ms
+        return self._expand(self.region_delay_ms, 0.0)
+
+    @cached_property
+    def bandwidth_gbps(self) -> np.ndarray:
+        """(N, N) rates in Gbps, device level (expanded once, on first read)."""
+        if self.device_bandwidth_gbps is not None:
+            return self.device_bandwidth_gbps
+        return self._expand(self.region_bandwidth_gbps, np.inf)
+
+    def _expand(self, region: np.ndarray, diagonal: float) -> np.ndarray:
+        check_fits(self.source, self.n, "devices")
+        dr = np.asarray(self.device_region)
+        out = region[np.ix_(dr, dr)]
+        np.fill_diagonal(out, diagonal)
+        return out
+
+    def with_device_links(self, delay_ms: np.ndarray | None = None,
+                          bandwidth_gbps: np.ndarray | None = None) -> "Topology":
+        """This topology with device-level links (N x N) in place of the regions' (either one, or both)."""
+        delay = self.delay_ms if delay_ms is None else np.asarray(delay_ms, dtype=float)
+        bw = self.bandwidth_gbps if bandwidth_gbps is None else np.asarray(bandwidth_gbps, dtype=float)
+        for what, m in (("delay_ms", delay), ("bandwidth_gbps", bw)):
+            if m.shape != (self.n, self.n):
+                raise ScenarioError(f"{self.source}: {what}: must be {self.n} x {self.n} (got {m.shape})")
+        return replace(self, device_delay_ms=delay, device_bandwidth_gbps=bw)
 
     def scaled(self, bandwidth_scale: float) -> "Topology":
         """Every bandwidth multiplied by `bandwidth_scale` (delays unchanged), applied once where a run is
@@ -98,8 +167,9 @@ class Topology:
         if s == 1.0:
             return self
         egress = None if self.egress_gbps is None else self.egress_gbps * s
-        return replace(self, bandwidth_gbps=self.bandwidth_gbps * s, bandwidth_scale=self.bandwidth_scale * s,
-                       egress_gbps=egress)
+        device_bw = None if self.device_bandwidth_gbps is None else self.device_bandwidth_gbps * s
+        return replace(self, region_bandwidth_gbps=self.region_bandwidth_gbps * s,
+                       bandwidth_scale=self.bandwidth_scale * s, egress_gbps=egress, device_bandwidth_gbps=device_bw)
 
     def region_of(self, device: int) -> Region:
         return self.regions[self.device_region[device]]
@@ -116,6 +186,14 @@ class Topology:
         bw_bps = gbps_to_bits_per_s((bw + bw.T) / 2)
         np.fill_diagonal(delay_s, 0.0)
         return delay_s, bw_bps
+
+    def symmetric_regions(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """symmetric() between regions (R x R, the diagonal each region's own link), with the same arithmetic:
+        equal to every device pair's value; None when device-level links were given."""
+        if self.region_links is None:
+            return None
+        delay, bw = self.region_links
+        return ms_to_s((delay + delay.T) / 2), gbps_to_bits_per_s((bw + bw.T) / 2)
 
     def to_export(self) -> dict:
         """The `scenario export --json` document (diagonal bandwidth is null)."""
@@ -138,18 +216,23 @@ class Topology:
         regions = tuple(
             replace(self.regions[r], devices=counts[r]) for r in used
         )
+        keep = np.ix_(used, used)
+        by_device = np.ix_(idx, idx)
         return Topology(
             name=self.name,
             description=self.description,
             source=self.source,
             regions=regions,
             device_region=tuple(remap[self.device_region[d]] for d in devices),
-            delay_ms=self.delay_ms[np.ix_(idx, idx)].copy(),
-            bandwidth_gbps=self.bandwidth_gbps[np.ix_(idx, idx)].copy(),
+            region_delay_ms=self.region_delay_ms[keep].copy(),
+            region_bandwidth_gbps=self.region_bandwidth_gbps[keep].copy(),
             bandwidth_scale=self.bandwidth_scale,
             server=self.server,
             egress_gbps=None if self.egress_gbps is None else self.egress_gbps[idx].copy(),
             transport=self.transport,
+            device_delay_ms=None if self.device_delay_ms is None else self.device_delay_ms[by_device].copy(),
+            device_bandwidth_gbps=(None if self.device_bandwidth_gbps is None
+                                   else self.device_bandwidth_gbps[by_device].copy()),
         )
 
 

@@ -167,22 +167,19 @@ def emulated_topology(topo: Topology, fed: Federation) -> Topology:
     """`fed` (the federation of `topo`, at its alpha) as devices of the emulated cluster: the workers in
     their racks, then the server (device `fed.workers`) in a region of its own, reached at B_inter after
     its delay, its interface limited to its uplink. Unscaled: Topology.scaled gives the run's."""
-    W = fed.workers
-    rack = np.append(fed.rack_of, -1)
-    same = rack[:, None] == rack[None, :]
-    server = np.zeros(W + 1, dtype=bool)
-    server[W] = True
-    either = server[:, None] | server[None, :]
-    delay = np.where(either, s_to_ms(fed.server_delay_s),
-                     np.where(same, s_to_ms(fed.intra_delay_s), s_to_ms(fed.inter_delay_s)))
-    bw = np.where(same & ~either, bytes_per_s_to_gbps(fed.intra_Bps), bytes_per_s_to_gbps(fed.inter_Bps))
-    np.fill_diagonal(delay, 0.0)
-    np.fill_diagonal(bw, np.inf)
+    W, R = fed.workers, len(fed.racks)
+    if tuple(topo.device_region) != tuple(fed.rack_of):
+        raise FLError(f"{topo.source}: a federation's racks must be its regions, in order")
+    delay = np.full((R + 1, R + 1), s_to_ms(fed.inter_delay_s))  # a region per rack, then the server's
+    np.fill_diagonal(delay, s_to_ms(fed.intra_delay_s))
+    delay[R, :] = delay[:, R] = s_to_ms(fed.server_delay_s)
+    bw = np.full((R + 1, R + 1), bytes_per_s_to_gbps(fed.inter_Bps))
+    np.fill_diagonal(bw[:R, :R], bytes_per_s_to_gbps(fed.intra_Bps))
     egress = np.full(W + 1, np.inf)
     egress[W] = bytes_per_s_to_gbps(fed.uplink_Bps)
     host = Region("server", 1, Link(s_to_ms(fed.server_delay_s), bytes_per_s_to_gbps(fed.inter_Bps)),
                   topo.regions[0].profile)
     return Topology(name=topo.name, description=topo.description, source=topo.source,
                     regions=topo.regions + (host,), device_region=tuple(topo.device_region) + (len(topo.regions),),
-                    delay_ms=delay, bandwidth_gbps=bw, bandwidth_scale=topo.bandwidth_scale, server=topo.server,
-                    egress_gbps=egress)
+                    region_delay_ms=delay, region_bandwidth_gbps=bw, bandwidth_scale=topo.bandwidth_scale,
+                    server=topo.server, egress_gbps=egress)

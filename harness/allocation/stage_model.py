@@ -26,6 +26,7 @@ class StageModel:
         from .. import compute as work
         from ..compute.profiles import device_profiles
         from ..compute.links import Links
+        from ..scenario.class_links import by_region
 
         profs = profiles if profiles is not None else device_profiles(topo, dtype=dtype)
         bpv = work.BYTES_PER_VALUE[dtype]
@@ -35,9 +36,15 @@ class StageModel:
                                       for p in profs])
         # [a, b]: one micro-batch's activation (or gradient) from a to b, alone on its link (ours sends one
         # transfer per link and direction at a time, and no two stage pairs of a table share a link)
-        links = Links.from_topology(topo, nic="per-pair")
-        src, dst = np.indices(links.rate_Bps.shape)
-        self.send_seconds = links.serialization_s(src, dst, work.activation_bytes(cfg, micro_batch, bpv)) + links.delay_s
+        activation = work.activation_bytes(cfg, micro_batch, bpv)
+
+        def send_seconds(t):
+            links = Links.per_device(t, nic="per-pair")
+            src, dst = np.indices(links.rate_Bps.shape)
+            return links.serialization_s(src, dst, activation) + links.delay_s
+
+        # by region where the links are the regions' (no N x N matrix at 10,240 devices), else per device
+        self.send_seconds = by_region(topo, send_seconds) if topo.region_links is not None else send_seconds(topo)
         per_param = work.training_bytes_per_param(bpv)
         self.block_flop = np.full(cfg.layers, sum(work.block_phases(recompute)) * work.block_fwd_flop(cfg, micro_batch))
         self.block_memory = np.full(cfg.layers, cfg.block_params * per_param

@@ -161,11 +161,7 @@ def cmd_schedule(args) -> int:
           f"+ DATAP {m['bound']['dp']:.4f} + PIPELINEP {m['bound']['pp']:.4f}), gap {m['gap']:.1%}")
     print("  (the scheduler's cost model adds compute and communication, as the paper's COMM-COST does; "
           "`harness sim` simulates the runtime, which overlaps them, and gives a shorter iteration)")
-    for i, p in enumerate(a.pipelines[:SHOWN_PIPELINES]):
-        print(f"  pipeline {i}: " + " -> ".join(map(str, p)))
-    if len(a.pipelines) > SHOWN_PIPELINES:
-        print(f"  ... {len(a.pipelines) - SHOWN_PIPELINES} more pipelines" + (" (all in the JSON)" if args.json else
-                                                                              " (--json writes all)"))
+    print_pipelines(a.pipelines, bool(args.json))
     if args.json:
         atomic_write_json(args.json, a.to_json())
         print(f"wrote {args.json}")
@@ -173,6 +169,15 @@ def cmd_schedule(args) -> int:
 
 
 SHOWN_PIPELINES = 16  # pipelines printed; --json has every one
+
+
+def print_pipelines(pipelines, json_written: bool) -> None:
+    """The first SHOWN_PIPELINES pipelines (device of every stage), and how many more there are."""
+    for i, p in enumerate(pipelines[:SHOWN_PIPELINES]):
+        print(f"  pipeline {i}: " + " -> ".join(map(str, p)))
+    if len(pipelines) > SHOWN_PIPELINES:
+        print(f"  ... {len(pipelines) - SHOWN_PIPELINES} more pipelines"
+              + (" (all in the JSON)" if json_written else " (--json writes all)"))
 
 
 def _planned(args):

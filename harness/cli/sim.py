@@ -15,6 +15,7 @@ from . import (add_alias, add_results_argument, add_transport_argument, input_fi
                non_negative_int, nonempty, output_dir, output_file, positive_int, scenario_name, transport_of,
                with_transport)
 
+from .schedule import print_pipelines
 from ..scenario import PAPER_CASES as CASES
 from ..scheduler import DEFAULT_BUDGET
 
@@ -237,8 +238,8 @@ def cmd_sim_gpt(args) -> int:
                   f"{memory[id(c)]}{'  <- best' if c.best else ''}")
     for c in cands:
         if systems.get(c.system).scheduled:
-            print(f"{c.system}' pipelines (device of stage 0..D_PP-1 per replica): "
-                  + "; ".join(" ".join(map(str, p)) for p in c.config["pipelines"]))
+            print(f"{c.system}' pipelines (device of stage 0..D_PP-1 per replica):")
+            print_pipelines(c.config["pipelines"], bool(args.json))
     out = args.out or run_dir(topo.name, run_id, args.results)
     if args.json:  # before the manifest: a run whose files could not all be written does not say ok
         atomic_write_json(args.json, [record_json(r, c.best) for c, r in zip(cands, records)])

@@ -40,11 +40,12 @@ Every function is vectorised over concurrent groups: arrays (G, D) of device ids
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..scenario import Topology
+from ..scenario.class_links import by_region, representatives
 from ..scenario.transport import LINUX, Transport
 from ..units import gbps_to_bytes_per_s, ms_to_s
 from .transport import HOST_HZ, TcpPath
@@ -89,6 +90,21 @@ class Links:
 
     @classmethod
     def from_topology(cls, topo: Topology, protocol: Protocol | str = "nccl", nic: str = "shared") -> "Links":
+        """The links of `topo`: held by region (ClassLinks, no N x N matrix) where they are the regions',
+        computed on two devices of every region, whose pairs, fastest links and largest round trip are
+        the whole's; else per device."""
+        if topo.region_links is None:
+            return cls.per_device(topo, protocol, nic)
+        devices, first, _ = representatives(topo)
+        few = cls.per_device(topo.subset(devices), protocol, nic)
+        region = np.asarray(topo.device_region)
+        held = {m: by_region(topo, lambda sub, m=m: getattr(few, m)) for m in ("delay_s", "rate_Bps")}
+        return replace(few, delay_s=held["delay_s"], rate_Bps=held["rate_Bps"],
+                       egress_Bps=few.egress_Bps[first][region], ingress_Bps=few.ingress_Bps[first][region])
+
+    @classmethod
+    def per_device(cls, topo: Topology, protocol: Protocol | str = "nccl", nic: str = "shared") -> "Links":
+        """The links of `topo` as N x N matrices."""
         rate = gbps_to_bytes_per_s(np.asarray(topo.bandwidth_gbps, dtype=float))
         rate = rate.copy()
         np.fill_diagonal(rate, np.inf)
@@ -138,8 +154,8 @@ class Connections:
     def __init__(self, links: Links):
         n = links.rate_Bps.shape[0]
         self.links = links
-        self.last_sent = np.full((n, n), -np.inf)  # when each sender's last byte left
-        self.cwnd = np.full((n, n), np.inf)  # inf: full (twice the window)
+        self.last_sent = PairState(n, -np.inf)  # when each sender's last byte left
+        self.cwnd = PairState(n, np.inf)  # inf: full (twice the window)
 
     @property
     def idle_matters(self) -> bool:
@@ -160,6 +176,34 @@ class Connections:
             ser = np.maximum(seconds - path.delay_s, 0.0)
         self.last_sent[src, dst] = depart + ser
         return ser
+
+
+class PairState:
+    """A value per ordered device pair, `fill` until set, indexed [src, dst] (arrays or scalars): an N x N
+    array up to DENSE_PAIRS pairs, beyond (10,240 devices: 839 MB an array) only the pairs that were set."""
+
+    DENSE_PAIRS = 1 << 24  # 4,096 devices
+
+    def __init__(self, n: int, fill: float):
+        self.n, self.fill = n, fill
+        self.dense = np.full((n, n), fill) if n * n <= self.DENSE_PAIRS else None
+        self.sparse: dict[int, float] = {}
+
+    def __getitem__(self, key):
+        if self.dense is not None:
+            return self.dense[key]
+        src, dst = np.broadcast_arrays(*(np.asarray(k) for k in key))
+        flat = (src * self.n + dst).ravel().tolist()
+        out = np.array([self.sparse.get(k, self.fill) for k in flat], dtype=float).reshape(src.shape)
+        return out if out.ndim else float(out)
+
+    def __setitem__(self, key, value):
+        if self.dense is not None:
+            self.dense[key] = value
+            return
+        src, dst = np.broadcast_arrays(*(np.asarray(k) for k in key))
+        values = np.broadcast_to(np.asarray(value, dtype=float), src.shape).ravel().tolist()
+        self.sparse.update(zip((src * self.n + dst).ravel().tolist(), values))
 
 
 def _progressive_filling(src, dst, pair, egress, ingress) -> np.ndarray:

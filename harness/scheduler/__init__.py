@@ -22,7 +22,7 @@ import numpy as np
 
 from .bound import comm_cost_bound, iteration_bound
 from .cost import CostModel
-from .lumped import LUMPED_FROM, LumpedCostModel, link_classes
+from .lumped import LUMPED_FROM, LumpedCostModel, cost_model  # noqa: F401
 from .iteration_cost import ComputeSetting, IterationModel
 from ..allocation import DEFAULT as DEFAULT_ALLOCATOR
 from ..scenario import Topology
@@ -100,16 +100,6 @@ class Assignment:
     def stages(self) -> tuple[tuple[int, int], ...] | None:
         """[first, last) blocks of every stage (Layout.stages), when the assignment carries them."""
         return tuple(tuple(r) for r in self.layers[0]) if self.layers else None
-
-
-def cost_model(topo: Topology, d_pp: int, d_dp: int, c_pp_bytes: float, c_dp_bytes: float) -> CostModel:
-    """The searches' CostModel: on link classes from LUMPED_FROM devices where the links lump
-    (harness/scheduler/lumped.py), else on devices."""
-    comm = CostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
-    if topo.n < LUMPED_FROM:
-        return comm
-    classes = link_classes(comm)
-    return comm if classes is None else LumpedCostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes, classes)
 
 
 #: Candidates a scheduler evaluates unless told otherwise: one default for every command (run, schedule, sim).

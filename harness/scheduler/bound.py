@@ -39,6 +39,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import bound_classes
+from ..scenario.class_links import ClassLinks
 from .cost import CostModel
 
 MAX_THRESHOLDS = 48  # link thresholds the joint bound tries (all of them up to this many)
@@ -62,8 +64,10 @@ class Bound:
         return {"total": self.total, "dp": self.dp, "pp": self.pp, "compute": self.compute}
 
 
-def _cheapest(links: np.ndarray, k: int) -> np.ndarray:
+def _cheapest(links, k: int) -> np.ndarray:
     """Per row: the sum of its k smallest off-diagonal entries."""
+    if isinstance(links, ClassLinks):
+        return bound_classes.cheapest(links, k)
     off = links + np.diag(np.full(len(links), np.inf))
     return np.sort(off, axis=1)[:, :k].sum(1) if k else np.zeros(len(links))
 
@@ -154,11 +158,16 @@ def _analyse(model: CostModel) -> list:
         return []
     dp = datap_bound(model.dp_link, d_dp)
     rooted = _rooted_terms(model.pp_link, d_pp, d_dp)
-    order = np.argsort(model.dp_link + np.diag(np.full(len(model.dp_link), np.inf)), axis=1)
-    thresholds = list(_thresholds(model.pp_link))
+    if isinstance(model.dp_link, ClassLinks):  # at scale: on classes, no device x device matrix
+        thresholds = list(bound_classes.thresholds(model.pp_link))
+        ranked = lambda comp: bound_classes.ClassRanked(model.dp_link, comp)  # noqa: E731
+    else:
+        order = np.argsort(model.dp_link + np.diag(np.full(len(model.dp_link), np.inf)), axis=1)
+        thresholds = list(_thresholds(model.pp_link))
+        ranked = lambda comp: _Ranked(model.dp_link, order, comp)  # noqa: E731
     if len(thresholds) > MAX_THRESHOLDS:  # any of them bounds; evenly spaced ones keep large instances quick
         thresholds = [thresholds[k] for k in np.linspace(0, len(thresholds) - 1, MAX_THRESHOLDS).astype(int)]
-    return [(comp, _joint(model.dp_link, order, comp, above, rooted, dp, d_pp, d_dp)) for comp, above in thresholds]
+    return [(comp, _joint(ranked(comp), comp, above, rooted, dp, d_pp, d_dp)) for comp, above in thresholds]
 
 
 def _rooted_terms(pp_link: np.ndarray, d_pp: int, d_dp: int) -> np.ndarray:
@@ -225,7 +234,7 @@ class _Ranked:
         return np.where(taken.sum(1) == k, sums, np.inf)
 
 
-def _joint(dp_link, order, comp, above, rooted, dp_alone, d_pp, d_dp) -> list[tuple[Bound, tuple[int, ...]]]:
+def _joint(ranked, comp, above, rooted, dp_alone, d_pp, d_dp) -> list[tuple[Bound, tuple[int, ...]]]:
     """The bounds at one threshold T (the links below `above`), per way the path may fall into runs: with
     j pipeline edges above T (each at least `above`), the path is j + 1 runs of groups joined by edges
     below T; matched pairs of such an edge lie in one component of the links below T, so the groups of a
@@ -234,7 +243,6 @@ def _joint(dp_link, order, comp, above, rooted, dp_alone, d_pp, d_dp) -> list[tu
     at least s_k groups, so DATAP-COST is at least the ((s_1 + ... + s_k) D_DP)-th smallest capped sum at
     s_k, for every k. The threshold's bound is the least over the runs (every partition of D_PP)."""
     sizes = np.bincount(comp)
-    ranked = _Ranked(dp_link, order, comp)
     sums = {}
     out = []
     exact = d_pp <= EXACT_RUNS_MAX
@@ -283,8 +291,8 @@ def iteration_bound(model) -> Bound:
     last = (cfg.block_params + cfg.head_params) * bpv
     least = whole if d_pp == 1 else cfg.block_params * bpv if d_pp >= 3 else min(first, last)
     most = max(first, last, whole / d_pp)
-    joint = comm_cost_bound(CostModel(comm.topo, d_pp, d_dp, comm.c_pp_bytes, least))  # every stage >= least
-    largest = CostModel(comm.topo, d_pp, d_dp, comm.c_pp_bytes, most)  # some group holds the largest stage
+    joint = comm_cost_bound(comm.with_messages(comm.c_pp_bytes, least))  # every stage >= least
+    largest = comm.with_messages(comm.c_pp_bytes, most)  # some group holds the largest stage
     dp_most = float(_cheapest(largest.dp_link, d_dp - 1).min())
     pp_alone = pipelinep_bound(comm.pp_link, d_pp, d_dp)
     alone = Bound(dp_most + pp_alone, dp_most, pp_alone)

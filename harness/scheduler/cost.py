@@ -57,16 +57,22 @@ class CostModel:
             raise LayoutError(f"message sizes must be >= 0 (got c_pp={c_pp_bytes}, c_dp={c_dp_bytes})")
         self.topo, self.d_pp, self.d_dp = topo, d_pp, d_dp
         self.c_pp_bytes, self.c_dp_bytes = float(c_pp_bytes), float(c_dp_bytes)
-        delay_s, bw_bps = topo.symmetric()
-        with np.errstate(divide="ignore"):
-            self.pp_link = 2 * (delay_s + self.c_pp_bytes * 8 / bw_bps)  # eq. 3 per pair
-            self.dp_link = 2 * (delay_s + self.c_dp_bytes * 8 / (d_dp * bw_bps))  # eq. 2 per pair
-        np.fill_diagonal(self.pp_link, 0.0)
-        np.fill_diagonal(self.dp_link, 0.0)
+        self.pp_link, self.dp_link = self._link_matrices()
         self._iu = np.triu_indices(d_pp, 1)
         self._base = float(d_dp + 1)
         # Rank weights stay exact while base ** -(D_DP^2) does not underflow (D_DP <= 24).
         self._rank_weights = (d_dp * d_dp - 1) * np.log(self._base) < 700
+
+    def _link_matrices(self):
+        """(pp_link, dp_link): eq. 3's and eq. 2's cost of every device pair, 0 on the diagonal."""
+        pp, dp = link_costs(*self.topo.symmetric(), self.d_dp, self.c_pp_bytes, self.c_dp_bytes)
+        np.fill_diagonal(pp, 0.0)
+        np.fill_diagonal(dp, 0.0)
+        return pp, dp
+
+    def with_messages(self, c_pp_bytes: float, c_dp_bytes: float) -> "CostModel":
+        """The same model with other message sizes (the bound's least and largest stages)."""
+        return CostModel(self.topo, self.d_pp, self.d_dp, c_pp_bytes, c_dp_bytes)
 
     # --- eq. 2 -----------------------------------------------------------------
     def datap_cost(self, partition: np.ndarray) -> float:
@@ -166,6 +172,14 @@ class CostModel:
         S = np.asarray(pipelines).T  # (D_PP, D_DP)
         pp = sum(float(self.pp_link[S[k], S[k + 1]].max()) for k in range(self.d_pp - 1))
         return self.datap_cost(S) + pp
+
+
+def link_costs(delay_s, bw_bps, d_dp: int, c_pp_bytes: float, c_dp_bytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """2 (alpha + c_pp / beta) and 2 (alpha + c_dp / (D_DP beta)) elementwise, on symmetric delay (s) and
+    bandwidth (bit/s) matrices of devices or of regions (the same arithmetic: equal values)."""
+    with np.errstate(divide="ignore"):
+        return (2 * (delay_s + c_pp_bytes * 8 / bw_bps),  # eq. 3 per pair
+                2 * (delay_s + c_dp_bytes * 8 / (d_dp * bw_bps)))  # eq. 2 per pair
 
 
 def bottleneck_matching(M: np.ndarray) -> np.ndarray:

@@ -105,8 +105,8 @@ def degree_options(topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int 
     """Every option (module docstring), recompute off where it fits unless `recompute` is given;
     sorted: those that fit first, then by bound (or by the memory they miss)."""
     from .bound import iteration_bound
-    from .cost import CostModel
     from .iteration_cost import ComputeSetting, IterationModel
+    from .lumped import cost_model
 
     bpv = BYTES_PER_VALUE[dtype]
     out = []
@@ -123,7 +123,7 @@ def degree_options(topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int 
         short, fits_any = fit[rc]
         bound = np.nan
         if bounds:
-            comm = CostModel(topo, d_pp, d_dp, c_pp_bytes(cfg, batch, d_dp, bpv), c_dp_bytes(cfg, d_pp, bpv))
+            comm = cost_model(topo, d_pp, d_dp, c_pp_bytes(cfg, batch, d_dp, bpv), c_dp_bytes(cfg, d_pp, bpv))
             model = IterationModel(comm, ComputeSetting(cfg, batch, micro_batch, dtype, rc))
             bound = iteration_bound(model).total
         out.append(Degrees(d_pp, d_dp, rc, short == 0, short / 1e9, float(bound), fits_any))

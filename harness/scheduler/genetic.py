@@ -40,6 +40,7 @@ import numpy as np
 from scipy.optimize import linear_sum_assignment
 
 from .bound import run_layouts
+from ..scenario.class_links import ClassLinks
 from .registry import register
 from .search import BudgetExhausted, Evaluator, random_labels
 
@@ -48,6 +49,7 @@ PATIENCE = 24  # local search stops after this many rejected moves in a row
 MUTATION = 0.5  # chance of one random swap in a child
 STAGNATION = 1000  # candidates without a new best before the population is re-seeded
 EXTRA_SWAPS = 3  # random swaps tried after the two fastest-link swaps with the best gain
+SAMPLE_SWAPS_FROM = 1 << 14  # pairs of two groups beyond which those swaps are drawn, not listed
 SEEDS = 16  # ga: layouts of the lower bound's runs (harness/scheduler/bound.py) evaluated first
 WARM_START = 0.7  # ga-hetero: share of the budget spent by `ga` on COMM-COST before the iteration time
 
@@ -163,10 +165,25 @@ def _local_search(model, ev, labels, cost, rng, move):
 
 def _fastest_link(w, members, rng):
     """Endpoints of the cheapest link inside a group; ties (a homogeneous region) broken at random."""
+    if isinstance(w, ClassLinks):
+        return _fastest_class_link(w, members, rng)
     sub = w[np.ix_(members, members)] + np.diag(np.full(len(members), np.inf))
     ties = np.argwhere(sub <= sub.min() * (1 + 1e-9))
     a, b = ties[rng.integers(len(ties))]
     return members[a], members[b]
+
+
+def _fastest_class_link(w: ClassLinks, members, rng):
+    """_fastest_link on classes: the cheapest class pair the group holds (a class with itself where it
+    holds two), ties drawn by their number of device pairs, then a device of each class at random."""
+    held = np.bincount(w.device_class[members], minlength=len(w.values))
+    pairs = np.outer(held, held) - np.diag(held)  # ordered device pairs of each class pair
+    cost = np.where(pairs > 0, w.values, np.inf)
+    ties = np.flatnonzero(cost.ravel() <= cost.min() * (1 + 1e-9))
+    c, c2 = divmod(int(rng.choice(ties, p=pairs.ravel()[ties] / pairs.ravel()[ties].sum())), len(w.values))
+    a = rng.choice(members[w.device_class[members] == c])
+    others = members[(w.device_class[members] == c2) & (members != a)]
+    return a, rng.choice(others)
 
 
 def _paper_move(model, labels, rng):
@@ -205,8 +222,13 @@ def _paper_move(model, labels, rng):
     pairs = [(d, e) for _, d, e in scored[:2]]
     # Then a few other swaps between the same two groups: on fully heterogeneous links the
     # improving swap often involves neither end of the fastest link.
-    others = [(d, e) for d in cj for e in cjj if (d, e) not in pairs]
-    pairs += [others[k] for k in rng.permutation(len(others))[:EXTRA_SWAPS]]
+    if len(cj) * len(cjj) <= SAMPLE_SWAPS_FROM:
+        others = [(d, e) for d in cj for e in cjj if (d, e) not in pairs]
+        pairs += [others[k] for k in rng.permutation(len(others))[:EXTRA_SWAPS]]
+    else:  # drawn without listing every pair (1.6 M of them between two groups of 1,280)
+        for d, e in zip(rng.choice(cj, 2 * EXTRA_SWAPS), rng.choice(cjj, 2 * EXTRA_SWAPS)):
+            if len(pairs) < 2 + EXTRA_SWAPS and (d, e) not in pairs:
+                pairs.append((d, e))
     out = []
     for d, e in pairs:
         cand = labels.copy()
@@ -231,7 +253,9 @@ def _speed_move(model, labels, rng):
         return _paper_move(model, labels, rng)
     as_slow = np.bincount(labels, weights=slow >= slow[d] * (1 - 1e-9), minlength=model.d_pp)[labels[faster]]
     new_straggler = as_slow == 0  # e's group would slow down
-    unlike = np.abs(model.pp_link[faster] - model.pp_link[d]).sum(1)  # how far e's links are from d's
+    w = model.pp_link
+    # how far e's links are from d's
+    unlike = w.row_distance(faster, d) if isinstance(w, ClassLinks) else np.abs(w[faster] - w[d]).sum(1)
     # no new straggler first, then the likest links, then the group with the most devices as slow as d
     order = np.lexsort((rng.random(faster.size), -as_slow, unlike, new_straggler))
     out = []

@@ -38,6 +38,7 @@ import numpy as np
 
 from ..allocation import DEFAULT as DEFAULT_ALLOCATOR
 from ..allocation import AllocationError, StageModel, allocate_if_it_fits, optimal
+from ..scenario.class_links import ClassLinks
 from .cost import CostModel, open_loop_tsp
 from .lumped import LumpedCostModel
 from ..compute.model import GPTConfig
@@ -104,12 +105,17 @@ class IterationModel:
         self.stage_model = StageModel(cfg, comm.topo, setting.micro_batch, self.micro_batches, setting.dtype,
                                       setting.recompute, None if setting.profiles is None else list(setting.profiles))
         self.bytes_per_value = BYTES_PER_VALUE[setting.dtype]
-        delay_s, bw_bps = comm.topo.symmetric()
+        lumped = isinstance(comm, LumpedCostModel)  # at scale: held as classes, no device x device matrix
+        delay_s, bw_bps = comm.class_symmetric() if lumped else comm.topo.symmetric()
         with np.errstate(divide="ignore"):
             self._dp_delay = 2 * delay_s
             self._dp_per_byte = 2 * 8 / (self.d_dp * bw_bps)
-        np.fill_diagonal(self._dp_delay, 0.0)
-        np.fill_diagonal(self._dp_per_byte, 0.0)
+        if lumped:
+            self._dp_delay = ClassLinks(self._dp_delay, comm.device_class)
+            self._dp_per_byte = ClassLinks(self._dp_per_byte, comm.device_class)
+        else:
+            np.fill_diagonal(self._dp_delay, 0.0)
+            np.fill_diagonal(self._dp_per_byte, 0.0)
         self._flop_prefix = np.concatenate([[0.0], np.cumsum(self.stage_model.block_flop)])
         self.seconds_per_flop = self.stage_model.per_flop  # per device, for the search's speed move
 
@@ -170,6 +176,8 @@ class IterationModel:
     def _group_links(self, G: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Per device of every data-parallel group (rows of G): its summed 2 alpha to the others, and
         its summed 2 * 8 / (D_DP beta) (seconds per byte of c_dp)."""
+        if isinstance(self._dp_delay, ClassLinks):  # from class counts, not D_DP^2 pairs per group
+            return self._dp_delay.group_sums(G), self._dp_per_byte.group_sums(G)
         ix = (G[:, :, None], G[:, None, :])
         return self._dp_delay[ix].sum(-1), self._dp_per_byte[ix].sum(-1)
 

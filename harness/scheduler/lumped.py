@@ -31,9 +31,10 @@ from itertools import combinations
 
 import numpy as np
 
-from scipy.optimize import linear_sum_assignment
+from scipy.optimize import linprog
 
-from .cost import CostModel, open_loop_tsp
+from ..scenario.class_links import ClassLinks
+from .cost import CommCost, CostModel, link_costs, open_loop_tsp
 
 LUMPED_FROM = 128  # devices from which the schedulers search on link classes (the paper's cases stop at 64)
 MAX_CLASSES = 12  # Hall's condition enumerates the 2^C sets of classes; beyond, the device model
@@ -42,29 +43,54 @@ SEARCH_EXACT_TSP_MAX = 12  # stages up to which the search's path is the exact T
 TWO_OPT_STARTS = 8  # nearest-neighbour paths that 2-opt improves, the cheapest first
 
 
-def group_links(model: CostModel, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def group_links(pp_link, dp_link, group: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(pp, dp) link values between the groups of devices labelled 0..G-1 by `group`: any device pair of
     two groups; on the diagonal two distinct devices of the group (0 where it has one device)."""
     G = int(group.max()) + 1
     members = [np.flatnonzero(group == g) for g in range(G)]
     first = np.array([m[0] for m in members])
-    pp, dp = model.pp_link[np.ix_(first, first)].copy(), model.dp_link[np.ix_(first, first)].copy()
+    pp, dp = pp_link[np.ix_(first, first)].copy(), dp_link[np.ix_(first, first)].copy()
     for g, m in enumerate(members):
-        pp[g, g], dp[g, g] = (model.pp_link[m[0], m[1]], model.dp_link[m[0], m[1]]) if len(m) > 1 else (0.0, 0.0)
+        pp[g, g], dp[g, g] = (pp_link[m[0], m[1]], dp_link[m[0], m[1]]) if len(m) > 1 else (0.0, 0.0)
     return pp, dp
 
 
 def link_classes(model: CostModel) -> np.ndarray | None:
     """Class of every device (0..C-1, in order of first device), or None when the links do not lump
     into at most MAX_CLASSES classes (per-device links: the device model is the only exact one)."""
-    region = np.asarray(model.topo.device_region)
-    pp, dp = group_links(model, region)
+    return _device_classes(model.topo, model.pp_link, model.dp_link)
+
+
+def _device_classes(topo, pp_link: np.ndarray, dp_link: np.ndarray) -> np.ndarray | None:
+    region = np.asarray(topo.device_region)
+    pp, dp = group_links(pp_link, dp_link, region)
     # the device matrices must be the expansion of the region ones (off the diagonal)
     off = ~np.eye(len(region), dtype=bool)
-    if not (np.array_equal(pp[np.ix_(region, region)][off], model.pp_link[off])
-            and np.array_equal(dp[np.ix_(region, region)][off], model.dp_link[off])):
+    if not (np.array_equal(pp[np.ix_(region, region)][off], pp_link[off])
+            and np.array_equal(dp[np.ix_(region, region)][off], dp_link[off])):
         return None
-    # regions whose links equal their own intra links merge into one class
+    return _merged(pp, dp, region)
+
+
+def region_classes(topo, d_dp: int, c_pp_bytes: float, c_dp_bytes: float) -> tuple[np.ndarray, ClassLinks,
+                                                                                        ClassLinks] | None:
+    """(class of every device, pp_link, dp_link held as classes) from the scenario's region links, without a
+    device x device matrix; None when the topology has device-level links or more than MAX_CLASSES classes."""
+    sym = topo.symmetric_regions()
+    if sym is None:
+        return None
+    region = np.asarray(topo.device_region)
+    pp_r, dp_r = link_costs(*sym, d_dp, c_pp_bytes, c_dp_bytes)
+    pp, dp = group_links(ClassLinks(pp_r, region), ClassLinks(dp_r, region), region)
+    classes = _merged(pp, dp, region)
+    if classes is None:
+        return None
+    cpp, cdp = group_links(ClassLinks(pp_r, region), ClassLinks(dp_r, region), classes)
+    return classes, ClassLinks(cpp, classes), ClassLinks(cdp, classes)
+
+
+def _merged(pp: np.ndarray, dp: np.ndarray, region: np.ndarray) -> np.ndarray | None:
+    """Class of every device from its region's, regions whose links equal their own intra links merged."""
     R = len(pp)
     sizes = np.bincount(region, minlength=R)
     cls = np.arange(R)
@@ -85,19 +111,32 @@ def _alike(m: np.ndarray, r: int, s: int, sizes: np.ndarray) -> bool:
     return all(v == m[r, s] for v in intra) and m[r, s] == m[s, r]
 
 
+def cost_model(topo, d_pp: int, d_dp: int, c_pp_bytes: float, c_dp_bytes: float) -> CostModel:
+    """The searches' CostModel: on link classes from LUMPED_FROM devices where the links lump
+    (harness/scheduler/lumped.py), else on devices."""
+    if topo.n >= LUMPED_FROM and topo.region_links is not None:  # no device x device matrix at all
+        try:
+            return LumpedCostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
+        except ValueError:  # more classes than the counts handle
+            pass
+    comm = CostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
+    if topo.n < LUMPED_FROM:
+        return comm
+    classes = link_classes(comm)
+    return comm if classes is None else LumpedCostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes, classes)
+
+
 class LumpedCostModel(CostModel):
-    """A CostModel whose `score` (the searches' objective) runs on link-class counts; every other
-    method (breakdown, datap_cost, pipeline_cost, the bound's matrices) is the device model's."""
+    """A CostModel on link classes: `score` (the searches' objective) runs on counts, and pp_link and
+    dp_link are held as classes (ClassLinks: no device x device matrix), so every other method reads
+    the device model's values without building them."""
 
     def __init__(self, topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes, classes: np.ndarray | None = None):
-        super().__init__(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
-        self.device_class = link_classes(self) if classes is None else np.asarray(classes)
-        if self.device_class is None:
-            raise ValueError(f"{topo.source}: the links do not lump into at most {MAX_CLASSES} classes")
-        C = int(self.device_class.max()) + 1
-        self.classes = C
+        self._given_classes = classes
+        super().__init__(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)  # calls _link_matrices
+        C = self.classes
         sizes = np.bincount(self.device_class, minlength=C)
-        self.class_pp, self.class_dp = group_links(self, self.device_class)  # a one-device class never meets itself
+        self.class_pp, self.class_dp = self.pp_link.values, self.dp_link.values  # a one-device class never meets itself
         usable = ~np.eye(C, dtype=bool) | (sizes > 1)[:, None]
         self._values = np.unique(self.class_pp[usable])  # the edge values, ascending
         subsets = ((np.arange(1, 1 << C)[:, None] >> np.arange(C)) & 1).astype(np.int64)  # (2^C - 1, C)
@@ -109,6 +148,52 @@ class LumpedCostModel(CostModel):
         self._pairs_by_cost = np.argsort(self.class_pp, axis=None, kind="stable")
         self._edges: dict[bytes, tuple[float, float]] = {}
         self._tsp: dict[bytes, tuple[float, list[int]]] = {}
+        self._flows: dict[bytes, np.ndarray] = {}
+
+    def _link_matrices(self):
+        classes = self._given_classes
+        found = region_classes(self.topo, self.d_dp, self.c_pp_bytes, self.c_dp_bytes)
+        if found is not None and classes is None:
+            self.device_class, pp, dp = found
+        else:  # other classes than the regions', or device-level links: read from the given matrices
+            pp, dp = (found[1], found[2]) if found is not None else CostModel._link_matrices(self)
+            if classes is None:
+                classes = _device_classes(self.topo, pp, dp)
+            if classes is None:
+                raise ValueError(f"{self.topo.source}: the links do not lump into at most {MAX_CLASSES} classes")
+            self.device_class = np.asarray(classes)
+            pp, dp = (ClassLinks(v, self.device_class) for v in group_links(pp, dp, self.device_class))
+        self.classes = int(self.device_class.max()) + 1
+        return pp, dp
+
+    def with_messages(self, c_pp_bytes: float, c_dp_bytes: float) -> "LumpedCostModel":
+        return LumpedCostModel(self.topo, self.d_pp, self.d_dp, c_pp_bytes, c_dp_bytes, self.device_class)
+
+    def class_symmetric(self) -> tuple[np.ndarray, np.ndarray]:
+        """Topology.symmetric() between classes (C x C: delay s, bandwidth bit/s), what IterationModel reads."""
+        sym = self.topo.symmetric_regions()
+        if sym is None:
+            return group_links(*self.topo.symmetric(), self.device_class)
+        region = np.asarray(self.topo.device_region)
+        return group_links(ClassLinks(sym[0], region), ClassLinks(sym[1], region), self.device_class)
+
+    def datap_cost_per_group(self, partition: np.ndarray) -> np.ndarray:
+        return self.group_datap(self.counts(partition))
+
+    def datap_cost(self, partition: np.ndarray) -> float:
+        return float(self.datap_cost_per_group(partition).max())
+
+    def breakdown(self, partition: np.ndarray) -> CommCost:
+        """CostModel.breakdown on counts: the exact path over the bottleneck edges, the devices matched
+        along it (staged_on_path); the device model's values without its D_PP^2 / 2 matchings of D_DP^2."""
+        P = self.check_partition(partition)
+        K = self.counts(P).astype(float)
+        W, _ = self.edges(K)
+        pp, order = open_loop_tsp(W)
+        dp = float(self.group_datap(K).max())
+        staged = self.staged_on_path(P, order)
+        edges = tuple(float(W[order[k - 1], order[k]]) for k in range(1, self.d_pp))
+        return CommCost(dp=dp, pp=pp, total=dp + pp, partition=staged, pipelines=staged.T.copy(), stage_edges=edges)
 
     def counts(self, partition: np.ndarray) -> np.ndarray:
         """K (D_PP, C): devices of each class in each group."""
@@ -190,20 +275,50 @@ class LumpedCostModel(CostModel):
     def staged_on_path(self, partition: np.ndarray, order: list[int]) -> np.ndarray:
         """The partition's rows in `order`, each row's columns matched to the previous row's by a
         least-sum matching among those at the pair's bottleneck (what CostModel.staged reads from the
-        device model's matchings, here only for the path's D_PP - 1 edges)."""
+        device model's matchings, here only for the path's D_PP - 1 edges). On classes: the least-sum
+        transport of one row's class counts to the next's over the class pairs at most the bottleneck
+        (an assignment whose costs take C^2 values is that transport), spread over the devices."""
         P = np.asarray(partition)
         W, _ = self.edges(self.counts(P).astype(float))  # cached by path()
         staged = np.empty_like(P)
         staged[0] = P[order[0]]
         for k in range(1, self.d_pp):
-            block = self.pp_link[staged[k - 1][:, None], P[order[k]][None, :]]
-            _, cols = linear_sum_assignment(block)  # least sum first, then bottleneck-feasible if it is not
-            top = block[np.arange(self.d_dp), cols].max()
-            least = W[order[k - 1], order[k]]
-            if top > least:
-                _, cols = linear_sum_assignment(np.where(block <= least, block, np.inf))
-            staged[k] = P[order[k]][cols]
+            prev, nxt = staged[k - 1], P[order[k]]
+            flow = self._transport(self.device_class[prev], self.device_class[nxt], W[order[k - 1], order[k]])
+            row = np.empty_like(nxt)
+            # the f devices of class c in prev (in their order) meet f devices of class c' in nxt
+            of_prev = [list(np.flatnonzero(self.device_class[prev] == c)) for c in range(self.classes)]
+            of_next = [list(nxt[self.device_class[nxt] == c]) for c in range(self.classes)]
+            for c, c2 in zip(*np.nonzero(flow)):
+                f = int(flow[c, c2])
+                row[of_prev[c][:f]] = of_next[c2][:f]
+                del of_prev[c][:f], of_next[c2][:f]
+            staged[k] = row
         return staged
+
+    def _transport(self, prev_classes: np.ndarray, next_classes: np.ndarray, least: float) -> np.ndarray:
+        """(C, C) device counts matched between classes: the least-sum transport of prev's counts to next's
+        over class pairs whose link is at most `least` (HiGHS; integral, the constraints being a transport's)."""
+        C = self.classes
+        a, b = np.bincount(prev_classes, minlength=C), np.bincount(next_classes, minlength=C)
+        key = a.tobytes() + b.tobytes() + np.float64(least).tobytes()
+        hit = self._flows.get(key)
+        if hit is not None:
+            return hit
+        ok = (self.class_pp <= least * (1 + 1e-12)) & (a[:, None] > 0) & (b[None, :] > 0)
+        cells = np.argwhere(ok)
+        rows = np.zeros((2 * C, len(cells)))
+        rows[cells[:, 0], np.arange(len(cells))] = 1
+        rows[C + cells[:, 1], np.arange(len(cells))] = 1
+        res = linprog(self.class_pp[ok], A_eq=rows, b_eq=np.concatenate([a, b]), bounds=(0, None), method="highs")
+        flow = np.zeros((C, C), dtype=int)
+        flow[cells[:, 0], cells[:, 1]] = np.rint(res.x).astype(int)
+        if not res.success or not (np.array_equal(flow.sum(1), a) and np.array_equal(flow.sum(0), b)):
+            raise RuntimeError(f"no matching at the bottleneck {least} (a bug: the edge's value is one)")
+        if len(self._flows) > CACHE_MAX:
+            self._flows.clear()
+        self._flows[key] = flow
+        return flow
 
 
 def path_2opt(W: np.ndarray, starts: int = TWO_OPT_STARTS) -> tuple[float, list[int]]:

@@ -93,9 +93,11 @@ class Simulator:
         self.allocator = default_allocator(scheduler, allocator)
         self._assignments: dict[tuple, np.ndarray] = {}
         self._layers: dict[tuple, list | None] = {}
+        links = [topo.region_delay_ms, topo.region_bandwidth_gbps, np.asarray(topo.device_region)]
+        if topo.region_links is None:  # links that differ inside a region
+            links += [topo.delay_ms, topo.bandwidth_gbps]
         self._fingerprint = hashlib.sha1(
-            np.ascontiguousarray(topo.delay_ms).tobytes() + np.ascontiguousarray(topo.bandwidth_gbps).tobytes()
-            + _scheduler_source_digest()
+            b"".join(np.ascontiguousarray(m).tobytes() for m in links) + _scheduler_source_digest()
         ).hexdigest()[:12]
 
     # ---------------------------------------------------------------- assignments

@@ -164,23 +164,25 @@ def test_megatron_grid_beyond_512_devices_scales_out_by_data_parallelism():
 
 def test_sim_at_scale_takes_the_planners_degrees_and_its_schedule(cli, tmp_path):
     out_json = tmp_path / "sim.json"
+    # batch 2048: the planner's 4 x 32 fits memory with its blocks (optimal), not with even ones (5.3 GB over)
     rc, out, err = cli("sim", "--scenario", "worldwide-1k", "--devices", "128", "--system", "ours", "--budget", "60",
-                       "--no-cache", "--out", str(tmp_path / "run"), "--json", str(out_json))
+                       "--batch", "2048", "--no-cache", "--out", str(tmp_path / "run"), "--json", str(out_json))
     assert rc == 0, err
     assert "degrees by the planner: D_PP" in out and "its plan fits memory" in out
-    assert "[memory: fits]" in out  # ours on the planner's degrees, as harness/layout/memory.py counts it
+    assert "[memory: fits]" in out  # ours on the planner's degrees and blocks, as harness/layout/memory.py counts it
     (rec,) = [r for r in json.loads(out_json.read_text()) if r["system"] == "ours"]
-    p = plan(load_scenario("worldwide-1k", 128), get_model("gpt3-xl"), 1024, budget=60, recompute=True)
+    p = plan(load_scenario("worldwide-1k", 128), get_model("gpt3-xl"), 2048, budget=60, recompute=True)
     assert rec["config"]["pp"] == p.chosen.d_pp and rec["config"]["pipelines"] == p.assignment.pipelines
+    assert rec["config"]["stages"] == p.assignment.layers[0] != [list(s) for s in layouts.even_stages(24, p.chosen.d_pp)]
     from harness.sim.sweep import Simulator
 
     sim = Simulator(load_scenario("worldwide-1k", 128), d_pp=p.chosen.d_pp, budget=60)
-    assert sim.missing(get_model("gpt3-xl"), 1024) is not None
-    sim.prime(get_model("gpt3-xl"), 1024, p.assignment.to_json())  # the planner's search is the sim's: not run again
-    assert sim.missing(get_model("gpt3-xl"), 1024) is None
+    assert sim.missing(get_model("gpt3-xl"), 2048) is not None
+    sim.prime(get_model("gpt3-xl"), 2048, p.assignment.to_json())  # the planner's search is the sim's: not run again
+    assert sim.missing(get_model("gpt3-xl"), 2048) is None
     other = Simulator(load_scenario("worldwide-1k", 128), d_pp=p.chosen.d_pp, budget=61)
-    other.prime(get_model("gpt3-xl"), 1024, p.assignment.to_json())  # another budget: another search
-    assert other.missing(get_model("gpt3-xl"), 1024) is not None
+    other.prime(get_model("gpt3-xl"), 2048, p.assignment.to_json())  # another budget: another search
+    assert other.missing(get_model("gpt3-xl"), 2048) is not None
 
 
 # ---------------------------------------------------------------------------- every system's memory

@@ -138,7 +138,8 @@ def _overrides(args):
     return load_profiles(args.profile)
 
 
-def _sim_kwargs(args) -> dict:
+def _sim_kwargs(args, allocator: str | None = None) -> dict:
+    """The Simulator's options from the flags; `allocator` where --allocator is not given (a plan's own)."""
     from ..results import results_root
     from ..scheduler import SCHEDULERS
     from ..sim.sweep import PLACEMENTS as GPT_PLACEMENTS
@@ -153,7 +154,8 @@ def _sim_kwargs(args) -> dict:
         raise HarnessError(f"--placement: unknown placement {bad[0]!r} (GPT baselines: {', '.join(GPT_PLACEMENTS)}; "
                            f"HetPipe: {', '.join(PS_PLACEMENTS)})")
     return {"profile_overrides": _overrides(args), "budget": args.budget or DEFAULT_BUDGET, "schedule_seed": args.seed,
-            "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol, "allocator": args.allocator,
+            "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol,
+            "allocator": args.allocator or allocator,
             "scheduler": args.scheduler, "transport": transport_of(args),
             "cache_dir": None if args.no_cache else results_root(args.results) / "sim" / "schedules"}
 
@@ -174,10 +176,9 @@ def cmd_sim(args) -> int:
 def cmd_sim_gpt(args) -> int:
     """`harness sim` on a GPT: every system's layouts, iteration records."""
     from ..errors import HarnessError
-    from ..layout import default_pipeline_degrees
     from ..compute import micro_batches
-    from ..scheduler.lumped import LUMPED_FROM
-    from .sim_scale import memory_notes, planned_degrees
+    from ..scheduler.degrees import MEMORY_AWARE_ALLOCATOR
+    from .sim_scale import memory_notes, sim_degrees
     from ..compute.model import get_model
     from ..files import atomic_write_json
     from ..results import manifest, new_run_id, run_dir, write_records
@@ -195,15 +196,9 @@ def cmd_sim_gpt(args) -> int:
         if s not in known:
             raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(known)})")
     n = topo.n
-    planned = None
-    if args.d_pp:
-        d_pp = args.d_pp
-    elif n < LUMPED_FROM:  # the paper's sizes: the rule `harness run` uses (8 x 8 for 64 devices)
-        d_pp = default_pipeline_degrees(n, cfg.layers)[0]
-    else:  # at scale: the planner's degrees within memory (harness/scheduler/degrees.py)
-        planned = planned_degrees(topo, cfg, args)
-        d_pp = planned.chosen.d_pp
-    sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, **_sim_kwargs(args))
+    d_pp, planned = sim_degrees(topo, cfg, args)
+    sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch,  # a plan's blocks: by the planner's allocator
+                    **_sim_kwargs(args, None if planned is None else MEMORY_AWARE_ALLOCATOR))
     if planned is not None:
         sim.prime(cfg, args.batch, planned.assignment.to_json())
     if any(systems.get(s).scheduled for s in which):  # ours' batch must split before its schedule is searched

@@ -23,6 +23,20 @@ def memory_notes(topo, cfg, args, cands) -> dict[int, str]:
     return out
 
 
+def sim_degrees(topo, cfg, args):
+    """(D_PP of ours, the planner's Plan or None): --d-pp when given; at the paper's sizes the rule `harness run`
+    uses (8 x 8 for 64 devices); at scale the planner's degrees within memory (harness/scheduler/degrees.py)."""
+    from ..layout import default_pipeline_degrees
+    from ..scheduler.lumped import LUMPED_FROM
+
+    if args.d_pp:
+        return args.d_pp, None
+    if topo.n < LUMPED_FROM:
+        return default_pipeline_degrees(topo.n, cfg.layers)[0], None
+    planned = planned_degrees(topo, cfg, args)
+    return planned.chosen.d_pp, planned
+
+
 def planned_degrees(topo, cfg, args):
     """The planner's degrees for ours at the paper's runtime (GPipe, recompute, fp16), with progress."""
     from ..compute import PAPER_DTYPE

@@ -160,6 +160,9 @@ def test_megatron_grid_beyond_512_devices_scales_out_by_data_parallelism():
     big = megatron_degrees(1024)
     assert big and all(np.prod(g) == 1024 and g[0] in DEGREES and g[1] in DEGREES for g in big)
     assert (1, 8, 128) in big and len(big) == 16
+    mid = megatron_degrees(256)  # beyond the paper's 64: its grid (only D_TP >= 4 here) and data parallelism
+    assert set(g for g in itertools.product(DEGREES, repeat=3) if np.prod(g) == 256) < set(mid)
+    assert (1, 8, 32) in mid and len(mid) == 16
 
 
 def test_sim_at_scale_takes_the_planners_degrees_and_its_schedule(cli, tmp_path):

@@ -63,12 +63,25 @@ def test_sim_user_errors_are_one_line(cli):
 
 def test_sim_report_writes_tables_and_figures(cli, tmp_path):
     rc, out, err = cli("sim", "report", "--out", tmp_path, "--cases", "5", "--layers", "24", "--batches", "1024",
-                       "--no-fluidstack", "--no-hetpipe", "--budget", "300", "--no-cache")
+                       "--no-fluidstack", "--no-hetpipe", "--budget", "300", "--no-cache", "--scale", "64", "256")
     assert rc == 0, err
     text = (tmp_path / "report.md").read_text()
     assert "| 5 (5-worldwide) |" in text and "Where the model disagrees" in text
-    for f in ("fig3-case5.png", "fig6-case5.png", "records.csv", "manifest.json"):
+    for f in ("fig3-case5.png", "fig6-case5.png", "records.csv", "manifest.json", "fig-scale.png", "scale.json"):
         assert (tmp_path / f).stat().st_size > 0
+    # the scale section: case 5's world at 64 and 256 devices, 16 samples a device
+    assert "## At scale" in text and "| 64 | 1,024 |" in text and "| 256 | 4,096 |" in text
+    rows = json.loads((tmp_path / "scale.json").read_text())
+    assert [(r["devices"], r["scenario"], r["batch"]) for r in rows] == [(64, "5-worldwide", 1024),
+                                                                         (256, "worldwide-1k", 4096)]
+    for r in rows:
+        for plan in r["ours"].values():
+            assert plan["plan_s"] > 0 and plan["d_pp"] * plan["d_dp"] == r["devices"]
+            assert plan["plan_fits"] and plan["fits"]  # the planner's plan, simulated with its blocks, fits
+        for b in r["baselines"].values():
+            assert b["fits"] and min(p["seconds"] for p in r["ours"].values()) < b["seconds"]
+    rc, out, err = cli("sim", "report", "--out", tmp_path / "x", "--scale", "100")
+    assert rc == 2 and "--scale: 100 devices" in err and err.count("\n") == 1 and not (tmp_path / "x").exists()
     rows = read_records(tmp_path / "records.csv")
     ours = min(r["seconds"] for r in rows if r["system"] == "ours")
     meg = min(r["seconds"] for r in rows if r["system"] == "megatron")

@@ -101,6 +101,10 @@ def register(sub) -> None:
                       "Figure 4 and Table 4, on hetpipe-testbed)")
     only.add_argument("--hetpipe-only", action="store_true", help="only the systems' own sections, HetPipe's "
                       "(seconds, not hours)")
+    r.add_argument("--scale", type=positive_int, nargs="+", metavar="DEVICES", help="the scale section's sizes, "
+                   "of 64 256 1024 10240 (default all: case 5's world to 10,240 devices); --no-scale: none")
+    r.add_argument("--no-scale", action="store_true", help="skip the scale section (planning and iteration time "
+                   "against devices)")
     r.add_argument("--workers", type=positive_int, help="processes running the scheduler for uncached "
                    "settings (default: cores, at most 4)")
     _common(r, workloads.get("gpt").sim_flags)
@@ -306,10 +310,13 @@ def _short(config: dict) -> str:
 def cmd_report(args) -> int:
     from tqdm import tqdm
 
+    from .sim_scale import check_scale, scale_section
+
     from ..report import sim as report
     from ..results import new_run_id, results_root
 
     kw = _sim_kwargs(args)
+    check_scale(args)
     run_id = new_run_id("sim")
     out = args.out or results_root(args.results) / "sim" / run_id
     if args.hetpipe_only:
@@ -332,6 +339,7 @@ def cmd_report(args) -> int:
         sweeps = report.sweep_cases(args.cases, args.layers, args.batches, **opts)
         fs = None if args.no_fluidstack else report.sweep_fluidstack(**opts)
         sections = [] if args.no_hetpipe else _sweep_sections(bar)
+        sections += [] if args.no_scale else [scale_section(args, bar, kw)]
     paths = report.write_report(out, sweeps, fs, run_id, report.sweep_notes(kw), sections)
     for r in report.summary_rows(sweeps):
         print(f"case {r['case']}: ours vs Megatron {r['vs_megatron_mean']:.2f}x, vs DeepSpeed "

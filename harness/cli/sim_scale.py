@@ -57,3 +57,45 @@ def planned_degrees(topo, cfg, args):
           f"(`harness schedule` prints them all); its plan "
           + ("fits memory" if m["fits_memory"] else f"does not fit memory ({m['overflow_gb']:.1f} GB over)"))
     return p
+
+
+def check_scale(args) -> None:
+    """One line for a size the scale section does not have (before anything runs)."""
+    from ..errors import HarnessError
+    from ..report.scale import SIZES
+
+    bad = [n for n in args.scale or () if n not in SIZES]
+    if bad:
+        raise HarnessError(f"--scale: {bad[0]} devices is not a size of the scale section "
+                           f"(sizes: {', '.join(map(str, SIZES))})")
+
+
+def scale_section(args, bar, sim_kwargs: dict) -> tuple:
+    """(the scale section, its rows) for `harness sim report`: counted on `bar`, the planner's options on
+    bars of their own (harness schedule's)."""
+    from ..plan.systems import ReportSection
+    from ..report import scale
+    from .schedule import option_bars
+
+    sizes = tuple(args.scale or scale.SIZES)
+    bar.total = (bar.total or 0) + scale.steps(sizes)
+    budget = args.budget or DEFAULT_BUDGET
+    closers = []
+
+    def on_search(scheduler):
+        factory, close = option_bars(budget, f"scale: {scheduler}")
+        closers.append(close)
+        return factory
+
+    def step(label):
+        bar.set_postfix_str(label, refresh=False)
+        bar.update(1)
+
+    keep = {k: sim_kwargs[k] for k in ("profile_overrides", "protocol", "transport") if k in sim_kwargs}
+    try:
+        rows = scale.sweep_scale(sizes, budget, args.seed, step, on_search, **keep)
+    finally:
+        for close in closers:
+            close()
+    section = ReportSection("Scale", scale.steps(sizes), None, scale.write_scale, scale.scale_markdown)
+    return section, rows

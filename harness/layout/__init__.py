@@ -379,12 +379,16 @@ def default_pipeline_degrees(devices: int, layers: int) -> tuple[int, int]:
     raise LayoutError(f"--devices: cannot split {devices} devices into stages of a {layers}-layer model")
 
 
+PAPER_DEVICES = 64  # the paper's cases: Megatron's grid is App. D.2's up to here
+
+
 def megatron_degrees(devices: int) -> list[tuple[int, int, int]]:
-    """Every (D_TP, D_PP, D_DP) in {1, 2, 4, 8}^3 with product = devices (App. D.2). Beyond 512 devices,
-    where that grid is empty, D_TP and D_PP from the same set and D_DP the rest: data parallelism is
-    how Megatron scales out past a node."""
+    """Every (D_TP, D_PP, D_DP) in {1, 2, 4, 8}^3 with product = devices (App. D.2) up to the paper's 64
+    devices. Beyond, D_TP and D_PP from the same set and D_DP the rest: data parallelism is how Megatron
+    scales out past a node (the paper's grid alone would leave 256 devices only D_TP >= 4 across regions,
+    and 1,024 none)."""
     paper = [(t, p, d) for t, p, d in itertools.product(DEGREES, repeat=3) if t * p * d == devices]
-    if paper:
+    if paper and devices <= PAPER_DEVICES:
         return paper
     return [(t, p, devices // (t * p)) for t, p in itertools.product(DEGREES, repeat=2) if devices % (t * p) == 0]
 

@@ -138,3 +138,36 @@ def test_pair_state_beyond_its_dense_size_keeps_only_the_pairs_set(monkeypatch):
         a, b = rng.integers(0, 50, (2, 3, 4))
         assert np.array_equal(sparse[a, b], dense[a, b])
     assert sparse[3, 4] == dense[3, 4] and len(sparse.sparse) <= 140
+
+
+def test_scenario_show_at_ten_thousand_devices_reads_the_region_links(tmp_path):
+    from harness.report.scenario import scenario_summary, write_heatmaps
+
+    topo = load_scenario("worldwide-10k")
+    text = scenario_summary(topo)
+    assert "10240 devices in 8 regions; one-way delay 5-238 ms, bandwidth 0.335-2 Gbps" in text
+    assert all(p.stat().st_size > 0 for p in write_heatmaps(topo, tmp_path))
+    assert "delay_ms" not in vars(topo) and "bandwidth_gbps" not in vars(topo)  # nothing expanded
+
+
+def test_stage_matching_by_transport_is_the_least_sum_assignment_at_the_bottleneck():
+    """From TRANSPORT_FROM replicas a stage's devices are matched by a transport on class counts: the same
+    bottleneck and the same least sum as the assignment on the D_DP x D_DP block."""
+    from harness.scheduler.lumped import TRANSPORT_FROM, _assignment
+
+    topo = load_scenario("worldwide-1k")
+    d_pp = topo.n // TRANSPORT_FROM
+    lumped = LumpedCostModel(topo, d_pp, TRANSPORT_FROM, 8e6, 1e8)
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        P = to_partition(random_labels(rng, d_pp, lumped.d_dp), d_pp)
+        _, _, order, _ = lumped.path(P)
+        staged = lumped.staged_on_path(P, order)
+        assert sorted(staged.ravel().tolist()) == list(range(topo.n))
+        W, _ = lumped.edges(lumped.counts(P).astype(float))
+        for k in range(1, d_pp):
+            assert sorted(staged[k].tolist()) == sorted(P[order[k]].tolist())
+            links = lumped.pp_link[staged[k - 1], staged[k]]
+            block = lumped.pp_link[staged[k - 1][:, None], staged[k][None, :]]
+            best = block[np.arange(len(block)), _assignment(block, W[order[k - 1], order[k]])]
+            assert links.max() == W[order[k - 1], order[k]] and links.sum() == pytest.approx(best.sum(), rel=1e-12)

@@ -10,16 +10,26 @@ from ..scenario import Topology
 from ..plots.figures import save_figure
 
 
-def scenario_summary(topo: Topology) -> str:
+def _pair_links(topo: Topology) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(delay, bandwidth, their transposes) over every ordered pair of distinct devices, by region where the
+    links are the regions' (one value per region pair that has such a pair: no N x N matrix)."""
+    if topo.region_links is not None:
+        delay, bw = topo.region_links
+        sizes = np.array([r.devices for r in topo.regions])
+        used = ~np.eye(len(sizes), dtype=bool) | (sizes > 1)[:, None]
+        return delay[used], bw[used], delay.T[used], bw.T[used]
     off = ~np.eye(topo.n, dtype=bool)
-    d, b = topo.delay_ms[off], topo.bandwidth_gbps[off]
+    return topo.delay_ms[off], topo.bandwidth_gbps[off], topo.delay_ms.T[off], topo.bandwidth_gbps.T[off]
+
+
+def scenario_summary(topo: Topology) -> str:
+    d, b, d_t, b_t = _pair_links(topo)
     lines = [
         f"scenario {topo.name}: {topo.description}",
         f"  file: {topo.source}",
         f"  {topo.n} devices in {len(topo.regions)} regions; one-way delay {d.min():g}-{d.max():g} ms, "
-        f"bandwidth {b.min():g}-{b.max():g} Gbps" + (" (asymmetric)" if not np.allclose(
-            topo.bandwidth_gbps[off], topo.bandwidth_gbps.T[off]) or not np.allclose(topo.delay_ms, topo.delay_ms.T)
-            else ""),
+        f"bandwidth {b.min():g}-{b.max():g} Gbps" + (" (asymmetric)" if not np.allclose(b, b_t)
+                                                     or not np.allclose(d, d_t) else ""),
         f"  {'region':16s} {'devices':>7s} {'ids':>9s} {'intra delay ms':>14s} {'intra Gbps':>10s}  "
         "device (type, memory, effective fp16 TFLOPS = peak x efficiency / slowdown)",
     ]
@@ -38,21 +48,27 @@ def scenario_summary(topo: Topology) -> str:
     return "\n".join(lines)
 
 
+HEATMAP_DEVICES_MAX = 1024  # beyond, the heatmaps are region x region (a device x device one is 839 MB at 10,240)
+
+
 def write_heatmaps(topo: Topology, out_dir: Path) -> list[Path]:
-    """delay.png and bandwidth.png: device x device, sender on rows."""
+    """delay.png and bandwidth.png: device x device, sender on rows (region x region beyond
+    HEATMAP_DEVICES_MAX devices where the links are the regions')."""
     import matplotlib.pyplot as plt
 
+    by_region = topo.n > HEATMAP_DEVICES_MAX and topo.region_links is not None
+    delay, bw = topo.region_links if by_region else (topo.delay_ms, topo.bandwidth_gbps)
+    unit = "region" if by_region else "device"
     paths = []
     for key, matrix, label, cmap in (
-        ("delay", topo.delay_ms, "one-way delay (ms)", "viridis"),
-        ("bandwidth", np.where(np.isinf(topo.bandwidth_gbps), np.nan, topo.bandwidth_gbps), "bandwidth (Gbps)",
-         "magma"),
+        ("delay", delay, "one-way delay (ms)", "viridis"),
+        ("bandwidth", np.where(np.isinf(bw), np.nan, bw), "bandwidth (Gbps)", "magma"),
     ):
         fig, ax = plt.subplots(figsize=(5.2, 4.4))
         im = ax.imshow(matrix, cmap=cmap, interpolation="nearest")
         ax.set_title(f"{topo.name}: {label}")
-        ax.set_xlabel("receiver device")
-        ax.set_ylabel("sender device")
+        ax.set_xlabel(f"receiver {unit}")
+        ax.set_ylabel(f"sender {unit}")
         fig.colorbar(im, ax=ax, shrink=0.85)
         paths.append(save_figure(fig, Path(out_dir) / f"{key}.png"))
         plt.close(fig)

@@ -171,3 +171,11 @@ def test_stage_matching_by_transport_is_the_least_sum_assignment_at_the_bottlene
             block = lumped.pp_link[staged[k - 1][:, None], staged[k][None, :]]
             best = block[np.arange(len(block)), _assignment(block, W[order[k - 1], order[k]])]
             assert links.max() == W[order[k - 1], order[k]] and links.sum() == pytest.approx(best.sum(), rel=1e-12)
+
+
+def test_sim_says_when_a_system_has_no_layout(cli):
+    """10,240 devices, batch 1024: Megatron's D_DP = 10,240 / (D_TP D_PP) holds a factor 5, the batch none."""
+    rc, out, err = cli("sim", "--scenario", "worldwide-10k", "--system", "megatron", "--d-pp", "20", "--no-cache")
+    assert rc == 0, err
+    (line,) = [x for x in out.splitlines() if x.startswith("megatron")]
+    assert "no layout" in line and "10,240 devices" in line and "batch 1024" in line

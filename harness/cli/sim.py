@@ -182,7 +182,7 @@ def cmd_sim_gpt(args) -> int:
     from ..errors import HarnessError
     from ..compute import micro_batches
     from ..scheduler.degrees import MEMORY_AWARE_ALLOCATOR
-    from .sim_scale import memory_notes, sim_degrees
+    from .sim_scale import memory_notes, no_layout, search_with_progress, sim_degrees
     from ..compute.model import get_model
     from ..files import atomic_write_json
     from ..results import manifest, new_run_id, run_dir, write_records
@@ -208,14 +208,7 @@ def cmd_sim_gpt(args) -> int:
     if any(systems.get(s).scheduled for s in which):  # ours' batch must split before its schedule is searched
         micro_batches(args.batch, args.micro_batch, n // d_pp, "replicas of ours")
     if any(systems.get(s).scheduled for s in which) and sim.missing(cfg, args.batch) is not None:
-        from tqdm import tqdm
-
-        with tqdm(total=args.budget, desc=f"schedule ({sim.scheduler})", unit="cand", file=sys.stderr, leave=False) as bar:
-            def update(evaluated: int, best: float) -> None:
-                bar.set_postfix_str(f"best {best:.3f} s", refresh=False)
-                bar.update(evaluated - bar.n)
-
-            sim.assignment(cfg, args.batch, progress=update)
+        search_with_progress(sim, cfg, args)
     cands = sim.sweep(cfg, args.batch, which)
     run_id = new_run_id("sim")
     records = [to_record(c, run_id=run_id, topo=topo, cfg=cfg, batch=args.batch, micro_batch=args.micro_batch)
@@ -227,6 +220,8 @@ def cmd_sim_gpt(args) -> int:
         if c.best:
             print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {_short(c.config)}{memory[id(c)]}")
     per_system = Counter(c.system for c in cands)
+    for system in [s for s in which if s not in per_system]:  # say so, rather than leave the row out
+        print(f"{system:<12} {'-':>10} {'-':>8}  {no_layout(system, n, args)}")
     grid = sorted(((c, r) for c, r in zip(cands, records) if per_system[c.system] > 1),
                   key=lambda cr: (cr[0].system, cr[0].seconds))
     if grid:

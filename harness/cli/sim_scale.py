@@ -23,6 +23,25 @@ def memory_notes(topo, cfg, args, cands) -> dict[int, str]:
     return out
 
 
+def search_with_progress(sim, cfg, args) -> None:
+    """The simulator's schedule search for (cfg, batch), on a progress bar."""
+    from tqdm import tqdm
+
+    with tqdm(total=args.budget, desc=f"schedule ({sim.scheduler})", unit="cand", file=sys.stderr, leave=False) as bar:
+        def update(evaluated: int, best: float) -> None:
+            bar.set_postfix_str(f"best {best:.3f} s", refresh=False)
+            bar.update(evaluated - bar.n)
+
+        sim.assignment(cfg, args.batch, progress=update)
+
+
+def no_layout(system: str, devices: int, args) -> str:
+    """Why `system` has no simulated row: no layout of its grid or rule splits the batch (10,240 devices and
+    batch 1024: Megatron's and DeepSpeed's D_DP hold a factor 5, the batch none)."""
+    return (f"no layout: no split of {devices:,} devices in {system}'s grid gives every replica whole "
+            f"micro-batches of {args.micro_batch} from batch {args.batch} (a multiple of {devices:,} always splits)")
+
+
 def sim_degrees(topo, cfg, args):
     """(D_PP of ours, the planner's Plan or None): --d-pp when given; at the paper's sizes the rule `harness run`
     uses (8 x 8 for 64 devices); at scale the planner's degrees within memory (harness/scheduler/degrees.py)."""

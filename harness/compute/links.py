@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ..scenario import Topology
-from ..scenario.class_links import by_region, representatives
+from ..scenario.class_links import held_by_region, representatives
 from ..scenario.transport import LINUX, Transport
 from ..units import gbps_to_bytes_per_s, ms_to_s
 from .transport import HOST_HZ, TcpPath
@@ -98,8 +98,7 @@ class Links:
         devices, first, _ = representatives(topo)
         few = cls.per_device(topo.subset(devices), protocol, nic)
         region = np.asarray(topo.device_region)
-        held = {m: by_region(topo, lambda sub, m=m: getattr(few, m)) for m in ("delay_s", "rate_Bps")}
-        return replace(few, delay_s=held["delay_s"], rate_Bps=held["rate_Bps"],
+        return replace(few, delay_s=held_by_region(topo, few.delay_s), rate_Bps=held_by_region(topo, few.rate_Bps),
                        egress_Bps=few.egress_Bps[first][region], ingress_Bps=few.ingress_Bps[first][region])
 
     @classmethod

@@ -47,12 +47,15 @@ class ClassLinks:
         """Per device of every group (rows of `groups`): its summed entries to the others of its group
         (m[G[:, :, None], G[:, None, :]].sum(-1) with a zero diagonal), from the groups' class counts."""
         G = np.asarray(groups)
-        C = len(self.values)
         cls = self.device_class[G]
-        K = np.zeros((len(G), C))
+        K = np.zeros((len(G), len(self.values)))
         np.add.at(K, (np.repeat(np.arange(len(G)), G.shape[1]), cls.ravel()), 1)
-        per_class = K @ self.values.T - np.diag(self.values)[None, :]  # itself counted at its class's value
-        return np.take_along_axis(per_class, cls, 1)
+        return np.take_along_axis(self.class_sums(K), cls, 1)
+
+    def class_sums(self, K: np.ndarray) -> np.ndarray:
+        """(groups, C): a device of class c's summed entries to the others of a group holding K[g] devices of
+        each class (itself counted in K at its class's value, taken off)."""
+        return K @ self.values.T - np.diag(self.values)[None, :]
 
     def row_distance(self, rows: np.ndarray, d: int) -> np.ndarray:
         """sum_e |m[r, e] - m[d, e]| for every r in `rows` (the speed move's likeness), on classes (a zero
@@ -94,8 +97,14 @@ def by_region(topo: Topology, build: Callable[[Topology], np.ndarray]) -> ClassL
     the links are the regions' (Topology.region_links); the diagonal is taken from the first device's."""
     if topo.region_links is None:
         raise ValueError(f"{topo.source}: links differ inside a region; by_region needs the regions' links")
-    devices, first, second = representatives(topo)
-    M = np.asarray(build(topo.subset(devices)))
+    devices, _, _ = representatives(topo)
+    return held_by_region(topo, build(topo.subset(devices)))
+
+
+def held_by_region(topo: Topology, M: np.ndarray) -> ClassLinks:
+    """The device x device matrix whose values on representatives(topo)'s devices are M, held by region."""
+    _, first, second = representatives(topo)
+    M = np.asarray(M)
     values = M[np.ix_(first, first)].copy()
     values[np.arange(len(first)), np.arange(len(first))] = M[first, second]
     return ClassLinks(values, np.asarray(topo.device_region), diagonal=float(M[0, 0]))

@@ -83,12 +83,11 @@ def region_classes(topo, d_dp: int, c_pp_bytes: float, c_dp_bytes: float) -> tup
     if sym is None:
         return None
     region = np.asarray(topo.device_region)
-    pp_r, dp_r = link_costs(*sym, d_dp, c_pp_bytes, c_dp_bytes)
-    pp, dp = group_links(ClassLinks(pp_r, region), ClassLinks(dp_r, region), region)
-    classes = _merged(pp, dp, region)
+    by_region = [ClassLinks(m, region) for m in link_costs(*sym, d_dp, c_pp_bytes, c_dp_bytes)]
+    classes = _merged(*group_links(*by_region, region), region)
     if classes is None:
         return None
-    cpp, cdp = group_links(ClassLinks(pp_r, region), ClassLinks(dp_r, region), classes)
+    cpp, cdp = group_links(*by_region, classes)
     return classes, ClassLinks(cpp, classes), ClassLinks(cdp, classes)
 
 
@@ -117,14 +116,14 @@ def _alike(m: np.ndarray, r: int, s: int, sizes: np.ndarray) -> bool:
 def cost_model(topo, d_pp: int, d_dp: int, c_pp_bytes: float, c_dp_bytes: float) -> CostModel:
     """The searches' CostModel: on link classes from LUMPED_FROM devices where the links lump
     (harness/scheduler/lumped.py), else on devices."""
-    if topo.n >= LUMPED_FROM and topo.region_links is not None:  # no device x device matrix at all
+    if topo.n < LUMPED_FROM:
+        return CostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
+    if topo.region_links is not None:  # no device x device matrix at all
         try:
             return LumpedCostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
-        except ValueError:  # more classes than the counts handle
-            pass
+        except ValueError:  # more classes than the counts handle: the device model
+            return CostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
     comm = CostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)
-    if topo.n < LUMPED_FROM:
-        return comm
     classes = link_classes(comm)
     return comm if classes is None else LumpedCostModel(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes, classes)
 
@@ -139,7 +138,7 @@ class LumpedCostModel(CostModel):
         super().__init__(topo, d_pp, d_dp, c_pp_bytes, c_dp_bytes)  # calls _link_matrices
         C = self.classes
         sizes = np.bincount(self.device_class, minlength=C)
-        self.class_pp, self.class_dp = self.pp_link.values, self.dp_link.values  # a one-device class never meets itself
+        self.class_pp = self.pp_link.values  # a one-device class never meets itself
         usable = ~np.eye(C, dtype=bool) | (sizes > 1)[:, None]
         self._values = np.unique(self.class_pp[usable])  # the edge values, ascending
         subsets = ((np.arange(1, 1 << C)[:, None] >> np.arange(C)) & 1).astype(np.int64)  # (2^C - 1, C)
@@ -207,8 +206,7 @@ class LumpedCostModel(CostModel):
 
     def group_datap(self, K: np.ndarray) -> np.ndarray:
         """DATAP-COST of every group (eq. 2) from its counts."""
-        per_class = K @ self.class_dp.T - np.diag(self.class_dp)[None, :]
-        return np.where(K > 0, per_class, -np.inf).max(1)
+        return np.where(K > 0, self.dp_link.class_sums(K), -np.inf).max(1)
 
     def edges(self, K: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(bottleneck, mean) matrices (D_PP, D_PP) of every pair of groups (eq. 3 and the tie-breaker)."""

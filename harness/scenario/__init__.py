@@ -19,6 +19,7 @@ import yaml
 from ..errors import HarnessError
 from ..files import read_text
 from .parse import parse_scenario
+from .timeline import Timeline, parse_timeline, parse_trace_csv, region_names, trace_of
 from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology, scale_down  # noqa: F401
 
 class YAMLLoader(yaml.SafeLoader):
@@ -86,3 +87,26 @@ def load_scenario(name: str, devices: int | None = None) -> Topology:
         raise ScenarioError(f"{path}: YAML syntax error at {where}: {getattr(e, 'problem', e)}") from None
     topo = parse_scenario(doc, path)
     return scale_down(topo, devices) if devices is not None else topo
+
+
+def load_timeline(path, topo: Topology):
+    """`--timeline FILE`: a YAML file holding a timeline (timeline.py; the `timeline:` key optional), or a trace
+    CSV (held at its end); its regions checked against `topo`'s. Every mistake is one ScenarioError line."""
+    path = Path(path)
+    known = region_names(topo.regions)
+    try:
+        text = read_text(path, "timeline (YAML, or a trace CSV)")
+    except HarnessError as e:
+        raise ScenarioError(str(e)) from None
+    if path.suffix == ".csv":
+        rows = parse_trace_csv(text, str(path), known, False)
+        return Timeline(source=str(path), trace=trace_of(rows, str(path), "hold", None))
+    try:
+        doc = yaml.load(text, Loader=YAMLLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "?"
+        raise ScenarioError(f"{path}: YAML syntax error at {where}: {getattr(e, 'problem', e)}") from None
+    if isinstance(doc, dict) and set(doc) == {"timeline"}:
+        doc = doc["timeline"]
+    return parse_timeline(doc, f"{path}: timeline", path.parent, known)

@@ -12,10 +12,11 @@ import numpy as np
 from .gpus import GPU_TYPES, find_gpu
 from .transport import AUTO, AUTO_MAX_BYTES, CONGESTION_CONTROLS, LINUX, LINUX_RMEM, LINUX_WMEM, Transport
 from .transport import KEYS as TRANSPORT_KEYS
+from .timeline import parse_timeline, region_names
 from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology, check_fits
 
 
-_TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "server", "transport"}
+_TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "server", "transport", "timeline"}
 _SERVER_KEYS = {"delay_ms", "uplink_gbps"}
 _REGION_KEYS = {"name", "devices", "count", "intra_region", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
@@ -180,6 +181,8 @@ def parse_scenario(doc, path: Path) -> Topology:
         region_bandwidth_gbps=inter_bw,
         server=server,
         transport=parse_transport(path, doc["transport"]) if "transport" in doc else LINUX,
+        timeline=(parse_timeline(doc["timeline"], f"{path}: timeline", Path(path).parent, region_names(regions))
+                  if "timeline" in doc else None),
     )
 
 

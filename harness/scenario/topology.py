@@ -114,6 +114,9 @@ class Topology:
     # device x device links where they are not the regions' (with_device_links); None: the regions'
     device_delay_ms: np.ndarray | None = None
     device_bandwidth_gbps: np.ndarray | None = None
+    # links that change during the run (timeline.py's Timeline: the scenario's `timeline:` or --timeline); None:
+    # they hold still
+    timeline: object | None = None
 
     @property
     def n(self) -> int:
@@ -233,6 +236,7 @@ class Topology:
             device_delay_ms=None if self.device_delay_ms is None else self.device_delay_ms[by_device].copy(),
             device_bandwidth_gbps=(None if self.device_bandwidth_gbps is None
                                    else self.device_bandwidth_gbps[by_device].copy()),
+            timeline=self.timeline,  # names regions: events on regions left out change nothing
         )
 
 

@@ -16,7 +16,7 @@ from pyroute2.netlink.rtnl.tcmsg import common as tc_common
 
 from ..errors import HarnessError
 from ..scenario.transport import SYSCTL_NAMES
-from .plan import EGRESS_CLASS_MINOR, DevicePlan
+from .plan import EGRESS_CLASS_MINOR, DevicePlan, ShapedLink
 
 ENOENT, ENODEV, EINVAL = 2, 19, 22
 SYSCTL_DIR = "/proc/sys/net/ipv4"
@@ -76,6 +76,25 @@ def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan, *, fresh: bool = False
             raise ShapingError(f"device {dev.index} ({dev.ifname}): {step}: this kernel ({platform.release()}) has "
                                "no sch_netem (modprobe sch_netem, or run unshaped)") from None
         raise ShapingError(f"device {dev.index} ({dev.ifname}): {step}: kernel said {e}") from None
+
+
+def change_link(ipr: IPRoute, idx: int, dev: DevicePlan, link: ShapedLink) -> None:
+    """Change one destination's HTB class and netem qdisc in place (`tc class change`, `tc qdisc change`):
+    the packets queued in them stay queued and the link is never without its shaping, unlike a delete and
+    re-create (a timeline's event during a run). `link` is the destination's new values (plan.shaped_link)."""
+    cls = 0x10000 | link.class_minor
+    parent = 0x10000 if dev.egress_bps is None else 0x10000 | EGRESS_CLASS_MINOR
+    step = f"htb class 1:{link.class_minor:x}"
+    try:
+        ipr.tc("change-class", "htb", index=idx, handle=cls, parent=parent,
+               rate=link.assured_bps // 8, ceil=link.rate_bps // 8, burst=link.burst_bytes,
+               cburst=link.cburst_bytes, quantum=link.quantum_bytes, mtu=2048)
+        step = f"netem {link.netem_major:x}:"
+        ipr.tc("change", "netem", index=idx, handle=link.netem_major << 16, parent=cls,
+               delay=link.delay_us, jitter=link.jitter_us, loss=link.loss_pct, limit=link.limit_packets)
+    except NetlinkError as e:
+        raise ShapingError(f"device {dev.index} ({dev.ifname}) -> {link.dst}: {step}: change refused: "
+                           f"kernel said {e}") from None
 
 
 def readback(ipr: IPRoute, idx: int) -> dict:
@@ -147,9 +166,11 @@ def compare(dev: DevicePlan, rb: dict) -> list[str]:
         q = netems.get(link.netem_major)
         if q is None:
             problems.append(f"{where}: netem {link.netem_major:x}: missing")
-        elif abs(q["delay_us"] - link.delay_us) > 1 or q["limit_packets"] != link.limit_packets:
-            problems.append(f"{where}: netem delay {q['delay_us']} us limit {q['limit_packets']}, "
-                            f"planned {link.delay_us} us limit {link.limit_packets}")
+        elif (abs(q["delay_us"] - link.delay_us) > 1 or q["limit_packets"] != link.limit_packets
+              or abs(q["jitter_us"] - link.jitter_us) > 1 or abs(q["loss_pct"] - link.loss_pct) > 1e-4):
+            problems.append(f"{where}: netem delay {q['delay_us']} us jitter {q['jitter_us']} us loss "
+                            f"{q['loss_pct']:g}% limit {q['limit_packets']}, planned {link.delay_us} us jitter "
+                            f"{link.jitter_us} us loss {link.loss_pct:g}% limit {link.limit_packets}")
         f = filters.get(link.class_minor)
         if f is None or f["dst"] != link.dst_addr:
             problems.append(f"{where}: filter to {link.dst_addr} missing")

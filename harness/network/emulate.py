@@ -10,6 +10,9 @@ mode="launcher": the command runs ONCE in the root namespace of the kernel that 
   {"kernel", "run_id", "bandwidth_scale", "devices": [{"index", "netns", "netns_path",
   "ifname", "addr"}]}; it forks one child per device, each calling
   `harness.network.netns.enter(netns_path)`, so torch is imported once.
+A topology with a timeline (scenario/timeline.py) has its changes applied live while the command runs
+(timeline_control.py): t = 0 when the command starts (timeline_clock="command") or at the program's mark of
+its iteration 0 ("marks", the trainer); the result's `timeline` lists each change and when it took effect.
 Both also get HARNESS_KERNEL ("host"|"uml") and the caller's environment plus `env`,
 and run in the caller's working directory (which UML sees through hostfs).
 
@@ -36,6 +39,7 @@ from pathlib import Path
 from ..errors import HarnessError
 from . import reaper, registry, uml
 from .kernel import choose
+from .timeline_control import check_timeline
 from .runner import TIMEOUT_RC, Job, log_path, read_result, run_job
 
 MODES = ("per-device", "launcher")
@@ -54,6 +58,8 @@ class EmulationResult:
     bandwidth_scale: float = 1.0
     setup_s: float | None = None  # cluster creation + shaping, excluding a UML boot
     plan: dict | None = field(default=None, repr=False)
+    #: the timeline's changes as applied (timeline_control.AppliedChange as JSON), [] without a timeline
+    timeline: list = field(default_factory=list)
 
     @property
     def returncode(self) -> int:
@@ -78,7 +84,7 @@ class EmulationError(HarnessError, RuntimeError):
 
 def run_emulated(topo, command: list[str], *, mode: str = "per-device",
                  kernel: str = "auto", timeout_s: float = 600.0, env: dict[str, str] | None = None,
-                 stream=None) -> EmulationResult:
+                 stream=None, timeline_clock: str = "command") -> EmulationResult:
     """Run `command` in the emulated cluster of `topo` (Topology.scaled: its links are shaped as they are);
     see the module docstring. Write-ahead (reaper.py): the reaper starts, then the registry entry names
     the job dir, then it is created, so that a kill at any moment leaves nothing behind."""
@@ -88,12 +94,14 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
         raise EmulationError("command: empty (give the program to run after --)")
     if not (timeout_s > 0):
         raise EmulationError(f"timeout: must be > 0 (got {timeout_s})")
+    if getattr(topo, "timeline", None) is not None:
+        check_timeline(topo.timeline, topo)
     which = choose(kernel)
     rid = registry.new_run_id()
     job_dir = registry.planned_dir("harness-net-", rid)
     n_logs = topo.n if mode == "per-device" else 1
     job = Job(run_id=rid, job_dir=str(job_dir), mode=mode, command=tuple(command), timeout_s=float(timeout_s),
-              env={**os.environ, **(env or {})}, cwd=os.getcwd(), topo=topo)
+              env={**os.environ, **(env or {})}, cwd=os.getcwd(), topo=topo, timeline_clock=timeline_clock)
     tailer = _Tailer([log_path(job_dir, i) for i in range(n_logs)], stream, n_logs > 1)
     entry = registry.Entry(run_id=rid, pid=os.getpid(), kind="uml" if which == "uml" else "job",
                            job_dir=str(job_dir))
@@ -118,7 +126,7 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
     return EmulationResult(kernel=result["kernel"], returncodes=rcs, outputs=outputs,
                            readback=result["readback"], timed_out=result["timed_out"], run_id=rid,
                            bandwidth_scale=float(topo.bandwidth_scale), setup_s=result.get("setup_s"),
-                           plan=result.get("plan"))
+                           plan=result.get("plan"), timeline=result.get("timeline", []))
 
 
 def _run_in_uml(job: Job, entry: registry.Entry) -> dict:

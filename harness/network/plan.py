@@ -173,37 +173,47 @@ def build_plan(
             if delay_ms == 0 and gbps >= unshaped_min_gbps:
                 unshaped.append(e)
                 continue
-            rate_bps = int(round(gbps_to_bits_per_s(gbps)))
-            if rate_bps < 8 * frame:
-                raise PlanError(
-                    f"{topo.source}: bandwidth_gbps[{d}][{e}] x bandwidth_scale {topo.bandwidth_scale:g} = {rate_bps} bit/s: "
-                    f"below one {frame}-byte frame per second"
-                )
-            rate_Bps = bits_to_bytes(rate_bps)
-            burst = htb_burst_bytes(rate_bps, mtu)
-            quantum = int(min(HTB_QUANTUM_MAX_BYTES, max(frame, rate_Bps / 10)))
-            jitter_us = int(round(ms_to_us(jitter_ms)))
-            # netem holds the packets in flight on this one-way delay, plus a queue of two
-            # round trips' worth (a buffer of ~1-2 BDP lets one TCP flow fill the link; much more
-            # only adds bufferbloat and makes slow start overshoot for seconds).
-            in_flight = rate_Bps * (delay_ms + jitter_ms) / 1e3 / frame
-            bdp_rtt = rate_Bps * 2 * (delay_ms + jitter_ms) / 1e3 / frame
-            limit = math.ceil(in_flight + max(QUEUE_MIN_PACKETS, QUEUE_BDP_FACTOR * bdp_rtt))
-            links.append(ShapedLink(
-                dst=e, dst_addr=addrs[e], class_minor=e + 1, netem_major=0x100 + e,
-                rate_bps=rate_bps, assured_bps=rate_bps, burst_bytes=burst, cburst_bytes=burst,
-                quantum_bytes=quantum,
-                delay_us=int(round(ms_to_us(delay_ms))), jitter_us=jitter_us, loss_pct=float(loss_pct),
-                limit_packets=limit,
-            ))
+            links.append(shaped_link(e, addrs[e], delay_ms, gbps, jitter_ms, loss_pct, mtu,
+                                     f"{topo.source}: bandwidth_gbps[{d}][{e}] x bandwidth_scale "
+                                     f"{topo.bandwidth_scale:g}"))
         if egress[d] is not None and links:
-            share = max(8 * frame, egress[d] // len(links))
-            links = [replace(lk, rate_bps=min(lk.rate_bps, egress[d]), assured_bps=min(lk.rate_bps, share))
-                     for lk in links]
+            links = [under_egress(lk, egress[d], len(links), frame) for lk in links]
         devices.append(DevicePlan(d, addrs[d], ifnames[d], tuple(links), tuple(unshaped),
                                   egress[d] if links else None))
     transport = topo.transport.resolved(_largest_bdp_bytes(devices))
     return NetworkPlan(topo.name, float(topo.bandwidth_scale), mtu, prefix_len, tuple(devices), transport.to_json())
+
+
+def shaped_link(dst: int, dst_addr: str, delay_ms: float, gbps: float, jitter_ms: float, loss_pct: float,
+                mtu: int, what: str = "rate") -> ShapedLink:
+    """The egress class and netem of one destination at these link values: the one place where Gbps becomes
+    the bit/s HTB is given, and where burst, quantum and the netem limit follow from the rate and delay
+    (build_plan at the start, a timeline's change during the run)."""
+    frame = mtu + ETH_HEADER_BYTES
+    rate_bps = int(round(gbps_to_bits_per_s(gbps)))
+    if rate_bps < 8 * frame:
+        raise PlanError(f"{what} = {rate_bps} bit/s: below one {frame}-byte frame per second")
+    rate_Bps = bits_to_bytes(rate_bps)
+    burst = htb_burst_bytes(rate_bps, mtu)
+    quantum = int(min(HTB_QUANTUM_MAX_BYTES, max(frame, rate_Bps / 10)))
+    # netem holds the packets in flight on this one-way delay, plus a queue of two
+    # round trips' worth (a buffer of ~1-2 BDP lets one TCP flow fill the link; much more
+    # only adds bufferbloat and makes slow start overshoot for seconds).
+    in_flight = rate_Bps * (delay_ms + jitter_ms) / 1e3 / frame
+    bdp_rtt = rate_Bps * 2 * (delay_ms + jitter_ms) / 1e3 / frame
+    limit = math.ceil(in_flight + max(QUEUE_MIN_PACKETS, QUEUE_BDP_FACTOR * bdp_rtt))
+    return ShapedLink(
+        dst=dst, dst_addr=dst_addr, class_minor=dst + 1, netem_major=0x100 + dst,
+        rate_bps=rate_bps, assured_bps=rate_bps, burst_bytes=burst, cburst_bytes=burst, quantum_bytes=quantum,
+        delay_us=int(round(ms_to_us(delay_ms))), jitter_us=int(round(ms_to_us(jitter_ms))),
+        loss_pct=float(loss_pct), limit_packets=limit,
+    )
+
+
+def under_egress(link: ShapedLink, egress_bps: int, destinations: int, frame: int) -> ShapedLink:
+    """A destination's class under its device's interface limit: assured an equal share, up to its rate."""
+    share = max(8 * frame, egress_bps // destinations)
+    return replace(link, rate_bps=min(link.rate_bps, egress_bps), assured_bps=min(link.rate_bps, share))
 
 
 def _largest_bdp_bytes(devices: list[DevicePlan]) -> float:

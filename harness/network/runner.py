@@ -20,6 +20,7 @@ from pathlib import Path
 from ..files import atomic_write_json
 from . import netns as harness_netns
 from .cluster import Cluster
+from .timeline_control import LOG_ENV, MARKS_ENV, TimelineController
 
 #: After one device fails, the others get this long to finish before they are stopped
 #: (a distributed job whose peer died would otherwise wait for its own timeout).
@@ -51,6 +52,8 @@ class Job:
     env: dict
     cwd: str
     topo: object  # harness.scenario.Topology
+    #: when a timeline's t = 0 is (timeline_control.CLOCKS): the command's start, or its iteration-0 mark
+    timeline_clock: str = "command"
 
 
 def run_job(job: Job, kernel: str) -> dict:
@@ -68,6 +71,14 @@ def run_job(job: Job, kernel: str) -> dict:
         atomic_write_json(peers, [d.addr for d in cluster.devices])
         base_env = dict(job.env)
         procs, logs = [], []
+        control = None
+        if getattr(job.topo, "timeline", None) is not None:
+            marks, changes = job_dir / "timeline-marks", job_dir / "timeline-changes.jsonl"
+            control = TimelineController(job.topo.timeline, job.topo, cluster.plan,
+                                         [d.netns_path for d in cluster.devices], clock=job.timeline_clock,
+                                         marks_path=marks, log_path=changes)
+            base_env.update({MARKS_ENV: str(marks), LOG_ENV: str(changes)})
+            control.start()
         try:
             if mode == "per-device":
                 for dev in cluster.devices:
@@ -93,6 +104,10 @@ def run_job(job: Job, kernel: str) -> dict:
                 _kill(p)
             for log in logs:
                 log.close()
+            if control is not None:
+                control.stop()
+                result["timeline"] = control.to_json()
+                result["error"] = result["error"] or control.error
     return result
 
 

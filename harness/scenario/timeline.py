@@ -64,7 +64,8 @@ class LinkChange:
     def describe(self) -> str:
         when = f"t={self.at_s:g} s" if self.at_s is not None else f"iteration {self.at_iteration}"
         arrow = "->" if self.one_way else "<->"
-        what = ", ".join(f"{k}={getattr(self, k)}" for k in _CHANGE_KEYS if getattr(self, k) not in (None, False))
+        what = ", ".join(f"{k}={getattr(self, k)}" for k in _CHANGE_KEYS
+                         if getattr(self, k) is not None and not (k == "restore" and not self.restore))
         return f"{when}: {self.src} {arrow} {self.dst}: {what or 'no change'}"
 
 

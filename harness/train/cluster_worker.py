@@ -43,6 +43,7 @@ def main(pairs: list[tuple[str, str]]) -> int:
     from .launch import RankFailure, fork_ranks
     from ..plan import systems
     from ..network import netns
+    from ..network.timeline_control import changes_of_run, note_run
     from ..files import atomic_write_json
     from ..plan.request import RunSpec
     from .rank import RankEnv, rank_main, warm_up_parent
@@ -84,6 +85,7 @@ def main(pairs: list[tuple[str, str]]) -> int:
 
             label = lambda r: (f"rank {r} (device {devs[r]['index']}, {devs[r]['addr']}: "  # noqa: E731
                                f"{spec.layout.role(devs[r]['index'])})")
+            note_run(k)
             results = fork_ranks(len(devs), target, timeout_s=spec.run.timeout_s, label=label,
                                  tmp_dir=out.parent)  # the run's work directory (the host removes it)
             ready = [r.marks["training"] for r in results if "training" in r.marks]
@@ -95,6 +97,7 @@ def main(pairs: list[tuple[str, str]]) -> int:
                     m: max(r.marks[m] for r in results) - t_start for m in results[0].marks}},
                 "readback": cluster.get("readback", {}),
                 "ranks": [[asdict(s) for s in r.stats] for r in results],
+                **({} if (changes := changes_of_run(k)) is None else {"timeline": changes}),
             })
         except (RankFailure, Exception) as e:  # noqa: BLE001 - carried to the host as data
             failed += 1

@@ -85,6 +85,7 @@ class _Boot:
         self.error: BaseException | None = None  # why the cluster stopped otherwise
         self.log = _MarkedLog(sys.stderr)
         self.pairs = []
+        self.topo: Topology | None = None
         for k, spec in enumerate(self.specs):
             spec_path, out_path = self.work / f"spec-{k}.json", self.work / f"ranks-{k}.json"
             atomic_write_json(spec_path, spec.to_json())
@@ -96,6 +97,7 @@ class _Boot:
 
     def run_cluster(self, topo: Topology) -> None:
         """Boot, run the launcher over every spec, tear down (blocks; stop signals tear down and raise)."""
+        self.topo = topo
         from ..network.emulate import run_emulated
 
         env = {**os.environ, "OMP_NUM_THREADS": str(self.specs[0].run.threads),
@@ -105,7 +107,7 @@ class _Boot:
                *(str(p) for pair in self.pairs for p in pair)]
         try:
             self.res = run_emulated(topo, cmd, mode="launcher", kernel=self.specs[0].network.kernel,
-                                    timeout_s=self.timeout_s, env=env, stream=self.log)
+                                    timeout_s=self.timeout_s, env=env, stream=self.log, timeline_clock="marks")
         except BaseException as e:
             self.error = e
             raise
@@ -122,6 +124,8 @@ class _Boot:
         per_rank = [[IterationStats(**s) for s in r] for r in outcome["ranks"]]
         extras = {"startup_s": outcome.get("startup_s"), "startup_breakdown_s": outcome.get("startup_breakdown_s"),
                   "readback": outcome.get("readback", {})}
+        if "timeline" in outcome:  # the changes its timeline made during the run, as the controller applied them
+            extras["timeline"] = {"source": getattr(self.topo.timeline, "source", ""), "changes": outcome["timeline"]}
         return outcome.get("kernel", "unknown"), per_rank, extras
 
     def never_started(self, k: int) -> bool:

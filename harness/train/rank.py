@@ -17,6 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..network.timeline_control import note_iteration
 from ..plan.request import DebugSection, RunSpec
 from ..plan import systems
 from . import wire
@@ -32,7 +33,12 @@ def progress(line: str) -> None:
 
 
 def iteration_progress(it: int, steps: int, warmup: int, seconds: float) -> None:
-    """The line every system prints on rank 0 after iteration `it` (0-based) of `steps`."""
+    """The line every system prints on rank 0 after iteration `it` (0-based) of `steps`; in an emulated
+    cluster with a timeline, also where the run is (its iteration events fire on these marks)."""
+    now = time.monotonic()
+    if it == 0:
+        note_iteration(0, now - seconds)
+    note_iteration(it + 1, now)
     progress(f"iteration {it + 1}/{steps}{' (warm-up)' if it < warmup else ''}: {seconds:.2f} s on rank 0")
 
 

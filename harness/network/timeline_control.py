@@ -1,0 +1,327 @@
+"""A timeline applied live in the emulated cluster: one controller, every change in place and read back.
+
+The controller runs beside the job (runner.run_job) in the kernel that holds the cluster. It holds one
+netlink socket per device namespace (opened inside it before the job starts), follows the run's clock, and
+for each change that falls due recomputes the egress class of every device pair the change touches
+(plan.shaped_link: rate, burst, netem limit from the new values) and changes it in place
+(apply.change_link: no delete and re-create, so nothing queued is lost and the link is never unshaped).
+It then reads the kernel back until it holds the new values: that moment is when the change took effect.
+A cut link is netem's loss at 100 % (the class and queue stay), brought back to the link's own loss.
+Its log (`AppliedChange`, one per change) is the job's timeline.json and the run's manifest entry.
+
+The clock: with clock="command", t = 0 when the command starts. With clock="marks" (the trainer), nothing
+happens until the program marks its iteration 0 (`note_iteration`, through the file MARKS_ENV names; rank 0
+marks it when the iteration ends, with the time it began): t = 0 is then when it began, and iteration events
+fire as their iteration's mark arrives. `note_run(k)` starts run k of a boot: the links go back to the
+scenario's and the timeline starts again at its iteration 0. Either clock takes iteration marks.
+The program reads the changes of its run back with `changes_of_run` (the file LOG_ENV names).
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+from pyroute2 import IPRoute
+
+from ..errors import HarnessError
+from ..scenario.timeline import LinkChange, LinkState
+from . import netns as harness_netns
+from .apply import change_link, compare, readback
+from .plan import ETH_HEADER_BYTES, UNSHAPED_MIN_GBPS, DevicePlan, NetworkPlan, ShapedLink, shaped_link, under_egress
+
+#: set for the program: the file it tells the controller where it is in (note_run, note_iteration)
+MARKS_ENV = "HARNESS_TIMELINE_MARKS"
+#: set for the program: the file the controller appends each change to as it applies it (JSON lines)
+LOG_ENV = "HARNESS_TIMELINE_LOG"
+CLOCKS = ("command", "marks")
+POLL_S = 0.01
+#: how long a change may take to show in the kernel's read-back before the run fails
+EFFECT_TIMEOUT_S = 5.0
+CUT_LOSS_PCT = 100.0
+
+
+def _mark(line: str) -> None:
+    path = os.environ.get(MARKS_ENV)
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
+def note_run(run: int) -> None:
+    """Tell the emulated cluster's timeline controller, if there is one, that run `run` of this boot (0-based)
+    starts: its links go back to the scenario's, and its timeline waits for its iteration 0."""
+    _mark(f"run {int(run)}")
+
+
+def note_iteration(iteration: int, began_monotonic: float) -> None:
+    """Tell the timeline controller, if there is one, that `iteration` (0-based, warm-up included) began at
+    `began_monotonic` (time.monotonic()); a no-op elsewhere."""
+    _mark(f"iteration {int(iteration)} {began_monotonic:.6f}")
+
+
+def changes_of_run(run: int) -> list[dict] | None:
+    """The changes the controller applied during run `run` so far (AppliedChange as JSON); None when the
+    program runs without a timeline."""
+    path = os.environ.get(LOG_ENV)
+    if not path:
+        return None
+    try:
+        lines = Path(path).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [doc for doc in map(json.loads, lines) if doc["run"] == run]
+
+
+class TimelineError(HarnessError, RuntimeError):
+    """A timeline cannot be applied to this cluster, or a change did not take effect (one line)."""
+
+
+def check_timeline(timeline, topo) -> None:
+    """Before anything boots: every link an event changes must be shaped (plan.UNSHAPED_MIN_GBPS: a link
+    inside a node has no class to change)."""
+    state = LinkState.initial(topo)
+    sizes = [sum(1 for r in topo.device_region if r == k) for k in range(len(topo.regions))]
+    rows = timeline.trace.rows if timeline.trace else ()
+    for change in (*timeline.events, *rows):
+        for r, s in state.apply(change):
+            if (r != s or sizes[r] > 1) and topo.region_delay_ms[r, s] == 0 \
+                    and topo.region_bandwidth_gbps[r, s] >= UNSHAPED_MIN_GBPS:
+                raise TimelineError(f"{change.where}: the link {topo.regions[r].name} -> {topo.regions[s].name} "
+                                    "is inside a node (not shaped): a timeline cannot change it")
+
+
+@dataclass(frozen=True)
+class AppliedChange:
+    run: int  # the run of the boot it belongs to (0-based)
+    event: str  # LinkChange.describe()
+    where: str  # file and field of the event
+    due_s: float | None  # its time on the run's clock (None: an iteration event)
+    iteration: int | None  # the iteration under way (the last mark), None before any
+    applied_s: float  # run clock: the change commands were issued
+    effect_s: float  # run clock: the kernel acknowledged the last of them (the new values hold from here)
+    applied_monotonic: float  # the moment applied_s on time.monotonic() (records' `end` is on it)
+    pairs: int  # device pairs (classes) changed
+    # run clock: the kernel's read-back of every device touched held the new values; None: a later change
+    # to the same device came first (it is verified with that one)
+    verified_s: float | None = None
+
+    @property
+    def took_ms(self) -> float:
+        return (self.effect_s - self.applied_s) * 1e3
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "took_ms": round(self.took_ms, 3),
+                "verified_ms": None if self.verified_s is None else round((self.verified_s - self.applied_s) * 1e3, 3)}
+
+
+class TimelineController:
+    """See the module docstring. `start()` before the program starts, `stop()` after; `log` and `error`.
+
+    Two threads, each with its own netlink sockets (pyroute2 0.9 keeps one per thread): the controller
+    applies each change when it falls due and goes on; the verifier reads the kernel back behind it, so a
+    slow read-back (UML's one CPU under load: up to 0.8 s measured) never makes the next change late."""
+
+    def __init__(self, timeline, topo, plan: NetworkPlan, netns_paths: list[str], *, clock: str = "command",
+                 marks_path: Path | None = None, log_path: Path | None = None, jitter_ms: float = 0.0,
+                 loss_pct: float = 0.0):
+        if clock not in CLOCKS:
+            raise TimelineError(f"clock: must be one of {', '.join(CLOCKS)} (got {clock!r})")
+        self.timeline, self.topo, self.plan, self.clock = timeline, topo, plan, clock
+        self.marks_path = Path(marks_path) if marks_path else None
+        self.log_path = Path(log_path) if log_path else None
+        self.base_values = (jitter_ms, loss_pct)
+        self.region_devices = [[d for d in range(topo.n) if topo.device_region[d] == r]
+                               for r in range(len(topo.regions))]
+        self.base = {(dev.index, lk.dst): lk for dev in plan.devices for lk in dev.links}
+        self.current = dict(self.base)
+        check_timeline(timeline, topo)
+        self.netns_paths = netns_paths
+        self.log: list[AppliedChange] = []
+        self.error: str = ""
+        self._lock = threading.Lock()
+        self._checks: queue.Queue = queue.Queue()
+        self._latest: dict[int, int] = {}  # device -> the last check queued for it
+        self._stop, self._ready = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._guarded, args=(self._run,), name="harness-timeline",
+                                        daemon=True)
+        self._verifier = threading.Thread(target=self._guarded, args=(self._verify,), name="harness-timeline-check",
+                                          daemon=True)
+
+    def _pairs(self, r: int, s: int) -> list[tuple[int, int]]:
+        return [(d, e) for d in self.region_devices[r] for e in self.region_devices[s] if d != e]
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start both threads and wait until they hold their sockets (the run's clock starts now)."""
+        self._t_command = time.monotonic()
+        self._verifier.start()
+        self._thread.start()
+        self._ready.wait()
+        if self.error:
+            self.stop()
+            raise TimelineError(self.error)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self._checks.put(None)  # the verifier finishes what is queued, then leaves
+        if self._verifier.is_alive():
+            self._verifier.join()
+
+    def to_json(self) -> list[dict]:
+        with self._lock:
+            return [c.to_json() for c in self.log]
+
+    # -- the threads -------------------------------------------------------------------------------
+    def _guarded(self, body) -> None:
+        sockets = []
+        try:
+            for dev, path in zip(self.plan.devices, self.netns_paths):
+                with harness_netns.inside(path):  # the socket stays bound to the namespace it was opened in
+                    ipr = IPRoute()
+                    sockets.append((ipr, ipr.link_lookup(ifname=dev.ifname)[0]))
+            if body == self._run:
+                self._ready.set()
+            body(sockets)
+        except BaseException as e:  # noqa: BLE001 - the runner fails the job with it
+            self.error = self.error or (str(e) if isinstance(e, HarnessError) else f"timeline: {type(e).__name__}: {e}")
+            self._stop.set()
+        finally:
+            self._ready.set()
+            for ipr, _ in sockets:
+                ipr.close()
+
+    def _run(self, sockets) -> None:
+        self._sockets = sockets
+        run, iteration, pos, zero = -1, None, 0, None
+        if self.clock == "command":
+            run, zero = 0, self._t_command
+        state, cursor = LinkState.initial(self.topo, *self.base_values), self.timeline.cursor()
+        while not self._stop.is_set():
+            marks, pos = self._read_marks(pos)
+            for kind, value, began in marks:
+                if kind == "run" and self.clock == "marks":
+                    self._restore()
+                    state, cursor = LinkState.initial(self.topo, *self.base_values), self.timeline.cursor()
+                    run, iteration, zero = value, None, None
+                elif kind == "iteration":
+                    if value == 0 and zero is None:
+                        run, zero = max(run, 0), began
+                    iteration = value
+            if zero is None:
+                self._stop.wait(POLL_S)
+                continue
+            for change in cursor.due(time.monotonic() - zero, iteration):
+                self._apply(change, state, run, iteration, zero)
+            nxt = cursor.next_at_s()
+            self._stop.wait(POLL_S if nxt is None else min(POLL_S, max(0.0, zero + nxt - time.monotonic())))
+
+    def _read_marks(self, pos: int) -> tuple[list[tuple[str, int, float]], int]:
+        """New whole lines of the marks file: ("run", k, 0.0) and ("iteration", i, began)."""
+        if self.marks_path is None:
+            return [], pos
+        try:
+            with open(self.marks_path, "rb") as f:
+                f.seek(pos)
+                data = f.read()
+        except FileNotFoundError:
+            return [], pos
+        whole = data[:data.rfind(b"\n") + 1]
+        out = []
+        for line in whole.decode().splitlines():
+            kind, value, *began = line.split()
+            out.append((kind, int(value), float(began[0]) if began else 0.0))
+        return out, pos + len(whole)
+
+    def _apply(self, change: LinkChange, state: LinkState, run: int, iteration: int | None, zero: float) -> None:
+        frame = self.plan.mtu + ETH_HEADER_BYTES
+        touched: dict[int, list[ShapedLink]] = {}
+        for r, s in state.apply(change):
+            loss = CUT_LOSS_PCT if state.down[r, s] else float(state.loss_pct[r, s])
+            for d, e in self._pairs(r, s):
+                dev = self.plan.devices[d]
+                link = shaped_link(e, self.base[(d, e)].dst_addr, float(state.delay_ms[r, s]),
+                                   float(state.bandwidth_gbps[r, s]), float(state.jitter_ms[r, s]), loss,
+                                   self.plan.mtu, f"{change.where}: device {d} -> {e}: rate")
+                if dev.egress_bps is not None:
+                    link = under_egress(link, dev.egress_bps, len(dev.links), frame)
+                touched.setdefault(d, []).append(link)
+        applied = time.monotonic()
+        effect = self._change(touched)
+        entry = AppliedChange(run, change.describe(), change.where, change.at_s, iteration, applied - zero,
+                              effect - zero, applied, sum(map(len, touched.values())))
+        with self._lock:
+            self.log.append(entry)
+            k = len(self.log) - 1
+        self._queue_check(touched, k, zero)
+
+    def _restore(self) -> None:
+        """The scenario's links again (a new run of the boot starts)."""
+        touched: dict[int, list[ShapedLink]] = {}
+        for (d, e), link in self.current.items():
+            if link != self.base[(d, e)]:
+                touched.setdefault(d, []).append(self.base[(d, e)])
+        if touched:
+            self._change(touched)
+            self._queue_check(touched, None, 0.0)
+
+    def _change(self, touched: dict[int, list[ShapedLink]]) -> float:
+        """The links `touched` (device -> its destinations' new classes) from now on; when the kernel
+        acknowledged the last change (time.monotonic())."""
+        self.current.update({(d, link.dst): link for d, links in touched.items() for link in links})
+        return self._to_kernel(touched)
+
+    def _to_kernel(self, touched: dict[int, list[ShapedLink]]) -> float:
+        """Change the classes in place (each command returns once the kernel holds it)."""
+        for d, links in touched.items():
+            ipr, idx = self._sockets[d]
+            for link in links:
+                change_link(ipr, idx, self.plan.devices[d], link)
+        return time.monotonic()
+
+    def _queue_check(self, touched: dict, entry: int | None, zero: float) -> None:
+        wants = {d: self._device_now(d) for d in touched}
+        with self._lock:
+            seq = max(self._latest.values(), default=0) + 1
+            self._latest.update({d: seq for d in wants})
+        self._checks.put((seq, wants, entry, zero))
+
+    def _verify(self, sockets) -> None:
+        """Read the kernel back behind the controller: each device until it holds what was asked, unless a
+        later change to it was queued (that one is checked instead); then the change's log line."""
+        while (item := self._checks.get()) is not None:
+            seq, wants, entry, zero = item
+            superseded = False
+            deadline = time.monotonic() + EFFECT_TIMEOUT_S
+            for d, want in wants.items():
+                while problems := self._problems(sockets[d] if sockets else None, want):
+                    with self._lock:
+                        if self._latest[d] != seq:
+                            superseded = True
+                            break
+                    if time.monotonic() > deadline:
+                        raise TimelineError(f"timeline: device {d}: the kernel did not hold the change within "
+                                            f"{EFFECT_TIMEOUT_S:g} s: {problems[0]}")
+                    time.sleep(0.001)
+            if entry is None:
+                continue
+            with self._lock:
+                done = self.log[entry] = replace(self.log[entry],
+                                                 verified_s=None if superseded else time.monotonic() - zero)
+            if self.log_path is not None:
+                with open(self.log_path, "a") as f:
+                    f.write(json.dumps(done.to_json()) + "\n")
+
+    def _problems(self, sock, want: DevicePlan) -> list[str]:
+        ipr, idx = sock
+        return compare(want, readback(ipr, idx))
+
+    def _device_now(self, d: int) -> DevicePlan:
+        dev = self.plan.devices[d]
+        return replace(dev, links=tuple(self.current[(d, lk.dst)] for lk in dev.links))

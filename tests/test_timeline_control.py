@@ -1,0 +1,100 @@
+"""The timeline controller's clock and bookkeeping (harness/network/timeline_control.py), without a kernel: the
+changes it would make are caught where they would go to netlink. The kernel side is
+tests/test_timeline_emulated.py."""
+import json
+import threading
+import time
+import textwrap
+from dataclasses import replace
+
+import pytest
+
+from harness.network.plan import build_plan, device_addresses
+from harness.network.timeline_control import TimelineController, TimelineError, check_timeline
+from harness.scenario import load_scenario, load_timeline
+
+
+def wait_for(condition, what: str, deadline_s: float = 10.0):
+    deadline = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+@pytest.fixture
+def world(tmp_path):
+    topo = load_scenario("5", devices=8)
+    (tmp_path / "t.yaml").write_text(textwrap.dedent("""
+        events:
+          - {at_s: 0.05, from: Tokyo, to: Seoul, one_way: true, delay_ms: 50}
+          - {at_iteration: 2, from: Virginia, to: Ohio, bandwidth_factor: 0.5}
+    """))
+    topo = replace(topo, timeline=load_timeline(tmp_path / "t.yaml", topo))
+    addrs, prefix = device_addresses(topo.n)
+    plan = build_plan(topo, addrs, [f"d{i}" for i in range(topo.n)], prefix_len=prefix)
+    return topo, plan
+
+
+def test_the_marks_clock_waits_for_iteration_0_fires_iteration_events_and_restores_for_the_next_run(world, tmp_path):
+    topo, plan = world
+    marks, log = tmp_path / "marks", tmp_path / "log.jsonl"
+    c = TimelineController(topo.timeline, topo, plan, [], clock="marks", marks_path=marks, log_path=log)
+    calls = []
+    c._to_kernel = lambda touched: (calls.append(touched), time.monotonic())[1]
+    c._problems = lambda sock, want: []  # the kernel holds at once what it is given
+    c._t_command = time.monotonic()
+    thread, verifier = threading.Thread(target=c._run, args=([],)), threading.Thread(target=c._verify, args=([],))
+    thread.start()
+    verifier.start()
+    try:
+        with open(marks, "a") as f:
+            f.write("run 0\n")
+        # training began a second ago (rank 0 marks iteration 0 as it ends): the 0.05 s event is due at once
+        began = time.monotonic() - 1.0
+        with open(marks, "a") as f:
+            f.write(f"iteration 0 {began:.6f}\niteration 1 {began + 0.5:.6f}\n")
+        wait_for(lambda: len(c.log) == 1, "the time event")
+        first = c.log[0]
+        assert first.run == 0 and first.due_s == 0.05 and first.applied_s >= 1.0 and first.iteration == 1
+        assert first.pairs == 1  # one way, one device in each region at 8 devices
+        (d, links), = calls[0].items()
+        assert topo.regions[topo.device_region[d]].name == "Tokyo" and links[0].delay_us == 50_000
+        with open(marks, "a") as f:
+            f.write(f"iteration 2 {time.monotonic():.6f}\n")
+        wait_for(lambda: len(c.log) == 2, "the iteration event")
+        second = c.log[1]
+        assert second.iteration == 2 and second.due_s is None and second.pairs == 2
+        halved = [lk for links in calls[1].values() for lk in links]
+        base = {(dev.index, lk.dst): lk for dev in plan.devices for lk in dev.links}
+        for d, links in calls[1].items():
+            for lk in links:
+                assert lk.rate_bps == pytest.approx(base[(d, lk.dst)].rate_bps / 2, rel=1e-6)
+                assert lk.limit_packets < base[(d, lk.dst)].limit_packets  # the queue follows the rate
+        assert len(halved) == 2
+        # the next run of the boot: every changed link back to the scenario's, then its timeline from the start
+        with open(marks, "a") as f:
+            f.write("run 1\n")
+        wait_for(lambda: len(calls) == 3, "the restore")
+        restored = {(d, lk.dst): lk for d, links in calls[2].items() for lk in links}
+        assert len(restored) == 3 and all(lk == base[k] for k, lk in restored.items())
+        with open(marks, "a") as f:
+            f.write(f"iteration 0 {time.monotonic():.6f}\n")
+        wait_for(lambda: len(c.log) == 3, "run 1's time event")
+        assert c.log[2].run == 1 and c.log[2].applied_s >= 0.05
+    finally:
+        c._stop.set()
+        thread.join()
+        c._checks.put(None)
+        verifier.join()
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [x["run"] for x in lines] == [0, 0, 1] and lines[1]["iteration"] == 2
+    assert all(x["verified_s"] >= x["effect_s"] >= x["applied_s"] for x in lines)
+
+
+def test_a_timeline_on_a_link_inside_a_node_is_refused_before_anything_boots(tmp_path):
+    topo = load_scenario("1", devices=8)  # 2 nodes x 4 V100, NVLink inside: not shaped
+    (tmp_path / "t.yaml").write_text("events: [{at_s: 1, from: node-0, to: node-0, delay_ms: 1}]\n")
+    with pytest.raises(TimelineError, match="inside a node"):
+        check_timeline(load_timeline(tmp_path / "t.yaml", topo), topo)
+    (tmp_path / "ok.yaml").write_text("events: [{at_s: 1, from: node-0, to: node-1, delay_ms: 1}]\n")
+    check_timeline(load_timeline(tmp_path / "ok.yaml", topo), topo)

@@ -10,6 +10,7 @@ from ..errors import HarnessError
 from .. import workloads
 from ..plan import systems
 from ..plan.arg_types import flag_dest
+from . import sim_timeline
 from ..allocation import ALLOCATORS
 from . import (add_alias, add_results_argument, add_transport_argument, input_file, input_path, name_list,
                non_negative_int, nonempty, output_dir, output_file, positive_int, scenario_name, transport_of,
@@ -73,6 +74,7 @@ def register(sub) -> None:
     p.add_argument("--d-pp", type=positive_int, help="ours' pipeline stages (default as `harness run`: as square as "
                    "possible with the pipeline on the longer side, 8 for 64 devices)")
     p.add_argument("--json", type=output_file, help="write every simulated layout as a JSON list of records with `best`")
+    sim_timeline.add_arguments(p)
     h = p.add_argument_group("HetPipe and Horovod (CNN models)")
     h.add_argument("--policy", type=nonempty, help="HetPipe's resource allocation: np, ed, hd, or VWs as device ids "
                    "'0,4,8,12;1,5,9,13;...' (default: np, ed and hd)")
@@ -189,7 +191,7 @@ def cmd_sim_gpt(args) -> int:
     from ..scenario import load_scenario
     from ..sim.sweep import Simulator, record_json, to_record
 
-    topo = load_scenario(args.scenario, args.devices)
+    topo = sim_timeline.with_timeline(load_scenario(args.scenario, args.devices), args)
     cfg = get_model(args.model, args.layers)
     known = systems.names(simulated=True)
     which = known if args.system == "all" else (args.system,)
@@ -239,6 +241,8 @@ def cmd_sim_gpt(args) -> int:
         atomic_write_json(args.json, [record_json(r, c.best) for c, r in zip(cands, records)])
         print(f"wrote {args.json}")
     write_records(Path(out) / "records.csv", records)
+    if (path := sim_timeline.print_timeline(sim, cands, args.iterations, out)) is not None:
+        print(f"wrote {path}")
     atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
     print(f"wrote {Path(out) / 'records.csv'}")
     return 0

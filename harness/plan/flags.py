@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from pathlib import Path
 
 from ..allocation import ALLOCATORS
 from ..scheduler import DEFAULT_BUDGET
@@ -74,6 +75,10 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
                         "with --inventory: shaped (by `harness net apply`, the default) or none")
     p.add_argument("--kernel", choices=("auto", "host", "uml"), default="auto",
                    help="emulated: the host kernel (needs sch_netem) or user-mode Linux (default auto)")
+    p.add_argument("--timeline", metavar="FILE",
+                   help="emulated: links that change during the run, applied live (a timeline YAML, or a trace "
+                        "CSV: time_s,from,to,rate_gbps,delay_ms), in place of the scenario's own timeline: "
+                        "(scenarios/timelines/ has examples)")
     p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--data", choices=DATA_SETS, default="uniform",
                    help="synthetic tokens: uniform (nothing to learn; the loss stays at log V) or markov (a fixed "
@@ -112,14 +117,20 @@ def network_from_args(args):
         if transport != "scenario":
             raise HarnessError("--transport: real nodes run with the TCP settings `harness net apply` set there "
                                "(the scenario's); not with --inventory")
+        if getattr(args, "timeline", None) is not None:
+            raise HarnessError("--timeline: the emulated cluster applies it; on real nodes not yet (with --inventory)")
 
         return inventory_network(load_inventory(args.inventory), scenario=args.scenario, devices=args.devices,
                                  bandwidth_scale=args.bandwidth_scale, mode=args.network)
     if args.network == "shaped":
         raise HarnessError("--network shaped: real nodes only (give --inventory); here: emulated or none")
+    timeline = getattr(args, "timeline", None)
+    if timeline is not None and (args.network or "emulated") != "emulated":
+        raise HarnessError(f"--timeline: changes shaped links during the run; --network {args.network} has none")
     return NetworkSection(scenario=args.scenario, devices=args.devices,
                           bandwidth_scale=1.0 if args.bandwidth_scale is None else args.bandwidth_scale,
-                          mode=args.network or "emulated", kernel=args.kernel, transport=transport)
+                          mode=args.network or "emulated", kernel=args.kernel, transport=transport,
+                          timeline=None if timeline is None else str(Path(timeline).resolve()))
 
 
 def inventory_network(inv: Inventory, *, scenario: str | None = None, devices: int | None = None,

@@ -19,7 +19,7 @@ from ..compute.model import GPTConfig
 from ..errors import HarnessError
 from ..compute.profiles import device_profiles
 from ..results import new_run_id
-from ..scenario import Topology, load_scenario, reload_name
+from ..scenario import Topology, load_scenario, load_timeline, reload_name
 from ..scenario.transport import with_preset
 from .request import LayoutRequest, Resolved, RunRequest, RunSpec
 
@@ -53,6 +53,8 @@ def plan_run(req: RunRequest) -> Plan:
         raise HarnessError(f"--system: {entry.name} runs only in the simulator so far (harness sim --system {entry.name})")
     topo = load_scenario(req.network.scenario, devices=req.network.devices).scaled(req.network.bandwidth_scale)
     topo = with_preset(topo, req.network.transport)  # the run's TCP settings in place of the scenario's
+    if req.network.timeline is not None:  # the run's timeline in place of the scenario's
+        topo = replace(topo, timeline=load_timeline(req.network.timeline, topo))
     layout, placement = resolve_layout(req, topo)
     resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),
                         backend="emu" if req.network.mode == "emulated" else "local",

@@ -130,6 +130,9 @@ class NetworkSection:
     mode: str = "emulated"  # emulated: namespaces + shaping; none: no shaping; shaped: real nodes after `net apply`
     kernel: str = "auto"  # emulated: auto | host | uml as asked (network/kernel.py); resolved.kernel: what ran
     transport: str = "scenario"  # TCP settings: the scenario's, or a preset in place of them (scenario/transport.py)
+    # links that change during the run (scenario/timeline.py): a timeline file's absolute path, in place of the
+    # scenario's own `timeline:`; None: the scenario's, if it has one
+    timeline: str | None = None
 
     def __post_init__(self):
         _positive("network.bandwidth_scale", self.bandwidth_scale, float)

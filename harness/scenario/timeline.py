@@ -5,7 +5,7 @@ A timeline is a list of events, each at a time (`at_s`, seconds since training s
 unless `one_way`): its delay, rate (absolute `bandwidth_gbps` in the scenario's units, or
 `bandwidth_factor` of the scenario's link), jitter or loss, cuts it (`down: true`), brings it back
 (`down: false`) or puts it back as the scenario has it (`restore: true`). A region may be named by its
-entry's name when the entry has `count` (every region of it). A trace (CSV: time_s, from, to, rate_gbps,
+entry's name when the entry has `count` (every region of it), and `*` names every region. A trace (CSV: time_s, from, to, rate_gbps,
 delay_ms; an empty cell keeps the value) is replayed as time events, and at its end holds its last values
 or wraps around (`at_end: hold | wrap`; the period is the last row's time plus the last interval, or
 `period_s`).
@@ -38,6 +38,8 @@ _TIMELINE_KEYS = {"events", "trace"}
 _TRACE_KEYS = {"file", "at_end", "period_s", "one_way"}
 TRACE_COLUMNS = ("time_s", "from", "to", "rate_gbps", "delay_ms")
 AT_END = ("hold", "wrap")
+#: names every region in an event's from or to
+ANY_REGION = "*"
 #: the simulator's rate of a cut link: transfers over it make no progress until it is back
 DOWN_GBPS = 1e-12
 
@@ -162,7 +164,8 @@ class LinkState:
                    bandwidth_scale=float(topo.bandwidth_scale))
 
     def regions(self, name: str) -> list[int]:
-        return [k for k, (nm, group) in enumerate(self.names) if name in (nm, group)]
+        """The regions `name` names: one, every region of an entry with `count`, or every region (*)."""
+        return [k for k, (nm, group) in enumerate(self.names) if name in (nm, group, ANY_REGION)]
 
     def apply(self, change: LinkChange) -> list[tuple[int, int]]:
         """Apply one change; the (src, dst) region pairs it touched (none when its regions are not in this
@@ -264,7 +267,7 @@ def _number(where: str, value, *, low: float = 0.0, positive: bool = False, high
 
 
 def _region(where: str, value, known: set[str]) -> str:
-    if not isinstance(value, str) or value not in known:
+    if not isinstance(value, str) or (value not in known and value != ANY_REGION):
         _fail(where, f"unknown region (regions: {', '.join(sorted(known))})", value)
     return value
 

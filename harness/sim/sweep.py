@@ -13,8 +13,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -58,6 +59,9 @@ class Candidate:
     seeds: tuple[int, ...]
     best: bool = False
     layout: Layout | None = None  # the layout simulated (the first seed's), for what it holds in memory
+    # Links -> seconds: the same model on the same layouts (mean over the same seeds) on other links, e.g. a
+    # timeline's links as they change (sim/timeline.py); None: its model cannot
+    resimulate: Callable[[Links], float] | None = field(default=None, repr=False, compare=False)
 
 
 class Simulator:
@@ -80,6 +84,7 @@ class Simulator:
         if protocol not in PROTOCOLS:
             raise SimError(f"--protocol: unknown {protocol!r} (known: {', '.join(PROTOCOLS)})")
         self.links = Links.from_topology(topo, protocol, nic)
+        self.nic = nic
         # every device's compute: given (sim compare of a compute-model run), else the scenario's with overrides
         self.profiles = list(profiles) if profiles is not None else device_profiles(topo, profile_overrides)
         self.d_pp, self.d_dp = d_pp, topo.n // d_pp
@@ -219,7 +224,8 @@ def grid_candidates(sim: Simulator, system: str, grid, cfg: GPTConfig, batch: in
                 runs = [simulate(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch) for lay in lays]
             except (SimError, LayoutError, BatchError):
                 break  # this layout does not fit the model/batch (e.g. batch not divisible)
-            out.append(mean_candidate(system, {**config, "placement": name}, runs, seeds, lays[0]))
+            out.append(mean_candidate(system, {**config, "placement": name}, runs, seeds, lays[0],
+                                      on_links(simulate, sim, cfg, batch, lays)))
     return out
 
 
@@ -236,7 +242,9 @@ def candidates_of_rule(sim: Simulator, entry, cfg: GPTConfig, batch: int) -> lis
     lay, _ = resolve_layout(req, sim.topo)
     seconds, compute = entry.simulate_layout_fn()(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch,
                                                   work.PAPER_BYTES)
-    return [Candidate(entry.name, lay.to_json(), seconds, compute, (), layout=lay)]
+    return [Candidate(entry.name, lay.to_json(), seconds, compute, (), layout=lay,
+                      resimulate=lambda links: entry.simulate_layout_fn()(links, sim.profiles, cfg, batch, lay,
+                                                                          sim.micro_batch, work.PAPER_BYTES)[0])]
 
 
 def schedule_job(args: tuple, progress=None) -> dict:
@@ -278,9 +286,20 @@ def prefetch_assignments(jobs: list[tuple["Simulator", GPTConfig, int]], workers
     return len(todo)
 
 
-def mean_candidate(system: str, config: dict, runs: list[SimResult], seeds, layout: Layout | None = None) -> Candidate:
+def mean_candidate(system: str, config: dict, runs: list[SimResult], seeds, layout: Layout | None = None,
+                   resimulate: Callable[[Links], float] | None = None) -> Candidate:
     return Candidate(system, config, float(np.mean([r.seconds for r in runs])),
-                     float(np.mean([r.compute_seconds for r in runs])), tuple(seeds), layout=layout)
+                     float(np.mean([r.compute_seconds for r in runs])), tuple(seeds), layout=layout,
+                     resimulate=resimulate)
+
+
+def on_links(simulate, sim: "Simulator", cfg: GPTConfig, batch: int, lays: list[Layout], **kw) -> Callable[[Links], float]:
+    """A candidate's `resimulate`: `simulate` (a system's model: (links, profiles, cfg, batch, layout, micro_batch,
+    **kw) -> SimResult) on the same layouts, profiles and batch, on other links; the mean over the layouts."""
+    def seconds(links: Links) -> float:
+        return float(np.mean([simulate(links, sim.profiles, cfg, batch, lay, sim.micro_batch, **kw).seconds
+                              for lay in lays]))
+    return seconds
 
 
 def to_record(c: Candidate, *, run_id: str, topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int = 1) -> IterationRecord:

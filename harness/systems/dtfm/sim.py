@@ -33,7 +33,7 @@ from ...compute.model import GPTConfig
 from ...compute.profiles import ComputeProfile
 from ...layout import RANDOM_SEEDS, Layout
 from ...sim import pipeline
-from ...sim.sweep import PAPER_RUNTIME, Candidate, Simulator, mean_candidate
+from ...sim.sweep import PAPER_RUNTIME, Candidate, Simulator, mean_candidate, on_links
 from ...sim.systems import SimError, SimResult, check_layers
 
 REPO = "DS3Lab/DT-FM"
@@ -181,7 +181,7 @@ def candidates_dtfm(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidat
     r = simulate_dtfm(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch)
     return [Candidate("dtfm", {"pp": sim.d_pp, "dp": sim.d_dp, "scheduler": sim.scheduler, "steps": r.config["steps"],
                                "pipelines": pipelines.tolist()}, r.seconds, r.compute_seconds, (sim.schedule_seed,),
-                      layout=lay)]
+                      layout=lay, resimulate=on_links(simulate_dtfm, sim, cfg, batch, [lay]))]
 
 
 def candidates_dtfm_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
@@ -191,7 +191,8 @@ def candidates_dtfm_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[C
             for lay in lays]
     return [mean_candidate("dtfm-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
                                            "pipelines": [[list(p) for p in lay.pipelines] for lay in lays]},
-                           runs, RANDOM_SEEDS, lays[0])]
+                           runs, RANDOM_SEEDS, lays[0],
+                           on_links(simulate_dtfm, sim, cfg, batch, lays, system="dtfm-random"))]
 
 
 def simulate_dtfm_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int, bpv: int) -> tuple[float, float]:

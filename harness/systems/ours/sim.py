@@ -21,7 +21,7 @@ from ...compute.model import GPTConfig, stage_params
 from ...compute.profiles import ComputeProfile
 from ...layout import RANDOM_SEEDS, Layout
 from ...sim import pipeline
-from ...sim.sweep import PAPER_RUNTIME, Candidate, Simulator, mean_candidate
+from ...sim.sweep import PAPER_RUNTIME, Candidate, Simulator, mean_candidate, on_links
 from ...sim.systems import SimError, SimResult, check_layers
 
 
@@ -107,7 +107,8 @@ def candidates_ours(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidat
     r = simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, ps_mode=sim.ps_mode)
     return [Candidate("ours", {"pp": sim.d_pp, "dp": sim.d_dp, "scheduler": sim.scheduler,
                                "pipelines": pipelines.tolist(), **_allocation_config(sim, lay)},
-                      r.seconds, r.compute_seconds, (sim.schedule_seed,), layout=lay)]
+                      r.seconds, r.compute_seconds, (sim.schedule_seed,), layout=lay,
+                      resimulate=on_links(simulate_ours, sim, cfg, batch, [lay], ps_mode=sim.ps_mode))]
 
 
 def _allocated(sim: Simulator, lay: Layout, cfg: GPTConfig, batch: int) -> Layout:
@@ -135,7 +136,8 @@ def candidates_ours_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[C
     return [mean_candidate("ours-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
                                   "pipelines": [[list(p) for p in lay.pipelines] for lay in lays],
                                   **({} if keeps_even_split(sim.allocator) else {"allocator": sim.allocator})},
-                  runs, RANDOM_SEEDS, lays[0])]
+                  runs, RANDOM_SEEDS, lays[0],
+                  on_links(simulate_ours, sim, cfg, batch, lays, system="ours-random", ps_mode=sim.ps_mode))]
 
 
 def simulate_ours_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int, bpv: int) -> tuple[float, float]:

@@ -1,0 +1,68 @@
+"""`harness sim --timeline`: each system's best layout predicted iteration by iteration (harness/sim/timeline.py)."""
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pandas as pd
+import pytest
+
+from harness.compute.model import get_model
+from harness.scenario import load_scenario, load_timeline
+from harness.sim.sweep import Simulator
+from harness.sim.timeline import predict_candidate
+
+SMALL = ["--scenario", "5", "--devices", "8", "--layers", "8", "--batch", "64", "--budget", "200", "--no-cache"]
+SYSTEMS = ("ours", "ours-random", "megatron", "deepspeed", "dtfm", "dtfm-random")
+
+
+def test_sim_predicts_every_system_per_iteration_and_the_scenarios_links_give_its_own_figure(cli, tmp_path):
+    (tmp_path / "t.yaml").write_text(textwrap.dedent("""
+        events:
+          - {at_iteration: 2, from: "*", to: "*", bandwidth_factor: 0.5}
+          - {at_iteration: 5, from: "*", to: "*", restore: true}
+    """))
+    rc, out, err = cli("sim", *SMALL, "--timeline", tmp_path / "t.yaml", "--iterations", "7", "--out", tmp_path / "run",
+                       "--json", tmp_path / "s.json")
+    assert rc == 0, err
+    assert "under the timeline" in out
+
+    best = {d["system"]: d["seconds"] for d in json.loads((tmp_path / "s.json").read_text()) if d["best"]}
+    df = pd.read_csv(tmp_path / "run" / "timeline.csv", index_col="iteration")
+    assert len(df) == 7
+    for s in SYSTEMS:
+        col = df[f"{s}_s"]
+        # on the scenario's links an iteration is exactly what harness sim prints for the system
+        assert col[[0, 1, 5, 6]].tolist() == pytest.approx([best[s]] * 4, rel=1e-12), s
+        # every link at half its rate: every system slower while it lasts, and by at most twice
+        assert (col[[2, 3, 4]] > best[s] * 1.01).all() and (col[[2, 3, 4]] <= best[s] * 2 + 1e-9).all(), s
+        assert df[f"{s}_start_s"].diff()[1:].tolist() == pytest.approx(col[:-1].tolist())
+
+
+def test_a_link_the_layout_does_not_cross_changes_nothing_and_one_it_crosses_does(tmp_path):
+    topo = load_scenario("5", devices=8)
+    cfg = get_model("gpt3-xl", 8)
+    sim = Simulator(topo, d_pp=4, budget=200)
+    (cand,) = sim.run("ours", cfg, 64)
+    pipes = cand.config["pipelines"]
+    used = {(a, b) for p in pipes for a, b in zip(p, p[1:])}
+    name = lambda d: topo.regions[topo.device_region[d]].name  # noqa: E731 - one device per region at 8
+    a, b = next(iter(used))
+    crossed = {frozenset((name(x), name(y))) for x, y in used}
+    crossed |= {frozenset((name(p[j]), name(q[j]))) for p in pipes for q in pipes for j in range(len(p)) if p != q}
+    free = next((x, y) for x in range(8) for y in range(x + 1, 8) if frozenset((name(x), name(y))) not in crossed)
+    for (x, y), slower in (((a, b), True), (free, False)):
+        (tmp_path / "t.yaml").write_text(f"events: [{{at_iteration: 1, from: {name(x)}, to: {name(y)}, "
+                                         "bandwidth_factor: 0.1}]\n")
+        pred = predict_candidate(sim, cand, load_timeline(tmp_path / "t.yaml", topo), 3)
+        assert pred[0].seconds == pytest.approx(cand.seconds, rel=1e-12)
+        assert (pred[1].seconds > cand.seconds * 1.01) is slower, (name(x), name(y), pred)
+
+
+def test_sim_refuses_a_timeline_for_a_cnn_and_a_bad_file_in_one_line(cli, tmp_path):
+    rc, out, err = cli("sim", "--scenario", "hetpipe-testbed", "--model", "vgg19", "--timeline",
+                       "scenarios/timelines/4-regional-link-down.yaml")
+    assert rc == 2 and "--timeline" in err and err.strip().count("\n") == 0
+    (tmp_path / "bad.yaml").write_text("events: [{at_s: 1, from: Mars, to: Ohio, delay_ms: 3}]\n")
+    rc, out, err = cli("sim", *SMALL, "--timeline", tmp_path / "bad.yaml")
+    assert rc == 2 and "unknown region" in err and "Mars" in err and err.strip().count("\n") == 0

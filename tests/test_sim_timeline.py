@@ -1,8 +1,10 @@
 """`harness sim --timeline`: each system's best layout predicted iteration by iteration (harness/sim/timeline.py)."""
 from __future__ import annotations
 
+import csv
 import json
 import textwrap
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -12,6 +14,7 @@ from harness.scenario import load_scenario, load_timeline
 from harness.sim.sweep import Simulator
 from harness.sim.timeline import predict_candidate
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL = ["--scenario", "5", "--devices", "8", "--layers", "8", "--batch", "64", "--budget", "200", "--no-cache"]
 SYSTEMS = ("ours", "ours-random", "megatron", "deepspeed", "dtfm", "dtfm-random")
 
@@ -66,3 +69,40 @@ def test_sim_refuses_a_timeline_for_a_cnn_and_a_bad_file_in_one_line(cli, tmp_pa
     (tmp_path / "bad.yaml").write_text("events: [{at_s: 1, from: Mars, to: Ohio, delay_ms: 3}]\n")
     rc, out, err = cli("sim", *SMALL, "--timeline", tmp_path / "bad.yaml")
     assert rc == 2 and "unknown region" in err and "Mars" in err and err.strip().count("\n") == 0
+
+
+def test_compare_holds_a_run_under_a_timeline_iteration_by_iteration(cli, tmp_path):
+    """A measured run (fabricated here: 1 s an iteration) whose manifest names a timeline: sim compare predicts
+    every iteration under it, the mean row from those predictions, and writes the per-iteration CSV and figure."""
+    from harness.plan.flags import run_request
+    from harness.plan.layouts import plan_run
+    from harness.results import IterationRecord, write_records
+    from harness.sim.compare import simulate_record
+
+    timeline = ROOT / "scenarios" / "timelines" / "5-worldwide-link-halves.yaml"
+    flags = ["--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8",
+             "--bandwidth-scale", "0.01", "--timeline", str(timeline)]
+    spec = plan_run(run_request(flags)).spec
+    assert spec.network.timeline == str(timeline)
+    base = dict(run_id="r1", scenario="5-worldwide", system="ours", backend="emu", kernel="uml", devices=8,
+                d_pp=spec.layout.pp, d_dp=spec.layout.dp, model="tiny", layers=4, hidden=64, seq=64, batch=8,
+                micro_batch=1, seed=0, bandwidth_scale=0.01, pflop=1e-6, pflops=1e-6, tokens_per_s=1.0,
+                compute_seconds=0.1, exposed_comm_seconds=0.9, loss=2.0, config=json.dumps(spec.layout.to_json()))
+    recs = [IterationRecord(**base, iteration=it, seconds=1.0) for it in range(1, 12)]
+    run = tmp_path / "run"
+    write_records(run / "records.csv", recs)
+    (run / "manifest.json").write_text(json.dumps({"spec": spec.to_json()}))
+    rc, out, err = cli("sim", "compare", run, "--csv", tmp_path / "cmp.csv")
+    assert rc == 0, err
+    assert "iteration by iteration" in out
+    its = pd.read_csv(tmp_path / "cmp-iterations.csv").set_index("iteration")
+    assert (tmp_path / "cmp-iterations.png").stat().st_size > 0
+    still = simulate_record({**base, "dtype": "fp32", "device_type": "cpu",
+                             "scenario_source": "5-worldwide"})  # the run's links, no timeline
+    sim = its["simulated_s"]
+    assert sim[[1, 2, 3, 8, 9, 10, 11]].tolist() == pytest.approx([still] * 7, rel=1e-12)
+    assert (sim[[4, 5, 6, 7]] > 1.2 * still).all()  # Tokyo <-> Seoul at half its rate: on the critical path
+    assert its["changes"][[4, 8]].tolist() == [1, 1] and its["changes"].sum() == 2
+    assert its["measured_s"].tolist() == [1.0] * 11
+    row = next(csv.DictReader(open(tmp_path / "cmp.csv")))
+    assert float(row["simulated_s"]) == pytest.approx(sim.mean(), rel=1e-5)  # written to 6 digits

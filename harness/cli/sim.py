@@ -11,6 +11,7 @@ from .. import workloads
 from ..plan import systems
 from ..plan.arg_types import flag_dest
 from . import sim_timeline
+from .sim_compare import cmd_compare, profile_overrides, read_input
 from ..allocation import ALLOCATORS
 from . import (add_alias, add_results_argument, add_transport_argument, input_file, input_path, name_list,
                non_negative_int, nonempty, output_dir, output_file, positive_int, scenario_name, transport_of,
@@ -136,14 +137,6 @@ def register(sub) -> None:
     m.set_defaults(func=cmd_compare)
 
 
-def _overrides(args):
-    if not getattr(args, "profile", None):
-        return None
-    from ..compute.profiles import load_profiles
-
-    return load_profiles(args.profile)
-
-
 def _sim_kwargs(args, allocator: str | None = None) -> dict:
     """The Simulator's options from the flags; `allocator` where --allocator is not given (a plan's own)."""
     from ..results import results_root
@@ -159,7 +152,7 @@ def _sim_kwargs(args, allocator: str | None = None) -> dict:
     if bad:
         raise HarnessError(f"--placement: unknown placement {bad[0]!r} (GPT baselines: {', '.join(GPT_PLACEMENTS)}; "
                            f"HetPipe: {', '.join(PS_PLACEMENTS)})")
-    return {"profile_overrides": _overrides(args), "budget": args.budget or DEFAULT_BUDGET, "schedule_seed": args.seed,
+    return {"profile_overrides": profile_overrides(args), "budget": args.budget or DEFAULT_BUDGET, "schedule_seed": args.seed,
             "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol,
             "allocator": args.allocator or allocator,
             "scheduler": args.scheduler, "transport": transport_of(args),
@@ -268,7 +261,7 @@ def cmd_sim_cnn(args) -> int:
     model = get_cnn(args.model)
     from ..compute.profiles import device_profiles
 
-    opts = CNNOptions(profiles=device_profiles(topo, _overrides(args), dtype=DTYPE),policies=(args.policy,) if args.policy else (),
+    opts = CNNOptions(profiles=device_profiles(topo, profile_overrides(args), dtype=DTYPE),policies=(args.policy,) if args.policy else (),
                       placements=args.placement or (),
                       staleness=args.staleness, gpus=args.gpus, in_flight=args.in_flight)
     batch = args.batch  # HetPipe's minibatch by default (Sec. 8.1: 32)
@@ -367,83 +360,10 @@ def cmd_calibrate(args) -> int:
 
     from ..results import results_root
 
-    profiles = calibrate_records(_read(args.records, load_measured))
+    profiles = calibrate_records(read_input(args.records, load_measured))
     out = args.json or results_root(args.results) / "sim" / "profile.json"
     save_profiles(out, profiles)
     for gpu, p in profiles.items():
         print(f"{gpu}: efficiency {p.efficiency['transformer']:.4g} of {p.peak_tflops:g} TFLOPS ({p.source})")
     print(f"wrote {out}")
     return 0
-
-
-def cmd_compare(args) -> int:
-    from ..files import atomic_write_text
-    from ..sim.compare import compare, format_table, load_measured
-
-    if _holds_fl_records(Path(args.records)):
-        return _compare_fl(args)
-    rows = compare(_read(args.records, load_measured), _overrides(args), args.dtype)
-    print(format_table(rows))
-    if args.csv:
-        import csv
-        import io
-
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["scenario", "system", "backend", "devices", "model", "layers", "batch", "iterations",
-                    "measured_s", "simulated_s", "error", "host_load", "config"])
-        for c in rows:
-            w.writerow([c.scenario, c.system, c.backend, c.devices, c.model, c.layers, c.batch, c.iterations,
-                        f"{c.measured_s:.6g}", f"{c.simulated_s:.6g}", f"{c.error:.4f}", f"{c.host_load:.3g}",
-                        c.config])
-        atomic_write_text(args.csv, buf.getvalue())
-        print(f"wrote {args.csv}")
-    return 0
-
-
-def _holds_fl_records(path: Path) -> bool:
-    """FL runs write records.json (harness fl); training runs records.csv."""
-    if path.is_dir():
-        return not any(path.rglob("records.csv")) and any(path.rglob("records.json"))
-    return path.suffix == ".json"
-
-
-def _compare_fl(args) -> int:
-    import csv
-    import io
-
-    from ..files import atomic_write_text
-    from ..systems.owl.compare import compare_fl, format_table
-    from ..workloads.fl.records import read
-
-    if args.profile or args.dtype:
-        raise HarnessError(f"--{'profile' if args.profile else 'dtype'}: not for FL records (their compute is the "
-                           "run's modelled time)")
-    rows = compare_fl(read([args.records]))
-    print(format_table(rows))
-    if args.csv:
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["scenario", "alpha", "strategy", "workers", "measured_s", "simulated_s", "error",
-                    "distribution_s", "simulated_distribution_s", "server_bytes", "planned_server_bytes",
-                    "rack_bytes", "planned_rack_bytes"])
-        for c in rows:
-            r, s = c.record, c.simulated
-            w.writerow([r.scenario, r.alpha, r.strategy, r.workers, f"{r.seconds:.6g}", f"{s.seconds:.6g}",
-                        f"{c.error:.4f}", f"{r.distribution_seconds:.6g}", f"{s.distribution_seconds:.6g}",
-                        f"{r.server_bytes:.0f}", f"{s.server_bytes:.0f}", f"{sum(r.rack_bytes):.0f}",
-                        f"{c.planned_rack_bytes:.0f}"])
-        atomic_write_text(args.csv, buf.getvalue())
-        print(f"wrote {args.csv}")
-    return 0
-
-
-def _read(path: Path, reader):
-    from ..errors import HarnessError
-
-    if not Path(path).exists():
-        raise HarnessError(f"{path}: file not found")
-    try:
-        return reader(path)
-    except (KeyError, ValueError) as e:
-        raise HarnessError(f"{path}: not a records CSV of the shared schema ({e})") from None

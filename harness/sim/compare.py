@@ -27,9 +27,11 @@ from ..compute.model import get_model
 from ..compute import BYTES_PER_VALUE
 from ..compute.profiles import OP_CLASSES, ComputeProfile, device_profiles
 from ..results import read_records
-from ..scenario import load_scenario
+from ..scenario import load_scenario, load_timeline
 from ..scenario.transport import KEYS as TRANSPORT_KEYS, Transport
+from ..compute.links import Links
 from ..compute.transport import UML_HZ
+from ..scenario.timeline import PredictedIteration, predict_iterations
 from .sweep import Simulator
 
 TARGET_ERROR = 0.15
@@ -41,7 +43,8 @@ BUSY_HOST = 0.5
 DEFAULT_DTYPE = {"emu": "fp32", "local": "fp32", "cluster": "bf16"}
 DEFAULT_DEVICE = {"emu": "cpu", "local": "cpu", "cluster": "cuda"}
 GROUP_KEYS = ("scenario", "system", "backend", "devices", "model", "layers", "batch", "micro_batch",
-              "bandwidth_scale", "seed", "config", "dtype", "device_type", "compute_time_scale", "transport")
+              "bandwidth_scale", "seed", "config", "dtype", "device_type", "compute_time_scale", "transport",
+              "timeline")
 
 
 @dataclass
@@ -102,6 +105,7 @@ def load_measured(path: Path) -> list[dict]:
             r.setdefault("device_type", section("run").get("device_type"))
             r.setdefault("scenario_source", section("resolved").get("scenario_source"))
             r.setdefault("kernel", section("resolved").get("kernel"))
+            r.setdefault("timeline", section("network").get("timeline"))  # a run's --timeline (a file's path)
             if isinstance(doc.get("transport"), dict):  # the TCP settings the run had (--transport or the scenario's)
                 r.setdefault("transport", json.dumps(doc["transport"], sort_keys=True))
             if section("compute").get("model"):  # a compute-model run: its devices' times are the table's
@@ -112,8 +116,11 @@ def load_measured(path: Path) -> list[dict]:
 
 def _topology(rec: dict):
     """The record's scenario at its devices: from the run's scenario_source (a file given by path reloads
-    from it), else by the record's scenario name."""
-    return load_scenario(rec.get("scenario_source") or rec["scenario"], devices=int(rec["devices"]))
+    from it), else by the record's scenario name; with the run's --timeline in place of the scenario's."""
+    topo = load_scenario(rec.get("scenario_source") or rec["scenario"], devices=int(rec["devices"]))
+    if rec.get("backend") != "emu":  # only the emulated cluster applies a timeline (real nodes: not yet)
+        return replace(topo, timeline=None)
+    return replace(topo, timeline=load_timeline(rec["timeline"], topo)) if rec.get("timeline") else topo
 
 
 def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> float:
@@ -123,6 +130,23 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
 
 def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> tuple[float, float]:
     """(iteration seconds, busiest device's compute seconds) of the run a record describes."""
+    return run_model(rec, overrides)[1](None)
+
+
+def predict_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None,
+                iterations: int | None = None) -> list[PredictedIteration] | None:
+    """Each iteration of the run a record describes (warm-up included, from its start) under the run's
+    timeline (scenario/timeline.py); None when it had none. `iterations`: default up to the record's own."""
+    topo, simulate = run_model(rec, overrides)
+    if topo.timeline is None:
+        return None
+    n = int(rec["iteration"]) + 1 if iterations is None else iterations
+    return predict_iterations(topo.timeline, topo, n, lambda now: simulate(now)[0])
+
+
+def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None):
+    """(the run's topology, simulate) for the run a record describes: simulate(topology) is (iteration
+    seconds, busiest device's compute seconds) of its layout on that topology's links (None: the run's own)."""
     topo = _topology(rec).scaled(float(rec.get("bandwidth_scale") or 1.0))
     if rec.get("transport"):
         topo = replace(topo, transport=_transport(rec["transport"]))
@@ -147,8 +171,12 @@ def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) 
     sim = Simulator(topo, overrides, d_pp=d_pp, micro_batch=mb, protocol=protocol, nic=nic, profiles=profiles)
     lay = record_layout(rec, cfg, topo.n, device, lambda: sim.assignment(cfg, batch))
     # the user-mode kernel's clock runs at 100 Hz: its retransmission timeouts are in 10 ms ticks
-    links = replace(sim.links, hz=UML_HZ) if rec.get("kernel") == "uml" else sim.links
-    return entry.simulate_layout_fn()(links, sim.profiles, cfg, batch, lay, mb, bpv)
+    hz = UML_HZ if rec.get("kernel") == "uml" else sim.links.hz
+
+    def simulate(now) -> tuple[float, float]:
+        links = sim.links if now is None else Links.from_topology(now, protocol, nic)
+        return entry.simulate_layout_fn()(replace(links, hz=hz), sim.profiles, cfg, batch, lay, mb, bpv)
+    return sim.topo, simulate
 
 
 def _transport(text: str) -> Transport:
@@ -239,8 +267,38 @@ def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = N
             load = int(first["devices"]) * compute / (measured * int(first["host_cpus"]))
         out.append(Comparison(first["scenario"], first["system"], first["backend"], int(first["devices"]),
                               first["model"], int(first["layers"]), int(first["batch"]), str(first.get("config", "")),
-                              len(recs), measured, simulate_record(first, overrides), load))
+                              len(recs), measured, _simulated(recs, overrides), load))
     return sorted(out, key=lambda c: (c.scenario, c.system, c.model, c.layers, c.batch, c.config))
+
+
+def _simulated(recs: list[dict], overrides) -> float:
+    """The simulated seconds of a group's iterations: one iteration on the run's links, or under its timeline
+    the mean of the predicted iterations the records hold."""
+    pred = predict_run(max(recs, key=lambda r: int(r["iteration"])), overrides)
+    if pred is None:
+        return simulate_record(recs[0], overrides)
+    return float(np.mean([pred[int(r["iteration"])].seconds for r in recs]))
+
+
+def compare_iterations(records: list[dict], overrides: dict[str, ComputeProfile] | None = None) -> list[dict]:
+    """Per iteration, measured and predicted, for every measured run with a timeline (by run id): rows of
+    run_id, system, iteration, measured_s, simulated_s, error, changes (applied before or during it)."""
+    runs: dict[str, list[dict]] = {}
+    for r in records:
+        if r.get("backend") != "sim":
+            runs.setdefault(r["run_id"], []).append(r)
+    rows = []
+    for run_id, recs in runs.items():
+        recs = sorted(recs, key=lambda r: int(r["iteration"]))
+        pred = predict_run(recs[-1], overrides)
+        if pred is None:
+            continue
+        for r in recs:
+            p = pred[int(r["iteration"])]
+            rows.append({"run_id": run_id, "system": r["system"], "iteration": int(r["iteration"]),
+                         "measured_s": float(r["seconds"]), "simulated_s": p.seconds,
+                         "error": p.seconds / float(r["seconds"]) - 1, "changes": p.changes})
+    return rows
 
 
 def format_table(rows: list[Comparison]) -> str:

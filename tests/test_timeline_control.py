@@ -98,3 +98,32 @@ def test_a_timeline_on_a_link_inside_a_node_is_refused_before_anything_boots(tmp
         check_timeline(load_timeline(tmp_path / "t.yaml", topo), topo)
     (tmp_path / "ok.yaml").write_text("events: [{at_s: 1, from: node-0, to: node-1, delay_ms: 1}]\n")
     check_timeline(load_timeline(tmp_path / "ok.yaml", topo), topo)
+
+
+def test_net_verify_timeline_takes_time_events_of_a_held_timeline_only(tmp_path):
+    from harness.errors import HarnessError
+    from harness.network.verify_timeline import planned_changes
+
+    topo = load_scenario("5", devices=8)
+    for text, message in (("events: [{at_iteration: 2, from: Tokyo, to: Seoul, delay_ms: 50}]", "at_iteration"),
+                          ("trace: {file: t.csv, at_end: wrap}", "wrap")):
+        (tmp_path / "t.csv").write_text("time_s,from,to,rate_gbps,delay_ms\n0,Tokyo,Seoul,1,\n1,Tokyo,Seoul,0.5,\n")
+        (tmp_path / "t.yaml").write_text(text + "\n")
+        with pytest.raises(HarnessError, match=message):
+            planned_changes(replace(topo, timeline=load_timeline(tmp_path / "t.yaml", topo)))
+    (tmp_path / "t.yaml").write_text("events: [{at_s: 1, from: Tokyo, to: Seoul, down: true}]\n")
+    ((change, (d, e), rate, delay),) = planned_changes(replace(topo, timeline=load_timeline(tmp_path / "t.yaml", topo)))
+    assert rate == 0 and delay == 34 and {topo.regions[topo.device_region[x]].name for x in (d, e)} == {"Tokyo", "Seoul"}
+
+
+def test_timeline_flags_refuse_what_they_cannot_do_in_one_line(cli, tmp_path):
+    flags = ["--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8"]
+    tl = "scenarios/timelines/5-worldwide-link-halves.yaml"
+    rc, out, err = cli("run", *flags, "--network", "none", "--timeline", tl)
+    assert rc == 2 and "--timeline" in err and "--network none" in err and err.strip().count("\n") == 0
+    (tmp_path / "bad.yaml").write_text("events: [{at_s: 1, from: Tokyo, to: Seoul}]\n")
+    rc, out, err = cli("emulate", "--scenario", "5", "--devices", "8", "--timeline", tmp_path / "bad.yaml", "--",
+                       "true")
+    assert rc == 2 and "changes nothing" in err and err.strip().count("\n") == 0
+    rc, out, err = cli("run", *flags, "--timeline", tmp_path / "missing.yaml")
+    assert rc == 2 and "missing.yaml" in err and err.strip().count("\n") == 0

@@ -111,3 +111,23 @@ def test_a_link_changed_live_keeps_its_packets_and_takes_the_new_delay(tmp_path)
     assert not np.any(during), (send[during] - cut_on, cut_on - cut, back - cut_on)
     after = seq[send > back + 0.005]
     assert len(after) > 300 and set(after) == set(range(int(after.min()), sent))
+
+
+def test_net_verify_timeline_measures_each_change_and_how_long_it_took_to_show(cli, tmp_path):
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(textwrap.dedent(SCENARIO).split("timeline:")[0])
+    (tmp_path / "t.yaml").write_text(textwrap.dedent("""
+        events:
+          - {at_s: 2, from: a, to: b, bandwidth_factor: 0.5}
+          - {at_s: 4, from: a, to: b, delay_ms: 50}
+    """))
+    rc, out, err = cli("net", "verify", "--scenario", scenario, "--timeline", tmp_path / "t.yaml", "--kernel", "uml",
+                       "--json", tmp_path / "r.json")
+    assert rc == 0, out + err
+    effects = json.loads((tmp_path / "r.json").read_text())["effects"]
+    rate, delay = effects
+    assert rate["quantity"] == "rate_mbps" and rate["target"] == pytest.approx(20 * 0.5 * 1448 / 1514, rel=1e-3)
+    assert rate["before"] == pytest.approx(20 * 1448 / 1514, rel=0.1) and rate["ok"]
+    assert 0 < rate["shown_ms"] < 1500  # the queue of the old rate drains, 100 ms bins
+    assert delay["quantity"] == "delay_ms" and delay["target"] == 50 and delay["ok"]
+    assert 19 <= delay["before"] <= 26 and 0 <= delay["shown_ms"] < 250

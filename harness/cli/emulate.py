@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from . import positive_float, positive_int, scenario_name
+from . import input_file, positive_float, positive_int, scenario_name
 
 
 def register(sub) -> None:
@@ -22,6 +22,9 @@ def register(sub) -> None:
                    help="host kernel (needs sch_netem) or user-mode Linux; default: host if it can")
     p.add_argument("--launcher", action="store_true",
                    help="run CMD once in the cluster's root namespace with HARNESS_CLUSTER (see docs)")
+    p.add_argument("--timeline", type=input_file, metavar="FILE",
+                   help="links that change while CMD runs (a timeline YAML or a trace CSV; t = 0 when CMD starts), "
+                        "applied live; in place of the scenario's own timeline:")
     p.add_argument("--dry-run", action="store_true", help="print the ip/tc commands and exit")
     p.add_argument("cmd", nargs="*", metavar="-- CMD ARGS", help="the program to run")
     p.set_defaults(func=cmd_emulate)
@@ -33,6 +36,12 @@ def cmd_emulate(args) -> int:
     from ..scenario import load_scenario
 
     topo = load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale)
+    if args.timeline:
+        from dataclasses import replace
+
+        from ..scenario import load_timeline
+
+        topo = replace(topo, timeline=load_timeline(args.timeline, topo))
     if args.dry_run:
         from ..network.dryrun import local_cluster_commands
 
@@ -43,6 +52,9 @@ def cmd_emulate(args) -> int:
     res = run_emulated(topo, args.cmd, mode="launcher" if args.launcher else "per-device",
                        kernel=args.kernel, timeout_s=args.timeout,
                        stream=sys.stdout)
+    for c in res.timeline:  # what the timeline changed, when (on the command's clock)
+        print(f"harness emulate: t={c['applied_s']:.3f} s: {c['event']} ({c['pairs']} pair(s), acknowledged in "
+              f"{c['took_ms']:.1f} ms)", file=sys.stderr)
     codes = ", ".join(str(c) for c in res.returncodes)
     print(f"harness emulate: kernel {res.kernel}, bandwidth scale {res.bandwidth_scale:g}, "
           f"return codes [{codes}]{' (timed out)' if res.timed_out else ''}", file=sys.stderr)

@@ -25,6 +25,9 @@ def register(sub) -> None:
                    help="instead: one connection's transfer time against message size and idle time per link class "
                         "(pairs of distinct rate and RTT), written to DIR as CSV, JSON (with the kernel's TCP "
                         "settings) and a plot, beside what the simulator's transport model predicts")
+    v.add_argument("--timeline", type=input_file, metavar="FILE",
+                   help="instead: replay a timeline (YAML of time events, or a trace CSV) and measure each change's "
+                        "rate and delay before and after it, and how long it took to show in the measurement")
     v.add_argument("--sizes", type=byte_sizes,
                    help="transfer curves: message sizes (default 64K,512K,4M,32M)")
     v.add_argument("--idle", type=seconds_list,
@@ -68,9 +71,27 @@ def cmd_verify(args) -> int:
     topo = with_transport(load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale), args)
     if args.transfer_curves:
         return _transfer_curves(topo, args)
+    if args.timeline:
+        return _verify_timeline(topo, args)
     rep = verify(topo, pairs=args.pairs, kernel=args.kernel,
                  measure_s=args.measure_s, retries=args.retries, timeout_s=args.timeout,
                  stream=sys.stderr)
+    print(rep.table())
+    rep.write(args.json, args.csv)
+    for path in (args.json, args.csv):
+        if path:
+            print(f"wrote {path}")
+    return 0 if rep.ok else 1
+
+
+def _verify_timeline(topo, args) -> int:
+    from dataclasses import replace
+
+    from ..network.verify_timeline import verify_timeline
+    from ..scenario import load_timeline
+
+    rep = verify_timeline(replace(topo, timeline=load_timeline(args.timeline, topo)), kernel=args.kernel,
+                          timeout_s=args.timeout, stream=sys.stderr)
     print(rep.table())
     rep.write(args.json, args.csv)
     for path in (args.json, args.csv):

@@ -72,26 +72,17 @@ def cmd_verify(args) -> int:
     if args.transfer_curves:
         return _transfer_curves(topo, args)
     if args.timeline:
-        return _verify_timeline(topo, args)
-    rep = verify(topo, pairs=args.pairs, kernel=args.kernel,
-                 measure_s=args.measure_s, retries=args.retries, timeout_s=args.timeout,
-                 stream=sys.stderr)
-    print(rep.table())
-    rep.write(args.json, args.csv)
-    for path in (args.json, args.csv):
-        if path:
-            print(f"wrote {path}")
-    return 0 if rep.ok else 1
+        from dataclasses import replace
 
+        from ..network.verify_timeline import verify_timeline
+        from ..scenario import load_timeline
 
-def _verify_timeline(topo, args) -> int:
-    from dataclasses import replace
-
-    from ..network.verify_timeline import verify_timeline
-    from ..scenario import load_timeline
-
-    rep = verify_timeline(replace(topo, timeline=load_timeline(args.timeline, topo)), kernel=args.kernel,
-                          timeout_s=args.timeout, stream=sys.stderr)
+        rep = verify_timeline(replace(topo, timeline=load_timeline(args.timeline, topo)), kernel=args.kernel,
+                              timeout_s=args.timeout, stream=sys.stderr)
+    else:
+        rep = verify(topo, pairs=args.pairs, kernel=args.kernel,
+                     measure_s=args.measure_s, retries=args.retries, timeout_s=args.timeout,
+                     stream=sys.stderr)
     print(rep.table())
     rep.write(args.json, args.csv)
     for path in (args.json, args.csv):

@@ -106,3 +106,59 @@ def test_compare_holds_a_run_under_a_timeline_iteration_by_iteration(cli, tmp_pa
     assert its["measured_s"].tolist() == [1.0] * 11
     row = next(csv.DictReader(open(tmp_path / "cmp.csv")))
     assert float(row["simulated_s"]) == pytest.approx(sim.mean(), rel=1e-5)  # written to 6 digits
+
+
+def test_a_replan_moves_only_what_a_device_did_not_hold_over_the_links_as_they_are():
+    from harness.layout import from_pipelines
+    from harness.compute import training_bytes_per_param
+    from harness.sim.replan import move_seconds
+
+    topo = load_scenario("5", devices=8)
+    sim = Simulator(topo, d_pp=4, budget=200)
+    cfg = get_model("gpt3-xl", 8)
+    old = from_pipelines([[0, 1, 2, 3], [4, 5, 6, 7]], cfg.layers, "x")
+    assert move_seconds(old, old, cfg, sim.links) == (0.0, 0.0)
+    swapped = from_pipelines([[1, 0, 2, 3], [4, 5, 6, 7]], cfg.layers, "x")  # devices 0 and 1 trade stages 0, 1
+    seconds, moved = move_seconds(old, swapped, cfg, sim.links)
+    per_param = training_bytes_per_param(2) - 2
+    stage0 = 2 * cfg.block_params + cfg.embedding_params
+    stage1 = 2 * cfg.block_params
+    # device 1 gets stage 0 from device 0 or 4 (whichever link to it is faster), device 0 gets stage 1 from 1 or 5
+    assert moved == pytest.approx((stage0 + stage1) * per_param)
+    r, dl = sim.links.rate_Bps, sim.links.delay_s
+    get1 = min(dl[s, 1] + stage0 * per_param / r[s, 1] for s in (0, 4) if r[s, 1] == max(r[0, 1], r[4, 1]))
+    get0 = min(dl[s, 0] + stage1 * per_param / r[s, 0] for s in (1, 5) if r[s, 0] == max(r[1, 0], r[5, 0]))
+    assert seconds == pytest.approx(max(get1, get0))
+
+
+def test_ours_replans_after_a_change_and_pays_for_it_once(tmp_path):
+    from harness.sim.replan import predict_replanned
+
+    topo = load_scenario("5", devices=8)
+    cfg = get_model("gpt3-xl", 8)
+    sim = Simulator(topo, d_pp=4, budget=200)
+    (cand,) = sim.run("ours", cfg, 64)
+    a, b = cand.config["pipelines"][1][:2]  # a pipeline hop of the plan
+    name = lambda d: topo.regions[topo.device_region[d]].name  # noqa: E731
+    (tmp_path / "t.yaml").write_text(f"events: [{{at_iteration: 2, from: {name(a)}, to: {name(b)}, "
+                                     "bandwidth_factor: 0.02}]\n")
+    timeline = load_timeline(tmp_path / "t.yaml", topo)
+    still = predict_candidate(sim, cand, timeline, 6)
+    pred, replans = predict_replanned(sim, cand, cfg, 64, timeline, 6)
+    assert [p.seconds for p in pred[:2]] == pytest.approx([cand.seconds] * 2)
+    (r,) = replans  # one change: one re-plan, at the boundary it falls on
+    assert r.iteration == 2 and r.seconds_after < r.seconds_before and r.moved_bytes > 0
+    assert pred[2].pause_s == pytest.approx(r.plan_seconds + r.move_seconds)
+    assert pred[2].seconds == pytest.approx(r.seconds + r.seconds_after)
+    assert [p.seconds for p in pred[3:]] == pytest.approx([r.seconds_after] * 3)
+    assert r.seconds_after < still[3].seconds  # the new plan beats the old on the changed links
+    assert r.pipelines != cand.config["pipelines"]
+
+
+def test_sim_replan_prints_each_replan_and_its_cost(cli, tmp_path):
+    (tmp_path / "t.yaml").write_text("events: [{at_iteration: 1, from: '*', to: '*', bandwidth_factor: 0.5}]\n")
+    rc, out, err = cli("sim", *SMALL, "--system", "ours", "--timeline", tmp_path / "t.yaml", "--replan",
+                       "--iterations", "3", "--out", tmp_path / "run")
+    assert rc == 0, err
+    df = pd.read_csv(tmp_path / "run" / "timeline.csv", index_col="iteration")
+    assert "ours+replan_s" in df and ("re-plan before iteration 1" in out or "no re-plan" in out)

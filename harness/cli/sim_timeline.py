@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "own timeline:, if any): each system's best layout is predicted iteration by iteration")
     p.add_argument("--iterations", type=positive_int,
                    help="iterations predicted under a timeline (default 12)")
+    p.add_argument("--replan", action="store_true", default=None,
+                   help="under a timeline: also ours re-planning after every change (its scheduler on the links as "
+                        "they are; the new plan taken when faster, after its weights moved)")
 
 
 def with_timeline(topo, args):
@@ -25,34 +28,46 @@ def with_timeline(topo, args):
     return topo if not args.timeline else replace(topo, timeline=load_timeline(args.timeline, topo))
 
 
-def print_timeline(sim, cands, iterations: int, out_dir: Path) -> Path | None:
-    """Each system's best candidate under the scenario's timeline: a table of seconds per iteration, side by side,
-    and timeline.csv (iteration, start_s and seconds per system) in `out_dir`. None without a timeline."""
+def print_timeline(sim, cands, args, cfg) -> Path | None:
+    """Each system's best candidate under the scenario's timeline (and with --replan ours re-planning): a table
+    of seconds per iteration, side by side, and timeline.csv (iteration, start_s and seconds per system) in the
+    run directory. None without a timeline."""
     from ..files import atomic_path
+    from ..sim.replan import predict_replanned
     from ..sim.timeline import predict_candidate, unmodelled
 
-    timeline = sim.topo.timeline
+    timeline, iterations = sim.topo.timeline, args.iterations
     if timeline is None:
         return None
-    best = [c for c in cands if c.best]
+    series, replans = [], []
+    for c in (c for c in cands if c.best):
+        series.append((c.system, predict_candidate(sim, c, timeline, iterations)))
+        if args.replan and c.system == "ours":
+            pred, replans = predict_replanned(sim, c, cfg, args.batch, timeline, iterations)
+            series.append(("ours+replan", pred))
     table = {}
-    for c in best:
-        pred = predict_candidate(sim, c, timeline, iterations)
-        table[f"{c.system}_start_s"] = [p.start_s for p in pred]
-        table[f"{c.system}_s"] = [p.seconds for p in pred]
-        table[f"{c.system}_changes"] = [p.changes for p in pred]
+    for name, pred in series:
+        table[f"{name}_start_s"] = [p.start_s for p in pred]
+        table[f"{name}_s"] = [p.seconds for p in pred]
+        table[f"{name}_changes"] = [p.changes for p in pred]
     df = pd.DataFrame(table)
     df.index.name = "iteration"
     print(f"\nunder the timeline {timeline.source} (seconds per iteration, each system's best layout; * a change "
           "applied before or during it):")
-    print(f"{'iteration':>9} " + " ".join(f"{c.system:>14}" for c in best))
+    print(f"{'iteration':>9} " + " ".join(f"{name:>14}" for name, _ in series))
     for k in range(iterations):
-        print(f"{k:>9} " + " ".join(f"{df[f'{c.system}_s'][k]:>13.3f}{'*' if df[f'{c.system}_changes'][k] else ' '}"
-                                    for c in best))
+        print(f"{k:>9} " + " ".join(f"{df[f'{n}_s'][k]:>13.3f}{'*' if df[f'{n}_changes'][k] else ' '}"
+                                    for n, _ in series))
+    for r in replans:
+        print(f"re-plan before iteration {r.iteration}: {r.plan_seconds:.2f} s to plan + {r.move_seconds:.2f} s to "
+              f"move {r.moved_bytes / 1e9:.2f} GB; an iteration {r.seconds_before:.3f} -> {r.seconds_after:.3f} s "
+              f"on the links as they were; pipelines {r.pipelines}")
+    if args.replan and not replans:
+        print("no re-plan: after every change the plan in use stayed the fastest the scheduler found")
     missed = unmodelled(timeline)
     if missed:
         print(f"note: the simulator does not model {' or '.join(missed)}: those changes are predicted as none")
-    path = Path(out_dir) / "timeline.csv"
+    path = Path(args.out_dir) / "timeline.csv"
     with atomic_path(path) as tmp:
         df.to_csv(tmp)
     return path

@@ -209,32 +209,39 @@ class LinkState:
 class PredictedIteration:
     iteration: int
     start_s: float
-    seconds: float
+    seconds: float  # with pause_s
     changes: int  # changes applied while it ran (or at its start)
+    pause_s: float = 0.0  # before it began: a re-plan and its weights' moves (at_boundary)
 
 
 #: an iteration longer than this with no change left to come never ends (a link cut for good)
 NEVER_S = 1e6
 
 
-def predict_iterations(timeline: Timeline, topo, iterations: int,
-                       seconds_at: Callable[[object], float]) -> list[PredictedIteration]:
+def predict_iterations(timeline: Timeline, topo, iterations: int, seconds_at: Callable[[object], float],
+                       at_boundary: Callable[[object, int], float | None] | None = None) -> list[PredictedIteration]:
     """Each iteration's start and length from t = 0, as the links change under it. `seconds_at(topology)`
     gives an iteration's length on fixed links (the simulator). An iteration that a change falls inside runs
     as a fluid: the share of it done so far stays done, the rest goes at the new links' pace (a cut link:
-    no progress until it is back). Time and iteration events apply at iteration boundaries."""
-    state, cursor, cache = LinkState.initial(topo), timeline.cursor(), {}
+    no progress until it is back). Time and iteration events apply at iteration boundaries.
+    `at_boundary(topology, iteration)`, at the first boundary after changes: None, or the seconds a re-plan
+    takes before the iteration starts (what `seconds_at` gives may then change)."""
+    state, cursor, cache, plan = LinkState.initial(topo), timeline.cursor(), {}, 0
 
     def seconds() -> float:
-        k = state.key()
+        k = (state.key(), plan)
         if k not in cache:
             cache[k] = float(seconds_at(state.topology(topo)))
         return cache[k]
 
-    out, t = [], 0.0
+    out, t, pending = [], 0.0, False
     for it in range(iterations):
         applied = [state.apply(c) for c in cursor.due(t, it)]
-        start, done = t, 0.0
+        start, done, pause = t, 0.0, 0.0
+        if at_boundary is not None and (pending or applied):
+            pending, paused = False, at_boundary(state.topology(topo), it)
+            if paused is not None:
+                plan, pause, t = plan + 1, paused, t + paused
         while True:
             T, nxt = seconds(), cursor.next_at_s()
             finish = t + (1.0 - done) * T
@@ -246,8 +253,10 @@ def predict_iterations(timeline: Timeline, topo, iterations: int,
                 break
             done += (nxt - t) / T
             t = nxt
-            applied += [state.apply(c) for c in cursor.due(t)]
-        out.append(PredictedIteration(it, start, t - start, len(applied)))
+            during = [state.apply(c) for c in cursor.due(t)]
+            applied += during
+            pending = pending or bool(during)
+        out.append(PredictedIteration(it, start, t - start, len(applied), pause))
     return out
 
 

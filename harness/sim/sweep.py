@@ -75,6 +75,10 @@ class Simulator:
                  transport: Transport | None = None):
         if topo.n % d_pp:
             raise SimError(f"--d-pp: {d_pp} does not divide the {topo.n} devices of {topo.name}")
+        self._options = dict(profile_overrides=profile_overrides, d_pp=d_pp, scheduler=scheduler,
+                             schedule_seed=schedule_seed, budget=budget, cache_dir=cache_dir, ps_mode=ps_mode,
+                             placements=placements, micro_batch=micro_batch, protocol=protocol, nic=nic,
+                             profiles=profiles, allocator=allocator, transport=transport)
         for p in placements:
             if p not in PLACEMENTS:
                 raise SimError(f"--placement: unknown placement {p!r} (known: {', '.join(PLACEMENTS)})")
@@ -104,6 +108,11 @@ class Simulator:
         self._fingerprint = hashlib.sha1(
             b"".join(np.ascontiguousarray(m).tobytes() for m in links) + _scheduler_source_digest()
         ).hexdigest()[:12]
+
+    def on_links_of(self, topo: Topology) -> "Simulator":
+        """This simulator, every option the same, on `topo`'s links (the same devices: a timeline's links as
+        they are now); its schedules are searched anew (no cache: a re-plan's cost is its search)."""
+        return Simulator(topo, **{**self._options, "cache_dir": None})
 
     # ---------------------------------------------------------------- assignments
     def _job(self, cfg: GPTConfig, batch: int) -> tuple[tuple, Path | None, tuple]:

@@ -1,0 +1,107 @@
+"""Re-planning under a timeline, predicted: when the links change, ours' scheduler runs again on the links as
+they are, and the new placement starts at the next iteration boundary, once every device holds its new
+blocks' weights and optimizer state.
+
+The cost of a re-plan, paid before that iteration: the scheduler's own seconds (measured, here, on this
+machine) plus the moves: a device that holds a block (or the embedding, or the head) it did not hold before
+receives it from the old holder with the fastest link to it, one message per source (delay + bytes / rate),
+its messages one after another, the devices at once (a sender's uplink shared by several receivers is not modelled). What moves per
+parameter is what training keeps beside the gradient: its value, SGD's momentum and, in 16-bit training, the
+fp32 master copy (compute.training_bytes_per_param less the gradient).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from ..compute import PAPER_BYTES, training_bytes_per_param
+from ..compute.model import GPTConfig
+from ..layout import Layout
+from ..scenario.timeline import PredictedIteration, predict_iterations
+from .systems import SimError
+from .timeline import timeline_links
+
+
+@dataclass(frozen=True)
+class Replan:
+    iteration: int  # the first iteration on the new plan
+    plan_seconds: float  # the scheduler's search
+    move_seconds: float  # weights and optimizer state to their new devices
+    moved_bytes: float
+    pipelines: list  # the new plan's (device of stage 0..D_PP-1 per replica)
+    seconds_before: float  # an iteration of the old plan on the links as they are now
+    seconds_after: float  # an iteration of the new plan on them
+
+    @property
+    def seconds(self) -> float:
+        return self.plan_seconds + self.move_seconds
+
+
+def holdings(layout: Layout, cfg: GPTConfig) -> dict[int, set]:
+    """What each device holds: ("block", i) of its stage's range, ("embedding",) on stage 0, ("head",) on the
+    last stage."""
+    out: dict[int, set] = {}
+    for pipe in layout.replica_pipelines():
+        last = len(pipe.devices) - 1
+        for j, (d, (a, b)) in enumerate(zip(pipe.devices, pipe.stages)):
+            held = {("block", i) for i in range(a, b)}
+            held |= {("embedding",)} if j == 0 else set()
+            held |= {("head",)} if j == last else set()
+            out.setdefault(d, set()).update(held)
+    return out
+
+
+def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_value: int = PAPER_BYTES
+                 ) -> tuple[float, float]:
+    """(seconds, bytes) to move what `new` places where `old` did not have it, over `links`."""
+    per_param = training_bytes_per_param(bytes_per_value) - bytes_per_value  # not the gradient
+    params = {"block": cfg.block_params, "embedding": cfg.embedding_params, "head": cfg.head_params}
+    had, has = holdings(old, cfg), holdings(new, cfg)
+    holders: dict[tuple, list[int]] = {}
+    for d, items in had.items():
+        for item in items:
+            holders.setdefault(item, []).append(d)
+    worst, total = 0.0, 0.0
+    for d, items in has.items():
+        by_source: dict[int, float] = {}  # one message from each source: its items together
+        for item in items - had.get(d, set()):
+            src = max(holders[item], key=lambda s: links.rate_Bps[s, d])
+            by_source[src] = by_source.get(src, 0.0) + params[item[0]] * per_param
+        spent = sum(float(links.delay_s[s, d]) + size / float(links.rate_Bps[s, d]) for s, size in by_source.items())
+        total += sum(by_source.values())
+        worst = max(worst, spent)
+    return worst, total
+
+
+def predict_replanned(sim, cand, cfg: GPTConfig, batch: int, timeline, iterations: int,
+                      min_gain: float = 0.0) -> tuple[list[PredictedIteration], list[Replan]]:
+    """`iterations` of ours' candidate under `timeline`, re-planning at the first iteration boundary after
+    every change: the new plan is taken when it is faster on the links as they are than the plan in use by
+    more than `min_gain` (a fraction); each re-plan's cost is paid before its first iteration."""
+    from ..systems.ours.sim import candidates_ours
+
+    if cand.system != "ours" or cand.resimulate is None or cand.layout is None:
+        raise SimError(f"{cand.system}: only ours re-plans (its scheduler runs again on the links as they are)")
+    current = {"cand": cand}
+    replans: list[Replan] = []
+
+    def seconds_at(topo_now) -> float:
+        return current["cand"].resimulate(timeline_links(sim, topo_now))
+
+    def at_boundary(topo_now, iteration: int) -> float | None:
+        t0 = time.perf_counter()
+        other = sim.on_links_of(topo_now)
+        (new,) = candidates_ours(other, cfg, batch)
+        plan_s = time.perf_counter() - t0
+        links = timeline_links(sim, topo_now)
+        before, after = current["cand"].resimulate(links), new.resimulate(links)
+        if not after < before * (1.0 - min_gain):
+            return None
+        moved_s, moved = move_seconds(current["cand"].layout, new.layout, cfg, links)
+        replans.append(Replan(iteration, plan_s, moved_s, moved, new.config["pipelines"], before, after))
+        # the new plan's model, simulated from now on the simulator of the run's devices (resimulate takes links)
+        current["cand"] = new
+        return plan_s + moved_s
+
+    pred = predict_iterations(timeline, sim.topo, iterations, seconds_at, at_boundary)
+    return pred, replans

@@ -161,4 +161,4 @@ def test_sim_replan_prints_each_replan_and_its_cost(cli, tmp_path):
                        "--iterations", "3", "--out", tmp_path / "run")
     assert rc == 0, err
     df = pd.read_csv(tmp_path / "run" / "timeline.csv", index_col="iteration")
-    assert "ours+replan_s" in df and ("re-plan before iteration 1" in out or "no re-plan" in out)
+    assert "ours+replan_s" in df and ("ours: re-plan before iteration 1" in out or "no re-plan" in out)

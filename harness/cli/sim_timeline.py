@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from ..plan import systems
 from ..plan.arg_types import input_file, positive_int
 
 
@@ -17,8 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iterations", type=positive_int,
                    help="iterations predicted under a timeline (default 12)")
     p.add_argument("--replan", action="store_true", default=None,
-                   help="under a timeline: also ours re-planning after every change (its scheduler on the links as "
-                        "they are; the new plan taken when faster, after its weights moved)")
+                   help="under a timeline: also the scheduled systems (ours, dtfm) re-planning after every change "
+                        "(the scheduler on the links as they are; the new plan taken when faster, after its weights "
+                        "moved)")
 
 
 def with_timeline(topo, args):
@@ -42,9 +44,10 @@ def print_timeline(sim, cands, args, cfg) -> Path | None:
     series, replans = [], []
     for c in (c for c in cands if c.best):
         series.append((c.system, predict_candidate(sim, c, timeline, iterations)))
-        if args.replan and c.system == "ours":
-            pred, replans = predict_replanned(sim, c, cfg, args.batch, timeline, iterations)
-            series.append(("ours+replan", pred))
+        if args.replan and systems.get(c.system).scheduled:
+            pred, done = predict_replanned(sim, c, cfg, args.batch, timeline, iterations)
+            series.append((f"{c.system}+replan", pred))
+            replans += [(c.system, r) for r in done]
     table = {}
     for name, pred in series:
         table[f"{name}_start_s"] = [p.start_s for p in pred]
@@ -58,8 +61,8 @@ def print_timeline(sim, cands, args, cfg) -> Path | None:
     for k in range(iterations):
         print(f"{k:>9} " + " ".join(f"{df[f'{n}_s'][k]:>13.3f}{'*' if df[f'{n}_changes'][k] else ' '}"
                                     for n, _ in series))
-    for r in replans:
-        print(f"re-plan before iteration {r.iteration}: {r.plan_seconds:.2f} s to plan + {r.move_seconds:.2f} s to "
+    for system, r in replans:
+        print(f"{system}: re-plan before iteration {r.iteration}: {r.plan_seconds:.2f} s to plan + {r.move_seconds:.2f} s to "
               f"move {r.moved_bytes / 1e9:.2f} GB; an iteration {r.seconds_before:.3f} -> {r.seconds_after:.3f} s "
               f"on the links as they were; pipelines {r.pipelines}")
     if args.replan and not replans:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from ..compute import PAPER_BYTES, training_bytes_per_param
 from ..compute.model import GPTConfig
 from ..layout import Layout
+from ..plan import systems as registry
 from ..scenario.timeline import PredictedIteration, predict_iterations
 from .systems import SimError
 from .timeline import timeline_links
@@ -75,13 +76,12 @@ def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_valu
 
 def predict_replanned(sim, cand, cfg: GPTConfig, batch: int, timeline, iterations: int,
                       min_gain: float = 0.0) -> tuple[list[PredictedIteration], list[Replan]]:
-    """`iterations` of ours' candidate under `timeline`, re-planning at the first iteration boundary after
+    """`iterations` of a scheduled system's candidate (ours, dtfm) under `timeline`, re-planning at the first iteration boundary after
     every change: the new plan is taken when it is faster on the links as they are than the plan in use by
     more than `min_gain` (a fraction); each re-plan's cost is paid before its first iteration."""
-    from ..systems.ours.sim import candidates_ours
-
-    if cand.system != "ours" or cand.resimulate is None or cand.layout is None:
-        raise SimError(f"{cand.system}: only ours re-plans (its scheduler runs again on the links as they are)")
+    if not registry.get(cand.system).scheduled or cand.resimulate is None or cand.layout is None:
+        raise SimError(f"{cand.system}: only a scheduled system re-plans (its scheduler runs again on the links as "
+                       "they are)")
     current = {"cand": cand}
     replans: list[Replan] = []
 
@@ -91,7 +91,7 @@ def predict_replanned(sim, cand, cfg: GPTConfig, batch: int, timeline, iteration
     def at_boundary(topo_now, iteration: int) -> float | None:
         t0 = time.perf_counter()
         other = sim.on_links_of(topo_now)
-        (new,) = candidates_ours(other, cfg, batch)
+        (new,) = other.run(cand.system, cfg, batch)
         plan_s = time.perf_counter() - t0
         links = timeline_links(sim, topo_now)
         before, after = current["cand"].resimulate(links), new.resimulate(links)

@@ -69,6 +69,8 @@ def test_sim_refuses_a_timeline_for_a_cnn_and_a_bad_file_in_one_line(cli, tmp_pa
     (tmp_path / "bad.yaml").write_text("events: [{at_s: 1, from: Mars, to: Ohio, delay_ms: 3}]\n")
     rc, out, err = cli("sim", *SMALL, "--timeline", tmp_path / "bad.yaml")
     assert rc == 2 and "unknown region" in err and "Mars" in err and err.strip().count("\n") == 0
+    rc, out, err = cli("sim", *SMALL, "--replan")
+    assert rc == 2 and "--replan" in err and "no timeline" in err and err.strip().count("\n") == 0
 
 
 def test_compare_holds_a_run_under_a_timeline_iteration_by_iteration(cli, tmp_path):

@@ -25,9 +25,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def with_timeline(topo, args):
     """The scenario with --timeline in place of its own timeline."""
+    from ..errors import HarnessError
     from ..scenario import load_timeline
 
-    return topo if not args.timeline else replace(topo, timeline=load_timeline(args.timeline, topo))
+    topo = topo if not args.timeline else replace(topo, timeline=load_timeline(args.timeline, topo))
+    if topo.timeline is None and args.replan:
+        raise HarnessError(f"--replan: re-plans when the links change; {topo.name} has no timeline: (give --timeline)")
+    return topo
 
 
 def print_timeline(sim, cands, args, cfg) -> Path | None:

@@ -130,16 +130,6 @@ BAD = [
 ]
 
 
-@pytest.mark.parametrize("text,message", BAD)
-def test_bad_timelines_are_one_line_naming_file_and_field(tmp_path, text, message):
-    topo = load_scenario("5", devices=8)
-    write(tmp_path, "t.csv", "time_s,from,to,rate_gbps,delay_ms\n0,Oregon,Ohio,1,\n10,Oregon,Ohio,0.5,30\n")
-    p = write(tmp_path, "bad.yaml", text)
-    with pytest.raises(ScenarioError) as e:
-        load_timeline(p, topo)
-    assert message in str(e.value) and str(p) in str(e.value) and "\n" not in str(e.value)
-
-
 BAD_CSV = [
     ("time,from,to,rate,delay\n", "line 1: header must be time_s,from,to,rate_gbps,delay_ms"),
     ("time_s,from,to,rate_gbps,delay_ms\n", "no rows"),
@@ -152,9 +142,11 @@ BAD_CSV = [
 ]
 
 
-@pytest.mark.parametrize("text,message", BAD_CSV)
-def test_bad_traces_are_one_line_naming_file_and_row(tmp_path, text, message):
-    p = write(tmp_path, "bad.csv", text)
+@pytest.mark.parametrize("name,text,message", [("bad.yaml", t, m) for t, m in BAD]
+                         + [("bad.csv", t, m) for t, m in BAD_CSV])
+def test_bad_timelines_and_traces_are_one_line_naming_file_and_field_or_row(tmp_path, name, text, message):
+    write(tmp_path, "t.csv", "time_s,from,to,rate_gbps,delay_ms\n0,Oregon,Ohio,1,\n10,Oregon,Ohio,0.5,30\n")
+    p = write(tmp_path, name, text)
     with pytest.raises(ScenarioError) as e:
         load_timeline(p, load_scenario("5", devices=8))
     assert message in str(e.value) and str(p) in str(e.value) and "\n" not in str(e.value)

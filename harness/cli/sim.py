@@ -234,8 +234,7 @@ def cmd_sim_gpt(args) -> int:
         atomic_write_json(args.json, [record_json(r, c.best) for c, r in zip(cands, records)])
         print(f"wrote {args.json}")
     write_records(Path(out) / "records.csv", records)
-    args.out_dir = out
-    if (path := sim_timeline.print_timeline(sim, cands, args, cfg)) is not None:
+    if (path := sim_timeline.print_timeline(sim, cands, args, cfg, out)) is not None:
         print(f"wrote {path}")
     atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
     print(f"wrote {Path(out) / 'records.csv'}")

@@ -34,10 +34,10 @@ def with_timeline(topo, args):
     return topo
 
 
-def print_timeline(sim, cands, args, cfg) -> Path | None:
+def print_timeline(sim, cands, args, cfg, out_dir: Path) -> Path | None:
     """Each system's best candidate under the scenario's timeline (and with --replan ours re-planning): a table
     of seconds per iteration, side by side, and timeline.csv (iteration, start_s and seconds per system) in the
-    run directory. None without a timeline."""
+    run directory `out_dir`. None without a timeline."""
     from ..files import atomic_path
     from ..sim.replan import predict_replanned
     from ..sim.timeline import predict_candidate, unmodelled
@@ -74,7 +74,7 @@ def print_timeline(sim, cands, args, cfg) -> Path | None:
     missed = unmodelled(timeline)
     if missed:
         print(f"note: the simulator does not model {' or '.join(missed)}: those changes are predicted as none")
-    path = Path(args.out_dir) / "timeline.csv"
+    path = Path(out_dir) / "timeline.csv"
     with atomic_path(path) as tmp:
         df.to_csv(tmp)
     return path

@@ -94,7 +94,7 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
         raise EmulationError("command: empty (give the program to run after --)")
     if not (timeout_s > 0):
         raise EmulationError(f"timeout: must be > 0 (got {timeout_s})")
-    if getattr(topo, "timeline", None) is not None:
+    if topo.timeline is not None:
         check_timeline(topo.timeline, topo)
     which = choose(kernel)
     rid = registry.new_run_id()

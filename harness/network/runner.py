@@ -72,7 +72,7 @@ def run_job(job: Job, kernel: str) -> dict:
         base_env = dict(job.env)
         procs, logs = [], []
         control = None
-        if getattr(job.topo, "timeline", None) is not None:
+        if job.topo.timeline is not None:
             marks, changes = job_dir / "timeline-marks", job_dir / "timeline-changes.jsonl"
             control = TimelineController(job.topo.timeline, job.topo, cluster.plan,
                                          [d.netns_path for d in cluster.devices], clock=job.timeline_clock,

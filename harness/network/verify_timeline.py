@@ -153,17 +153,16 @@ def verify_timeline(topo, *, kernel: str = "auto", settle_s: float = SETTLE_S, t
         shutil.rmtree(out, ignore_errors=True)
 
 
-def _window(log: list[dict], k: int) -> tuple[float, float, float]:
-    """(issued at, acknowledged at, the next change's issue or +inf) of change k, on time.monotonic()."""
-    at = log[k]["applied_monotonic"]
+def _window(log: list[dict], k: int) -> tuple[float, float]:
+    """(issued at, the next change's issue or +inf) of change k, on time.monotonic()."""
     nxt = log[k + 1]["applied_monotonic"] if k + 1 < len(log) else float("inf")
-    return at, at + log[k]["took_ms"] / 1e3, nxt
+    return log[k]["applied_monotonic"], nxt
 
 
 def _rate_effect(change, d, e, target, log, k, out) -> ChangeEffect:
     series = np.array(json.loads((out / f"rate-{d}-{e}.json").read_text()) or [[0.0, 0.0]], dtype=float)
     start, mbps = series[:, 0], series[:, 1] * 8 / BIN_S / 1e6
-    at, _, nxt = _window(log, k)
+    at, nxt = _window(log, k)
     end = min(nxt, start[-1] + BIN_S)
     before = mbps[(start >= at - BEFORE_S) & (start + BIN_S <= at)]
     after = mbps[(start >= at + (end - at) / 2) & (start + BIN_S <= end)]
@@ -181,7 +180,7 @@ def _rate_effect(change, d, e, target, log, k, out) -> ChangeEffect:
 def _delay_effect(change, d, e, target, log, k, out) -> ChangeEffect:
     got = np.array(json.loads((out / f"delay-{d}-{e}.json").read_text()) or [[0, 0.0, 0.0]], dtype=float)
     sent, delay = got[:, 1], (got[:, 2] - got[:, 1]) * 1e3
-    at, _, nxt = _window(log, k)
+    at, nxt = _window(log, k)
     before = delay[(sent >= at - BEFORE_S) & (sent < at)]
     after = delay[(sent >= at + 0.2) & (sent < nxt)]
     new = np.flatnonzero((sent >= at) & (np.abs(delay - target) <= DELAY_TOL_MS + DELAY_TOL_REL * target))

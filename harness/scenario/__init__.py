@@ -82,11 +82,15 @@ def load_scenario(name: str, devices: int | None = None) -> Topology:
     except HarnessError as e:  # unreadable: a ScenarioError as every other mistake in a scenario
         raise ScenarioError(str(e)) from None
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "?"
-        raise ScenarioError(f"{path}: YAML syntax error at {where}: {getattr(e, 'problem', e)}") from None
+        raise _syntax_error(path, e) from None
     topo = parse_scenario(doc, path)
     return scale_down(topo, devices) if devices is not None else topo
+
+
+def _syntax_error(path, e: yaml.YAMLError) -> ScenarioError:
+    mark = getattr(e, "problem_mark", None)
+    where = f"line {mark.line + 1}" if mark else "?"
+    return ScenarioError(f"{path}: YAML syntax error at {where}: {getattr(e, 'problem', e)}")
 
 
 def load_timeline(path, topo: Topology):
@@ -104,9 +108,7 @@ def load_timeline(path, topo: Topology):
     try:
         doc = yaml.load(text, Loader=YAMLLoader)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else "?"
-        raise ScenarioError(f"{path}: YAML syntax error at {where}: {getattr(e, 'problem', e)}") from None
+        raise _syntax_error(path, e) from None
     if isinstance(doc, dict) and set(doc) == {"timeline"}:
         doc = doc["timeline"]
-    return parse_timeline(doc, f"{path}: timeline", path.parent, known)
+    return parse_timeline(doc, path, known)

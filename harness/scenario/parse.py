@@ -181,7 +181,7 @@ def parse_scenario(doc, path: Path) -> Topology:
         region_bandwidth_gbps=inter_bw,
         server=server,
         transport=parse_transport(path, doc["transport"]) if "transport" in doc else LINUX,
-        timeline=(parse_timeline(doc["timeline"], f"{path}: timeline", Path(path).parent, region_names(regions))
+        timeline=(parse_timeline(doc["timeline"], path, region_names(regions))
                   if "timeline" in doc else None),
     )
 

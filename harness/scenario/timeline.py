@@ -362,9 +362,11 @@ def parse_trace_csv(text: str, where: str, known: set[str], one_way: bool) -> tu
     return tuple(rows)
 
 
-def parse_timeline(doc, where: str, base_dir: Path, known: set[str]) -> Timeline:
-    """A `timeline:` mapping ({events: [...], trace: {file, at_end, period_s, one_way}}); a trace's file is
-    read relative to `base_dir` (the directory of the file that names it)."""
+def parse_timeline(doc, path, known: set[str]) -> Timeline:
+    """The `timeline:` mapping of the file at `path` ({events: [...], trace: {file, at_end, period_s, one_way}});
+    a trace's file is read relative to that file's directory."""
+    path = Path(path)
+    where = f"{path}: timeline"
     if not isinstance(doc, dict):
         _fail(where, "must be a mapping (events: and/or trace:)", doc)
     unknown = sorted(set(doc) - _TIMELINE_KEYS)
@@ -378,8 +380,8 @@ def parse_timeline(doc, where: str, base_dir: Path, known: set[str]) -> Timeline
     parsed = tuple(parse_event(e, f"{where}.events[{k}]", known) for k, e in enumerate(events))
     trace = None
     if "trace" in doc:
-        trace = parse_trace_entry(doc["trace"], f"{where}.trace", base_dir, known)
-    return Timeline(source=where.split(": ")[0], events=parsed, trace=trace)
+        trace = parse_trace_entry(doc["trace"], f"{where}.trace", path.parent, known)
+    return Timeline(source=str(path), events=parsed, trace=trace)
 
 
 def parse_trace_entry(d, where: str, base_dir: Path, known: set[str]) -> Trace:

@@ -125,7 +125,7 @@ class _Boot:
         extras = {"startup_s": outcome.get("startup_s"), "startup_breakdown_s": outcome.get("startup_breakdown_s"),
                   "readback": outcome.get("readback", {})}
         if "timeline" in outcome:  # the changes its timeline made during the run, as the controller applied them
-            extras["timeline"] = {"source": getattr(self.topo.timeline, "source", ""), "changes": outcome["timeline"]}
+            extras["timeline"] = {"source": self.topo.timeline.source, "changes": outcome["timeline"]}
         return outcome.get("kernel", "unknown"), per_rank, extras
 
     def never_started(self, k: int) -> bool:

@@ -59,8 +59,13 @@ def test_the_marks_clock_waits_for_iteration_0_fires_iteration_events_and_restor
         assert first.pairs == 1  # one way, one device in each region at 8 devices
         (d, links), = calls[0].items()
         assert topo.regions[topo.device_region[d]].name == "Tokyo" and links[0].delay_us == 50_000
+        # iteration 2 as two ranks mark it (ours: every rank): it begins with the last of them
         with open(marks, "a") as f:
-            f.write(f"iteration 2 {time.monotonic():.6f}\n")
+            f.write(f"iteration 2 {time.monotonic():.6f} 2\n")
+        wait_for(lambda: c.marks_read == marks.stat().st_size, "the first rank's mark read")
+        assert len(c.log) == 1
+        with open(marks, "a") as f:
+            f.write(f"iteration 2 {time.monotonic():.6f} 2\n")
         wait_for(lambda: len(c.log) == 2, "the iteration event")
         second = c.log[1]
         assert second.iteration == 2 and second.due_s is None and second.pairs == 2

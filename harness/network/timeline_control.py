@@ -10,9 +10,10 @@ A cut link is netem's loss at 100 % (the class and queue stay), brought back to 
 Its log (`AppliedChange`, one per change) is the job's timeline.json and the run's manifest entry.
 
 The clock: with clock="command", t = 0 when the command starts. With clock="marks" (the trainer), nothing
-happens until the program marks its iteration 0 (`note_iteration`, through the file MARKS_ENV names; rank 0
+happens until the program marks its iteration 0 (`note_iteration`, through the file MARKS_ENV names; a rank
 marks it when the iteration ends, with the time it began): t = 0 is then when it began, and iteration events
-fire as their iteration's mark arrives. `note_run(k)` starts run k of a boot: the links go back to the
+fire as their iteration's mark arrives; when several ranks mark (ours: every rank), as the last one's does,
+which is where the records put the boundary (their iterations end with the last rank). `note_run(k)` starts run k of a boot: the links go back to the
 scenario's and the timeline starts again at its iteration 0. Either clock takes iteration marks.
 The program reads the changes of its run back with `changes_of_run` (the file LOG_ENV names).
 """
@@ -58,10 +59,11 @@ def note_run(run: int) -> None:
     _mark(f"run {int(run)}")
 
 
-def note_iteration(iteration: int, began_monotonic: float) -> None:
+def note_iteration(iteration: int, began_monotonic: float, of: int = 1) -> None:
     """Tell the timeline controller, if there is one, that `iteration` (0-based, warm-up included) began at
-    `began_monotonic` (time.monotonic()); a no-op elsewhere."""
-    _mark(f"iteration {int(iteration)} {began_monotonic:.6f}")
+    `began_monotonic` (time.monotonic()); a no-op elsewhere. `of`: how many ranks mark it; the iteration
+    begins for the controller when the last of them has (the records' boundary: the last rank's end)."""
+    _mark(f"iteration {int(iteration)} {began_monotonic:.6f} {int(of)}")
 
 
 def changes_of_run(run: int) -> list[dict] | None:
@@ -142,6 +144,7 @@ class TimelineController:
         check_timeline(timeline, topo)
         self.netns_paths = netns_paths
         self.log: list[AppliedChange] = []
+        self.marks_read = 0
         self.error: str = ""
         self._lock = threading.Lock()
         self._checks: queue.Queue = queue.Queue()
@@ -200,20 +203,24 @@ class TimelineController:
     def _run(self, sockets) -> None:
         self._sockets = sockets
         run, iteration, pos, zero = -1, None, 0, None
+        marked: dict[int, int] = {}  # iteration -> ranks that marked it so far
         if self.clock == "command":
             run, zero = 0, self._t_command
         state, cursor = LinkState.initial(self.topo, *self.base_values), self.timeline.cursor()
         while not self._stop.is_set():
             marks, pos = self._read_marks(pos)
-            for kind, value, began in marks:
+            self.marks_read = pos  # bytes of the marks file taken in so far
+            for kind, value, began, of in marks:
                 if kind == "run" and self.clock == "marks":
                     self._restore()
                     state, cursor = LinkState.initial(self.topo, *self.base_values), self.timeline.cursor()
-                    run, iteration, zero = value, None, None
+                    run, iteration, zero, marked = value, None, None, {}
                 elif kind == "iteration":
-                    if value == 0 and zero is None:
+                    if value == 0 and zero is None:  # the clock starts with the first rank's iteration 0
                         run, zero = max(run, 0), began
-                    iteration = value
+                    marked[value] = marked.get(value, 0) + 1
+                    if marked[value] >= of:  # every rank that marks it is there
+                        iteration = max(value, iteration if iteration is not None else value)
             if zero is None:
                 self._stop.wait(POLL_S)
                 continue
@@ -222,8 +229,8 @@ class TimelineController:
             nxt = cursor.next_at_s()
             self._stop.wait(POLL_S if nxt is None else min(POLL_S, max(0.0, zero + nxt - time.monotonic())))
 
-    def _read_marks(self, pos: int) -> tuple[list[tuple[str, int, float]], int]:
-        """New whole lines of the marks file: ("run", k, 0.0) and ("iteration", i, began)."""
+    def _read_marks(self, pos: int) -> tuple[list[tuple[str, int, float, int]], int]:
+        """New whole lines of the marks file: ("run", k, 0.0, 1) and ("iteration", i, began, ranks marking it)."""
         if self.marks_path is None:
             return [], pos
         try:
@@ -235,8 +242,8 @@ class TimelineController:
         whole = data[:data.rfind(b"\n") + 1]
         out = []
         for line in whole.decode().splitlines():
-            kind, value, *began = line.split()
-            out.append((kind, int(value), float(began[0]) if began else 0.0))
+            kind, value, *rest = line.split()
+            out.append((kind, int(value), float(rest[0]) if rest else 0.0, int(rest[1]) if len(rest) > 1 else 1))
         return out, pos + len(whole)
 
     def _apply(self, change: LinkChange, state: LinkState, run: int, iteration: int | None, zero: float) -> None:

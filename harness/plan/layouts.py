@@ -21,7 +21,7 @@ from ..compute.profiles import device_profiles
 from ..results import new_run_id
 from ..scenario import Topology, load_scenario, load_timeline, reload_name
 from ..scenario.transport import with_preset
-from .request import LayoutRequest, Resolved, RunRequest, RunSpec
+from .request import LayoutRequest, NetworkSection, ReplanSection, Resolved, RunRequest, RunSpec
 
 @dataclass(frozen=True)
 class Placement:
@@ -51,11 +51,9 @@ def plan_run(req: RunRequest) -> Plan:
     entry = registry.get(req.run.system)  # unknown system: one line, now
     if entry.train is None:
         raise HarnessError(f"--system: {entry.name} runs only in the simulator so far (harness sim --system {entry.name})")
-    topo = load_scenario(req.network.scenario, devices=req.network.devices).scaled(req.network.bandwidth_scale)
-    topo = with_preset(topo, req.network.transport)  # the run's TCP settings in place of the scenario's
-    if req.network.timeline is not None:  # the run's timeline in place of the scenario's
-        topo = replace(topo, timeline=load_timeline(req.network.timeline, topo))
+    topo = run_topology(req.network)
     layout, placement = resolve_layout(req, topo)
+    replan = replan_section(req, topo, layout, entry)
     resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),
                         backend="emu" if req.network.mode == "emulated" else "local",
                         scenario=topo.name, scenario_source=reload_name(topo))  # records name it as its file does
@@ -63,8 +61,31 @@ def plan_run(req: RunRequest) -> Plan:
     if compute.model:  # every device's profile at the run's precision travels to the ranks
         compute = replace(compute, devices=tuple(device_profiles(topo, dtype=req.model.dtype)))
     spec = RunSpec(network=req.network, model=req.model, layout=layout, run=req.run, resolved=resolved,
-                   compute=compute, debug=req.debug)
+                   compute=compute, debug=req.debug, replan=replan)
     return Plan(spec, topo, placement)
+
+
+def run_topology(network: NetworkSection) -> Topology:
+    """The run's topology: its scenario scaled to its devices and bandwidth, its TCP settings, its timeline
+    (a rank that re-plans rebuilds it from its spec the same way)."""
+    topo = load_scenario(network.scenario, devices=network.devices).scaled(network.bandwidth_scale)
+    topo = with_preset(topo, network.transport)  # the run's TCP settings in place of the scenario's
+    if network.timeline is not None:  # the run's timeline in place of the scenario's
+        topo = replace(topo, timeline=load_timeline(network.timeline, topo))
+    return topo
+
+
+def replan_section(req: RunRequest, topo: Topology, layout: Layout, entry: registry.System) -> ReplanSection:
+    """--replan: the search the run re-plans with (its scheduler, budget, allocator); one line when the run
+    cannot re-plan."""
+    if not req.layout.replan:
+        return ReplanSection()
+    if not entry.scheduled:
+        raise HarnessError(f"--replan: only a scheduled system re-plans (not {entry.name})")
+    if topo.timeline is None:
+        raise HarnessError(f"--replan: re-plans when the links change; {topo.name} has no timeline: (give --timeline)")
+    return ReplanSection(enabled=True, scheduler=layout.placement, budget=req.layout.budget,
+                         allocator=req.layout.allocator)
 
 
 def resolve_layout(req: RunRequest, topo: Topology) -> tuple[Layout, Placement | None]:

@@ -93,6 +93,7 @@ class LayoutRequest:
     budget: int = DEFAULT_BUDGET  # scheduler evaluations
     allocator: str | None = None  # ours: each stage's blocks (harness/allocation/); None: even
     explicit: Layout | None = None  # a full layout (e.g. a grid point of `harness tune`)
+    replan: bool | None = None  # ours under a timeline: the scheduler runs again when the links change (--replan)
     # hetpipe (harness/systems/hetpipe/): its virtual workers, parameter-server shards and Wave Synchronous Parallel
     policy: str | None = None  # np | ed | hd | an explicit grouping "0,1;2,3"
     ps_placement: str | None = None  # default | local (--placement)
@@ -139,6 +140,25 @@ class NetworkSection:
         _one_of("network.mode", self.mode, NETWORK_MODES)
         _one_of("network.kernel", self.kernel, KERNELS)
         _one_of("network.transport", self.transport, TRANSPORTS)
+
+
+@dataclass(frozen=True)
+class ReplanSection:
+    """ours under a timeline with --replan (harness/systems/ours/replan.py): the search the run re-plans with
+    when its links change, filled in by planning from the layout request; off by default. A new plan is taken
+    when the cost model finds it faster than the one in use, on the links as they are, by more than `min_gain`."""
+
+    enabled: bool = False
+    scheduler: str = "ga"
+    budget: int = DEFAULT_BUDGET
+    allocator: str | None = None
+    min_gain: float = 0.0
+
+    def __post_init__(self):
+        _positive("replan.budget", self.budget)
+        if isinstance(self.min_gain, bool) or not isinstance(self.min_gain, (int, float)) \
+                or not 0 <= self.min_gain < 1:
+            raise ConfigError(f"replan.min_gain: must be a fraction in [0, 1) (got {self.min_gain!r})")
 
 
 @dataclass(frozen=True)
@@ -253,6 +273,7 @@ class Resolved:
 
 BACKENDS = ("emu", "local", "cluster")
 SECTIONS = {"model": ModelSection, "network": NetworkSection, "run": RunSection, "compute": ComputeSection,
+            "replan": ReplanSection,
             "debug": DebugSection, "resolved": Resolved}
 
 
@@ -280,6 +301,7 @@ class RunSpec:
     resolved: Resolved
     compute: ComputeSection = field(default_factory=ComputeSection)
     debug: DebugSection = field(default_factory=DebugSection)
+    replan: ReplanSection = field(default_factory=ReplanSection)
 
     @property
     def cfg(self) -> GPTConfig:

@@ -228,18 +228,31 @@ def run_summary(run: Path) -> str:
     mean = sum(secs) / len(secs)
     rate = r0["pflop"] / mean
     unit, factor = plots.flop_rate_unit([rate])
-    data = _manifest_data(Path(run))
+    doc = _manifest(Path(run))
+    data = doc.get("data")
     floor = f" (floor {data['loss_floor']:.4g} on {data['set']} data)" if data else ""
     return (f"{r0['system']} on {r0['scenario']} ({r0['devices']} devices, {r0['backend']}, kernel {r0['kernel']}), "
             f"{r0['model']} L={r0['layers']} batch {r0['batch']}: {len(secs)} timed iterations, {mean:.4g} s per "
             f"iteration (min {min(secs):.4g}, max {max(secs):.4g}), {rate * factor:.4g} {unit}, "
             f"{r0['batch'] * r0['seq'] / mean:.4g} tokens/s, loss {recs[-1]['loss']:.4g}{floor}; records: "
-            f"{Path(run) / 'records.csv'}, manifest: {Path(run) / 'manifest.json'}")
+            f"{Path(run) / 'records.csv'}, manifest: {Path(run) / 'manifest.json'}{_replans(doc)}")
 
 
-def _manifest_data(run: Path) -> dict | None:
-    """The manifest's data section (data set and loss floor); None for runs recorded before it."""
+def _replans(doc: dict) -> str:
+    """--replan: each new plan, from which iteration (1-based, warm-up included, as the progress lines), and
+    its cost."""
+    if "replans" not in doc:
+        return ""
+    taken = [r for r in doc["replans"] if r["taken"]]
+    parts = [f"iteration {r['iteration'] + 1} (search {r['search_s']:.3g} s, moves {r.get('move_s', 0):.3g} s, "
+             f"{r.get('moved_bytes', 0) / 1e6:.3g} MB)" for r in taken]
+    return (f"; re-plans: {len(doc['replans'])} searched, {len(taken)} taken" +
+            (f": from {', '.join(parts)}" if parts else ""))
+
+
+def _manifest(run: Path) -> dict:
+    """The run's manifest ({} when unreadable)."""
     try:
-        return json.loads((run / "manifest.json").read_text()).get("data")
+        return json.loads((run / "manifest.json").read_text())
     except (OSError, ValueError):
-        return None
+        return {}

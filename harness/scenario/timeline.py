@@ -219,13 +219,14 @@ NEVER_S = 1e6
 
 
 def predict_iterations(timeline: Timeline, topo, iterations: int, seconds_at: Callable[[object], float],
-                       at_boundary: Callable[[object, int], float | None] | None = None) -> list[PredictedIteration]:
+                       at_boundary: Callable[[object, int, bool], float | None] | None = None
+                       ) -> list[PredictedIteration]:
     """Each iteration's start and length from t = 0, as the links change under it. `seconds_at(topology)`
     gives an iteration's length on fixed links (the simulator). An iteration that a change falls inside runs
     as a fluid: the share of it done so far stays done, the rest goes at the new links' pace (a cut link:
     no progress until it is back). Time and iteration events apply at iteration boundaries.
-    `at_boundary(topology, iteration)`, at the first boundary after changes: None, or the seconds a re-plan
-    takes before the iteration starts (what `seconds_at` gives may then change)."""
+    `at_boundary(topology, iteration, changed)`, at every boundary (`changed`: the first after changes): None,
+    or the seconds a re-plan takes before the iteration starts (what `seconds_at` gives may then change)."""
     state, cursor, cache, plan = LinkState.initial(topo), timeline.cursor(), {}, 0
 
     def seconds() -> float:
@@ -238,8 +239,9 @@ def predict_iterations(timeline: Timeline, topo, iterations: int, seconds_at: Ca
     for it in range(iterations):
         applied = [state.apply(c) for c in cursor.due(t, it)]
         start, done, pause = t, 0.0, 0.0
-        if at_boundary is not None and (pending or applied):
-            pending, paused = False, at_boundary(state.topology(topo), it)
+        if at_boundary is not None:
+            paused = at_boundary(state.topology(topo), it, pending or bool(applied))
+            pending = False
             if paused is not None:
                 plan, pause, t = plan + 1, paused, t + paused
         while True:

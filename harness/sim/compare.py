@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from typing import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from ..scenario.transport import KEYS as TRANSPORT_KEYS, Transport
 from ..compute.links import Links
 from ..compute.transport import UML_HZ
 from ..scenario.timeline import PredictedIteration, predict_iterations
+from .replan import move_seconds
 from .sweep import Simulator
 
 TARGET_ERROR = 0.15
@@ -44,7 +46,7 @@ DEFAULT_DTYPE = {"emu": "fp32", "local": "fp32", "cluster": "bf16"}
 DEFAULT_DEVICE = {"emu": "cpu", "local": "cpu", "cluster": "cuda"}
 GROUP_KEYS = ("scenario", "system", "backend", "devices", "model", "layers", "batch", "micro_batch",
               "bandwidth_scale", "seed", "config", "dtype", "device_type", "compute_time_scale", "transport",
-              "timeline")
+              "timeline", "replans")
 
 
 @dataclass
@@ -106,6 +108,8 @@ def load_measured(path: Path) -> list[dict]:
             r.setdefault("scenario_source", section("resolved").get("scenario_source"))
             r.setdefault("kernel", section("resolved").get("kernel"))
             r.setdefault("timeline", section("network").get("timeline"))  # a run's --timeline (a file's path)
+            if isinstance(doc.get("replans"), list):  # --replan: the plans it changed to, when, at what cost
+                r.setdefault("replans", json.dumps(doc["replans"], sort_keys=True))
             if isinstance(doc.get("transport"), dict):  # the TCP settings the run had (--transport or the scenario's)
                 r.setdefault("transport", json.dumps(doc["transport"], sort_keys=True))
             if section("compute").get("model"):  # a compute-model run: its devices' times are the table's
@@ -130,23 +134,63 @@ def simulate_record(rec: dict, overrides: dict[str, ComputeProfile] | None = Non
 
 def simulate_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> tuple[float, float]:
     """(iteration seconds, busiest device's compute seconds) of the run a record describes."""
-    return run_model(rec, overrides)[1](None)
+    return run_model(rec, overrides).simulate(None)
 
 
 def predict_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None,
                 iterations: int | None = None) -> list[PredictedIteration] | None:
     """Each iteration of the run a record describes (warm-up included, from its start) under the run's
-    timeline (scenario/timeline.py); None when it had none. `iterations`: default up to the record's own."""
-    topo, simulate = run_model(rec, overrides)
+    timeline (scenario/timeline.py); None when it had none. `iterations`: default up to the record's own.
+    A run that re-planned (--replan) runs each iteration on the plan it had then; the iteration after each
+    decision pays rank 0's search (as measured), a new plan's first iteration its moves (sim/replan.py)."""
+    model = run_model(rec, overrides)
+    topo = model.topo
     if topo.timeline is None:
         return None
     n = int(rec["iteration"]) + 1 if iterations is None else iterations
-    return predict_iterations(topo.timeline, topo, n, lambda now: simulate(now)[0])
+    decisions = json.loads(rec.get("replans") or "[]")
+    if not decisions:
+        return predict_iterations(topo.timeline, topo, n, lambda now: model.simulate(now)[0])
+    searches = {int(d["decided_after"]) + 1: float(d["search_s"]) for d in decisions}
+    switches = {int(d["iteration"]): d for d in decisions if d["taken"]}
+    current = {"layout": model.layout}
+
+    def at_boundary(now, it: int, changed: bool) -> float | None:
+        if it not in searches and it not in switches:
+            return None
+        pause = searches.get(it, 0.0)
+        if it in switches:
+            d = switches[it]
+            new = replace(current["layout"], mesh=_mesh(d["pipelines"]), stages=tuple(map(tuple, d["stages"])))
+            pause += move_seconds(current["layout"], new, model.cfg, model.links(now), model.bytes_per_value)[0]
+            current["layout"] = new
+        return pause
+
+    return predict_iterations(topo.timeline, topo, n, lambda now: model.simulate(now, current["layout"])[0],
+                              at_boundary)
 
 
-def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None):
-    """(the run's topology, simulate) for the run a record describes: simulate(topology) is (iteration
-    seconds, busiest device's compute seconds) of its layout on that topology's links (None: the run's own)."""
+def _mesh(pipelines) -> tuple:
+    """A layout's mesh (stage, replica, tensor rank) of its pipelines (replica, stage)."""
+    return tuple(tuple((int(p[j]),) for p in pipelines) for j in range(len(pipelines[0])))
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The simulator of the run a record describes: its topology (scaled, its TCP settings and timeline), its
+    layout and model, and `simulate(topology, layout)`: (iteration seconds, busiest device's compute seconds)
+    on that topology's links (None: the run's own), on `layout` (None: the run's)."""
+
+    topo: object
+    layout: Layout
+    cfg: object
+    bytes_per_value: int
+    links: Callable[[object], Links]
+    simulate: Callable[..., tuple[float, float]]
+
+
+def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> RunModel:
+    """The simulator of the run a record describes (RunModel)."""
     topo = _topology(rec).scaled(float(rec.get("bandwidth_scale") or 1.0))
     if rec.get("transport"):
         topo = replace(topo, transport=_transport(rec["transport"]))
@@ -173,10 +217,12 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None):
     # the user-mode kernel's clock runs at 100 Hz: its retransmission timeouts are in 10 ms ticks
     hz = UML_HZ if rec.get("kernel") == "uml" else sim.links.hz
 
-    def simulate(now) -> tuple[float, float]:
-        links = sim.links if now is None else Links.from_topology(now, protocol, nic)
-        return entry.simulate_layout_fn()(replace(links, hz=hz), sim.profiles, cfg, batch, lay, mb, bpv)
-    return sim.topo, simulate
+    def links(now) -> Links:
+        return replace(sim.links if now is None else Links.from_topology(now, protocol, nic), hz=hz)
+
+    def simulate(now, layout: Layout | None = None) -> tuple[float, float]:
+        return entry.simulate_layout_fn()(links(now), sim.profiles, cfg, batch, layout or lay, mb, bpv)
+    return RunModel(sim.topo, lay, cfg, bpv, links, simulate)
 
 
 def _transport(text: str) -> Transport:

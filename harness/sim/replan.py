@@ -38,7 +38,7 @@ class Replan:
         return self.plan_seconds + self.move_seconds
 
 
-def holdings(layout: Layout, cfg: GPTConfig) -> dict[int, set]:
+def holdings(layout: Layout) -> dict[int, set]:
     """What each device holds: ("block", i) of its stage's range, ("embedding",) on stage 0, ("head",) on the
     last stage."""
     out: dict[int, set] = {}
@@ -52,21 +52,32 @@ def holdings(layout: Layout, cfg: GPTConfig) -> dict[int, set]:
     return out
 
 
+def move_sources(old: Layout, new: Layout, rate) -> dict[int, dict[tuple, int]]:
+    """What each device of `new` must receive: {device: {item: source}}, an item (holdings) it did not hold
+    in `old`, from the old holder with the fastest link to it (`rate[source, device]`, any unit)."""
+    had, has = holdings(old), holdings(new)
+    holders: dict[tuple, list[int]] = {}
+    for d in sorted(had):
+        for item in sorted(had[d]):
+            holders.setdefault(item, []).append(d)
+    return {d: {item: max(holders[item], key=lambda s: rate[s, d]) for item in sorted(items - had.get(d, set()))}
+            for d, items in sorted(has.items()) if items - had.get(d, set())}
+
+
+def item_params(cfg: GPTConfig) -> dict[str, int]:
+    """Parameters of each kind of item."""
+    return {"block": cfg.block_params, "embedding": cfg.embedding_params, "head": cfg.head_params}
+
+
 def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_value: int = PAPER_BYTES
                  ) -> tuple[float, float]:
     """(seconds, bytes) to move what `new` places where `old` did not have it, over `links`."""
     per_param = training_bytes_per_param(bytes_per_value) - bytes_per_value  # not the gradient
-    params = {"block": cfg.block_params, "embedding": cfg.embedding_params, "head": cfg.head_params}
-    had, has = holdings(old, cfg), holdings(new, cfg)
-    holders: dict[tuple, list[int]] = {}
-    for d, items in had.items():
-        for item in items:
-            holders.setdefault(item, []).append(d)
+    params = item_params(cfg)
     worst, total = 0.0, 0.0
-    for d, items in has.items():
+    for d, items in move_sources(old, new, links.rate_Bps).items():
         by_source: dict[int, float] = {}  # one message from each source: its items together
-        for item in items - had.get(d, set()):
-            src = max(holders[item], key=lambda s: links.rate_Bps[s, d])
+        for item, src in items.items():
             by_source[src] = by_source.get(src, 0.0) + params[item[0]] * per_param
         spent = sum(float(links.delay_s[s, d]) + size / float(links.rate_Bps[s, d]) for s, size in by_source.items())
         total += sum(by_source.values())
@@ -88,7 +99,9 @@ def predict_replanned(sim, cand, cfg: GPTConfig, batch: int, timeline, iteration
     def seconds_at(topo_now) -> float:
         return current["cand"].resimulate(timeline_links(sim, topo_now))
 
-    def at_boundary(topo_now, iteration: int) -> float | None:
+    def at_boundary(topo_now, iteration: int, changed: bool) -> float | None:
+        if not changed:
+            return None
         t0 = time.perf_counter()
         other = sim.on_links_of(topo_now)
         (new,) = other.run(cand.system, cfg, batch)

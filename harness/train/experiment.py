@@ -154,6 +154,21 @@ def execute_many(reqs: list[RunRequest]) -> list[Path | HarnessError | None]:
         return results
 
 
+def replan_summary(rows: list[dict]) -> list[dict]:
+    """One entry per re-plan decision (rank 0's): taken or not, the search's seconds, the cost model before
+    and after; a taken one adds its moves: the slowest rank's seconds (its first iteration waits for them)
+    and the bytes that crossed the links."""
+    out = []
+    for d in sorted((r for r in rows if r["kind"] == "decision"), key=lambda r: r["iteration"]):
+        entry = {k: v for k, v in d.items() if k != "kind"}
+        moves = [r for r in rows if r["kind"] == "move" and r["iteration"] == d["iteration"]]
+        if d["taken"] and moves:
+            entry.update(move_s=max(r["move_s"] for r in moves), rebuild_s=max(r["rebuild_s"] for r in moves),
+                         moved_bytes=sum(r["bytes_received"] for r in moves))
+        out.append(entry)
+    return out
+
+
 def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
     """Write the manifest (running), call `launch(spec, topo, out) -> (kernel, per-rank stats,
     extra manifest fields)`, then the records and the final manifest; `failed` + reason on any error.
@@ -197,6 +212,9 @@ def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
         rows = [row for r in per_rank for s in r if s.minibatches for row in s.minibatches]
         if rows:
             write_minibatches(out / "minibatches.csv", rows)
+        replans = [row for r in per_rank for s in r if s.replans for row in s.replans]
+        if spec.replan.enabled:
+            extra = {**extra, "replans": replan_summary(replans)}
         if spec.compute.model:
             extra = {**extra, "compute_model": compute_model_summary(spec, stats, per_rank)}
         if spec.debug.count_wire:  # each rank's bytes on the wire in each timed iteration (wire.py)

@@ -32,14 +32,22 @@ def progress(line: str) -> None:
     print(f"{PROGRESS_PREFIX}{line}", file=sys.stderr, flush=True)
 
 
-def iteration_progress(it: int, steps: int, warmup: int, seconds: float) -> None:
+def iteration_progress(it: int, steps: int, warmup: int, seconds: float, mark: bool = True) -> None:
     """The line every system prints on rank 0 after iteration `it` (0-based) of `steps`; in an emulated
-    cluster with a timeline, also where the run is (its iteration events fire on these marks)."""
+    cluster with a timeline, also where the run is (its iteration events fire on these marks). A system
+    whose every rank marks its iterations (`iteration_mark`) passes mark=False."""
+    if mark:
+        iteration_mark(it, seconds, 1)
+    progress(f"iteration {it + 1}/{steps}{' (warm-up)' if it < warmup else ''}: {seconds:.2f} s on rank 0")
+
+
+def iteration_mark(it: int, seconds: float, ranks: int) -> None:
+    """Tell the emulated cluster's timeline controller, if any, that this rank ended iteration `it` (0-based),
+    one of `ranks` ranks that mark: iteration it + 1 begins when the last of them has."""
     now = time.monotonic()
     if it == 0:
-        note_iteration(0, now - seconds)
-    note_iteration(it + 1, now)
-    progress(f"iteration {it + 1}/{steps}{' (warm-up)' if it < warmup else ''}: {seconds:.2f} s on rank 0")
+        note_iteration(0, now - seconds, ranks)
+    note_iteration(it + 1, now, ranks)
 
 
 def torch_dtype(spec: RunSpec) -> torch.dtype:

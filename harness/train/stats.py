@@ -19,6 +19,7 @@ class IterationStats:
     wire_bytes: int | None = None  # bytes this rank put on the wire in the iteration (debug.count_wire)
     minibatches: list | None = None  # per-minibatch rows of the whole run, on one rank of a system that
     # records them (HetPipe: VW, minibatch, clock, global version, ...); written as minibatches.csv
+    replans: list | None = None  # ours with --replan, on its last iteration: what this rank did in each re-plan
 
 
 def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False) -> list[IterationStats]:

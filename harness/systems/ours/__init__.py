@@ -6,7 +6,7 @@ from __future__ import annotations
 from ...plan.systems import System, register
 from .layout import RANDOM_ASSIGNMENT, place_ours, place_ours_random
 
-FLAGS = ("--d-pp", "--d-dp", "--scheduler", "--budget", "--schedule", "--dp-sync", "--recompute", "--allocator")
+FLAGS = ("--d-pp", "--d-dp", "--scheduler", "--budget", "--schedule", "--dp-sync", "--recompute", "--allocator", "--replan")
 
 register(System(
     "ours", "the paper's scheduled pipeline x data parallel (--d-pp/--d-dp, --scheduler)",
@@ -19,7 +19,7 @@ register(System(
 register(System(
     "ours-random", "ours' runtime on the seeded random assignment (the paper's ablation; --seed)",
     train="harness.systems.ours.pipeline:train_ours", layout_rule=place_ours_random,
-    flags=tuple(f for f in FLAGS if f not in ("--scheduler", "--budget")),
+    flags=tuple(f for f in FLAGS if f not in ("--scheduler", "--budget", "--replan")),
     defaults={"scheduler": RANDOM_ASSIGNMENT, "schedule": "gpipe"},
     simulate={"gpt": "harness.systems.ours.sim:candidates_ours_random"},
     simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_random_layout",

@@ -27,16 +27,18 @@ from torch.utils.checkpoint import checkpoint
 from ...layout import schedule_order
 from ...errors import HarnessError
 from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
+from .replan import ReplanControl, exchange
 from ...train.gpt import GPT, lm_loss, synthetic_batch
 from ...train.compute_model import pacer_for
 from ...plan.request import RunSpec
-from ...train.rank import RankContext, iteration_progress, torch_dtype
+from ...train.rank import RankContext, iteration_mark, iteration_progress, torch_dtype
 from ...compute import micro_batches
 from ...train.reference import make_optimizer
 from ...train.stats import IterationStats
 from ...train import wire
 
 KIND_ACT, KIND_GRAD = 1, 2
+KIND_MOVE = 8  # a re-plan's weights (replan.exchange)
 ACK = 5 * 10_000  # tag of a message's delivery note: its tag + ACK (kinds 6 and 7, apart from dp_sync's 3 and 4)
 FP16_LOSS_SCALE = 1024.0  # static loss scale so fp16 activation gradients do not underflow
 
@@ -76,7 +78,7 @@ class PipelineStageRunner:
 
     def __init__(self, ctx: RankContext, spec: RunSpec):
         self.ctx, self.spec = ctx, spec
-        self.layout = L = spec.layout
+        L = spec.layout
         if L.devices != ctx.world_size or L.tp != 1:
             raise HarnessError(f"layout: ours runs {L.pp} x {L.dp} stages x replicas without tensor parallelism "
                                f"on {ctx.world_size} ranks (got tp={L.tp})")
@@ -88,25 +90,45 @@ class PipelineStageRunner:
             # a rendezvous send waits for the peer to take the data: under 1F1B two neighbours can each
             # wait for the other's note; NCCL would order the notes behind the pre-posted receives
             raise HarnessError("debug.overlap=0: GPipe on CPU (gloo) only")
-        cfg = self.cfg = spec.cfg
-        self.stage_idx, self.replica, _ = L.coords(ctx.rank)
-        self.first, self.last = self.stage_idx == 0, self.stage_idx == L.pp - 1
-        self.prev = L.pipelines[self.replica][self.stage_idx - 1] if not self.first else None
-        self.next = L.pipelines[self.replica][self.stage_idx + 1] if not self.last else None
-
+        self.cfg = spec.cfg
         m = spec.model
         self.n_local = micro_batches(m.batch, m.micro_batch, L.dp)
         self.local_batch = m.batch // L.dp
         self.n_total = micro_batches(m.batch, m.micro_batch)
+        self.comm_dtype = torch_dtype(spec)
+        self.autocast = m.dtype != "fp32"
+        self.loss_scale = FP16_LOSS_SCALE if m.dtype == "fp16" else 1.0
+        self.act_shape = (m.micro_batch, self.cfg.seq, self.cfg.hidden)
+        self.trace = spec.debug.trace  # per-iteration phase times on stderr
+        self.send_delay_s, self.overlap = spec.debug.send_delay_s, spec.debug.overlap  # planted regressions
+        self._place(L)
 
-        full = GPT(cfg, m.seed)  # identical weights everywhere; keep only this stage
+    def _place(self, L, state: dict | None = None) -> None:
+        """Take this rank's tasklet of layout L: its stage's module (the seed's weights, or `state`: name ->
+        (value, SGD momentum)), neighbours, data-parallel group, optimizer, schedule and compute model.
+        Every rank calls it at once (an all-reduce data-parallel sync makes its groups collectively)."""
+        ctx, spec = self.ctx, self.spec
+        self.layout = L
+        self.stage_idx, self.replica, _ = L.coords(ctx.rank)
+        self.first, self.last = self.stage_idx == 0, self.stage_idx == L.pp - 1
+        self.prev = L.pipelines[self.replica][self.stage_idx - 1] if not self.first else None
+        self.next = L.pipelines[self.replica][self.stage_idx + 1] if not self.last else None
+        full = GPT(self.cfg, spec.model.seed)  # identical weights everywhere; keep only this stage
         names = {id(p): n for n, p in full.named_parameters()}
+        self.all_names = list(names.values())
+        self.shapes = {n: p.shape for n, p in full.named_parameters()}
         self.module = full.stage(*L.stages[self.stage_idx]).to(ctx.device)
         self.params = list(self.module.parameters())
         self.numel = sum(p.numel() for p in self.params)
         self.param_names = [names[id(p)] for p in self.module.parameters()]
         del full
-        self.opt = make_optimizer(self.params, m.lr)
+        self.opt = make_optimizer(self.params, spec.model.lr)
+        if state is not None:
+            with torch.no_grad():
+                for name, p in zip(self.param_names, self.params):
+                    value, momentum = state[name]
+                    p.copy_(value)
+                    self.opt.state[p]["momentum_buffer"] = momentum.to(device=p.device, dtype=p.dtype).clone()
         self.dp = make_dp_sync(L.dp_sync, [L.stage_group(j) for j in range(L.pp)],
                                self.stage_idx, self.replica)
         # one order for this runtime and the simulator (harness/layout/schedule_order.py)
@@ -114,13 +136,28 @@ class PipelineStageRunner:
         self.next_backward_order = [k for op, k in schedule_order.stage_order(L.schedule, L.pp, self.stage_idx + 1,
                                                                               self.n_local)
                                     if op == "B"]
-        self.comm_dtype = torch_dtype(spec)
-        self.autocast = m.dtype != "fp32"
-        self.loss_scale = FP16_LOSS_SCALE if m.dtype == "fp16" else 1.0
-        self.act_shape = (m.micro_batch, cfg.seq, cfg.hidden)
-        self.trace = spec.debug.trace  # per-iteration phase times on stderr
-        self.send_delay_s, self.overlap = spec.debug.send_delay_s, spec.debug.overlap  # planted regressions
         self.pacer = pacer_for(spec, self.stage_idx, ctx.device_index, ctx.device)  # the compute model, if on
+
+    def held(self) -> dict:
+        """This stage's parameters and their SGD momentum by full GPT name (what a re-plan moves)."""
+        out = {}
+        for name, p in zip(self.param_names, self.params):
+            momentum = self.opt.state.get(p, {}).get("momentum_buffer")
+            out[name] = (p.detach(), momentum if momentum is not None else torch.zeros_like(p))
+        return out
+
+    def switch(self, L, sources: dict, it: int) -> dict:
+        """Re-plan before iteration `it`: receive the items the new stage lacks (replan.exchange), then take
+        layout L. Returns what it cost this rank."""
+        t = time.perf_counter()
+        held = self.held()
+        got, sent, received = exchange(held, self.all_names, self.shapes, sources, self.ctx.rank,
+                                       tag(it, KIND_MOVE, 0), self.ctx.device)
+        moved_s = time.perf_counter() - t
+        self._place(L, {**held, **got})
+        return {"kind": "move", "iteration": it, "rank": self.ctx.rank, "move_s": round(moved_s, 6),
+                "rebuild_s": round(time.perf_counter() - t - moved_s, 6), "bytes_sent": sent,
+                "bytes_received": received}
 
     # -- one iteration ---------------------------------------------------------
     def _forward(self, x):
@@ -277,9 +314,11 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     # (warm-up) iterations absorb connection set-up.
     ctx.mark("training")
     t_prev = time.monotonic()  # one clock for every rank of a host (runner.merge_stats)
+    control = ReplanControl(ctx.rank, spec, steps, t_prev) if spec.replan.enabled else None
     for it in range(steps):
         def post_next(nxt=it + 1):
-            if nxt < steps:
+            # a re-planned iteration's receives are posted once its plan is in place (below)
+            if nxt < steps and (control is None or control.plan_for(nxt) is None):
                 posted[nxt] = runner.post_receives(nxt)
 
         compute, loss = runner.iteration(it, posted.pop(it), post_next)
@@ -293,8 +332,17 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         else:
             runner.pacer.take()  # warm-up overruns and bytes are not the timed iterations'
             wire.take()
+        # every rank marks: a timeline's iteration event fires where the records' boundary is, the last rank's end
+        iteration_mark(it, t - t_prev, ctx.world_size)
         if ctx.rank == 0:
-            iteration_progress(it, steps, warmup, t - t_prev)
+            iteration_progress(it, steps, warmup, t - t_prev, mark=False)
+        if control is not None:  # a re-plan's search and moves count in the iteration after them
+            control.after_iteration(it, t)
+            if it + 1 < steps and (plan := control.plan_for(it + 1)) is not None:
+                control.rows.append(runner.switch(*plan, it + 1))
+                posted[it + 1] = runner.post_receives(it + 1)
         t_prev = t
+    if control is not None and stats:
+        stats[-1].replans = control.rows
     ctx.save_state(runner.state())
     return stats

@@ -164,3 +164,55 @@ def test_sim_replan_prints_each_replan_and_its_cost(cli, tmp_path):
     assert rc == 0, err
     df = pd.read_csv(tmp_path / "run" / "timeline.csv", index_col="iteration")
     assert "ours+replan_s" in df and ("ours: re-plan before iteration 1" in out or "no re-plan" in out)
+
+
+def test_compare_predicts_a_replanned_run_on_the_plans_it_had(tmp_path):
+    """A --replan run's manifest says when rank 0 searched and which plan ran from which iteration: the
+    iteration after a search pays it, a new plan's first iteration pays its moves, and from there on the
+    iterations are the new plan's."""
+    from dataclasses import replace as dc_replace
+
+    from harness.layout import from_pipelines
+    from harness.plan.flags import run_request
+    from harness.plan.layouts import plan_run
+    from harness.results import IterationRecord, write_records
+    from harness.sim.compare import _mesh, load_measured, predict_run, run_model
+    from harness.sim.replan import move_seconds
+    from harness.scenario.timeline import LinkState
+
+    timeline = ROOT / "scenarios" / "timelines" / "5-worldwide-link-drops.yaml"
+    flags = ["--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8",
+             "--bandwidth-scale", "0.01", "--timeline", str(timeline), "--replan"]
+    spec = plan_run(run_request(flags)).spec
+    assert spec.replan.enabled
+    new_pipes = [list(reversed(p)) for p in spec.layout.pipelines]  # any other plan will do
+    decisions = [{"decided_after": 2, "iteration": 5, "taken": True, "search_s": 0.5, "pipelines": new_pipes,
+                  "stages": [list(s) for s in spec.layout.stages]},
+                 {"decided_after": 11, "iteration": 14, "taken": False, "search_s": 0.25,
+                  "pipelines": new_pipes, "stages": [list(s) for s in spec.layout.stages]}]
+    base = dict(run_id="r1", scenario="5-worldwide", system="ours", backend="emu", kernel="uml", devices=8,
+                d_pp=spec.layout.pp, d_dp=spec.layout.dp, model="tiny", layers=4, hidden=64, seq=64, batch=8,
+                micro_batch=1, seed=0, bandwidth_scale=0.01, pflop=1e-6, pflops=1e-6, tokens_per_s=1.0,
+                compute_seconds=0.1, exposed_comm_seconds=0.9, loss=2.0, config=json.dumps(spec.layout.to_json()))
+    run = tmp_path / "run"
+    write_records(run / "records.csv", [IterationRecord(**base, iteration=it, seconds=1.0) for it in range(1, 16)])
+    (run / "manifest.json").write_text(json.dumps({"spec": spec.to_json(), "replans": decisions}))
+    rec = max(load_measured(run), key=lambda r: int(r["iteration"]))
+    pred = predict_run(rec)
+    model = run_model(rec)
+    still = predict_run({**rec, "replans": None})
+    new = dc_replace(model.layout, mesh=_mesh(new_pipes))
+    assert [p.seconds for p in pred[:3]] == pytest.approx([p.seconds for p in still[:3]])
+    assert pred[3].pause_s == 0.5 and pred[3].seconds == pytest.approx(still[3].seconds + 0.5)  # the search
+    assert pred[4].seconds == pytest.approx(still[4].seconds)  # the old plan on the dropped link
+    state = LinkState.initial(model.topo)
+    state.apply(model.topo.timeline.events[0])
+    dropped = state.topology(model.topo)
+    moves = move_seconds(model.layout, new, model.cfg, model.links(dropped), model.bytes_per_value)[0]
+    on_new = model.simulate(dropped, new)[0]
+    assert moves > 0 and pred[5].pause_s == pytest.approx(moves)
+    assert pred[5].seconds == pytest.approx(moves + on_new)
+    assert [p.seconds for p in pred[6:12]] == pytest.approx([on_new] * 6)
+    restored = model.simulate(None, new)[0]  # the links back, still the new plan (the second search kept it)
+    assert pred[12].pause_s == 0.25 and pred[12].seconds == pytest.approx(0.25 + restored)
+    assert [p.seconds for p in pred[13:]] == pytest.approx([restored] * 3)

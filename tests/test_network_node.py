@@ -93,6 +93,34 @@ def test_bad_inventories_are_one_line_errors(tmp_path, capsys, text, needle):
     assert err.startswith(f"harness: error: {inv}: ") and needle in err and len(err.splitlines()) == 1, err
 
 
+def test_a_timeline_on_a_node_is_checked_and_scheduled_before_anything_is_shaped(tmp_path, capsys):
+    inv = _inventory(tmp_path, CASE1)
+    t = tmp_path / "t.yaml"
+    t.write_text("events: [{at_s: 5, from: node-0, to: node-1, bandwidth_factor: 0.5}, "
+                 "{at_s: 10, from: node-0, to: node-1, restore: true}]\n")
+    apply = ["net", "apply", "--inventory", str(inv), "--node", "gpu-a", "--dry-run"]
+    assert main([*apply, "--timeline", str(t), "--start", "2026-12-04T10:30:00Z"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[-3:] == [
+        f"# timeline {t} on node gpu-a (devices [0, 1, 2, 3]), t = 0 at --start:",
+        "#   t=5 s: node-0 <-> node-1: bandwidth_factor=0.5", "#   t=10 s: node-0 <-> node-1: restore=True"]
+    inside = tmp_path / "inside.yaml"
+    inside.write_text("events: [{at_s: 1, from: node-0, to: node-0, delay_ms: 1}]\n")
+    by_iteration = tmp_path / "it.yaml"
+    by_iteration.write_text("events: [{at_iteration: 3, from: node-0, to: node-1, delay_ms: 3}]\n")
+    for extra, needle in (
+            (["--start", "now"], "--start: only with --timeline"),
+            (["--log", str(tmp_path / "l.jsonl")], "--log: only with --timeline"),
+            (["--timeline", str(t), "--start", "2026-12-04T10:30:00"], "--start: give the time's zone"),
+            (["--timeline", str(t), "--start", "soon"], "--start: must be now, seconds since the epoch"),
+            (["--timeline", str(by_iteration)], "events[0]: at_iteration: on real nodes a timeline follows the "
+                                                "wall clock"),
+            (["--timeline", str(inside)], "inside a node (not shaped)")):
+        assert main([*apply, *extra]) == 2
+        err = capsys.readouterr()
+        assert needle in err.err and len(err.err.strip().splitlines()) == 1 and not err.out, (extra, err)
+
+
 def test_missing_inventory_file(tmp_path):
     with pytest.raises(InventoryError, match=r"nope.yaml: no such file"):
         load_inventory(tmp_path / "nope.yaml")
@@ -174,6 +202,34 @@ GUEST = textwrap.dedent("""
     print("rtt", a, b, flush=True)
     assert abs(a - (topo.delay_ms[0][1] + topo.delay_ms[1][0])) < 3, a
     assert abs(b - (topo.delay_ms[2][3] + topo.delay_ms[3][2])) < 3, b
+    # a timeline on node a (`net apply --timeline`): its controller changes the egress of devices 0 and 1
+    import threading
+    from harness.network.node_timeline import run_node_timeline
+    tl = os.path.join(os.path.dirname(inv_path), "t.yaml")
+    with open(tl, "w") as f:
+        f.write("events: [{at_s: 0.2, from: a, to: b, delay_ms: 40}]\\n")
+    log = run_node_timeline(inv_path, "a", tl, time.time(), stop=threading.Event())
+    assert len(log) == 1 and log[0]["pairs"] == 2 and log[0]["verified_ms"] is not None, log
+    assert log[0]["applied_s"] >= 0.2, log
+    slow = rtt(ns("a", 0), ns("a", 1), addr(1))
+    print("rtt after the timeline", slow, flush=True)
+    assert abs(slow - 80) < 3, slow  # its end state holds
+    # stopped early: the scenario's links again
+    with open(tl, "w") as f:
+        f.write("events: [{at_s: 0.1, from: a, to: b, delay_ms: 60}, {at_s: 900, from: a, to: b, delay_ms: 1}]\\n")
+    stop, out = threading.Event(), {}
+    runner = threading.Thread(target=lambda: out.update(log=run_node_timeline(inv_path, "a", tl, time.time(),
+                                                                              stop=stop, say=lambda line: print(line, flush=True))))
+    runner.start()
+    deadline = time.monotonic() + 20
+    while (now := rtt(ns("a", 0), ns("a", 1), addr(1))) < 110:  # the first change shows: 2 x 60 ms
+        assert time.monotonic() < deadline, now
+    stop.set()
+    runner.join(20)
+    assert not runner.is_alive() and len(out["log"]) == 1, out
+    back = rtt(ns("a", 0), ns("a", 1), addr(1))
+    print("rtt after the stop", back, flush=True)
+    assert abs(back - a) < 3, (back, a)
     assert len(registry.leftovers()["netns"]) == len(before) + 4
     registry.clean()  # `net clean` leaves node shaping alone
     assert len(registry.leftovers()["netns"]) == len(before) + 4

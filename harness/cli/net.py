@@ -54,6 +54,17 @@ def register(sub) -> None:
         a.add_argument("--inventory", type=input_file, required=True, help="cluster inventory YAML (see README)")
         a.add_argument("--node", required=True, help="this node's name in the inventory")
         a.add_argument("--dry-run", action="store_true", help="print the ip/tc commands, change nothing")
+        if name == "apply":
+            a.add_argument("--timeline", type=input_file, metavar="FILE",
+                           help="then apply this timeline (YAML of at_s events, or a trace CSV) to the node's "
+                                "devices, in the foreground until it ends (the links keep its last state) or is "
+                                "stopped (Ctrl-C, SIGTERM: the scenario's links again); run it on every node with "
+                                "the same --start")
+            a.add_argument("--start", metavar="WHEN", default=None,
+                           help="with --timeline: t = 0, the same on every node: now (default), seconds since the "
+                                "epoch, or an ISO 8601 time with its zone (e.g. 2026-12-04T10:30:00Z)")
+            a.add_argument("--log", type=output_file, metavar="FILE",
+                           help="with --timeline: append each change as JSON lines (issued, kernel ack, read back)")
         a.set_defaults(func=cmd_apply if name == "apply" else cmd_clear)
 
 
@@ -141,10 +152,43 @@ def cmd_plan(args) -> int:
 
 
 def cmd_apply(args) -> int:
+    from ..errors import HarnessError
     from ..network.node import apply_node
 
+    if args.timeline is None:
+        for flag, value in (("--start", args.start), ("--log", args.log)):
+            if value is not None:
+                raise HarnessError(f"{flag}: only with --timeline")
+    else:  # the timeline's mistakes before anything is shaped
+        from ..network.node_timeline import describe_schedule, parse_start
+
+        start = parse_start(args.start or "now")
+        schedule = describe_schedule(args.inventory, args.node, args.timeline)
     for line in apply_node(args.inventory, args.node, dry_run=args.dry_run):
-        print(line)
+        print(line, flush=True)
+    if args.timeline is None:
+        return 0
+    if args.dry_run:
+        print("\n".join(schedule))
+        return 0
+    return _run_node_timeline(args, start)
+
+
+def _run_node_timeline(args, start: float) -> int:
+    """`net apply --timeline` after the shaping: in the foreground; Ctrl-C and SIGTERM stop it cleanly."""
+    import signal
+    import threading
+
+    from ..network.node_timeline import run_node_timeline
+
+    stop = threading.Event()
+    old = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        run_node_timeline(args.inventory, args.node, args.timeline, start, stop=stop, log_path=args.log,
+                          say=lambda line: print(line, flush=True))
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     return 0
 
 

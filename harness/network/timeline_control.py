@@ -130,7 +130,7 @@ class TimelineController:
 
     def __init__(self, timeline, topo, plan: NetworkPlan, netns_paths: list[str], *, clock: str = "command",
                  marks_path: Path | None = None, log_path: Path | None = None, jitter_ms: float = 0.0,
-                 loss_pct: float = 0.0):
+                 loss_pct: float = 0.0, devices: list[int] | None = None, zero_monotonic: float | None = None):
         if clock not in CLOCKS:
             raise TimelineError(f"clock: must be one of {', '.join(CLOCKS)} (got {clock!r})")
         self.timeline, self.topo, self.plan, self.clock = timeline, topo, plan, clock
@@ -142,7 +142,13 @@ class TimelineController:
         self.base = {(dev.index, lk.dst): lk for dev in plan.devices for lk in dev.links}
         self.current = dict(self.base)
         check_timeline(timeline, topo)
+        # the devices whose egress this controller changes (a real node: its own), netns_paths in their order
+        self.devices = list(range(len(plan.devices))) if devices is None else list(devices)
+        self._own = set(self.devices)
         self.netns_paths = netns_paths
+        self.zero_monotonic = zero_monotonic  # clock="command": t = 0 at this time.monotonic() (None: start())
+        self.finished = threading.Event()  # clock="command": the timeline has nothing more to apply
+        self.restore_at_stop = False  # set before stop(): the scenario's links again as it stops
         self.log: list[AppliedChange] = []
         self.marks_read = 0
         self.error: str = ""
@@ -185,10 +191,11 @@ class TimelineController:
     def _guarded(self, body) -> None:
         sockets = []
         try:
-            for dev, path in zip(self.plan.devices, self.netns_paths):
+            for d, path in zip(self.devices, self.netns_paths):
                 with harness_netns.inside(path):  # the socket stays bound to the namespace it was opened in
                     ipr = IPRoute()
-                    sockets.append((ipr, ipr.link_lookup(ifname=dev.ifname)[0]))
+                    sockets.append((ipr, ipr.link_lookup(ifname=self.plan.devices[d].ifname)[0]))
+            sockets = dict(zip(self.devices, sockets))
             if body == self._run:
                 self._ready.set()
             body(sockets)
@@ -197,7 +204,7 @@ class TimelineController:
             self._stop.set()
         finally:
             self._ready.set()
-            for ipr, _ in sockets:
+            for ipr, _ in (sockets.values() if isinstance(sockets, dict) else sockets):
                 ipr.close()
 
     def _run(self, sockets) -> None:
@@ -205,7 +212,7 @@ class TimelineController:
         run, iteration, pos, zero = -1, None, 0, None
         marked: dict[int, int] = {}  # iteration -> ranks that marked it so far
         if self.clock == "command":
-            run, zero = 0, self._t_command
+            run, zero = 0, self._t_command if self.zero_monotonic is None else self.zero_monotonic
         state, cursor = LinkState.initial(self.topo, *self.base_values), self.timeline.cursor()
         while not self._stop.is_set():
             marks, pos = self._read_marks(pos)
@@ -227,7 +234,11 @@ class TimelineController:
             for change in cursor.due(time.monotonic() - zero, iteration):
                 self._apply(change, state, run, iteration, zero)
             nxt = cursor.next_at_s()
+            if nxt is None and self.clock == "command" and not self.timeline.has_iteration_events:
+                self.finished.set()
             self._stop.wait(POLL_S if nxt is None else min(POLL_S, max(0.0, zero + nxt - time.monotonic())))
+        if self.restore_at_stop:
+            self._restore()
 
     def _read_marks(self, pos: int) -> tuple[list[tuple[str, int, float, int]], int]:
         """New whole lines of the marks file: ("run", k, 0.0, 1) and ("iteration", i, began, ranks marking it)."""
@@ -252,6 +263,8 @@ class TimelineController:
         for r, s in state.apply(change):
             loss = CUT_LOSS_PCT if state.down[r, s] else float(state.loss_pct[r, s])
             for d, e in self._pairs(r, s):
+                if d not in self._own:
+                    continue  # another node shapes that device's egress
                 dev = self.plan.devices[d]
                 link = shaped_link(e, self.base[(d, e)].dst_addr, float(state.delay_ms[r, s]),
                                    float(state.bandwidth_gbps[r, s]), float(state.jitter_ms[r, s]), loss,
@@ -272,7 +285,7 @@ class TimelineController:
         """The scenario's links again (a new run of the boot starts)."""
         touched: dict[int, list[ShapedLink]] = {}
         for (d, e), link in self.current.items():
-            if link != self.base[(d, e)]:
+            if link != self.base[(d, e)] and d in self._own:
                 touched.setdefault(d, []).append(self.base[(d, e)])
         if touched:
             self._change(touched)

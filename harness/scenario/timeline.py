@@ -98,6 +98,10 @@ class Timeline:
     def cursor(self) -> "Cursor":
         return Cursor(self)
 
+    @property
+    def has_iteration_events(self) -> bool:
+        return any(c.at_iteration is not None for c in self.events)
+
     def region_names(self) -> set[str]:
         rows = self.trace.rows if self.trace else ()
         return {n for c in (*self.events, *rows) for n in (c.src, c.dst)}

@@ -7,6 +7,7 @@ import textwrap
 from pathlib import Path
 
 import pandas as pd
+import numpy as np
 import pytest
 
 from harness.compute.model import get_model
@@ -128,9 +129,16 @@ def test_a_replan_moves_only_what_a_device_did_not_hold_over_the_links_as_they_a
     # device 1 gets stage 0 from device 0 or 4 (whichever link to it is faster), device 0 gets stage 1 from 1 or 5
     assert moved == pytest.approx((stage0 + stage1) * per_param)
     r, dl = sim.links.rate_Bps, sim.links.delay_s
-    get1 = min(dl[s, 1] + stage0 * per_param / r[s, 1] for s in (0, 4) if r[s, 1] == max(r[0, 1], r[4, 1]))
-    get0 = min(dl[s, 0] + stage1 * per_param / r[s, 0] for s in (1, 5) if r[s, 0] == max(r[1, 0], r[5, 0]))
+    src1 = max((0, 4), key=lambda s: r[s, 1])
+    src0 = max((1, 5), key=lambda s: r[s, 0])
+
+    def fresh(s, d, nbytes):  # a new connection: handshake, then slow start from the initial window
+        path = sim.links.path(np.array([s]), np.array([d]))
+        return float(path.rtt_s[0] + path.transfer(np.array([nbytes]), 10 * path.mss_bytes)[0][0])
+    get1, get0 = fresh(src1, 1, stage0 * per_param), fresh(src0, 0, stage1 * per_param)
     assert seconds == pytest.approx(max(get1, get0))
+    # slow start costs round trips beyond the bytes at the link's rate
+    assert get1 > dl[src1, 1] + dl[1, src1] + dl[src1, 1] + stage0 * per_param / r[src1, 1]
 
 
 def test_ours_replans_after_a_change_and_pays_for_it_once(tmp_path):

@@ -4,18 +4,22 @@ blocks' weights and optimizer state.
 
 The cost of a re-plan, paid before that iteration: the scheduler's own seconds (measured, here, on this
 machine) plus the moves: a device that holds a block (or the embedding, or the head) it did not hold before
-receives it from the old holder with the fastest link to it, one message per source (delay + bytes / rate),
-its messages one after another, the devices at once (a sender's uplink shared by several receivers is not modelled). What moves per
-parameter is what training keeps beside the gradient: its value, SGD's momentum and, in 16-bit training, the
-fp32 master copy (compute.training_bytes_per_param less the gradient).
+receives it from the old holder with the fastest link to it, one message per source, all at once, each on a
+fresh TCP connection (handshake, slow start: move_seconds); a sender's uplink shared by several receivers, a
+receiver's downlink shared by its sources, and the store round trips of gloo's lazy connect are not modelled.
+What moves per parameter is what training keeps beside the gradient: its value, SGD's momentum and, in 16-bit
+training, the fp32 master copy (compute.training_bytes_per_param less the gradient).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..compute import PAPER_BYTES, training_bytes_per_param
 from ..compute.model import GPTConfig
+from ..compute.transport import INITIAL_WINDOW_SEGMENTS
 from ..layout import Layout
 from ..plan import systems as registry
 from ..scenario.timeline import PredictedIteration, predict_iterations
@@ -71,7 +75,10 @@ def item_params(cfg: GPTConfig) -> dict[str, int]:
 
 def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_value: int = PAPER_BYTES
                  ) -> tuple[float, float]:
-    """(seconds, bytes) to move what `new` places where `old` did not have it, over `links`."""
+    """(seconds, bytes) to move what `new` places where `old` did not have it, over `links`: the slowest
+    device's messages, all at once, each on a connection that has not carried data yet (the pair may never
+    have talked: a TCP handshake, then slow start from the initial window; harness/compute/transport.py)
+    after the library's ready notice."""
     per_param = training_bytes_per_param(bytes_per_value) - bytes_per_value  # not the gradient
     params = item_params(cfg)
     worst, total = 0.0, 0.0
@@ -79,9 +86,13 @@ def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_valu
         by_source: dict[int, float] = {}  # one message from each source: its items together
         for item, src in items.items():
             by_source[src] = by_source.get(src, 0.0) + params[item[0]] * per_param
-        spent = sum(float(links.delay_s[s, d]) + size / float(links.rate_Bps[s, d]) for s, size in by_source.items())
+        src = np.array(list(by_source))
+        path = links.path(src, np.full(len(src), d))
+        fresh = INITIAL_WINDOW_SEGMENTS * path.mss_bytes
+        arrive = path.transfer(np.array(list(by_source.values())), fresh)[0]
+        spent = path.rtt_s + links.protocol.p2p_handshake * links.delay_s[d, src] + arrive
         total += sum(by_source.values())
-        worst = max(worst, spent)
+        worst = max(worst, float(spent.max()))
     return worst, total
 
 

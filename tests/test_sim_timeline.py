@@ -180,7 +180,6 @@ def test_compare_predicts_a_replanned_run_on_the_plans_it_had(tmp_path):
     iterations are the new plan's."""
     from dataclasses import replace as dc_replace
 
-    from harness.layout import from_pipelines
     from harness.plan.flags import run_request
     from harness.plan.layouts import plan_run
     from harness.results import IterationRecord, write_records

@@ -142,7 +142,7 @@ def test_a_replan_moves_only_what_a_device_did_not_hold_over_the_links_as_they_a
 
 
 def test_ours_replans_after_a_change_and_pays_for_it_once(tmp_path):
-    from harness.sim.replan import predict_replanned
+    from harness.sim.replan import REPLAN_LEAD, predict_replanned
 
     topo = load_scenario("5", devices=8)
     cfg = get_model("gpt3-xl", 8)
@@ -156,12 +156,16 @@ def test_ours_replans_after_a_change_and_pays_for_it_once(tmp_path):
     still = predict_candidate(sim, cand, timeline, 6)
     pred, replans = predict_replanned(sim, cand, cfg, 64, timeline, 6)
     assert [p.seconds for p in pred[:2]] == pytest.approx([cand.seconds] * 2)
-    (r,) = replans  # one change: one re-plan, at the boundary it falls on
-    assert r.iteration == 2 and r.seconds_after < r.seconds_before and r.moved_bytes > 0
-    assert pred[2].pause_s == pytest.approx(r.plan_seconds + r.move_seconds)
-    assert pred[2].seconds == pytest.approx(r.seconds + r.seconds_after)
-    assert [p.seconds for p in pred[3:]] == pytest.approx([r.seconds_after] * 3)
-    assert r.seconds_after < still[3].seconds  # the new plan beats the old on the changed links
+    (r,) = replans  # one change: one search at the boundary it falls on, its plan two iterations later
+    assert (r.searched, r.iteration) == (2, 2 + REPLAN_LEAD - 1)
+    assert r.seconds_after < r.seconds_before and r.moved_bytes > 0
+    assert pred[2].pause_s == pytest.approx(r.plan_seconds)  # the search
+    assert pred[2].seconds == pytest.approx(r.plan_seconds + still[2].seconds)  # still the old plan
+    assert pred[3].pause_s == 0 and pred[3].seconds == pytest.approx(still[3].seconds)
+    assert pred[4].pause_s == pytest.approx(r.move_seconds)  # the moves, then the new plan
+    assert pred[4].seconds == pytest.approx(r.move_seconds + r.seconds_after)
+    assert pred[5].seconds == pytest.approx(r.seconds_after)
+    assert r.seconds_after < still[5].seconds  # the new plan beats the old on the changed links
     assert r.pipelines != cand.config["pipelines"]
 
 
@@ -171,7 +175,7 @@ def test_sim_replan_prints_each_replan_and_its_cost(cli, tmp_path):
                        "--iterations", "3", "--out", tmp_path / "run")
     assert rc == 0, err
     df = pd.read_csv(tmp_path / "run" / "timeline.csv", index_col="iteration")
-    assert "ours+replan_s" in df and ("ours: re-plan before iteration 1" in out or "no re-plan" in out)
+    assert "ours+replan_s" in df and ("ours: re-plan searched before iteration 1" in out or "no re-plan" in out)
 
 
 def test_compare_predicts_a_replanned_run_on_the_plans_it_had(tmp_path):

@@ -66,11 +66,12 @@ def print_timeline(sim, cands, args, cfg, out_dir: Path) -> Path | None:
         print(f"{k:>9} " + " ".join(f"{df[f'{n}_s'][k]:>13.3f}{'*' if df[f'{n}_changes'][k] else ' '}"
                                     for n, _ in series))
     for system, r in replans:
-        print(f"{system}: re-plan before iteration {r.iteration}: {r.plan_seconds:.2f} s to plan + {r.move_seconds:.2f} s to "
-              f"move {r.moved_bytes / 1e9:.2f} GB; an iteration {r.seconds_before:.3f} -> {r.seconds_after:.3f} s "
-              f"on the links as they were; pipelines {r.pipelines}")
+        print(f"{system}: re-plan searched before iteration {r.searched} ({r.plan_seconds:.2f} s), taken before "
+              f"iteration {r.iteration} ({r.move_seconds:.2f} s to move {r.moved_bytes / 1e9:.2f} GB); an iteration "
+              f"{r.seconds_before:.3f} -> {r.seconds_after:.3f} s on the links as they were; pipelines {r.pipelines}")
     if args.replan and not replans:
-        print("no re-plan: after every change the plan in use stayed the fastest the scheduler found")
+        print("no re-plan took effect: after every change the plan in use stayed the fastest the scheduler found, "
+              "or a faster one would start after the last iteration")
     missed = unmodelled(timeline)
     if missed:
         print(f"note: the simulator does not model {' or '.join(missed)}: those changes are predicted as none")

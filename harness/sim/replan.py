@@ -1,6 +1,6 @@
 """Re-planning under a timeline, predicted: when the links change, ours' scheduler runs again on the links as
-they are, and the new placement starts at the next iteration boundary, once every device holds its new
-blocks' weights and optimizer state.
+they are, and the new placement starts two iterations later (as ours' runtime can), once every device holds
+its new blocks' weights and optimizer state.
 
 The cost of a re-plan, paid before that iteration: the scheduler's own seconds (measured, here, on this
 machine) plus the moves: a device that holds a block (or the embedding, or the head) it did not hold before
@@ -27,6 +27,11 @@ from .systems import SimError
 from .timeline import timeline_links
 
 
+#: iterations from the end of rank 0's search to the first iteration on its plan in ours' runtime
+#: (harness/systems/ours/replan.py says why): a search before iteration b, the new plan from b + 2
+REPLAN_LEAD = 3
+
+
 @dataclass(frozen=True)
 class Replan:
     iteration: int  # the first iteration on the new plan
@@ -34,8 +39,9 @@ class Replan:
     move_seconds: float  # weights and optimizer state to their new devices
     moved_bytes: float
     pipelines: list  # the new plan's (device of stage 0..D_PP-1 per replica)
-    seconds_before: float  # an iteration of the old plan on the links as they are now
+    seconds_before: float  # an iteration of the old plan on the links as they were at the search
     seconds_after: float  # an iteration of the new plan on them
+    searched: int = 0  # the iteration whose start paid the search
 
     @property
     def seconds(self) -> float:
@@ -97,35 +103,43 @@ def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_valu
 
 
 def predict_replanned(sim, cand, cfg: GPTConfig, batch: int, timeline, iterations: int,
-                      min_gain: float = 0.0) -> tuple[list[PredictedIteration], list[Replan]]:
-    """`iterations` of a scheduled system's candidate (ours, dtfm) under `timeline`, re-planning at the first iteration boundary after
-    every change: the new plan is taken when it is faster on the links as they are than the plan in use by
-    more than `min_gain` (a fraction); each re-plan's cost is paid before its first iteration."""
+                      min_gain: float = 0.0, lead: int = REPLAN_LEAD) -> tuple[list[PredictedIteration], list[Replan]]:
+    """`iterations` of a scheduled system's candidate (ours, dtfm) under `timeline`, re-planning as ours'
+    runtime does (harness/systems/ours/replan.py): at the first iteration boundary after changes the
+    scheduler searches on the links as they are (its seconds paid before that iteration), and a plan faster
+    by more than `min_gain` (a fraction) than the one last chosen starts `lead` - 1 iterations later, after
+    its moves (paid before its first iteration)."""
     if not registry.get(cand.system).scheduled or cand.resimulate is None or cand.layout is None:
         raise SimError(f"{cand.system}: only a scheduled system re-plans (its scheduler runs again on the links as "
                        "they are)")
-    current = {"cand": cand}
+    current, chosen = {"cand": cand}, {"cand": cand}  # the plan running, the plan last chosen
+    pending: dict[int, tuple] = {}  # first iteration of a chosen plan -> (its candidate, search s, before, after)
     replans: list[Replan] = []
 
     def seconds_at(topo_now) -> float:
         return current["cand"].resimulate(timeline_links(sim, topo_now))
 
     def at_boundary(topo_now, iteration: int, changed: bool) -> float | None:
-        if not changed:
-            return None
-        t0 = time.perf_counter()
-        other = sim.on_links_of(topo_now)
-        (new,) = other.run(cand.system, cfg, batch)
-        plan_s = time.perf_counter() - t0
+        pause = None
         links = timeline_links(sim, topo_now)
-        before, after = current["cand"].resimulate(links), new.resimulate(links)
-        if not after < before * (1.0 - min_gain):
-            return None
-        moved_s, moved = move_seconds(current["cand"].layout, new.layout, cfg, links)
-        replans.append(Replan(iteration, plan_s, moved_s, moved, new.config["pipelines"], before, after))
-        # the new plan's model, simulated from now on the simulator of the run's devices (resimulate takes links)
-        current["cand"] = new
-        return plan_s + moved_s
+        if iteration in pending:
+            new, plan_s, before, after = pending.pop(iteration)
+            moved_s, moved = move_seconds(current["cand"].layout, new.layout, cfg, links)
+            replans.append(Replan(iteration, plan_s, moved_s, moved, new.config["pipelines"], before, after,
+                                  iteration - lead + 1))
+            current["cand"] = new  # simulated from now on the simulator of the run's devices (resimulate takes links)
+            pause = moved_s
+        if changed:
+            t0 = time.perf_counter()
+            other = sim.on_links_of(topo_now)
+            (new,) = other.run(cand.system, cfg, batch)
+            plan_s = time.perf_counter() - t0
+            pause = (pause or 0.0) + plan_s
+            before, after = chosen["cand"].resimulate(links), new.resimulate(links)
+            if after < before * (1.0 - min_gain):
+                chosen["cand"] = new
+                pending[iteration + lead - 1] = (new, plan_s, before, after)
+        return pause
 
     pred = predict_iterations(timeline, sim.topo, iterations, seconds_at, at_boundary)
     return pred, replans

@@ -36,10 +36,10 @@ from ...plan.layouts import resolve_layout, run_topology
 from ...plan.request import LayoutRequest, RunRequest, RunSpec
 from ...scenario.timeline import LinkState
 from ...scheduler.cost import CostModel
-from ...sim.replan import move_sources
+from ...sim.replan import REPLAN_LEAD, move_sources
 from ...train.rank import progress
 
-LEAD = 3  # iterations between rank 0's decision and the first iteration on the new plan (module docstring)
+LEAD = REPLAN_LEAD  # iterations from rank 0's decision to the first iteration on the new plan (module docstring)
 KEY = "harness/replan/{}"
 
 

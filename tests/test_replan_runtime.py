@@ -21,7 +21,7 @@ from harness.train.reference import reference_train
 
 pytestmark = pytest.mark.timeout(180)
 
-BATCH, MICRO, STEPS, SEED, LR = 8, 2, 6, 3, 0.1
+BATCH, MICRO, STEPS, SEED, LR = 8, 2, 12, 3, 0.1
 # case 5 at 8 devices (one per region): the scheduler's plan exchanges stage 0's gradients over Tokyo <-> Seoul;
 # at 1 % of its rate the search finds a plan without it
 TIMELINE = """\
@@ -30,7 +30,7 @@ events:
 """
 
 
-def request(tmp_path, *, replan=True, timeline=TIMELINE, system="ours", **layout) -> RunRequest:
+def request(tmp_path, *, replan=True, timeline=TIMELINE, system="ours", iters=STEPS, **layout) -> RunRequest:
     network = NetworkSection(scenario="5", devices=8, mode="none")
     if timeline is not None:
         (tmp_path / "t.yaml").write_text(timeline)
@@ -38,7 +38,7 @@ def request(tmp_path, *, replan=True, timeline=TIMELINE, system="ours", **layout
     return RunRequest(network=network,
                       model=ModelSection(name="tiny", layers=4, batch=BATCH, micro_batch=MICRO, seed=SEED, lr=LR),
                       layout=LayoutRequest(replan=replan, **({"budget": 200} if system == "ours" else {}), **layout),
-                      run=RunSection(system=system, iters=STEPS, warmup=0, timeout_s=90))
+                      run=RunSection(system=system, iters=iters, warmup=0, timeout_s=90))
 
 
 def test_a_replanned_run_moves_its_blocks_and_matches_the_single_process_reference(tmp_path):
@@ -53,6 +53,9 @@ def test_a_replanned_run_moves_its_blocks_and_matches_the_single_process_referen
     # the change is due at the end of iteration 0 (the mark of iteration 1): the new plan runs from 0 + LEAD
     assert decision["decided_after"] == 0 and decision["iteration"] == LEAD and decision["taken"]
     assert decision["cost_after_s"] < decision["cost_before_s"]
+    # taken because its gain over the iterations left pays for its moves
+    assert decision["saves_s"] == pytest.approx((decision["cost_before_s"] - decision["cost_after_s"]) * (STEPS - LEAD))
+    assert decision["saves_s"] > decision["moves_estimate_s"] > 0
     old = [list(p) for p in spec.layout.pipelines]
     assert decision["pipelines"] != old
     tokyo, seoul = 3, 4
@@ -89,6 +92,15 @@ def test_a_replanned_run_moves_its_blocks_and_matches_the_single_process_referen
         for d in rest:
             for k, v in by_rank[first].items():
                 assert torch.equal(v, by_rank[d][k]), (k, d)
+
+
+def test_a_faster_plan_whose_gain_would_not_pay_for_its_moves_is_not_taken(tmp_path):
+    spec = plan_run(request(tmp_path, pp=4, dp=2, iters=5)).spec  # 2 iterations left after the search
+    run = run_local(spec, timeout_s=150)
+    rows = [row for r in run.ranks for row in (r.stats[-1].replans or [])]
+    (decision,) = rows
+    assert decision["cost_after_s"] < decision["cost_before_s"] and not decision["taken"]
+    assert decision["saves_s"] < decision["moves_estimate_s"]
 
 
 def test_replan_needs_a_timeline_and_a_scheduled_system(tmp_path):

@@ -213,8 +213,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                                                           "ga-hetero; see harness allocate)")
     p.add_argument("--replan", action="store_const", const=True, default=None,
                    help="ours under a timeline: when the links change, the scheduler runs again on the links as "
-                        "they are and a faster placement runs from 2 iterations after the change (weights and "
-                        "optimizer state moved to their new devices); the manifest records each re-plan and its cost")
+                        "they are and a faster placement, whose gain over the iterations left pays for its moves, "
+                        "runs from 2 iterations after the change (weights and optimizer state moved to their new "
+                        "devices); the manifest records each re-plan and its cost")
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                    help="ours: recompute activations per block in backward (default: on for cuda)")
     p.add_argument("--policy", type=nonempty, help="hetpipe: how GPUs form virtual workers: np | ed | hd | an "

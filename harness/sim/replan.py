@@ -107,8 +107,8 @@ def predict_replanned(sim, cand, cfg: GPTConfig, batch: int, timeline, iteration
     """`iterations` of a scheduled system's candidate (ours, dtfm) under `timeline`, re-planning as ours'
     runtime does (harness/systems/ours/replan.py): at the first iteration boundary after changes the
     scheduler searches on the links as they are (its seconds paid before that iteration), and a plan faster
-    by more than `min_gain` (a fraction) than the one last chosen starts `lead` - 1 iterations later, after
-    its moves (paid before its first iteration)."""
+    by more than `min_gain` (a fraction) than the one last chosen, whose gain over the iterations left pays
+    for its moves (the links as they are), starts `lead` - 1 iterations later, after them."""
     if not registry.get(cand.system).scheduled or cand.resimulate is None or cand.layout is None:
         raise SimError(f"{cand.system}: only a scheduled system re-plans (its scheduler runs again on the links as "
                        "they are)")
@@ -136,7 +136,9 @@ def predict_replanned(sim, cand, cfg: GPTConfig, batch: int, timeline, iteration
             plan_s = time.perf_counter() - t0
             pause = (pause or 0.0) + plan_s
             before, after = chosen["cand"].resimulate(links), new.resimulate(links)
-            if after < before * (1.0 - min_gain):
+            start = iteration + lead - 1  # worth it if the iterations left on it pay for its moves
+            moves_s = move_seconds(chosen["cand"].layout, new.layout, cfg, links)[0]
+            if after < before * (1.0 - min_gain) and (before - after) * (iterations - start) > moves_s:
                 chosen["cand"] = new
                 pending[iteration + lead - 1] = (new, plan_s, before, after)
         return pause

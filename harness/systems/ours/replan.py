@@ -36,7 +36,8 @@ from ...plan.layouts import resolve_layout, run_topology
 from ...plan.request import LayoutRequest, RunRequest, RunSpec
 from ...scenario.timeline import LinkState
 from ...scheduler.cost import CostModel
-from ...sim.replan import REPLAN_LEAD, move_sources
+from ...compute.links import Links
+from ...sim.replan import REPLAN_LEAD, move_seconds, move_sources
 from ...train.rank import progress
 
 LEAD = REPLAN_LEAD  # iterations from rank 0's decision to the first iteration on the new plan (module docstring)
@@ -143,12 +144,20 @@ class ReplanControl:
         search_s = time.perf_counter() - t
         before, after = plan_cost(topo, old, spec), plan_cost(topo, new, spec)
         same = (new.pipelines, new.stages) == (old.pipelines, old.stages)
-        taken = not same and after < before * (1.0 - spec.replan.min_gain)
+        # worth it only if what it saves in the iterations left (the links as they are) pays for its moves
+        protocol = "nccl" if spec.run.device_type == "cuda" else "gloo"
+        nic = "per-pair" if spec.resolved.backend == "emu" else "shared"
+        moves_s = 0.0 if same else move_seconds(old, new, spec.cfg, Links.from_topology(topo, protocol, nic),
+                                                spec.model.bytes_per_value)[0]
+        saves_s = (before - after) * (self.steps - n)
+        taken = not same and after < before * (1.0 - spec.replan.min_gain) and saves_s > moves_s
         self.rows.append({"kind": "decision", "decided_after": done, "iteration": n, "taken": taken,
                           "search_s": round(search_s, 6), "cost_before_s": before, "cost_after_s": after,
+                          "saves_s": saves_s, "moves_estimate_s": moves_s,
                           "pipelines": [list(p) for p in new.pipelines], "stages": [list(s) for s in new.stages]})
         progress(f"re-plan after iteration {done + 1}: search {search_s:.2f} s, cost model {before:.3f} -> "
-                 f"{after:.3f} s: " + (f"taken from iteration {n + 1}" if taken else "kept the plan in use"))
+                 f"{after:.3f} s, saves {saves_s:.2f} s in the {self.steps - n} iterations left for "
+                 f"{moves_s:.2f} s of moves: " + (f"taken from iteration {n + 1}" if taken else "kept the plan in use"))
         if not taken:
             return ""
         self.layout = new

@@ -182,12 +182,10 @@ def test_compare_predicts_a_replanned_run_on_the_plans_it_had(tmp_path):
     """A --replan run's manifest says when rank 0 searched and which plan ran from which iteration: the
     iteration after a search pays it, a new plan's first iteration pays its moves, and from there on the
     iterations are the new plan's."""
-    from dataclasses import replace as dc_replace
-
     from harness.plan.flags import run_request
     from harness.plan.layouts import plan_run
     from harness.results import IterationRecord, write_records
-    from harness.sim.compare import _mesh, load_measured, predict_run, run_model
+    from harness.sim.compare import load_measured, predict_run, replanned, run_model
     from harness.sim.replan import move_seconds
     from harness.scenario.timeline import LinkState
 
@@ -212,7 +210,7 @@ def test_compare_predicts_a_replanned_run_on_the_plans_it_had(tmp_path):
     pred = predict_run(rec)
     model = run_model(rec)
     still = predict_run({**rec, "replans": None})
-    new = dc_replace(model.layout, mesh=_mesh(new_pipes))
+    new = replanned(model.layout, new_pipes, spec.layout.stages)
     assert [p.seconds for p in pred[:3]] == pytest.approx([p.seconds for p in still[:3]])
     assert pred[3].pause_s == 0.5 and pred[3].seconds == pytest.approx(still[3].seconds + 0.5)  # the search
     assert pred[4].seconds == pytest.approx(still[4].seconds)  # the old plan on the dropped link

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..plan import systems as registry
 from ..errors import HarnessError
-from ..layout import Layout
+from ..layout import Layout, from_pipelines
 from ..compute.model import get_model
 from ..compute import BYTES_PER_VALUE
 from ..compute.profiles import OP_CLASSES, ComputeProfile, device_profiles
@@ -161,7 +161,7 @@ def predict_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None,
         pause = searches.get(it, 0.0)
         if it in switches:
             d = switches[it]
-            new = replace(current["layout"], mesh=_mesh(d["pipelines"]), stages=tuple(map(tuple, d["stages"])))
+            new = replanned(current["layout"], d["pipelines"], d["stages"])
             pause += move_seconds(current["layout"], new, model.cfg, model.links(now), model.bytes_per_value)[0]
             current["layout"] = new
         return pause
@@ -170,9 +170,10 @@ def predict_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None,
                               at_boundary)
 
 
-def _mesh(pipelines) -> tuple:
-    """A layout's mesh (stage, replica, tensor rank) of its pipelines (replica, stage)."""
-    return tuple(tuple((int(p[j]),) for p in pipelines) for j in range(len(pipelines[0])))
+def replanned(lay: Layout, pipelines, stages) -> Layout:
+    """`lay` (its schedule, sync, recompute) on a re-plan's pipelines and stages."""
+    return from_pipelines(pipelines, lay.layers, lay.placement, stages=tuple(map(tuple, stages)),
+                          schedule=lay.schedule, dp_sync=lay.dp_sync, recompute=lay.recompute)
 
 
 @dataclass(frozen=True)

@@ -89,10 +89,16 @@ def _place_ours(req: RunRequest, topo: Topology, scheduler: str) -> tuple[Layout
         per_replica = micro_batches(req.model.batch, req.model.micro_batch, d_dp)
         lay = replace(lay, stages=allocators.allocate_stages(allocator, cfg, topo, lay.pipelines, req.model.micro_batch,
                                                              per_replica, req.model.dtype, lay.recompute, profiles))
-    c_dp = c_dp_bytes(cfg, lay.layers_per_stage, bpv)  # the largest stage's gradients, as allocated
-    model = CostModel(topo, d_pp, d_dp, c_pp, c_dp)
-    pipes = np.asarray(lay.pipelines)
-    total, dp = model.pipeline_cost(pipes), model.datap_cost(pipes.T)
+    total, dp, c_pp, c_dp = placement_cost(topo, lay, cfg, req.model.batch, bpv)
     bound = comm_lower_bound(topo, lay, cfg, req.model.batch, req.model.micro_batch, bpv)
     return lay, Placement(scheduler, {"dp": dp, "pp": total - dp, "total": total}, c_pp, c_dp,
                           {"pipeline": bound.pipeline_s, "dp": bound.dp_s, "total": bound.total_s})
+
+
+def placement_cost(topo: Topology, lay: Layout, cfg: GPTConfig, batch: int, bpv: int) -> tuple[float, float, float, float]:
+    """The paper's cost model of a placement on `topo`'s links (what the scheduler minimises): (total
+    seconds, data-parallel seconds, C_PP bytes, C_DP bytes: the largest stage's gradients, as allocated)."""
+    c_pp, c_dp = c_pp_bytes(cfg, batch, lay.dp, bpv), c_dp_bytes(cfg, lay.layers_per_stage, bpv)
+    model = CostModel(topo, lay.pp, lay.dp, c_pp, c_dp)
+    pipes = np.asarray(lay.pipelines)
+    return float(model.pipeline_cost(pipes)), float(model.datap_cost(pipes.T)), c_pp, c_dp

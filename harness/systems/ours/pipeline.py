@@ -115,8 +115,7 @@ class PipelineStageRunner:
         self.next = L.pipelines[self.replica][self.stage_idx + 1] if not self.last else None
         full = GPT(self.cfg, spec.model.seed)  # identical weights everywhere; keep only this stage
         names = {id(p): n for n, p in full.named_parameters()}
-        self.all_names = list(names.values())
-        self.shapes = {n: p.shape for n, p in full.named_parameters()}
+        self.shapes = {n: p.shape for n, p in full.named_parameters()}  # every parameter, in model order
         self.module = full.stage(*L.stages[self.stage_idx]).to(ctx.device)
         self.params = list(self.module.parameters())
         self.numel = sum(p.numel() for p in self.params)
@@ -151,7 +150,7 @@ class PipelineStageRunner:
         layout L. Returns what it cost this rank."""
         t = time.perf_counter()
         held = self.held()
-        got, sent, received = exchange(held, self.all_names, self.shapes, sources, self.ctx.rank,
+        got, sent, received = exchange(held, list(self.shapes), self.shapes, sources, self.ctx.rank,
                                        tag(it, KIND_MOVE, 0), self.ctx.device)
         moved_s = time.perf_counter() - t
         self._place(L, {**held, **got})

@@ -29,16 +29,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ...compute import c_dp_bytes, c_pp_bytes
 from ...errors import HarnessError
 from ...layout import Layout
 from ...plan.layouts import resolve_layout, run_topology
 from ...plan.request import LayoutRequest, RunRequest, RunSpec
 from ...scenario.timeline import LinkState
-from ...scheduler.cost import CostModel
 from ...compute.links import Links
 from ...sim.replan import REPLAN_LEAD, move_seconds, move_sources
 from ...train.rank import progress
+from .layout import placement_cost
 
 LEAD = REPLAN_LEAD  # iterations from rank 0's decision to the first iteration on the new plan (module docstring)
 KEY = "harness/replan/{}"
@@ -142,7 +141,8 @@ class ReplanControl:
         t = time.perf_counter()
         new, _ = resolve_layout(req, topo)
         search_s = time.perf_counter() - t
-        before, after = plan_cost(topo, old, spec), plan_cost(topo, new, spec)
+        cost = lambda lay: placement_cost(topo, lay, spec.cfg, spec.model.batch, spec.model.bytes_per_value)[0]  # noqa: E731
+        before, after = cost(old), cost(new)
         same = (new.pipelines, new.stages) == (old.pipelines, old.stages)
         # worth it only if what it saves in the iterations left (the links as they are) pays for its moves
         protocol = "nccl" if spec.run.device_type == "cuda" else "gloo"
@@ -166,14 +166,6 @@ class ReplanControl:
         return json.dumps({"layout": new.to_json(),
                            "sources": {str(d): {_item_key(i): s for i, s in items.items()}
                                        for d, items in sources.items()}})
-
-
-def plan_cost(topo, lay: Layout, spec: RunSpec) -> float:
-    """The paper's cost model (what the scheduler minimises) of a placement on `topo`'s links, seconds."""
-    cfg, bpv = spec.cfg, spec.model.bytes_per_value
-    c_pp = c_pp_bytes(cfg, spec.model.batch, lay.dp, bpv)
-    c_dp = c_dp_bytes(cfg, lay.layers_per_stage, bpv)
-    return float(CostModel(topo, lay.pp, lay.dp, c_pp, c_dp).pipeline_cost(np.asarray(lay.pipelines)))
 
 
 def exchange(held: dict[str, tuple[torch.Tensor, torch.Tensor]], names: list[str], shapes: dict[str, torch.Size],

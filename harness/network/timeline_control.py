@@ -13,8 +13,8 @@ The clock: with clock="command", t = 0 when the command starts. With clock="mark
 happens until the program marks its iteration 0 (`note_iteration`, through the file MARKS_ENV names; a rank
 marks it when the iteration ends, with the time it began): t = 0 is then when it began, and iteration events
 fire as their iteration's mark arrives; when several ranks mark (ours: every rank), as the last one's does,
-which is where the records put the boundary (their iterations end with the last rank). `note_run(k)` starts run k of a boot: the links go back to the
-scenario's and the timeline starts again at its iteration 0. Either clock takes iteration marks.
+which is where the records put the boundary (their iterations end with the last rank). `note_run(k)` starts
+run k of a boot: the links go back to the scenario's and the timeline starts again at its iteration 0. Either clock takes iteration marks.
 The program reads the changes of its run back with `changes_of_run` (the file LOG_ENV names).
 """
 from __future__ import annotations
@@ -189,13 +189,12 @@ class TimelineController:
 
     # -- the threads -------------------------------------------------------------------------------
     def _guarded(self, body) -> None:
-        sockets = []
+        sockets = {}  # device -> (its namespace's socket, its interface)
         try:
             for d, path in zip(self.devices, self.netns_paths):
                 with harness_netns.inside(path):  # the socket stays bound to the namespace it was opened in
                     ipr = IPRoute()
-                    sockets.append((ipr, ipr.link_lookup(ifname=self.plan.devices[d].ifname)[0]))
-            sockets = dict(zip(self.devices, sockets))
+                    sockets[d] = (ipr, ipr.link_lookup(ifname=self.plan.devices[d].ifname)[0])
             if body == self._run:
                 self._ready.set()
             body(sockets)
@@ -204,7 +203,7 @@ class TimelineController:
             self._stop.set()
         finally:
             self._ready.set()
-            for ipr, _ in (sockets.values() if isinstance(sockets, dict) else sockets):
+            for ipr, _ in sockets.values():
                 ipr.close()
 
     def _run(self, sockets) -> None:

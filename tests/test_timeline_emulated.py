@@ -43,29 +43,32 @@ def test_a_link_changed_live_keeps_its_packets_and_takes_the_new_delay(tmp_path)
     scenario.write_text(textwrap.dedent(SCENARIO))
     # net verify --timeline's delay probe: 200 stamped, numbered datagrams a second from device 0 to device 1
     spec = tmp_path / "probe.json"
-    spec.write_text(json.dumps({"mode": "delay", "pairs": [[0, 1]], "duration_s": 4.6}))
+    spec.write_text(json.dumps({"mode": "delay", "pairs": [[0, 1]], "duration_s": 5.6}))
     res = run_emulated(load_scenario(str(scenario)),
                        [sys.executable, "-m", "harness.network.timeline_probe", str(spec), str(tmp_path)],
-                       kernel="uml", timeout_s=60)
+                       kernel="uml", timeout_s=60, timeline_clock="marks")
     assert res.ok, res.outputs
     log = res.timeline
     assert [e["event"].split(":")[0] for e in log] == ["t=2 s", "t=2.5 s", "t=3 s", "t=3.5 s"]
     assert all(e["pairs"] == 2 for e in log)  # both directions: one class on each device
     # each change was issued when due (UML's one CPU, shared with the host's other work, can stall the
     # guest for a few hundred ms: the log says by how much) and acknowledged by the kernel before its read-back
+    # (its read-back too, unless the next change to the same device came first: it is verified with that one)
     for e in log:
         assert e["due_s"] <= e["applied_s"] < e["due_s"] + 1.0, e
-        assert 0 <= e["took_ms"] <= e["verified_ms"] < 5000, e
+        verified = e["verified_ms"] if e["verified_ms"] is not None or e is log[-1] else e["took_ms"]
+        assert 0 <= e["took_ms"] <= verified < 5000, e
     got = np.array(json.loads((tmp_path / "delay-0-1.json").read_text()))
     seq, send, recv = got[:, 0].astype(int), got[:, 1], got[:, 2]
     delay_ms = (recv - send) * 1e3
     raised, halved, cut, back = (e["applied_monotonic"] for e in log)
     cut_on, back_on = (e["applied_monotonic"] + e["took_ms"] / 1e3 for e in log[2:])  # acknowledged
     # no packet sent before the cut was lost: changing the class and netem in place drops nothing queued
-    # (from the first that arrived: the receiver may bind its socket after the sender's first datagrams)
+    # (from the first that arrived: the receiver may bind its socket after the sender's first datagrams; the
+    # clock started once the stream was steady, so it ran for 2 s and more before the first change)
     before_cut = set(seq[send < cut - 0.07])  # minus the new delay: those had arrived before the cut
     expected = set(range(min(before_cut), max(before_cut) + 1))
-    assert min(before_cut) < 100 and before_cut == expected, f"lost: {sorted(expected - before_cut)}"
+    assert np.min(recv) < raised - 2.0 and before_cut == expected, f"lost: {sorted(expected - before_cut)}"
     # the delay before the change is the scenario's, after it the event's (UML's timer: a few ms late)
     early, late = delay_ms[send < raised - 0.01], delay_ms[(send > raised + 0.01) & (send < cut)]
     assert 19 <= np.median(early) <= 26 and 59 <= np.median(late) <= 66, (np.median(early), np.median(late))

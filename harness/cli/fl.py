@@ -9,7 +9,7 @@ from pathlib import Path
 from . import (add_results_argument, fractions, input_path, non_negative_int, output_dir, output_file, positive_float,
                positive_int, scenario_name)
 
-EMU_ONLY = ("bandwidth_scale", "compute_time_scale", "timeout", "kernel")
+EMU_ONLY = ("bandwidth_scale", "compute_time_scale", "timeout", "kernel", "repeat")
 
 
 def register(sub) -> None:
@@ -46,6 +46,9 @@ def register(sub) -> None:
     p.add_argument("--kernel", choices=("auto", "host", "uml"), default=argparse.SUPPRESS,
                    help="emu: the host kernel (needs sch_netem) or "
                    "user-mode Linux (default auto)")
+    p.add_argument("--repeat", type=positive_int, metavar="N", default=argparse.SUPPRESS,
+                   help="emu: run every strategy's round N times, interleaved, and record the fastest (the others "
+                        "slowed by the host's other work; every round's seconds go to the manifest) (default 1)")
     p.add_argument("--seed", type=non_negative_int, default=0, help="emu: the model's and the data's seed")
     p.add_argument("--json", type=output_file, help="also write the records as a JSON list")
     p.add_argument("--out", type=output_dir, help="run directory (default RESULTS/<scenario>/<run-id>)")
@@ -127,8 +130,8 @@ def _emulated(args, model, names) -> int:
     from ..network import reaper
     from ..results import manifest, new_run_id, run_dir
     from ..errors import HarnessError
-    from ..systems.owl.emulated import (EmuSetting, check_runnable, emulated_federation, plan_rounds,
-                                        run_fl_emulated)
+    from ..systems.owl.emulated import (EmuSetting, check_runnable, emulated_federation, fastest_rounds,
+                                        plan_rounds, run_fl_emulated)
     from ..train.launch import RankFailure
     from ..workloads.fl.federation import FLError, federation, load_topology
 
@@ -142,22 +145,24 @@ def _emulated(args, model, names) -> int:
     # every plan before anything is written: a strategy that cannot plan is one line, not a failed run
     plans = [plan_rounds(model, emulated_federation(f, setting.bandwidth_scale, setting.compute_time_scale), names,
                          args.batch) for f in feds]
+    repeat = getattr(args, "repeat", 1)
     run_id = new_run_id("fl")
     out = Path(args.out or run_dir(topo.name, run_id, args.results))
     man = out / "manifest.json"
-    extra = dict(backend="emu", workload="fl", strategies=names, model=model.name, batch=args.batch,
+    extra = dict(backend="emu", workload="fl", strategies=names, model=model.name, batch=args.batch, repeat=repeat,
                  bandwidth_scale=setting.bandwidth_scale, compute_time_scale=setting.compute_time_scale)
     atomic_write_json(man, manifest(run_id, "running", **extra))
     records, boots = [], []
     try:
         with reaper.guarded([str(man)]) as work:
             for fed, rounds in zip(feds, plans):
-                print(f"alpha {fed.alpha:g}: {len(names)} rounds in the emulated cluster ({fed.workers} workers, "
+                print(f"alpha {fed.alpha:g}: {len(names) * repeat} rounds in the emulated cluster ({fed.workers} workers, "
                       f"1 server)", file=sys.stderr, flush=True)
-                recs, info = run_fl_emulated(topo, fed, model, rounds, args.batch, setting, work, run_id=run_id,
-                                             stream=sys.stderr)
-                records += recs
-                boots.append({"alpha": fed.alpha, **info})
+                recs, info = run_fl_emulated(topo, fed, model, rounds * repeat, args.batch, setting, work,
+                                             run_id=run_id, stream=sys.stderr)
+                records += fastest_rounds(recs)
+                boots.append({"alpha": fed.alpha, **info,
+                              "rounds_s": {n: [r.seconds for r in recs if r.strategy == n] for n in names}})
             _print_and_write(args, records, feds, model, out)
             atomic_write_json(man, manifest(run_id, "ok", **extra, boots=boots))  # before the guard lets go
     except (HarnessError, KeyboardInterrupt) as e:

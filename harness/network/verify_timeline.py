@@ -1,8 +1,8 @@
 """`net verify --timeline`: each change of a timeline measured in the emulated cluster: rate and delay before and
 after it, and how long it took to show in the measurement.
 
-Two boots of the cluster replay the timeline from the command's start (its time events; an iteration needs a
-training run): one measures the rate of one device pair per change (a TCP stream, bytes per 100 ms bin), the
+Two boots of the cluster replay the timeline (its time events; an iteration needs a training run) from when
+the probe's streams are steady (timeline_probe.Start): one measures the rate of one device pair per change (a TCP stream, bytes per 100 ms bin), the
 other its one-way delay (a UDP stream, every datagram stamped; one kernel, one clock). The controller's log
 says when each change was issued (timeline_control.AppliedChange). For each change:
   rate: before = median of the bins of the 1.5 s before it, after = median of the second half of the time to
@@ -137,7 +137,7 @@ def verify_timeline(topo, *, kernel: str = "auto", settle_s: float = SETTLE_S, t
             spec = out / f"{mode}.json"
             spec.write_text(json.dumps({"mode": mode, "pairs": pairs, "duration_s": duration}))
             res = run_emulated(topo, [sys.executable, "-m", "harness.network.timeline_probe", str(spec), str(out)],
-                               kernel=kernel, timeout_s=timeout_s)
+                               kernel=kernel, timeout_s=timeout_s, timeline_clock="marks")
             if not res.ok:
                 raise HarnessError(f"net verify --timeline: the {mode} probe failed (rc {res.returncode}): "
                                    f"{' | '.join(o.strip()[-300:] for o in res.outputs if o.strip())[-600:]}")

@@ -103,6 +103,16 @@ def run_fl_emulated(topo: Topology, fed: Federation, model: BranchyModel, rounds
                      "compute_time_scale": setting.compute_time_scale}
 
 
+def fastest_rounds(records: list[FLRecord]) -> list[FLRecord]:
+    """Each strategy's fastest measured round, in first-run order (`fl --repeat`): the host's other work only
+    ever adds time to a round in the emulated cluster, so the fastest is the nearest to the undisturbed one."""
+    best: dict[str, FLRecord] = {}
+    for r in records:
+        if r.strategy not in best or r.seconds < best[r.strategy].seconds:
+            best[r.strategy] = r
+    return list(best.values())
+
+
 class _ProgressOnly:
     """The launcher's output as run_emulated streams it: progress lines go on (the rest stays in the job's log)."""
 

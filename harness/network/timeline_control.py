@@ -85,7 +85,11 @@ class TimelineError(HarnessError, RuntimeError):
 
 def check_timeline(timeline, topo) -> None:
     """Before anything boots: every link an event changes must be shaped (plan.UNSHAPED_MIN_GBPS: a link
-    inside a node has no class to change)."""
+    inside a node has no class to change); devices that leave are the simulator's so far (harness sim)."""
+    moved = timeline.devices[0].where if timeline.devices else (timeline.spot.where if timeline.spot else None)
+    if moved:
+        raise TimelineError(f"{moved}: devices that leave and come back are predicted by harness sim; the emulated "
+                            "cluster applies a timeline's link events only, so far")
     state = LinkState.initial(topo)
     sizes = [sum(1 for r in topo.device_region if r == k) for k in range(len(topo.regions))]
     rows = timeline.trace.rows if timeline.trace else ()

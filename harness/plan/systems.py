@@ -61,6 +61,7 @@ LAYOUT_FLAGS = {
 BASELINE_FLAGS = ("--tp", "--pp", "--dp", "--rank-order", "--schedule")
 PAPER_ROLES = ("ours", "ours-random", "megatron", "deepspeed")  # Yuan et al. 2022, sec. 4
 LAYOUT_WORKLOAD = "gpt"  # the workload layout rules place (harness/workloads/)
+RECOVERIES = ("replan", "restart")
 
 
 def _resolve(ref: Ref | None) -> Callable | None:
@@ -91,6 +92,9 @@ class System:
     gate_runs: dict = field(default_factory=dict)  # "wire" | "measured" -> `harness run` flags
     report_section: Ref | None = None  # a ReportSection
     sweep_by_rule: bool = True  # `harness sim` of the GPT runs its layout rule (False: its runs are compared only)
+    # when a device leaves: "replan" (the survivors re-plan and go on: ours) or "restart" (from the last
+    # checkpoint on the devices left, as torchrun's elastic agent restarts a job: every other system)
+    recovery: str = "restart"
 
     def __post_init__(self):
         unknown = [f for f in self.flags if f not in LAYOUT_FLAGS]
@@ -100,6 +104,8 @@ class System:
             if role not in (None, *PAPER_ROLES):
                 raise HarnessError(f"system {self.name}: paper_role and report_role must be one of "
                                    f"{', '.join(PAPER_ROLES)}")
+        if self.recovery not in RECOVERIES:
+            raise HarnessError(f"system {self.name}: recovery must be one of {', '.join(RECOVERIES)}")
         fields_ = [LAYOUT_FLAGS[f] for f in self.flags]
         if len(set(fields_)) != len(fields_):
             raise HarnessError(f"system {self.name}: two of its flags set the same layout field ({self.flags})")

@@ -29,12 +29,13 @@ import numpy as np
 
 from ..errors import HarnessError
 from ..files import read_text
+from .preemption import DeviceEvent, SpotMarket, is_device_event, parse_device_event, parse_spot
 from .topology import ScenarioError
 
 _EVENT_KEYS = {"at_s", "at_iteration", "from", "to", "one_way", "delay_ms", "bandwidth_gbps",
                "bandwidth_factor", "jitter_ms", "loss_pct", "down", "restore"}
 _CHANGE_KEYS = ("delay_ms", "bandwidth_gbps", "bandwidth_factor", "jitter_ms", "loss_pct", "down", "restore")
-_TIMELINE_KEYS = {"events", "trace"}
+_TIMELINE_KEYS = {"events", "trace", "spot"}
 _TRACE_KEYS = {"file", "at_end", "period_s", "one_way"}
 TRACE_COLUMNS = ("time_s", "from", "to", "rate_gbps", "delay_ms")
 AT_END = ("hold", "wrap")
@@ -94,6 +95,8 @@ class Timeline:
     source: str
     events: tuple[LinkChange, ...] = ()
     trace: Trace | None = None
+    devices: tuple[DeviceEvent, ...] = ()  # devices that leave and come back (preemption.py)
+    spot: SpotMarket | None = None
 
     def cursor(self) -> "Cursor":
         return Cursor(self)
@@ -110,7 +113,9 @@ class Timeline:
         return {"source": self.source, "events": [c.describe() for c in self.events],
                 "trace": None if self.trace is None else
                 {"where": self.trace.where, "rows": len(self.trace.rows), "at_end": self.trace.at_end,
-                 "period_s": self.trace.period_s}}
+                 "period_s": self.trace.period_s},
+                **({"devices": [e.describe() for e in self.devices]} if self.devices else {}),
+                **({"spot": self.spot.to_json()} if self.spot else {})}
 
 
 class Cursor:
@@ -369,7 +374,8 @@ def parse_trace_csv(text: str, where: str, known: set[str], one_way: bool) -> tu
 
 
 def parse_timeline(doc, path, known: set[str]) -> Timeline:
-    """The `timeline:` mapping of the file at `path` ({events: [...], trace: {file, at_end, period_s, one_way}});
+    """The `timeline:` mapping of the file at `path` ({events: [...], trace: {file, at_end, period_s, one_way},
+    spot: {...}}; an event with preempt: or return: is a device's (preemption.py));
     a trace's file is read relative to that file's directory."""
     path = Path(path)
     where = f"{path}: timeline"
@@ -379,15 +385,18 @@ def parse_timeline(doc, path, known: set[str]) -> Timeline:
     if unknown:
         _fail(f"{where}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(_TIMELINE_KEYS))})")
     if not doc:
-        _fail(where, "empty (give events: and/or trace:)")
+        _fail(where, "empty (give events:, trace: and/or spot:)")
     events = doc.get("events", [])
     if not isinstance(events, list):
         _fail(f"{where}.events", "must be a list", events)
-    parsed = tuple(parse_event(e, f"{where}.events[{k}]", known) for k, e in enumerate(events))
+    links = tuple(parse_event(e, f"{where}.events[{k}]", known) for k, e in enumerate(events)
+                  if not is_device_event(e))
+    devices = tuple(parse_device_event(e, f"{where}.events[{k}]") for k, e in enumerate(events) if is_device_event(e))
     trace = None
     if "trace" in doc:
         trace = parse_trace_entry(doc["trace"], f"{where}.trace", path.parent, known)
-    return Timeline(source=str(path), events=parsed, trace=trace)
+    spot = None if "spot" not in doc else parse_spot(doc["spot"], f"{where}.spot", known)
+    return Timeline(source=str(path), events=links, trace=trace, devices=devices, spot=spot)
 
 
 def parse_trace_entry(d, where: str, base_dir: Path, known: set[str]) -> Trace:

@@ -65,7 +65,11 @@ def holdings(layout: Layout) -> dict[int, set]:
 def move_sources(old: Layout, new: Layout, rate) -> dict[int, dict[tuple, int]]:
     """What each device of `new` must receive: {device: {item: source}}, an item (holdings) it did not hold
     in `old`, from the old holder with the fastest link to it (`rate[source, device]`, any unit)."""
-    had, has = holdings(old), holdings(new)
+    return sources_of(holdings(old), holdings(new), rate)
+
+
+def sources_of(had: dict[int, set], has: dict[int, set], rate) -> dict[int, dict[tuple, int]]:
+    """move_sources on holdings by device: `had` what the devices hold now, `has` what they must hold."""
     holders: dict[tuple, list[int]] = {}
     for d in sorted(had):
         for item in sorted(had[d]):
@@ -85,10 +89,16 @@ def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_valu
     device's messages, all at once, each on a connection that has not carried data yet (the pair may never
     have talked: a TCP handshake, then slow start from the initial window; harness/compute/transport.py)
     after the library's ready notice."""
+    return transfer_seconds(holdings(old), holdings(new), cfg, links, bytes_per_value)
+
+
+def transfer_seconds(had: dict[int, set], has: dict[int, set], cfg: GPTConfig, links,
+                     bytes_per_value: int = PAPER_BYTES) -> tuple[float, float]:
+    """move_seconds on holdings by device (the devices of `links`): what `has` places where `had` did not."""
     per_param = training_bytes_per_param(bytes_per_value) - bytes_per_value  # not the gradient
     params = item_params(cfg)
     worst, total = 0.0, 0.0
-    for d, items in move_sources(old, new, links.rate_Bps).items():
+    for d, items in sources_of(had, has, links.rate_Bps).items():
         by_source: dict[int, float] = {}  # one message from each source: its items together
         for item, src in items.items():
             by_source[src] = by_source.get(src, 0.0) + params[item[0]] * per_param

@@ -13,7 +13,7 @@ register(System(
     train="harness.systems.ours.pipeline:train_ours", layout_rule=place_ours, flags=FLAGS,
     defaults={"scheduler": "ga", "schedule": "gpipe"}, simulate={"gpt": "harness.systems.ours.sim:candidates_ours"},
     simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_ours_layout",
-    compute_observed=True, scheduled=True, paper_role="ours", style=("#d62728", "o"),
+    compute_observed=True, scheduled=True, paper_role="ours", style=("#d62728", "o"), recovery="replan",
     gate_runs={"wire": ("--system", "ours"), "measured": ("--system", "ours")},
 ))
 register(System(

@@ -1,0 +1,179 @@
+"""Devices that leave and come back: a timeline's device events and spot market (scenario/preemption.py), and
+the simulator's time to N iterations under them for a system that re-plans (ours) and for those that restart
+from a checkpoint (sim/preemption.py)."""
+from __future__ import annotations
+
+import textwrap
+
+import numpy as np
+import pytest
+
+from harness.compute.model import get_model
+from harness.plan.request import LayoutRequest
+from harness.scenario import load_scenario, load_timeline
+from harness.scenario.preemption import device_events
+from harness.scenario.topology import ScenarioError
+from harness.sim.preemption import DETECT_S, TORCHRUN_DETECT_S, TORCHRUN_LAST_CALL_S, RecoveryModel, predict_spot
+from harness.sim.sweep import Simulator
+
+CFG = get_model("tiny", 4)
+BATCH = 8
+START_S = 2.0  # a process start, given (measured_start_s times one on the machine)
+
+
+@pytest.fixture(scope="module")
+def topo():
+    return load_scenario("2-spot", devices=8).scaled(0.01)
+
+
+@pytest.fixture(scope="module")
+def sim(topo):
+    return Simulator(topo, d_pp=4)
+
+
+def timeline(tmp_path, topo, text: str):
+    path = tmp_path / "t.yaml"
+    path.write_text(textwrap.dedent(text))
+    return load_timeline(path, topo)
+
+
+def test_device_events_and_a_seeded_spot_market(tmp_path, topo):
+    tl = timeline(tmp_path, topo, """
+        events:
+          - {at_s: 30, preempt: 3, notice_s: 10}
+          - {at_s: 90, return: 3}
+          - {at_iteration: 4, preempt: 0}
+        spot: {rate_per_hour: {p3.2xlarge: 6}, down_s: 300, seed: 7}
+    """)
+    timed, by_iteration = device_events(tl, topo, 7200.0)
+    assert [e.describe() for e in by_iteration] == ["iteration 4: device 0 preempted"]
+    explicit = [e for e in timed if "draw" not in e.where]
+    assert [e.describe() for e in explicit] == ["t=30 s: device 3 preempted (10 s notice)", "t=90 s: device 3 returns"]
+    drawn = [e for e in timed if "draw" in e.where]
+    # only the single-GPU nodes (devices 4..7 of the 8-device case) are on the market; each alternates
+    assert drawn and {e.device for e in drawn} <= {4, 5, 6, 7}
+    for d in {e.device for e in drawn}:
+        kinds = [e.kind for e in drawn if e.device == d]
+        assert kinds == ["preempt", "return"] * (len(kinds) // 2) + ["preempt"] * (len(kinds) % 2)
+    assert [e.at_s for e in timed] == sorted(e.at_s for e in timed)
+    # seeded: the same draws again; a device's draws are its own (another seed moves them)
+    again, _ = device_events(tl, topo, 7200.0)
+    assert again == timed
+    other = timeline(tmp_path, topo, "spot: {rate_per_hour: {p3.2xlarge: 6}, down_s: 300, seed: 8}")
+    assert [e.at_s for e in device_events(other, topo, 7200.0)[0]] != [e.at_s for e in drawn]
+    # the rate is per device-hour: over many hours the count of preemptions is near rate x hours x devices
+    busy = timeline(tmp_path, topo, "spot: {rate_per_hour: 2, down_s: 60, seed: 1}")
+    hours = 200
+    n = sum(e.kind == "preempt" for e in device_events(busy, topo, hours * 3600.0)[0])
+    expected = 8 * hours / (1 / 2 + 60 / 3600)  # a device is away for down_s after each
+    assert abs(n - expected) < 4 * np.sqrt(expected), (n, expected)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("events: [{at_s: 1, preempt: 3, return: 3}]", "timeline.events[0]: give preempt or return, not both"),
+    ("events: [{at_s: 1, return: 3, notice_s: 5}]", "timeline.events[0].notice_s: only a preempt has a notice"),
+    ("events: [{at_s: 1, preempt: -1}]", "timeline.events[0].preempt: must be an integer >= 0 (got -1)"),
+    ("events: [{preempt: 1}]", "timeline.events[0]: needs exactly one of at_s, at_iteration"),
+    ("events: [{at_s: 1, preempt: 1, delay_ms: 4}]", "timeline.events[0].delay_ms: not a key of a device event"),
+    ("events: [{at_s: 1, preempt: 1, notice_s: -2}]", "timeline.events[0].notice_s: must be >= 0 (got -2)"),
+    ("spot: {down_s: 5}", "timeline.spot.rate_per_hour: missing"),
+    ("spot: {rate_per_hour: {mars: 1}}", "timeline.spot.rate_per_hour: unknown region 'mars'"),
+    ("spot: {rate_per_hour: 1, down_s: 0}", "timeline.spot.down_s: must be > 0 (got 0)"),
+    ("spot: {rate_per_hour: 1, every: 3}", "timeline.spot.every: unknown key"),
+])
+def test_bad_device_events_are_one_line(tmp_path, topo, text, message):
+    with pytest.raises(ScenarioError) as e:
+        timeline(tmp_path, topo, text)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("events: [{at_s: 1, preempt: 8}]", "timeline.events[0].preempt: device 8 is not in the run (devices 0..7)"),
+    ("events: [{at_s: 1, preempt: 2}, {at_s: 2, preempt: 2}]", "timeline.events[1].preempt: device 2 is already"),
+    ("events: [{at_s: 1, return: 2}]", "timeline.events[0].return: device 2 was not preempted before"),
+])
+def test_events_that_do_not_fit_the_run_are_one_line(tmp_path, topo, text, message):
+    with pytest.raises(ScenarioError) as e:
+        device_events(timeline(tmp_path, topo, text), topo, 100.0)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def predict(sim, tl, system, iterations=40, **kw):
+    layout = kw.pop("layout", None)
+    return predict_spot(sim, system, CFG, BATCH, tl, iterations, RecoveryModel(start_s=START_S, **kw), layout=layout)
+
+
+def test_without_events_every_iteration_is_the_plans(tmp_path, topo, sim):
+    tl = timeline(tmp_path, topo, "events: [{at_s: 1e9, preempt: 1}]")
+    p = predict(sim, tl, "megatron", iterations=10, checkpoint_every=4)
+    assert [i.iteration for i in p.iterations] == list(range(10)) and not p.recoveries
+    assert p.checkpoints == 2 and p.total_s == pytest.approx(p.accounted_s())
+    assert len({i.seconds for i in p.iterations}) == 1
+
+
+def test_ours_replans_on_the_survivors_and_loses_only_the_iteration_in_flight(tmp_path, topo, sim):
+    base = predict(sim, timeline(tmp_path, topo, "events: [{at_s: 1e9, preempt: 1}]"), "ours", checkpoint_every=5)
+    T = base.iterations[0].seconds
+    at = base.iterations[10].start_s + 0.5 * T  # halfway through iteration 10
+    p = predict(sim, timeline(tmp_path, topo, f"events: [{{at_s: {at}, preempt: 3}}]"), "ours", checkpoint_every=5)
+    (r,) = p.recoveries
+    assert r.kind == "replan" and r.detect_s == DETECT_S and r.lost_iterations == 1
+    assert r.lost_s == pytest.approx(0.5 * T, rel=0.05)
+    assert r.replan_s > 0 and r.transfer_s > 0 and r.restart_s == 0 and r.devices_after < 8
+    assert [i.iteration for i in p.iterations] == list(range(40))  # nothing redone but the one in flight
+    after = [i for i in p.iterations if i.start_s > at]
+    assert after[0].iteration == 10 and after[0].start_s == pytest.approx(at + r.seconds)
+    assert {i.devices for i in after} == {r.devices_after}
+    assert p.total_s == pytest.approx(p.accounted_s())
+
+
+def test_baselines_restart_from_their_last_checkpoint(tmp_path, topo, sim):
+    tl = timeline(tmp_path, topo, "events: [{at_s: 3.1, preempt: 3}, {at_s: 200, return: 3}]")
+    for system, layout in (("megatron", None), ("deepspeed", LayoutRequest(zero=1, pp=2, dp=4))):
+        p = predict(sim, tl, system, iterations=40, checkpoint_every=4, layout=layout)
+        r = p.recoveries[0]
+        T = p.iterations[0].seconds
+        done = int(3.1 // T)  # iterations done before the preemption (checkpoints are short here)
+        assert r.kind == "restart" and r.detect_s == TORCHRUN_DETECT_S
+        # a node is missing: the rendezvous waits its last call; every process starts; the checkpoint loads
+        assert r.restart_s > TORCHRUN_LAST_CALL_S + START_S
+        assert r.lost_iterations == done - (done // 4) * 4 + 1, (system, done)
+        assert r.devices_after < 8 and [i.iteration for i in p.iterations] == list(range(40))
+        assert p.total_s == pytest.approx(p.accounted_s())
+        # its device back at 200 s: torchrun restarts the job again, on all of them
+        if p.total_s > 200:
+            assert p.recoveries[1].event.startswith("device(s) [3] back") and p.recoveries[1].devices_after == 8
+
+
+def test_a_notice_lets_ours_leave_the_device_before_it_goes(tmp_path, topo, sim):
+    tl = timeline(tmp_path, topo, "events: [{at_s: 20, preempt: 3, notice_s: 15}]")
+    p = predict(sim, tl, "ours", iterations=400)
+    assert p.total_s > 20
+    (r,) = p.recoveries
+    assert r.kind == "graceful" and r.lost_iterations == 0 and r.detect_s == 0 and r.lost_s == 0
+    assert r.at_s >= 5.0 and r.at_s + r.seconds <= 20.0
+    assert p.total_s == pytest.approx(p.accounted_s())
+
+
+def test_a_device_back_joins_ours_at_a_boundary(tmp_path, topo, sim):
+    tl = timeline(tmp_path, topo, "events: [{at_s: 1, preempt: 3}, {at_s: 12, return: 3}]")
+    p = predict(sim, tl, "ours", iterations=200)
+    kinds = [r.kind for r in p.recoveries]
+    assert kinds == ["replan", "join"], p.recoveries
+    join = p.recoveries[1]
+    assert join.at_s >= 12 + START_S and join.devices_after == 8 and join.lost_iterations == 0
+    assert p.iterations[-1].devices == 8 and p.total_s == pytest.approx(p.accounted_s())
+
+
+def test_ours_restarts_from_its_checkpoint_when_no_copy_of_a_stage_survives(tmp_path, topo, sim):
+    tl = timeline(tmp_path, topo, "events: [{at_s: 0.5, preempt: 5}]")
+    model = RecoveryModel(start_s=START_S, checkpoint_every=3)
+    deep = get_model("tiny", 8)  # one pipeline of 8 stages: every device holds the only copy of its stage
+    q = predict_spot(sim, "ours", deep, BATCH, tl, 30, model, layout=LayoutRequest(pp=8, dp=1))
+    r = q.recoveries[0]
+    assert r.kind == "restart" and "no copy of some stage survives" in r.event
+    assert r.detect_s == DETECT_S and r.restart_s >= START_S and r.lost_iterations >= 1
+    assert [i.iteration for i in q.iterations] == list(range(30)) and q.total_s == pytest.approx(q.accounted_s())
+    # 4 x 2 keeps a copy of every stage: re-planned
+    p = predict_spot(sim, "ours", deep, BATCH, tl, 30, model, layout=LayoutRequest(pp=4, dp=2))
+    assert p.recoveries[0].kind == "replan"

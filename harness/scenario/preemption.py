@@ -112,22 +112,32 @@ def device_events(timeline, topo, horizon_s: float = math.inf) -> tuple[list[Dev
 
 
 # ------------------------------------------------------------------------------------------------ parsing
-def _fail(where: str, problem: str, value=None):
+def fail(where: str, problem: str, value=None):
+    """A timeline's mistake, one line: where (file and field), what, what was given."""
     got = "" if value is None else f" (got {value!r})"
     raise ScenarioError(f"{where}: {problem}{got}")
 
 
+def check_mapping(d, where: str, allowed: set[str], shape: str) -> None:
+    """`d` is a mapping of `allowed` keys only (`shape` says what it should look like)."""
+    if not isinstance(d, dict):
+        fail(where, f"must be a mapping ({shape})", d)
+    unknown = sorted(set(d) - allowed)
+    if unknown:
+        fail(f"{where}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
 def _non_negative(where: str, value, positive: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        _fail(where, "must be a finite number", value)
+        fail(where, "must be a finite number", value)
     if value < 0 or (positive and value == 0):
-        _fail(where, "must be > 0" if positive else "must be >= 0", value)
+        fail(where, "must be > 0" if positive else "must be >= 0", value)
     return float(value)
 
 
 def _integer(where: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        _fail(where, "must be an integer >= 0", value)
+        fail(where, "must be an integer >= 0", value)
     return value
 
 
@@ -138,15 +148,15 @@ def is_device_event(d) -> bool:
 def parse_device_event(d: dict, where: str) -> DeviceEvent:
     unknown = sorted(set(d) - _DEVICE_KEYS)
     if unknown:
-        _fail(f"{where}.{unknown[0]}", f"not a key of a device event (allowed: {', '.join(sorted(_DEVICE_KEYS))})")
+        fail(f"{where}.{unknown[0]}", f"not a key of a device event (allowed: {', '.join(sorted(_DEVICE_KEYS))})")
     kinds = [k for k in DEVICE_KINDS if k in d]
     if len(kinds) > 1:
-        _fail(where, "give preempt or return, not both")
+        fail(where, "give preempt or return, not both")
     kind = kinds[0]
     if ("at_s" in d) == ("at_iteration" in d):
-        _fail(where, "needs exactly one of at_s, at_iteration")
+        fail(where, "needs exactly one of at_s, at_iteration")
     if "notice_s" in d and kind != "preempt":
-        _fail(f"{where}.notice_s", "only a preempt has a notice")
+        fail(f"{where}.notice_s", "only a preempt has a notice")
     return DeviceEvent(where, kind, _integer(f"{where}.{kind}", d[kind]),
                        at_s=None if "at_s" not in d else _non_negative(f"{where}.at_s", d["at_s"]),
                        at_iteration=None if "at_iteration" not in d else _integer(f"{where}.at_iteration",
@@ -167,25 +177,21 @@ def parse_rates(text, where: str, known: set[str]) -> tuple[tuple[str, float], .
             try:
                 items.append((name.strip() or "*", float(value)))
             except ValueError:
-                _fail(where, "must be R or region=R,... (preemptions per device-hour)", text)
+                fail(where, "must be R or region=R,... (preemptions per device-hour)", text)
     else:
-        _fail(where, "must be R or region=R,... (preemptions per device-hour)", text)
+        fail(where, "must be R or region=R,... (preemptions per device-hour)", text)
     out = []
     for name, rate in items:
         if name != "*" and name not in known:
-            _fail(where, f"unknown region {name!r} (regions: {', '.join(sorted(known))})")
+            fail(where, f"unknown region {name!r} (regions: {', '.join(sorted(known))})")
         out.append((str(name), _non_negative(f"{where}: {name}", rate)))
     return tuple(out)
 
 
 def parse_spot(d, where: str, known: set[str]) -> SpotMarket:
-    if not isinstance(d, dict):
-        _fail(where, "must be a mapping (rate_per_hour:, down_s:, notice_s:, seed:)", d)
-    unknown = sorted(set(d) - _SPOT_KEYS)
-    if unknown:
-        _fail(f"{where}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(_SPOT_KEYS))})")
+    check_mapping(d, where, _SPOT_KEYS, "rate_per_hour:, down_s:, notice_s:, seed:")
     if "rate_per_hour" not in d:
-        _fail(f"{where}.rate_per_hour", "missing (preemptions per device-hour: R, or {region: R, ...})")
+        fail(f"{where}.rate_per_hour", "missing (preemptions per device-hour: R, or {region: R, ...})")
     return SpotMarket(where, parse_rates(d["rate_per_hour"], f"{where}.rate_per_hour", known),
                       down_s=_non_negative(f"{where}.down_s", d.get("down_s", DEFAULT_DOWN_S), positive=True),
                       notice_s=_non_negative(f"{where}.notice_s", d.get("notice_s", 0.0)),

@@ -29,7 +29,8 @@ import numpy as np
 
 from ..errors import HarnessError
 from ..files import read_text
-from .preemption import DeviceEvent, SpotMarket, is_device_event, parse_device_event, parse_spot
+from .preemption import (DeviceEvent, SpotMarket, check_mapping, fail, is_device_event, parse_device_event,
+                         parse_spot)
 from .topology import ScenarioError
 
 _EVENT_KEYS = {"at_s", "at_iteration", "from", "to", "one_way", "delay_ms", "bandwidth_gbps",
@@ -272,23 +273,18 @@ def predict_iterations(timeline: Timeline, topo, iterations: int, seconds_at: Ca
 
 
 # ------------------------------------------------------------------------------------------------ parsing
-def _fail(where: str, problem: str, value=None):
-    got = "" if value is None else f" (got {value!r})"
-    raise ScenarioError(f"{where}: {problem}{got}")
-
-
 def _number(where: str, value, *, low: float = 0.0, positive: bool = False, high: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        _fail(where, "must be a finite number", value)
+        fail(where, "must be a finite number", value)
     if value < low or (positive and value <= 0) or (high is not None and value > high):
         bound = "> 0" if positive else f">= {low:g}" + ("" if high is None else f" and <= {high:g}")
-        _fail(where, f"must be {bound}", value)
+        fail(where, f"must be {bound}", value)
     return float(value)
 
 
 def _region(where: str, value, known: set[str]) -> str:
     if not isinstance(value, str) or (value not in known and value != ANY_REGION):
-        _fail(where, f"unknown region (regions: {', '.join(sorted(known))})", value)
+        fail(where, f"unknown region (regions: {', '.join(sorted(known))})", value)
     return value
 
 
@@ -298,33 +294,29 @@ def region_names(regions) -> set[str]:
 
 
 def parse_event(d, where: str, known: set[str]) -> LinkChange:
-    if not isinstance(d, dict):
-        _fail(where, "must be a mapping", d)
-    unknown = sorted(set(d) - _EVENT_KEYS)
-    if unknown:
-        _fail(f"{where}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(_EVENT_KEYS))})")
+    check_mapping(d, where, _EVENT_KEYS, "an event: at_s or at_iteration, from, to and what changes")
     if ("at_s" in d) == ("at_iteration" in d):
-        _fail(where, "needs exactly one of at_s, at_iteration")
+        fail(where, "needs exactly one of at_s, at_iteration")
     at_s = _number(f"{where}.at_s", d["at_s"]) if "at_s" in d else None
     at_it = d.get("at_iteration")
     if "at_iteration" in d and (isinstance(at_it, bool) or not isinstance(at_it, int) or at_it < 0):
-        _fail(f"{where}.at_iteration", "must be an integer >= 0", at_it)
+        fail(f"{where}.at_iteration", "must be an integer >= 0", at_it)
     for k in ("from", "to"):
         if k not in d:
-            _fail(f"{where}.{k}", "missing")
+            fail(f"{where}.{k}", "missing")
     changes = [k for k in _CHANGE_KEYS if k in d]
     if not changes:
-        _fail(where, f"changes nothing (give one of {', '.join(_CHANGE_KEYS)})")
+        fail(where, f"changes nothing (give one of {', '.join(_CHANGE_KEYS)})")
     for alone in ("restore", "down"):
         if alone in d and len(changes) > 1:
-            _fail(f"{where}.{alone}", f"goes alone (got also {', '.join(k for k in changes if k != alone)})")
+            fail(f"{where}.{alone}", f"goes alone (got also {', '.join(k for k in changes if k != alone)})")
     if "bandwidth_gbps" in d and "bandwidth_factor" in d:
-        _fail(where, "give bandwidth_gbps or bandwidth_factor, not both")
+        fail(where, "give bandwidth_gbps or bandwidth_factor, not both")
     for k in ("one_way", "down", "restore"):
         if k in d and not isinstance(d[k], bool):
-            _fail(f"{where}.{k}", "must be true or false", d[k])
+            fail(f"{where}.{k}", "must be true or false", d[k])
     if d.get("restore") is False:
-        _fail(f"{where}.restore", "only restore: true means anything")
+        fail(f"{where}.restore", "only restore: true means anything")
     num = lambda k, **kw: None if k not in d else _number(f"{where}.{k}", d[k], **kw)  # noqa: E731
     return LinkChange(
         where=where, src=_region(f"{where}.from", d["from"], known), dst=_region(f"{where}.to", d["to"], known),
@@ -339,14 +331,14 @@ def parse_trace_csv(text: str, where: str, known: set[str], one_way: bool) -> tu
     reader = csv.reader(io.StringIO(text))
     header = next(reader, None)
     if header is None or [h.strip() for h in header] != list(TRACE_COLUMNS):
-        _fail(f"{where}: line 1", f"header must be {','.join(TRACE_COLUMNS)}", ",".join(header or []))
+        fail(f"{where}: line 1", f"header must be {','.join(TRACE_COLUMNS)}", ",".join(header or []))
     rows, last = [], 0.0
     for line, cells in enumerate(reader, start=2):
         if not cells or all(not c.strip() for c in cells):
             continue
         at = f"{where}: line {line}"
         if len(cells) != len(TRACE_COLUMNS):
-            _fail(at, f"needs {len(TRACE_COLUMNS)} cells ({','.join(TRACE_COLUMNS)})", ",".join(cells))
+            fail(at, f"needs {len(TRACE_COLUMNS)} cells ({','.join(TRACE_COLUMNS)})", ",".join(cells))
         t, src, dst, rate, delay = (c.strip() for c in cells)
         values = {}
         for name, cell in (("time_s", t), ("rate_gbps", rate), ("delay_ms", delay)):
@@ -355,13 +347,13 @@ def parse_trace_csv(text: str, where: str, known: set[str], one_way: bool) -> tu
             try:
                 values[name] = float(cell)
             except ValueError:
-                _fail(f"{at}: {name}", "must be a number", cell)
+                fail(f"{at}: {name}", "must be a number", cell)
         t_s = _number(f"{at}: time_s", values["time_s"])
         if t_s < last:
-            _fail(f"{at}: time_s", f"goes back in time (after {last:g})", t_s)
+            fail(f"{at}: time_s", f"goes back in time (after {last:g})", t_s)
         last = t_s
         if "rate_gbps" not in values and "delay_ms" not in values:
-            _fail(at, "changes nothing (rate_gbps and delay_ms both empty)")
+            fail(at, "changes nothing (rate_gbps and delay_ms both empty)")
         rows.append(LinkChange(
             where=at, src=_region(f"{at}: from", src, known), dst=_region(f"{at}: to", dst, known), at_s=t_s,
             one_way=one_way,
@@ -369,7 +361,7 @@ def parse_trace_csv(text: str, where: str, known: set[str], one_way: bool) -> tu
                                                                           positive=True),
             delay_ms=None if "delay_ms" not in values else _number(f"{at}: delay_ms", values["delay_ms"])))
     if not rows:
-        _fail(where, "no rows")
+        fail(where, "no rows")
     return tuple(rows)
 
 
@@ -379,16 +371,12 @@ def parse_timeline(doc, path, known: set[str]) -> Timeline:
     a trace's file is read relative to that file's directory."""
     path = Path(path)
     where = f"{path}: timeline"
-    if not isinstance(doc, dict):
-        _fail(where, "must be a mapping (events: and/or trace:)", doc)
-    unknown = sorted(set(doc) - _TIMELINE_KEYS)
-    if unknown:
-        _fail(f"{where}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(_TIMELINE_KEYS))})")
+    check_mapping(doc, where, _TIMELINE_KEYS, "events:, trace: and/or spot:")
     if not doc:
-        _fail(where, "empty (give events:, trace: and/or spot:)")
+        fail(where, "empty (give events:, trace: and/or spot:)")
     events = doc.get("events", [])
     if not isinstance(events, list):
-        _fail(f"{where}.events", "must be a list", events)
+        fail(f"{where}.events", "must be a list", events)
     links = tuple(parse_event(e, f"{where}.events[{k}]", known) for k, e in enumerate(events)
                   if not is_device_event(e))
     devices = tuple(parse_device_event(e, f"{where}.events[{k}]") for k, e in enumerate(events) if is_device_event(e))
@@ -400,19 +388,15 @@ def parse_timeline(doc, path, known: set[str]) -> Timeline:
 
 
 def parse_trace_entry(d, where: str, base_dir: Path, known: set[str]) -> Trace:
-    if not isinstance(d, dict):
-        _fail(where, "must be a mapping (file:, at_end:)", d)
-    unknown = sorted(set(d) - _TRACE_KEYS)
-    if unknown:
-        _fail(f"{where}.{unknown[0]}", f"unknown key (allowed: {', '.join(sorted(_TRACE_KEYS))})")
+    check_mapping(d, where, _TRACE_KEYS, "file:, at_end:")
     if "file" not in d or not isinstance(d["file"], str) or not d["file"]:
-        _fail(f"{where}.file", "missing (the trace's CSV file)", d.get("file"))
+        fail(f"{where}.file", "missing (the trace's CSV file)", d.get("file"))
     at_end = d.get("at_end", "hold")
     if at_end not in AT_END:
-        _fail(f"{where}.at_end", f"must be one of {', '.join(AT_END)}", at_end)
+        fail(f"{where}.at_end", f"must be one of {', '.join(AT_END)}", at_end)
     one_way = d.get("one_way", False)
     if not isinstance(one_way, bool):
-        _fail(f"{where}.one_way", "must be true or false", one_way)
+        fail(f"{where}.one_way", "must be true or false", one_way)
     path = base_dir / d["file"]
     try:
         text = read_text(path, "trace CSV")
@@ -429,6 +413,6 @@ def trace_of(rows: tuple[LinkChange, ...], where: str, at_end: str, period_s: fl
     if period_s is None:
         period_s = times[-1] + (times[-1] - times[-2] if len(times) > 1 else 0.0)
     if at_end == "wrap" and not period_s > times[-1]:
-        _fail(f"{where}.period_s", f"a wrapped trace needs a period beyond its last row's time {times[-1]:g} s",
+        fail(f"{where}.period_s", f"a wrapped trace needs a period beyond its last row's time {times[-1]:g} s",
               period_s)
     return Trace(where=where, rows=rows, at_end=at_end, period_s=float(period_s))

@@ -139,6 +139,8 @@ def bad_values(action: argparse.Action, files: dict[str, str], text: list[str]) 
         return ["0", "-1.5", "nan", "inf", "x"]
     if t is F.non_negative_int:
         return ["-1", "x"]
+    if t is F.non_negative_float:
+        return ["-0.5", "nan", "inf", "x"]
     if t is F.input_file:
         return [files["missing"], files["dir"], files["binary"]]
     if t is F.input_dir:

@@ -200,7 +200,8 @@ def test_sim_cli_writes_records_and_bad_inputs_are_one_line(cli, tmp_path):
     assert rc == 2 and err.strip() == ("harness: error: --policy: not an option of --model gpt3-xl (workload gpt "
                                        "takes --batch, --layers, --micro-batch, --d-pp, --budget, --seed, "
                                        "--ps-mode, --no-cache, --protocol, --allocator, --scheduler, --timeline, "
-                                       "--iterations, --replan)")
+                                       "--iterations, --replan, --preempt-rate, --preempt-down, --preempt-notice, "
+                                       "--preempt-seed, --checkpoint-every, --storage-gbps)")
 
 
 @pytest.mark.parametrize("flag", [("--budget", "10"), ("--ps-mode", "rounds"), ("--protocol", "gloo"),

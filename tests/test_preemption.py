@@ -177,3 +177,48 @@ def test_ours_restarts_from_its_checkpoint_when_no_copy_of_a_stage_survives(tmp_
     # 4 x 2 keeps a copy of every stage: re-planned
     p = predict_spot(sim, "ours", deep, BATCH, tl, 30, model, layout=LayoutRequest(pp=4, dp=2))
     assert p.recoveries[0].kind == "replan"
+
+
+SIM = ("sim", "--scenario", "2", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8", "--d-pp", "4")
+
+
+def test_sim_predicts_every_system_under_devices_that_leave(cli, tmp_path, topo):
+    import pandas as pd
+
+    path = tmp_path / "t.yaml"
+    path.write_text("events: [{at_s: 0.05, preempt: 3}, {at_s: 12, return: 3}]")
+    rc, out, err = cli(*SIM, "--timeline", path, "--checkpoint-every", "5", "--iterations", "10000",
+                       "--out", tmp_path / "run")
+    assert rc == 0, err
+    table = out.split("devices that leave and come back")[1].split("\n\n")[0]
+    rows = {line.split()[0]: line.split() for line in table.splitlines()[2:]}
+    assert rows["ours"][1] == "replan" and rows["megatron"][1] == "restart" and rows["deepspeed"][1] == "restart"
+    assert "no layout rule" in table  # dtfm: said, not left out
+    rec = pd.read_csv(tmp_path / "run" / "recoveries.csv")
+    ours, megatron = rec[rec.system == "ours"], rec[rec.system == "megatron"]
+    assert list(ours.kind) == ["replan", "join"] and set(megatron.kind) == {"restart"}
+    assert (megatron.detect_s.iloc[0], ours.detect_s.iloc[0]) == (TORCHRUN_DETECT_S, DETECT_S)
+    it = pd.read_csv(tmp_path / "run" / "spot.csv")
+    assert (it.groupby("system").iteration.count() == 10000).all()
+    # time to the 10,000 useful iterations, as printed: the last iteration's end
+    ends = it.assign(end=it.start_s + it.seconds).groupby("system").end.max()
+    assert float(rows["ours"][2]) == pytest.approx(ends["ours"], abs=0.06)
+    # a seeded market, by region
+    rc, out, err = cli(*SIM, "--system", "megatron", "--preempt-rate", "p3.2xlarge=120", "--preempt-down", "20",
+                       "--preempt-seed", "3", "--iterations", "3000", "--out", tmp_path / "market")
+    assert rc == 0, err
+    drawn = pd.read_csv(tmp_path / "market" / "recoveries.csv")
+    assert len(drawn) >= 2 and set(drawn.kind) == {"restart"}
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--preempt-down", "5"), "--preempt-down: only with --preempt-rate"),
+    (("--checkpoint-every", "3"), "--checkpoint-every: only when devices leave"),
+    (("--preempt-rate", "mars=1"), "--preempt-rate: unknown region 'mars'"),
+    (("--preempt-rate", "0"), "--preempt-rate: every rate is 0"),
+    (("--preempt-rate", "1", "--replan"), "--replan: re-plans when the links change; when devices leave"),
+])
+def test_sim_spot_flags_refuse_bad_input_in_one_line(cli, tmp_path, args, message):
+    rc, out, err = cli(*SIM, *args, "--out", tmp_path / "x")
+    assert rc == 2 and message in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x").exists()

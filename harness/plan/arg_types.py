@@ -43,6 +43,17 @@ def positive_float(text: str) -> float:
     return v
 
 
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (got {text!r})") from None
+    if not (v >= 0 and v != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (got {text!r})")
+    return v
+
+
 def nonempty(text: str) -> str:
     """argparse type: a name or a value that is not empty (an empty one would silently mean the default)."""
     if not text.strip():

@@ -188,6 +188,15 @@ class _Planner:
         return [replace(want, dp=None)] + ([replace(want, pp=None, dp=None)] if self.entry.recovery == "replan" else [])
 
 
+def request_of(system: str, layout):
+    """The options of `system`'s layout rule that give `layout`'s degrees (tp, pp, dp, zero; those it takes)."""
+    from ..plan.request import LayoutRequest
+
+    taken = {registry.LAYOUT_FLAGS[f] for f in registry.get(system).flags}
+    values = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero": layout.zero}
+    return LayoutRequest(**{k: v for k, v in values.items() if k in taken and not (k == "zero" and v == 0)})
+
+
 def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:
     """What each device writes to a checkpoint: its items' parameters x what training keeps beside the gradient."""
     per_param = training_bytes_per_param(PAPER_BYTES) - PAPER_BYTES

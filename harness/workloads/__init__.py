@@ -78,8 +78,9 @@ register(Workload(
     "iteration records (records.csv)",
     sim_flags={"--batch": 1024, "--layers": None, "--micro-batch": 1, "--d-pp": None, "--budget": None,
                "--seed": 0, "--ps-mode": "grouped", "--no-cache": False, "--protocol": "nccl",
-               "--allocator": None, "--scheduler": "ga", "--timeline": None, "--iterations": 12,
-               "--replan": False},
+               "--allocator": None, "--scheduler": "ga", "--timeline": None, "--iterations": None,
+               "--replan": False, "--preempt-rate": None, "--preempt-down": None, "--preempt-notice": None,
+               "--preempt-seed": None, "--checkpoint-every": None, "--storage-gbps": None},
 ))
 register(Workload(
     "cnn", "HetPipe's CNNs as layer profiles (VGG-19, ResNet-152)", tuple(CNN_MODELS), get_cnn, Layer,

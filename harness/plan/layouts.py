@@ -52,6 +52,10 @@ def plan_run(req: RunRequest) -> Plan:
     if entry.train is None:
         raise HarnessError(f"--system: {entry.name} runs only in the simulator so far (harness sim --system {entry.name})")
     topo = run_topology(req.network)
+    if topo.timeline is not None and (topo.timeline.devices or topo.timeline.spot):
+        where = topo.timeline.devices[0].where if topo.timeline.devices else topo.timeline.spot.where
+        raise HarnessError(f"{where}: devices that leave and come back are predicted by harness sim; harness run "
+                           "applies a timeline's link events only, so far")
     layout, placement = resolve_layout(req, topo)
     replan = replan_section(req, topo, layout, entry)
     resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),

@@ -19,7 +19,7 @@ from ..errors import HarnessError
 from ..scenario import ScenarioError, load_scenario, reload_name
 from ..scenario.inventory import Inventory, InventoryError
 from ..scenario.transport import PRESETS
-from .arg_types import (flag_dest, input_file, non_negative_int, nonempty, output_dir, positive_float, positive_int,
+from .arg_types import (flag_dest, input_dir, input_file, non_negative_int, nonempty, output_dir, positive_float, positive_int,
                         scenario_name)
 from . import systems
 from .request import (ComputeSection, DebugSection, LayoutRequest, ModelSection, NetworkSection, RunRequest,
@@ -169,7 +169,9 @@ def request_from_args(args, layout):
         layout=layout,
         network=network_from_args(args),
         run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
-                       timeout_s=args.timeout, results_root=str(args.results) if args.results else None),
+                       timeout_s=args.timeout, results_root=str(args.results) if args.results else None,
+                       checkpoint_every=getattr(args, "checkpoint_every", None),
+                       resume=None if getattr(args, "resume", None) is None else str(Path(args.resume).resolve())),
         compute=ComputeSection(model=args.compute_model, time_scale=args.compute_time_scale),
         debug=DebugSection.parse(args.debug),
     )
@@ -192,6 +194,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default="ours", metavar="SYSTEM",
                    help=f"what trains (default ours): {systems.help_text()}")
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations (default 3)")
+    p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
+                   help="ours: every rank writes what it holds (values, momentum) every N iterations to the run "
+                        "directory's checkpoints/")
+    p.add_argument("--resume", type=input_dir, metavar="RUN_DIR",
+                   help="ours: go on from that run's last complete checkpoint (any layout; --warmup + --iters "
+                        "counts from iteration 0, as in that run)")
     p.add_argument("--seed", type=non_negative_int, default=0,
                    help="data, init and random-assignment seed (default 0)")
     p.add_argument("--scheduler", type=nonempty, help="ours: ga (default) | ga-kl | random | exhaustive | identity | "

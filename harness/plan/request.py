@@ -173,9 +173,13 @@ class RunSection:
     threads: int = 1  # torch intra-op threads per rank
     run_id: str | None = None  # None: planning names the run (resolved.run_id)
     results_root: str | None = None  # default: results/
+    checkpoint_every: int | None = None  # every rank writes what it holds every N iterations (train/checkpoint.py)
+    resume: str | None = None  # a run directory: start from its last complete checkpoint (absolute path)
 
     def __post_init__(self):
         _positive("run.iters", self.iters)
+        if self.checkpoint_every is not None:
+            _positive("run.checkpoint_every", self.checkpoint_every)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"run.warmup: must be an integer >= 0 (got {self.warmup!r})")
         _one_of("run.device_type", self.device_type, ("cpu", "cuda"))
@@ -265,6 +269,8 @@ class Resolved:
     scenario: str  # the scenario's name: the records' scenario and results/<scenario>/
     scenario_source: str  # how to load it again: the name of a scenario of scenarios/, else its file's absolute path
     kernel: str = "none"  # host | uml | none: what shaped the links; the launcher fills it in
+    checkpoint_dir: str | None = None  # where the ranks write checkpoints (absolute): run.checkpoint_every
+    start_iteration: int = 0  # run.resume: the iterations its checkpoint had done; this run goes on from there
 
     def __post_init__(self):
         _one_of("resolved.backend", self.backend, BACKENDS)

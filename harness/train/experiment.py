@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from ..errors import HarnessError
@@ -37,7 +38,7 @@ def to_records(spec: RunSpec, stats: list[IterationStats]) -> list[IterationReco
             backend=spec.resolved.backend, kernel=spec.resolved.kernel, devices=lay.devices, d_pp=lay.pp, d_dp=lay.dp,
             model=m.name, layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq, batch=m.batch,
             micro_batch=m.micro_batch, seed=m.seed, bandwidth_scale=spec.network.bandwidth_scale,
-            iteration=spec.run.warmup + k, seconds=s.seconds, pflop=pflop, pflops=pflop / s.seconds,
+            iteration=max(spec.run.warmup, spec.resolved.start_iteration) + k, seconds=s.seconds, pflop=pflop, pflops=pflop / s.seconds,
             tokens_per_s=m.batch * cfg.seq / s.seconds, compute_seconds=s.compute_seconds,
             exposed_comm_seconds=s.exposed_comm_seconds, loss=s.loss, d_tp=lay.tp, config=layout_json,
             compute_overruns=s.compute_overruns,
@@ -124,9 +125,36 @@ class _TermWatch:
         self._w.close()
 
 
+def with_checkpoints(plan: Plan) -> Plan:
+    """--checkpoint-every: where the ranks write (the run directory's checkpoints/); --resume: the iteration
+    of the last complete checkpoint there, which the run goes on from. One line for what cannot be."""
+    from . import checkpoint
+
+    spec = plan.spec
+    run = spec.run
+    if run.checkpoint_every is None and run.resume is None:
+        return plan
+    flag = "--checkpoint-every" if run.checkpoint_every is not None else "--resume"
+    if run.system != "ours":
+        raise HarnessError(f"{flag}: ours checkpoints and resumes so far (not {run.system})")
+    if spec.replan.enabled:
+        raise HarnessError(f"{flag}: not with --replan yet")
+    out = run_dir(spec.resolved.scenario, spec.resolved.run_id, run.results_root).resolve()
+    changes = {"checkpoint_dir": str(out / checkpoint.DIRNAME)}
+    if run.resume is not None:
+        start = checkpoint.latest(Path(run.resume))
+        if start is None:
+            raise HarnessError(f"--resume: {run.resume}: no complete checkpoint (every rank's file of one iteration)")
+        if start >= run.warmup + run.iters:
+            raise HarnessError(f"--resume: {run.resume}: its checkpoint is after iteration {start}, and this run "
+                               f"ends at {run.warmup + run.iters} (--warmup + --iters): nothing to run")
+        changes["start_iteration"] = start
+    return replace(plan, spec=spec.with_resolved(**changes))
+
+
 def execute(req: RunRequest) -> Path:
     """Run `req`; returns the run directory. Raises HarnessError (after writing a failed manifest)."""
-    plan = plan_run(req)
+    plan = with_checkpoints(plan_run(req))
     with _guarded([plan]) as work:
         return record_run(plan, _launcher(work))
 
@@ -135,7 +163,7 @@ def execute_many(reqs: list[RunRequest]) -> list[Path | HarnessError | None]:
     """Run every request in turn; returns, per request, its run directory, the error that failed it, or
     None when a stop came first. All are planned before any starts (a bad one stops all, as one line).
     They must share one network section; emulated, they share one boot of the cluster (emulated.py)."""
-    plans = [plan_run(r) for r in reqs]
+    plans = [with_checkpoints(plan_run(r)) for r in reqs]
     networks = {p.spec.network for p in plans}
     if len(networks) > 1:
         raise HarnessError(f"runs of one command share one network (scenario, devices, bandwidth scale, "

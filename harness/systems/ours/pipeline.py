@@ -35,7 +35,7 @@ from ...train.rank import RankContext, iteration_mark, iteration_progress, torch
 from ...compute import micro_batches
 from ...train.reference import make_optimizer
 from ...train.stats import IterationStats
-from ...train import wire
+from ...train import checkpoint as checkpoints, wire
 
 KIND_ACT, KIND_GRAD = 1, 2
 KIND_MOVE = 8  # a re-plan's weights (replan.exchange)
@@ -102,6 +102,8 @@ class PipelineStageRunner:
         self.trace = spec.debug.trace  # per-iteration phase times on stderr
         self.send_delay_s, self.overlap = spec.debug.send_delay_s, spec.debug.overlap  # planted regressions
         self._place(L)
+        if spec.resolved.start_iteration:  # resumed: what this stage holds, from the checkpoint, by name
+            self._place(L, checkpoints.load(spec.run.resume, spec.resolved.start_iteration, self.param_names))
 
     def _place(self, L, state: dict | None = None) -> None:
         """Take this rank's tasklet of layout L: its stage's module (the seed's weights, or `state`: name ->
@@ -305,16 +307,16 @@ class PipelineStageRunner:
 def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     runner = PipelineStageRunner(ctx, spec)
     ctx.mark("model")
-    warmup = spec.run.warmup
+    warmup, start = spec.run.warmup, spec.resolved.start_iteration
     steps = warmup + spec.run.iters
-    posted = {0: runner.post_receives(0)}
+    posted = {start: runner.post_receives(start)}
     stats = []
     # No start barrier: the pipeline and the DP exchange synchronise the ranks; the first
     # (warm-up) iterations absorb connection set-up.
     ctx.mark("training")
     t_prev = time.monotonic()  # one clock for every rank of a host (runner.merge_stats)
     control = ReplanControl(ctx.rank, spec, steps, t_prev) if spec.replan.enabled else None
-    for it in range(steps):
+    for it in range(start, steps):
         def post_next(nxt=it + 1):
             # a re-planned iteration's receives are posted once its plan is in place (below)
             if nxt < steps and (control is None or control.plan_for(nxt) is None):
@@ -322,7 +324,7 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
 
         compute, loss = runner.iteration(it, posted.pop(it), post_next)
         t = time.monotonic()
-        if it == 0:
+        if it == start:
             ctx.mark("first_iteration")
         if it >= warmup:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
@@ -340,6 +342,10 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
             if it + 1 < steps and (plan := control.plan_for(it + 1)) is not None:
                 control.rows.append(runner.switch(*plan, it + 1))
                 posted[it + 1] = runner.post_receives(it + 1)
+        every = spec.run.checkpoint_every
+        if every and (it + 1) % every == 0:  # after the iteration's update: what it holds now
+            checkpoints.save(spec.resolved.checkpoint_dir, it + 1, ctx.rank, ctx.world_size, runner.held())
+            t = time.monotonic()  # the next iteration's time does not include the write
         t_prev = t
     if control is not None and stats:
         stats[-1].replans = control.rows

@@ -15,8 +15,9 @@ A system recovers as its registry entry says (plan.systems.System.recovery):
   more nodes (TORCHRUN_LAST_CALL_S, when below the most nodes), starts every process again (start_s),
   loads the last checkpoint and redoes every iteration since. A node that comes back makes the agents
   restart the job the same way (membership changed), on more devices.
-A layout on the devices left is the system's layout rule (as `harness run` plans it; a pipeline depth given
-stays, the replicas follow the devices) on the largest set of them it can lay out, dropping the devices with the least bandwidth to the rest first (a layout needs its
+A layout on the devices left is the system's layout rule (as `harness run` plans it; the tensor and pipeline
+degrees given stay, the replicas follow the devices; ours may take another pipeline depth) on the largest
+set of them it can lay out, dropping the devices with the least bandwidth to the rest first (a layout needs its
 stages and replicas to divide the devices and the batch); the others wait as spares.
 Checkpoints (every `checkpoint_every` iterations; none: a restart starts from iteration 0): every device
 writes what it holds beside the gradient (values, master copy, momentum) at `storage_gbps`, all at once.
@@ -180,21 +181,36 @@ class _Planner:
 
 
     def _wants(self, n: int) -> list:
-        """The layout options to try on n devices: as given on all of them; on fewer, the pipeline depth given
-        and the replicas the devices allow, then (a system that re-plans) whatever its rule picks."""
+        """The layout options to try on n devices: as given on all of them. On fewer: the tensor and pipeline
+        degrees given with the replicas the devices allow (a restart's fixed model-parallel configuration);
+        a system that re-plans also any other pipeline depth, the nearest first. Only degrees whose replicas
+        split the batch (the rule would refuse the others, after its search)."""
         want = self.layout
-        if n == self.sim.topo.n or not want.pp:
+        if n == self.sim.topo.n:
             return [want]
-        return [replace(want, dp=None)] + ([replace(want, pp=None, dp=None)] if self.entry.recovery == "replan" else [])
+        tp, mb = want.tp or 1, self.sim.micro_batch
+        per = self.batch // mb if self.batch % mb == 0 else 0
+
+        def fits(pp: int) -> bool:
+            return n % (tp * pp) == 0 and pp <= self.cfg.layers and per > 0 and per % (n // (tp * pp)) == 0
+
+        given = want.pp or 1
+        pps = [given] if fits(given) else []
+        if self.entry.recovery == "replan":
+            pps += sorted((pp for pp in range(1, self.cfg.layers + 1) if pp != given and fits(pp)),
+                          key=lambda pp: (abs(pp - given), pp))
+        return [replace(want, pp=pp, dp=n // (tp * pp)) for pp in pps]
 
 
-def request_of(system: str, layout):
-    """The options of `system`'s layout rule that give `layout`'s degrees (tp, pp, dp, zero; those it takes)."""
+def request_of(system: str, layout, budget: int | None = None):
+    """The options of `system`'s layout rule that give `layout`'s degrees (tp, pp, dp, zero; those it takes),
+    and its scheduler's `budget` (a system that searches)."""
     from ..plan.request import LayoutRequest
 
     taken = {registry.LAYOUT_FLAGS[f] for f in registry.get(system).flags}
-    values = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero": layout.zero}
-    return LayoutRequest(**{k: v for k, v in values.items() if k in taken and not (k == "zero" and v == 0)})
+    values = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero": layout.zero, "budget": budget}
+    return LayoutRequest(**{k: v for k, v in values.items()
+                            if k in taken and v is not None and not (k == "zero" and v == 0)})
 
 
 def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:

@@ -58,5 +58,5 @@ def test_an_incomplete_checkpoint_is_not_resumed_and_bad_requests_are_one_line(t
         with_checkpoints(plan_run(request(tmp_path, 1, resume=tmp_path / "run", pp=4, dp=2)))
     with pytest.raises(HarnessError, match=r"^--resume: .*: no complete checkpoint"):
         with_checkpoints(plan_run(request(tmp_path, 3, resume=tmp_path, pp=4, dp=2)))
-    with pytest.raises(HarnessError, match=r"^--checkpoint-every: ours checkpoints and resumes so far \(not megatron\)$"):
+    with pytest.raises(HarnessError, match=r"^--checkpoint-every: ours and ours-random checkpoint and resume so far \(not megatron\)$"):
         with_checkpoints(plan_run(request(tmp_path, 3, system="megatron", every=2, tp=1, pp=4, dp=2)))

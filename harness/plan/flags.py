@@ -195,10 +195,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"what trains (default ours): {systems.help_text()}")
     p.add_argument("--iters", type=positive_int, default=3, help="timed iterations (default 3)")
     p.add_argument("--checkpoint-every", type=positive_int, metavar="N",
-                   help="ours: every rank writes what it holds (values, momentum) every N iterations to the run "
+                   help="ours, ours-random: every rank writes what it holds (values, momentum) every N iterations to the run "
                         "directory's checkpoints/")
     p.add_argument("--resume", type=input_dir, metavar="RUN_DIR",
-                   help="ours: go on from that run's last complete checkpoint (any layout; --warmup + --iters "
+                   help="ours, ours-random: go on from that run's last complete checkpoint (any layout; --warmup + --iters "
                         "counts from iteration 0, as in that run)")
     p.add_argument("--seed", type=non_negative_int, default=0,
                    help="data, init and random-assignment seed (default 0)")

@@ -95,6 +95,7 @@ class System:
     # when a device leaves: "replan" (the survivors re-plan and go on: ours) or "restart" (from the last
     # checkpoint on the devices left, as torchrun's elastic agent restarts a job: every other system)
     recovery: str = "restart"
+    checkpoints: bool = False  # its runtime writes checkpoints and resumes from them (--checkpoint-every, --resume)
 
     def __post_init__(self):
         unknown = [f for f in self.flags if f not in LAYOUT_FLAGS]

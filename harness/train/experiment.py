@@ -23,6 +23,7 @@ from ..files import atomic_write_json
 from ..results import IterationRecord, manifest, run_dir, write_minibatches, write_records
 from ..scenario import Topology
 from ..plan.request import RunRequest, RunSpec
+from ..plan import systems as registry
 from ..plan.layouts import Plan, plan_run
 from .gpt import loss_floor
 from .stats import IterationStats, merge_stats
@@ -135,8 +136,8 @@ def with_checkpoints(plan: Plan) -> Plan:
     if run.checkpoint_every is None and run.resume is None:
         return plan
     flag = "--checkpoint-every" if run.checkpoint_every is not None else "--resume"
-    if run.system != "ours":
-        raise HarnessError(f"{flag}: ours checkpoints and resumes so far (not {run.system})")
+    if not registry.get(run.system).checkpoints:
+        raise HarnessError(f"{flag}: ours and ours-random checkpoint and resume so far (not {run.system})")
     if spec.replan.enabled:
         raise HarnessError(f"{flag}: not with --replan yet")
     out = run_dir(spec.resolved.scenario, spec.resolved.run_id, run.results_root).resolve()

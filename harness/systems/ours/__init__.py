@@ -14,6 +14,7 @@ register(System(
     defaults={"scheduler": "ga", "schedule": "gpipe"}, simulate={"gpt": "harness.systems.ours.sim:candidates_ours"},
     simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_ours_layout",
     compute_observed=True, scheduled=True, paper_role="ours", style=("#d62728", "o"), recovery="replan",
+    checkpoints=True,
     gate_runs={"wire": ("--system", "ours"), "measured": ("--system", "ours")},
 ))
 register(System(
@@ -23,6 +24,6 @@ register(System(
     defaults={"scheduler": RANDOM_ASSIGNMENT, "schedule": "gpipe"},
     simulate={"gpt": "harness.systems.ours.sim:candidates_ours_random"},
     simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_random_layout",
-    compute_observed=True, paper_role="ours-random", style=("#ff9896", "s"),
+    compute_observed=True, paper_role="ours-random", style=("#ff9896", "s"), checkpoints=True,
     gate_runs={"measured": ("--system", "ours-random", "--seed", "2022")},
 ))

@@ -32,13 +32,13 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..compute import PAPER_BYTES, training_bytes_per_param
+from ..compute import PAPER_BYTES
 from ..compute.links import Links
 from ..compute.model import GPTConfig
 from ..layout import LayoutError
 from ..plan import systems as registry
 from ..scenario.preemption import DeviceEvent, device_events
-from .replan import holdings, item_params, transfer_seconds
+from .replan import holdings, item_bytes, transfer_seconds
 from .systems import SimError
 
 #: ours' failure detector: a heartbeat every HEARTBEAT_S through the store, a device gone after MISSED
@@ -215,9 +215,8 @@ def request_of(system: str, layout, budget: int | None = None):
 
 def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:
     """What each device writes to a checkpoint: its items' parameters x what training keeps beside the gradient."""
-    per_param = training_bytes_per_param(PAPER_BYTES) - PAPER_BYTES
-    params = item_params(cfg)
-    return {d: sum(params[i[0]] for i in items) * per_param for d, items in held.items()}
+    size = item_bytes(cfg)
+    return {d: sum(size[i[0]] for i in items) for d, items in held.items()}
 
 
 def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterations: int,
@@ -322,7 +321,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
                         continue
         leaving = {e.device for e in events if e.kind == "preempt" and e.at_s - e.notice_s <= t}
         ready = frozenset(d for d in up if ready_at[d] <= t and d not in leaving)
-        if ready - considered and plan is not None:
+        if ready - considered:
             if entry.recovery == "restart":
                 restart(t, f"device(s) {sorted(ready - considered)} back", 0.0, 0.0, rendezvous=True)
                 continue

@@ -83,6 +83,12 @@ def item_params(cfg: GPTConfig) -> dict[str, int]:
     return {"block": cfg.block_params, "embedding": cfg.embedding_params, "head": cfg.head_params}
 
 
+def item_bytes(cfg: GPTConfig, bytes_per_value: int = PAPER_BYTES) -> dict[str, float]:
+    """Bytes of each kind of item as training keeps it beside the gradient (what moves, what a checkpoint holds)."""
+    per_param = training_bytes_per_param(bytes_per_value) - bytes_per_value
+    return {kind: n * per_param for kind, n in item_params(cfg).items()}
+
+
 def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_value: int = PAPER_BYTES
                  ) -> tuple[float, float]:
     """(seconds, bytes) to move what `new` places where `old` did not have it, over `links`: the slowest
@@ -95,13 +101,12 @@ def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_valu
 def transfer_seconds(had: dict[int, set], has: dict[int, set], cfg: GPTConfig, links,
                      bytes_per_value: int = PAPER_BYTES) -> tuple[float, float]:
     """move_seconds on holdings by device (the devices of `links`): what `has` places where `had` did not."""
-    per_param = training_bytes_per_param(bytes_per_value) - bytes_per_value  # not the gradient
-    params = item_params(cfg)
+    size = item_bytes(cfg, bytes_per_value)
     worst, total = 0.0, 0.0
     for d, items in sources_of(had, has, links.rate_Bps).items():
         by_source: dict[int, float] = {}  # one message from each source: its items together
         for item, src in items.items():
-            by_source[src] = by_source.get(src, 0.0) + params[item[0]] * per_param
+            by_source[src] = by_source.get(src, 0.0) + size[item[0]]
         src = np.array(list(by_source))
         path = links.path(src, np.full(len(src), d))
         fresh = INITIAL_WINDOW_SEGMENTS * path.mss_bytes

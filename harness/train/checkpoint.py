@@ -43,19 +43,19 @@ def _complete(where: Path) -> bool:
     return len(files) == world
 
 
+def checkpoint_root(run_dir: Path) -> Path:
+    """A run directory's checkpoints/, or the directory given when it is one."""
+    root = Path(run_dir)
+    return root / DIRNAME if (root / DIRNAME).is_dir() else root
+
+
 def latest(run_dir: Path) -> int | None:
     """The iterations done at the last complete checkpoint under `run_dir` (a run directory, or its
     checkpoints/ directory); None when there is none."""
-    root = Path(run_dir)
-    root = root / DIRNAME if (root / DIRNAME).is_dir() else root
+    root = checkpoint_root(run_dir)
     done = sorted((int(p.name.split("-", 1)[1]) for p in root.glob("iter-*") if p.name.split("-", 1)[1].isdigit()),
                   reverse=True)
     return next((k for k in done if _complete(iteration_dir(root, k))), None)
-
-
-def checkpoint_root(run_dir: Path) -> Path:
-    root = Path(run_dir)
-    return root / DIRNAME if (root / DIRNAME).is_dir() else root
 
 
 def load(run_dir: Path, iteration: int, names) -> dict:

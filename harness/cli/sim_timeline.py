@@ -127,7 +127,8 @@ def print_spot(sim, cands, args, cfg, out_dir: Path) -> Path:
     iterations, useful iterations per hour, and every recovery's seconds by part; spot.csv (per iteration) and
     recoveries.csv in the run directory."""
     from ..files import atomic_path
-    from ..sim.preemption import RecoveryModel, predict_spot, request_of
+    from ..plan.survivors import request_of
+    from ..sim.preemption import RecoveryModel, predict_spot
 
     timeline, iterations = sim.topo.timeline, args.iterations or 100
     model = RecoveryModel(checkpoint_every=args.checkpoint_every, **({"storage_gbps": args.storage_gbps}

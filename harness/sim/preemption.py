@@ -30,13 +30,12 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 
 from ..compute import PAPER_BYTES
 from ..compute.links import Links
 from ..compute.model import GPTConfig
-from ..layout import LayoutError
 from ..plan import systems as registry
+from ..plan.survivors import layout_on
 from ..scenario.preemption import DeviceEvent, device_events
 from .replan import holdings, item_bytes, transfer_seconds
 from .systems import SimError
@@ -148,69 +147,23 @@ class _Planner:
         return self.cache[key]
 
     def _search(self, devices: list[int]) -> _Plan | None:
-        from ..plan.layouts import resolve_layout
         from ..plan.request import ModelSection, NetworkSection, RunRequest, RunSection
 
         sim, topo = self.sim, self.sim.topo
-        bw = np.asarray(topo.bandwidth_gbps, dtype=float)
-        while devices:
-            sub, lay = topo.subset(devices), None
-            for want in self._wants(len(devices)):
-                req = RunRequest(network=NetworkSection(scenario=topo.name, mode="none"),
-                                 model=ModelSection(name=self.cfg.name, layers=self.cfg.layers, batch=self.batch,
-                                                    micro_batch=sim.micro_batch),
-                                 run=RunSection(system=self.entry.name), layout=want)
-                t0 = time.perf_counter()
-                try:
-                    lay, _ = resolve_layout(req, sub)
-                    break
-                except LayoutError as e:
-                    self.why = str(e)
-            if lay is None:  # drop the device with the least bandwidth to the others and try again
-                worst = min(devices, key=lambda d: sum(bw[d, e] for e in devices if e != d))
-                devices = [d for d in devices if d != worst]
-                continue
-            search = time.perf_counter() - t0
-            links = replace(Links.from_topology(sub, sim.links.protocol, sim.nic), hz=sim.links.hz)
-            profiles = [sim.profiles[d] for d in devices]
-            seconds = self.entry.simulate_layout_fn()(links, profiles, self.cfg, self.batch, lay, sim.micro_batch,
-                                                      PAPER_BYTES)[0]
-            held = {devices[k]: items for k, items in holdings(lay).items()}
-            return _Plan(tuple(devices), float(seconds), search, held)
-        return None
-
-
-    def _wants(self, n: int) -> list:
-        """The layout options to try on n devices: as given on all of them. On fewer: the tensor and pipeline
-        degrees given with the replicas the devices allow (a restart's fixed model-parallel configuration);
-        a system that re-plans also any other pipeline depth, the nearest first. Only degrees whose replicas
-        split the batch (the rule would refuse the others, after its search)."""
-        want = self.layout
-        if n == self.sim.topo.n:
-            return [want]
-        tp, mb = want.tp or 1, self.sim.micro_batch
-        per = self.batch // mb if self.batch % mb == 0 else 0
-
-        def fits(pp: int) -> bool:
-            return n % (tp * pp) == 0 and pp <= self.cfg.layers and per > 0 and per % (n // (tp * pp)) == 0
-
-        given = want.pp or 1
-        pps = [given] if fits(given) else []
-        if self.entry.recovery == "replan":
-            pps += sorted((pp for pp in range(1, self.cfg.layers + 1) if pp != given and fits(pp)),
-                          key=lambda pp: (abs(pp - given), pp))
-        return [replace(want, pp=pp, dp=n // (tp * pp)) for pp in pps]
-
-
-def request_of(system: str, layout, budget: int | None = None):
-    """The options of `system`'s layout rule that give `layout`'s degrees (tp, pp, dp, zero; those it takes),
-    and its scheduler's `budget` (a system that searches)."""
-    from ..plan.request import LayoutRequest
-
-    taken = {registry.LAYOUT_FLAGS[f] for f in registry.get(system).flags}
-    values = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero": layout.zero, "budget": budget}
-    return LayoutRequest(**{k: v for k, v in values.items()
-                            if k in taken and v is not None and not (k == "zero" and v == 0)})
+        base = RunRequest(network=NetworkSection(scenario=topo.name, mode="none"),
+                          model=ModelSection(name=self.cfg.name, layers=self.cfg.layers, batch=self.batch,
+                                             micro_batch=sim.micro_batch),
+                          run=RunSection(system=self.entry.name), layout=self.layout)
+        found, self.why = layout_on(base, topo, devices)
+        if found is None:
+            return None
+        devices, lay = list(found.devices), found.layout
+        links = replace(Links.from_topology(topo.subset(devices), sim.links.protocol, sim.nic), hz=sim.links.hz)
+        profiles = [sim.profiles[d] for d in devices]
+        seconds = self.entry.simulate_layout_fn()(links, profiles, self.cfg, self.batch, lay, sim.micro_batch,
+                                                  PAPER_BYTES)[0]
+        held = {devices[k]: items for k, items in holdings(lay).items()}
+        return _Plan(tuple(devices), float(seconds), found.search_s, held)
 
 
 def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:

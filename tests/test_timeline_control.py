@@ -132,3 +132,59 @@ def test_timeline_flags_refuse_what_they_cannot_do_in_one_line(cli, tmp_path):
     assert rc == 2 and "changes nothing" in err and err.strip().count("\n") == 0
     rc, out, err = cli("run", *flags, "--timeline", tmp_path / "missing.yaml")
     assert rc == 2 and "missing.yaml" in err and err.strip().count("\n") == 0
+
+
+def test_a_preempted_device_has_every_link_cut_until_it_returns_and_the_launcher_is_told(tmp_path):
+    topo = load_scenario("5", devices=8)
+    (tmp_path / "t.yaml").write_text(textwrap.dedent("""
+        events:
+          - {at_s: 0.2, preempt: 3, notice_s: 0.1}
+          - {at_s: 0.25, from: Tokyo, to: Seoul, bandwidth_factor: 0.5}
+          - {at_s: 0.5, return: 3}
+    """))
+    topo = replace(topo, timeline=load_timeline(tmp_path / "t.yaml", topo))
+    addrs, prefix = device_addresses(topo.n)
+    plan = build_plan(topo, addrs, [f"d{i}" for i in range(topo.n)], prefix_len=prefix)
+    marks, moves = tmp_path / "marks", tmp_path / "devices"
+    c = TimelineController(topo.timeline, topo, plan, [], clock="marks", marks_path=marks, devices_path=moves)
+    calls = []
+    c._to_kernel = lambda touched: (calls.append(touched), time.monotonic())[1]
+    c._problems = lambda sock, want: []
+    thread, verifier = threading.Thread(target=c._run, args=([],)), threading.Thread(target=c._verify, args=([],))
+    thread.start()
+    verifier.start()
+    try:
+        began = time.monotonic()
+        with open(marks, "a") as f:
+            f.write(f"run 0\niteration 0 {began:.6f}\n")
+        wait_for(lambda: len(c.log) == 2, "the preemption and the link event")
+        cut = {(d, lk.dst): lk.loss_pct for d, links in calls[0].items() for lk in links}
+        assert len(cut) == 2 * 7 and all(3 in pair for pair in cut) and set(cut.values()) == {100.0}
+        tokyo, seoul = (next(d for d in range(8) if topo.regions[topo.device_region[d]].name == n)
+                        for n in ("Tokyo", "Seoul"))
+        halved = {(d, lk.dst): lk for d, links in calls[1].items() for lk in links}
+        if 3 in (tokyo, seoul):  # the preempted device's links stay cut through a link event
+            assert all(lk.loss_pct == 100.0 for lk in halved.values())
+        else:
+            assert all(lk.loss_pct == 0.0 for lk in halved.values())
+        wait_for(lambda: len(c.log) == 3, "the return")
+        back = {(d, lk.dst): lk for d, links in calls[2].items() for lk in links}
+        assert len(back) == 14 and all(lk.loss_pct == 0.0 for lk in back.values())
+        assert back[(tokyo, seoul)].rate_bps < plan.devices[tokyo].links[0].rate_bps * 10  # as the timeline has it
+    finally:
+        c._stop.set()
+        thread.join()
+        c._checks.put(None)
+        verifier.join()
+    told = [line.split() for line in moves.read_text().splitlines()]
+    assert [(k, int(d)) for k, d, _ in told] == [("notice", 3), ("preempt", 3), ("return", 3)]
+    notice, preempt = float(told[0][2]), float(told[1][2])
+    assert preempt - notice == pytest.approx(0.1, abs=0.05) and preempt - began >= 0.2
+    assert [e.event for e in c.log][0] == "t=0.2 s: device 3 preempted (0.1 s notice)"
+
+
+def test_a_device_that_shares_a_node_cannot_be_preempted(tmp_path):
+    topo = load_scenario("1", devices=8)  # 2 nodes x 4 V100, NVLink inside: not shaped
+    (tmp_path / "t.yaml").write_text("events: [{at_s: 1, preempt: 2}]\n")
+    with pytest.raises(TimelineError, match="device 2's link node-0 -> node-0 is inside a node"):
+        check_timeline(load_timeline(tmp_path / "t.yaml", topo), topo)

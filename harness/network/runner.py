@@ -20,7 +20,8 @@ from pathlib import Path
 from ..files import atomic_write_json
 from . import netns as harness_netns
 from .cluster import Cluster
-from .timeline_control import LOG_ENV, MARKS_ENV, TimelineController
+from .timeline_control import TimelineController
+from .timeline_program import DEVICES_ENV, LOG_ENV, MARKS_ENV
 
 #: After one device fails, the others get this long to finish before they are stopped
 #: (a distributed job whose peer died would otherwise wait for its own timeout).
@@ -74,10 +75,12 @@ def run_job(job: Job, kernel: str) -> dict:
         control = None
         if job.topo.timeline is not None:
             marks, changes = job_dir / "timeline-marks", job_dir / "timeline-changes.jsonl"
+            moves = job_dir / "timeline-devices"
             control = TimelineController(job.topo.timeline, job.topo, cluster.plan,
                                          [d.netns_path for d in cluster.devices], clock=job.timeline_clock,
-                                         marks_path=marks, log_path=changes)
-            base_env.update({MARKS_ENV: str(marks), LOG_ENV: str(changes)})
+                                         marks_path=marks, log_path=changes, devices_path=moves,
+                                         horizon_s=job.timeout_s)
+            base_env.update({MARKS_ENV: str(marks), LOG_ENV: str(changes), DEVICES_ENV: str(moves)})
             control.start()
         try:
             if mode == "per-device":

@@ -16,11 +16,13 @@ fire as their iteration's mark arrives; when several ranks mark (ours: every ran
 which is where the records put the boundary (their iterations end with the last rank). `note_run(k)` starts
 run k of a boot: the links go back to the scenario's and the timeline starts again at its iteration 0. Either clock takes iteration marks.
 The program reads the changes of its run back with `changes_of_run` (the file LOG_ENV names).
+A device event (scenario/preemption.py) cuts every link to and from the device (or brings them back) and is
+then written to the file DEVICES_ENV names, with a preemption's notice before it when it has one: the launcher
+(`timeline_program.device_notices`) kills the device's processes, or starts them again.
 """
 from __future__ import annotations
 
 import json
-import os
 import queue
 import threading
 import time
@@ -30,54 +32,17 @@ from pathlib import Path
 from pyroute2 import IPRoute
 
 from ..errors import HarnessError
+from ..scenario.preemption import DeviceEvent, device_events
 from ..scenario.timeline import LinkChange, LinkState
 from . import netns as harness_netns
 from .apply import change_link, compare, readback
 from .plan import ETH_HEADER_BYTES, UNSHAPED_MIN_GBPS, DevicePlan, NetworkPlan, ShapedLink, shaped_link, under_egress
 
-#: set for the program: the file it tells the controller where it is in (note_run, note_iteration)
-MARKS_ENV = "HARNESS_TIMELINE_MARKS"
-#: set for the program: the file the controller appends each change to as it applies it (JSON lines)
-LOG_ENV = "HARNESS_TIMELINE_LOG"
 CLOCKS = ("command", "marks")
 POLL_S = 0.01
 #: how long a change may take to show in the kernel's read-back before the run fails
 EFFECT_TIMEOUT_S = 5.0
 CUT_LOSS_PCT = 100.0
-
-
-def _mark(line: str) -> None:
-    path = os.environ.get(MARKS_ENV)
-    if path:
-        with open(path, "a") as f:
-            f.write(line + "\n")
-
-
-def note_run(run: int) -> None:
-    """Tell the emulated cluster's timeline controller, if there is one, that run `run` of this boot (0-based)
-    starts: its links go back to the scenario's, and its timeline waits for its iteration 0."""
-    _mark(f"run {int(run)}")
-
-
-def note_iteration(iteration: int, began_monotonic: float, of: int = 1) -> None:
-    """Tell the timeline controller, if there is one, that `iteration` (0-based, warm-up included) began at
-    `began_monotonic` (time.monotonic()); a no-op elsewhere. `of`: how many ranks mark it; the iteration
-    begins for the controller when the last of them has (the records' boundary: the last rank's end)."""
-    _mark(f"iteration {int(iteration)} {began_monotonic:.6f} {int(of)}")
-
-
-def changes_of_run(run: int) -> list[dict] | None:
-    """The changes the controller applied during run `run` so far (AppliedChange as JSON); None when the
-    program runs without a timeline."""
-    path = os.environ.get(LOG_ENV)
-    if not path:
-        return None
-    try:
-        lines = Path(path).read_text().splitlines()
-    except FileNotFoundError:
-        return []
-    return [doc for doc in map(json.loads, lines) if doc["run"] == run]
-
 
 class TimelineError(HarnessError, RuntimeError):
     """A timeline cannot be applied to this cluster, or a change did not take effect (one line)."""
@@ -85,20 +50,31 @@ class TimelineError(HarnessError, RuntimeError):
 
 def check_timeline(timeline, topo) -> None:
     """Before anything boots: every link an event changes must be shaped (plan.UNSHAPED_MIN_GBPS: a link
-    inside a node has no class to change); devices that leave are the simulator's so far (harness sim)."""
-    moved = timeline.devices[0].where if timeline.devices else (timeline.spot.where if timeline.spot else None)
-    if moved:
-        raise TimelineError(f"{moved}: devices that leave and come back are predicted by harness sim; the emulated "
-                            "cluster applies a timeline's link events only, so far")
+    inside a node has no class to change), and so must every link of a device that can be preempted (its links
+    are cut)."""
     state = LinkState.initial(topo)
     sizes = [sum(1 for r in topo.device_region if r == k) for k in range(len(topo.regions))]
+
+    def unshaped(r: int, s: int) -> bool:
+        return (r != s or sizes[r] > 1) and topo.region_delay_ms[r, s] == 0 \
+            and topo.region_bandwidth_gbps[r, s] >= UNSHAPED_MIN_GBPS
+
     rows = timeline.trace.rows if timeline.trace else ()
     for change in (*timeline.events, *rows):
         for r, s in state.apply(change):
-            if (r != s or sizes[r] > 1) and topo.region_delay_ms[r, s] == 0 \
-                    and topo.region_bandwidth_gbps[r, s] >= UNSHAPED_MIN_GBPS:
+            if unshaped(r, s):
                 raise TimelineError(f"{change.where}: the link {topo.regions[r].name} -> {topo.regions[s].name} "
                                     "is inside a node (not shaped): a timeline cannot change it")
+    leaving = [(e.where, e.device) for e in timeline.devices if e.kind == "preempt"]
+    if timeline.spot is not None:
+        leaving += [(timeline.spot.where, d) for d in range(topo.n) if timeline.spot.rate_of(
+            topo.regions[topo.device_region[d]].name, topo.regions[topo.device_region[d]].group) > 0]
+    for where, d in leaving:
+        r = topo.device_region[d] if 0 <= d < topo.n else None
+        bad = next((s for s in range(len(topo.regions)) if r is not None and unshaped(r, s)), None)
+        if bad is not None:
+            raise TimelineError(f"{where}: device {d}'s link {topo.regions[r].name} -> {topo.regions[bad].name} is "
+                                "inside a node (not shaped): a preemption cannot cut it")
 
 
 @dataclass(frozen=True)
@@ -134,7 +110,8 @@ class TimelineController:
 
     def __init__(self, timeline, topo, plan: NetworkPlan, netns_paths: list[str], *, clock: str = "command",
                  marks_path: Path | None = None, log_path: Path | None = None, jitter_ms: float = 0.0,
-                 loss_pct: float = 0.0, devices: list[int] | None = None, zero_monotonic: float | None = None):
+                 loss_pct: float = 0.0, devices: list[int] | None = None, zero_monotonic: float | None = None,
+                 devices_path: Path | None = None, horizon_s: float = 3600.0):
         if clock not in CLOCKS:
             raise TimelineError(f"clock: must be one of {', '.join(CLOCKS)} (got {clock!r})")
         self.timeline, self.topo, self.plan, self.clock = timeline, topo, plan, clock
@@ -146,6 +123,10 @@ class TimelineController:
         self.base = {(dev.index, lk.dst): lk for dev in plan.devices for lk in dev.links}
         self.current = dict(self.base)
         check_timeline(timeline, topo)
+        # device events: in time order (a spot market's draws up to `horizon_s`) and in iteration order
+        self.device_timed, self.device_iterations = device_events(timeline, topo, horizon_s)
+        self.devices_path = Path(devices_path) if devices_path else None
+        self.down: set[int] = set()  # devices preempted now: every link to and from them is cut
         # the devices whose egress this controller changes (a real node: its own), netns_paths in their order
         self.devices = list(range(len(plan.devices))) if devices is None else list(devices)
         self._own = set(self.devices)
@@ -214,6 +195,7 @@ class TimelineController:
         self._sockets = sockets
         run, iteration, pos, zero = -1, None, 0, None
         marked: dict[int, int] = {}  # iteration -> ranks that marked it so far
+        timed, noticed, by_iteration = 0, 0, 0  # device events applied so far (time, notices, iteration)
         if self.clock == "command":
             run, zero = 0, self._t_command if self.zero_monotonic is None else self.zero_monotonic
         state, cursor = LinkState.initial(self.topo, *self.base_values), self.timeline.cursor()
@@ -225,6 +207,7 @@ class TimelineController:
                     self._restore()
                     state, cursor = LinkState.initial(self.topo, *self.base_values), self.timeline.cursor()
                     run, iteration, zero, marked = value, None, None, {}
+                    timed, noticed, by_iteration = 0, 0, 0
                 elif kind == "iteration":
                     if value == 0 and zero is None:  # the clock starts with the first rank's iteration 0
                         run, zero = max(run, 0), began
@@ -236,12 +219,69 @@ class TimelineController:
                 continue
             for change in cursor.due(time.monotonic() - zero, iteration):
                 self._apply(change, state, run, iteration, zero)
-            nxt = cursor.next_at_s()
+            now, ev, notices = time.monotonic() - zero, self.device_timed, self.device_timed_notices
+            while noticed < len(notices) and notices[noticed].at_s - notices[noticed].notice_s <= now:
+                self._tell("notice", notices[noticed].device, time.monotonic())
+                noticed += 1
+            while timed < len(ev) and ev[timed].at_s <= now:
+                self._device(ev[timed], state, run, iteration, zero)
+                timed += 1
+            ev = self.device_iterations
+            while by_iteration < len(ev) and iteration is not None and ev[by_iteration].at_iteration <= iteration:
+                self._device(ev[by_iteration], state, run, iteration, zero)
+                by_iteration += 1
+            nxt = min((t for t in (cursor.next_at_s(), self._next_device_s(timed, noticed)) if t is not None),
+                      default=None)
             if nxt is None and self.clock == "command" and not self.timeline.has_iteration_events:
                 self.finished.set()
             self._stop.wait(POLL_S if nxt is None else min(POLL_S, max(0.0, zero + nxt - time.monotonic())))
         if self.restore_at_stop:
             self._restore()
+
+    @property
+    def device_timed_notices(self) -> list[DeviceEvent]:
+        """The timed preemptions that come with a notice, in the order their notices fall due."""
+        return sorted((e for e in self.device_timed if e.kind == "preempt" and e.notice_s > 0),
+                      key=lambda e: e.at_s - e.notice_s)
+
+    def _next_device_s(self, timed: int, noticed: int) -> float | None:
+        notices = self.device_timed_notices
+        due = [self.device_timed[timed].at_s] if timed < len(self.device_timed) else []
+        due += [notices[noticed].at_s - notices[noticed].notice_s] if noticed < len(notices) else []
+        return min(due, default=None)
+
+    def _device(self, event: DeviceEvent, state: LinkState, run: int, iteration: int | None, zero: float) -> None:
+        """A device leaves (every link to and from it cut: netem's loss at 100 %, nothing it sends arrives, not
+        even its kernel's resets) or comes back (its links as the timeline has them now); then the launcher is
+        told (device_notices), which kills or starts its processes."""
+        d = event.device
+        (self.down.add if event.kind == "preempt" else self.down.discard)(d)
+        r = self.topo.device_region
+        touched: dict[int, list[ShapedLink]] = {}
+        for e in range(self.topo.n):
+            for a, b in ((d, e), (e, d)):
+                if e == d or a not in self._own:
+                    continue
+                cut = a in self.down or b in self.down
+                loss = CUT_LOSS_PCT if cut or state.down[r[a], r[b]] else float(state.loss_pct[r[a], r[b]])
+                touched.setdefault(a, []).append(replace(self.current[(a, b)], loss_pct=loss))
+        applied = time.monotonic()
+        effect = self._change(touched)
+        self._tell(event.kind, d, applied)
+        self._logged(AppliedChange(run, event.describe(), event.where, event.at_s, iteration, applied - zero,
+                                   effect - zero, applied, sum(map(len, touched.values()))), touched, zero)
+
+    def _logged(self, entry: AppliedChange, touched: dict, zero: float) -> None:
+        """`entry` in the log, and its read-back queued (its line in the log file once verified)."""
+        with self._lock:
+            self.log.append(entry)
+            k = len(self.log) - 1
+        self._queue_check(touched, k, zero)
+
+    def _tell(self, kind: str, device: int, at: float) -> None:
+        if self.devices_path is not None:
+            with open(self.devices_path, "a") as f:
+                f.write(f"{kind} {device} {at:.6f}\n")
 
     def _read_marks(self, pos: int) -> tuple[list[tuple[str, int, float, int]], int]:
         """New whole lines of the marks file: ("run", k, 0.0, 1) and ("iteration", i, began, ranks marking it)."""
@@ -264,10 +304,11 @@ class TimelineController:
         frame = self.plan.mtu + ETH_HEADER_BYTES
         touched: dict[int, list[ShapedLink]] = {}
         for r, s in state.apply(change):
-            loss = CUT_LOSS_PCT if state.down[r, s] else float(state.loss_pct[r, s])
             for d, e in self._pairs(r, s):
                 if d not in self._own:
                     continue  # another node shapes that device's egress
+                cut = state.down[r, s] or d in self.down or e in self.down  # a preempted device's stay cut
+                loss = CUT_LOSS_PCT if cut else float(state.loss_pct[r, s])
                 dev = self.plan.devices[d]
                 link = shaped_link(e, self.base[(d, e)].dst_addr, float(state.delay_ms[r, s]),
                                    float(state.bandwidth_gbps[r, s]), float(state.jitter_ms[r, s]), loss,
@@ -277,15 +318,12 @@ class TimelineController:
                 touched.setdefault(d, []).append(link)
         applied = time.monotonic()
         effect = self._change(touched)
-        entry = AppliedChange(run, change.describe(), change.where, change.at_s, iteration, applied - zero,
-                              effect - zero, applied, sum(map(len, touched.values())))
-        with self._lock:
-            self.log.append(entry)
-            k = len(self.log) - 1
-        self._queue_check(touched, k, zero)
+        self._logged(AppliedChange(run, change.describe(), change.where, change.at_s, iteration, applied - zero,
+                                   effect - zero, applied, sum(map(len, touched.values()))), touched, zero)
 
     def _restore(self) -> None:
-        """The scenario's links again (a new run of the boot starts)."""
+        """The scenario's links again (a new run of the boot starts), every device back."""
+        self.down.clear()
         touched: dict[int, list[ShapedLink]] = {}
         for (d, e), link in self.current.items():
             if link != self.base[(d, e)] and d in self._own:

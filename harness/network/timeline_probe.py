@@ -7,7 +7,7 @@
   delay: the sender sends RATE_PPS numbered UDP datagrams a second, each with its send time; the receiver
         keeps (send time, arrival time): the one-way delay of each, on one clock.
 The timeline's clock starts when every stream is steady (WARM_S after its first bytes arrived): the last
-receiver to be ready marks iteration 0 (timeline_control.note_iteration; run it with timeline_clock="marks"),
+receiver to be ready marks iteration 0 (timeline_program.note_iteration; run it with timeline_clock="marks"),
 so a slow start of the programs (seconds, on a loaded host under UML) never eats the time before a change.
 Every part then runs until duration_s after that mark, and each receiver writes OUT_DIR/<mode>-<src>-<dst>.json.
 """
@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-from .timeline_control import note_iteration
+from .timeline_program import note_iteration
 
 BIN_S = 0.1
 RATE_PPS = 200

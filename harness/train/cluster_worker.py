@@ -43,7 +43,7 @@ def main(pairs: list[tuple[str, str]]) -> int:
     from .launch import RankFailure, fork_ranks
     from ..plan import systems
     from ..network import netns
-    from ..network.timeline_control import changes_of_run, note_run
+    from ..network.timeline_program import changes_of_run, note_run
     from ..files import atomic_write_json
     from ..plan.request import RunSpec
     from .rank import RankEnv, rank_main, warm_up_parent

@@ -17,7 +17,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from ..network.timeline_control import note_iteration
+from ..network.timeline_program import note_iteration
 from ..plan.request import DebugSection, RunSpec
 from ..plan import systems
 from . import wire

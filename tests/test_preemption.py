@@ -224,10 +224,13 @@ def test_sim_spot_flags_refuse_bad_input_in_one_line(cli, tmp_path, args, messag
     assert not (tmp_path / "x").exists()
 
 
-def test_run_refuses_device_events_before_anything_is_written(cli, tmp_path):
+def test_run_refuses_device_events_it_cannot_apply_before_anything_is_written(cli, tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text("events: [{at_s: 5, preempt: 1}]")
-    rc, out, err = cli("run", "--scenario", "2", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8",
-                       "--timeline", path, "--results", tmp_path / "res")
-    assert rc == 2 and "timeline.events[0]: devices that leave and come back are predicted by harness sim" in err
-    assert err.count("\n") == 1 and not (tmp_path / "res").exists()
+    flags = ("run", "--scenario", "2", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8",
+             "--timeline", path, "--results", tmp_path / "res")
+    for extra, message in ((("--network", "none"), "--network none has none"),
+                           (("--replan",), "timeline.events[0]: --replan follows link changes")):
+        rc, out, err = cli(*flags, *extra)
+        assert rc == 2 and message in err, err
+        assert err.count("\n") == 1 and not (tmp_path / "res").exists()

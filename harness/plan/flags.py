@@ -18,8 +18,9 @@ from ..workloads.markov import DATA_SETS
 from ..errors import HarnessError
 from ..scenario import ScenarioError, load_scenario, reload_name
 from ..scenario.inventory import Inventory, InventoryError
+from ..scenario.preemption import KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S
 from ..scenario.transport import PRESETS
-from .arg_types import (flag_dest, input_dir, input_file, non_negative_int, nonempty, output_dir, positive_float, positive_int,
+from .arg_types import (flag_dest, input_dir, input_file, non_negative_float, non_negative_int, nonempty, output_dir, positive_float, positive_int,
                         scenario_name)
 from . import systems
 from .request import (ComputeSection, DebugSection, LayoutRequest, ModelSection, NetworkSection, RunRequest,
@@ -171,6 +172,8 @@ def request_from_args(args, layout):
         run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
                        timeout_s=args.timeout, results_root=str(args.results) if args.results else None,
                        checkpoint_every=getattr(args, "checkpoint_every", None),
+                       keepalive_s=getattr(args, "keepalive", None) or KEEPALIVE_S,
+                       last_call_s=LAST_CALL_S if getattr(args, "last_call", None) is None else args.last_call,
                        resume=None if getattr(args, "resume", None) is None else str(Path(args.resume).resolve())),
         compute=ComputeSection(model=args.compute_model, time_scale=args.compute_time_scale),
         debug=DebugSection.parse(args.debug),
@@ -200,6 +203,12 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", type=input_dir, metavar="RUN_DIR",
                    help="ours, ours-random: go on from that run's last complete checkpoint (any layout; --warmup + --iters "
                         "counts from iteration 0, as in that run)")
+    p.add_argument("--keepalive", type=positive_float, metavar="S",
+                   help=f"with devices that leave (a timeline's preempt:, spot:): the elastic agent's keep-alive "
+                        f"interval; a device is gone after {KEEPALIVE_MISSED} missed (default {KEEPALIVE_S:g}, torchrun's)")
+    p.add_argument("--last-call", type=non_negative_float, metavar="S",
+                   help=f"with devices that leave: how long a restart on fewer devices than the run's waits for more "
+                        f"(default {LAST_CALL_S:g}, torchrun's)")
     p.add_argument("--seed", type=non_negative_int, default=0,
                    help="data, init and random-assignment seed (default 0)")
     p.add_argument("--scheduler", type=nonempty, help="ours: ga (default) | ga-kl | random | exhaustive | identity | "

@@ -54,8 +54,12 @@ def plan_run(req: RunRequest) -> Plan:
     topo = run_topology(req.network)
     if topo.timeline is not None and (topo.timeline.devices or topo.timeline.spot):
         where = topo.timeline.devices[0].where if topo.timeline.devices else topo.timeline.spot.where
-        raise HarnessError(f"{where}: devices that leave and come back are predicted by harness sim; harness run "
-                           "applies a timeline's link events only, so far")
+        if req.network.mode != "emulated":
+            raise HarnessError(f"{where}: devices that leave and come back need the emulated cluster (--network "
+                               f"emulated: their links are cut), not --network {req.network.mode}")
+        if req.layout.replan:
+            raise HarnessError(f"{where}: --replan follows link changes; with devices that leave, the elastic agent "
+                               "restarts the run from its checkpoint (ours' recovery in the run: not yet)")
     layout, placement = resolve_layout(req, topo)
     replan = replan_section(req, topo, layout, entry)
     resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),

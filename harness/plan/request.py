@@ -21,6 +21,7 @@ from ..layout import DP_SYNCS, SCHEDULES, Layout
 from ..compute.model import GPTConfig, get_model
 from ..compute.profiles import ComputeProfile
 from ..compute import BYTES_PER_VALUE
+from ..scenario.preemption import KEEPALIVE_S, LAST_CALL_S
 from ..scenario.transport import PRESETS
 from ..scheduler import DEFAULT_BUDGET
 from ..workloads.markov import DATA_SETS
@@ -175,9 +176,16 @@ class RunSection:
     results_root: str | None = None  # default: results/
     checkpoint_every: int | None = None  # every rank writes what it holds every N iterations (train/checkpoint.py)
     resume: str | None = None  # a run directory: start from its last complete checkpoint (absolute path)
+    # the elastic agent's rendezvous (train/elastic.py; torchrun's defaults): a device gone after
+    # KEEPALIVE_MISSED keep-alives missed; fewer devices than the run's wait this long for more
+    keepalive_s: float = KEEPALIVE_S
+    last_call_s: float = LAST_CALL_S
 
     def __post_init__(self):
         _positive("run.iters", self.iters)
+        _positive("run.keepalive_s", self.keepalive_s, float)
+        if isinstance(self.last_call_s, bool) or not isinstance(self.last_call_s, (int, float)) or self.last_call_s < 0:
+            raise ConfigError(f"run.last_call_s: must be a number >= 0 (got {self.last_call_s!r})")
         if self.checkpoint_every is not None:
             _positive("run.checkpoint_every", self.checkpoint_every)
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:

@@ -25,6 +25,10 @@ _DEVICE_KEYS = {"at_s", "at_iteration", "preempt", "return", "notice_s"}
 _SPOT_KEYS = {"rate_per_hour", "down_s", "notice_s", "seed"}
 #: mean seconds a drawn preemption lasts when the market does not say
 DEFAULT_DOWN_S = 600.0
+#: torchrun's c10d rendezvous (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py), which the baselines
+#: recover with (the emulated elastic agent and the simulator both): a keep-alive every KEEPALIVE_S, a node gone
+#: after KEEPALIVE_MISSED missed; below the most nodes, the rendezvous closes after LAST_CALL_S
+KEEPALIVE_S, KEEPALIVE_MISSED, LAST_CALL_S = 5.0, 3, 30.0
 
 
 @dataclass(frozen=True)

@@ -36,17 +36,17 @@ from ..compute.links import Links
 from ..compute.model import GPTConfig
 from ..plan import systems as registry
 from ..plan.survivors import layout_on
-from ..scenario.preemption import DeviceEvent, device_events
+from ..scenario.preemption import KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S, DeviceEvent, device_events
 from .replan import holdings, item_bytes, transfer_seconds
 from .systems import SimError
 
 #: ours' failure detector: a heartbeat every HEARTBEAT_S through the store, a device gone after MISSED
 HEARTBEAT_S, MISSED = 1.0, 3
 DETECT_S = HEARTBEAT_S * MISSED
-#: torchrun's c10d rendezvous (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py): keep-alive every
-#: 5 s, a node gone after 3 missed; below max nodes, the rendezvous closes after last_call (30 s)
-TORCHRUN_DETECT_S = 5.0 * 3
-TORCHRUN_LAST_CALL_S = 30.0
+#: torchrun's c10d rendezvous (scenario/preemption.py): a node gone after its keep-alives missed; below max
+#: nodes, the rendezvous closes after its last call
+TORCHRUN_DETECT_S = KEEPALIVE_S * KEEPALIVE_MISSED
+TORCHRUN_LAST_CALL_S = LAST_CALL_S
 #: a checkpoint's write and read rate per device when not given (a local NVMe drive, GB/s): an assumption
 STORAGE_GBPS = 2.0
 

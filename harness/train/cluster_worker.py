@@ -44,6 +44,8 @@ def main(pairs: list[tuple[str, str]]) -> int:
     from ..plan import systems
     from ..network import netns
     from ..network.timeline_program import changes_of_run, note_run
+    from ..plan.layouts import run_topology
+    from .elastic import has_device_events
     from ..files import atomic_write_json
     from ..plan.request import RunSpec
     from .rank import RankEnv, rank_main, warm_up_parent
@@ -86,6 +88,14 @@ def main(pairs: list[tuple[str, str]]) -> int:
             label = lambda r: (f"rank {r} (device {devs[r]['index']}, {devs[r]['addr']}: "  # noqa: E731
                                f"{spec.layout.role(devs[r]['index'])})")
             note_run(k)
+            topo = run_topology(spec.network)
+            if has_device_events(topo):  # devices leave and come back: the elastic agent restarts the ranks
+                atomic_write_json(out, {**_elastic(spec, topo, devs, port=MASTER_PORT + 100 * (k + 1),
+                                                   workdir=out.parent / f"elastic-{k}"),
+                                        "readback": cluster.get("readback", {}),
+                                        **({} if (changes := changes_of_run(k)) is None else {"timeline": changes})})
+                _mark(END_MARK, k)
+                continue
             results = fork_ranks(len(devs), target, timeout_s=spec.run.timeout_s, label=label,
                                  tmp_dir=out.parent)  # the run's work directory (the host removes it)
             ready = [r.marks["training"] for r in results if "training" in r.marks]
@@ -105,6 +115,31 @@ def main(pairs: list[tuple[str, str]]) -> int:
                                     else f"{type(e).__name__}: {e}", "ranks": []})
         _mark(END_MARK, k)
     return 1 if failed else 0
+
+
+def _elastic(spec, topo, devs: list[dict], *, port: int, workdir: Path) -> dict:
+    """A run under the elastic agent (train/elastic.py): generation g's rank r on device devices[r], its own
+    store port; the outcome's one list of iterations (each with the layout it ran on) and the agent's account."""
+    from ..network import netns
+    from .elastic import run_elastic
+    from .rank import RankEnv, rank_main
+
+    def start_rank(gspec, devices, g, journal):
+        master = devs[devices[0]]["addr"]
+
+        def target(rank: int):
+            d = devs[devices[rank]]
+            netns.enter(d["netns_path"])
+            env = RankEnv(rank=rank, world_size=len(devices), master_addr=master, master_port=port + g,
+                          addr=d["addr"], ifname=d["ifname"], device_index=d["index"], journal=journal)
+            return rank_main(gspec, env)
+        return target
+
+    got = run_elastic(spec, topo, start_rank, workdir=workdir,
+                      label=lambda d: f"device {d} ({devs[d]['addr']})")
+    return {"status": "ok", "reason": "", "kernel": spec.resolved.kernel, "startup_s": None,
+            "ranks": [[asdict(s) for s in got["stats"]]],
+            "elastic": {"generations": got["generations"], "events": got["events"]}}
 
 
 def _mark(prefix: str, k: int) -> None:

@@ -124,6 +124,8 @@ class _Boot:
         per_rank = [[IterationStats(**s) for s in r] for r in outcome["ranks"]]
         extras = {"startup_s": outcome.get("startup_s"), "startup_breakdown_s": outcome.get("startup_breakdown_s"),
                   "readback": outcome.get("readback", {})}
+        if "elastic" in outcome:  # devices left and came back: the agent's generations and recoveries
+            extras["elastic"] = outcome["elastic"]
         if "timeline" in outcome:  # the changes its timeline made during the run, as the controller applied them
             extras["timeline"] = {"source": self.topo.timeline.source, "changes": outcome["timeline"]}
         return outcome.get("kernel", "unknown"), per_rank, extras

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import HarnessError
 from ..compute import pflop_per_iteration
+from ..layout import Layout
 from ..files import atomic_write_json
 from ..results import IterationRecord, manifest, run_dir, write_minibatches, write_records
 from ..scenario import Topology
@@ -33,15 +34,18 @@ def to_records(spec: RunSpec, stats: list[IterationStats]) -> list[IterationReco
     cfg, m, lay = spec.cfg, spec.model, spec.layout
     pflop = pflop_per_iteration(cfg, m.batch)
     layout_json = json.dumps(lay.to_json(), sort_keys=True)
+    on = [lay if s.layout is None else Layout.from_json(s.layout) for s in stats]  # elastic: each its own
     return [
         IterationRecord(
             run_id=spec.resolved.run_id, scenario=spec.resolved.scenario, system=spec.run.system,
-            backend=spec.resolved.backend, kernel=spec.resolved.kernel, devices=lay.devices, d_pp=lay.pp, d_dp=lay.dp,
+            backend=spec.resolved.backend, kernel=spec.resolved.kernel, devices=on[k].devices, d_pp=on[k].pp,
+            d_dp=on[k].dp,
             model=m.name, layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq, batch=m.batch,
             micro_batch=m.micro_batch, seed=m.seed, bandwidth_scale=spec.network.bandwidth_scale,
             iteration=max(spec.run.warmup, spec.resolved.start_iteration) + k, seconds=s.seconds, pflop=pflop, pflops=pflop / s.seconds,
             tokens_per_s=m.batch * cfg.seq / s.seconds, compute_seconds=s.compute_seconds,
-            exposed_comm_seconds=s.exposed_comm_seconds, loss=s.loss, d_tp=lay.tp, config=layout_json,
+            exposed_comm_seconds=s.exposed_comm_seconds, loss=s.loss, d_tp=on[k].tp,
+            config=layout_json if s.layout is None else json.dumps(s.layout, sort_keys=True),
             compute_overruns=s.compute_overruns,
         )
         for k, s in enumerate(stats)

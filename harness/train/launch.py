@@ -46,7 +46,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _child(rank: int, target: Callable[[int], Any], outdir: str, parent: int) -> None:
+def run_child(rank: int, target: Callable[[int], Any], outdir: str, parent: int) -> None:
     _die_with_parent()
     if os.getppid() != parent:  # parent died before prctl took effect
         os._exit(1)
@@ -89,7 +89,7 @@ def _cause(failed: list[int], others: list[int], outdir: Path) -> int:
     return min(raised)[1]
 
 
-def _describe(rank: int, exitcode: int | None, outdir: Path, label: Callable[[int], str]) -> str:
+def describe_exit(rank: int, exitcode: int | None, outdir: Path, label: Callable[[int], str]) -> str:
     err = _error(rank, outdir)
     if err is not None:
         return f"{label(rank)} failed: {err[1]}"
@@ -116,7 +116,7 @@ def fork_ranks(
     """
     ctx = mp.get_context("fork")
     outdir = Path(tempfile.mkdtemp(prefix="harness-ranks-", dir=tmp_dir))
-    procs = [ctx.Process(target=_child, args=(r, target, str(outdir), os.getpid()), name=f"rank{r}")
+    procs = [ctx.Process(target=run_child, args=(r, target, str(outdir), os.getpid()), name=f"rank{r}")
              for r in range(n)]
     failed: list[int] = []
     timed_out = False
@@ -140,7 +140,7 @@ def fork_ranks(
             # be recorded so the report names it first.
             time.sleep(0.2)
     finally:
-        _stop(procs, grace_s)
+        stop_children(procs, grace_s)
     try:
         if failed or timed_out:
             others = [r for r in range(n) if r not in failed and (outdir / f"rank{r}.err").exists()]
@@ -149,10 +149,10 @@ def fork_ranks(
                 msg = f"timed out after {timeout_s:g} s; still running: {', '.join(label(r) for r in running)}"
                 raise RankFailure(msg, rank=running[0] if running else None)
             first = _cause(failed, others, outdir)
-            msg = _describe(first, procs[first].exitcode, outdir, label)
+            msg = describe_exit(first, procs[first].exitcode, outdir, label)
             also = sorted(set(failed + others) - {first})
             if also:
-                msg += f" (then: {'; '.join(_describe(r, procs[r].exitcode, outdir, label) for r in also)})"
+                msg += f" (then: {'; '.join(describe_exit(r, procs[r].exitcode, outdir, label) for r in also)})"
             raise RankFailure(msg, rank=first)
         results = []
         for r in range(n):
@@ -163,7 +163,7 @@ def fork_ranks(
         shutil.rmtree(outdir, ignore_errors=True)
 
 
-def _stop(procs, grace_s: float) -> None:
+def stop_children(procs, grace_s: float) -> None:
     """Terminate every child still alive: SIGTERM, then SIGKILL; reap all."""
     alive = [p for p in procs if p.pid is not None and p.is_alive()]
     for p in alive:

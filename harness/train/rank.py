@@ -21,7 +21,7 @@ from ..network.timeline_program import note_iteration
 from ..plan.request import DebugSection, RunSpec
 from ..plan import systems
 from . import wire
-from .stats import IterationStats
+from .stats import IterationStats, Journal
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 PROGRESS_PREFIX = "harness: "
@@ -65,12 +65,17 @@ class RankContext:
     addr: str
     ifname: str
     collect_state: bool = False
+    journal: str | None = None  # a directory: the rank journals its iterations there (elastic agent)
     state: dict = field(default_factory=dict)
     marks: dict = field(default_factory=dict)  # wall-clock times of milestones (e.g. "training")
 
     def mark(self, name: str) -> None:
         """Note when a milestone was reached (start-up time of a run = first "training" mark)."""
         self.marks.setdefault(name, time.time())
+
+    def iteration_log(self) -> Journal:
+        """The list a system appends its timed iterations to (journaled when an elastic agent runs it)."""
+        return Journal(None if self.journal is None else os.path.join(self.journal, f"stats-{self.rank}.jsonl"))
 
     def save_state(self, named: dict[str, torch.Tensor]) -> None:
         """Hand over parameters (full GPT names) for parity checks; no-op unless asked for."""
@@ -99,6 +104,7 @@ class RankEnv:
     ifname: str = ""
     device_index: int | None = None  # defaults to rank
     local_rank: int | None = None  # GPU index on this host (cuda); defaults to rank
+    journal: str | None = None  # elastic agent (train/elastic.py): the directory of keep-alives and iterations
 
 
 def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: bool = False) -> RankResult:
@@ -122,6 +128,8 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: 
     else:
         device = torch.device("cpu")
         backend = "gloo"
+    if env.journal:
+        keep_alive(env.journal, env.rank, spec.run.keepalive_s)
     fn = systems.get(spec.run.system).train_fn()
     kwargs = {"device_id": device} if backend == "nccl" else {}
     t_forked = time.time()
@@ -130,7 +138,8 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: 
     arm_fault(spec.debug, env.rank)
     ctx = RankContext(rank=env.rank, world_size=env.world_size,
                       device_index=env.rank if env.device_index is None else env.device_index,
-                      device=device, addr=env.addr, ifname=env.ifname, collect_state=collect_state)
+                      device=device, addr=env.addr, ifname=env.ifname, collect_state=collect_state,
+                      journal=env.journal)
     ctx.marks["forked"] = t_forked
     ctx.mark("process_group")
     with wire.counting(spec.debug.count_wire):
@@ -157,6 +166,21 @@ def leave_together(rank: int, world_size: int, timeout_s: float) -> None:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"ranks did not finish within {timeout_s:g} s of rank 0")
             time.sleep(0.02)
+
+
+def keep_alive(directory: str, rank: int, every_s: float) -> None:
+    """The rank's keep-alive for the elastic agent: its time.monotonic() in <directory>/alive-<rank> every
+    `every_s` (a thread; it stops with the process, as a preempted device's does)."""
+    path, tmp = os.path.join(directory, f"alive-{rank}"), os.path.join(directory, f".alive-{rank}")
+
+    def beat():
+        while True:
+            with open(tmp, "w") as f:
+                f.write(f"{time.monotonic():.6f}")
+            os.replace(tmp, path)
+            time.sleep(every_s)
+
+    threading.Thread(target=beat, name="harness-keepalive", daemon=True).start()
 
 
 def arm_fault(debug: DebugSection, rank: int) -> None:

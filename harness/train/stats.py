@@ -1,8 +1,9 @@
 """Iteration timing: what one rank measured in one iteration, and one iteration's figures over all ranks."""
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 
 @dataclass
@@ -20,6 +21,22 @@ class IterationStats:
     minibatches: list | None = None  # per-minibatch rows of the whole run, on one rank of a system that
     # records them (HetPipe: VW, minibatch, clock, global version, ...); written as minibatches.csv
     replans: list | None = None  # ours with --replan, on its last iteration: what this rank did in each re-plan
+    layout: dict | None = None  # the layout it ran on, when devices left or came back (train/elastic.py)
+
+
+class Journal(list):
+    """A rank's timed iterations, each also appended to `path` as it is taken (a JSON line), so that an
+    elastic agent that stops the rank mid-run keeps the iterations it did (train/elastic.py)."""
+
+    def __init__(self, path: str | None = None):
+        super().__init__()
+        self.path = path
+
+    def append(self, s: IterationStats) -> None:
+        super().append(s)
+        if self.path:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(asdict(s)) + "\n")
 
 
 def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False) -> list[IterationStats]:
@@ -47,6 +64,6 @@ def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False
             seconds=seconds, compute_seconds=compute,
             exposed_comm_seconds=max(0.0, seconds - compute),
             loss=sum(losses) / len(losses) if losses else float("nan"),
-            compute_overruns=sum(it.compute_overruns for it in its),
+            compute_overruns=sum(it.compute_overruns for it in its), layout=its[0].layout,
         ))
     return out

@@ -310,7 +310,7 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     warmup, start = spec.run.warmup, spec.resolved.start_iteration
     steps = warmup + spec.run.iters
     posted = {start: runner.post_receives(start)}
-    stats = []
+    stats = ctx.iteration_log()
     # No start barrier: the pipeline and the DP exchange synchronise the ranks; the first
     # (warm-up) iterations absorb connection set-up.
     ctx.mark("training")
@@ -333,6 +333,12 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         else:
             runner.pacer.take()  # warm-up overruns and bytes are not the timed iterations'
             wire.take()
+        every = spec.run.checkpoint_every
+        if every and (it + 1) % every == 0:  # after the iteration's update: what it holds now
+            checkpoints.save(spec.resolved.checkpoint_dir, it + 1, ctx.rank, ctx.world_size, runner.held())
+            # the next iteration's time does not include the write; it begins after it (so a checkpoint is
+            # complete when the last rank marks the next iteration: an agent that stops the run then has it)
+            t = time.monotonic()
         # every rank marks: a timeline's iteration event fires where the records' boundary is, the last rank's end
         iteration_mark(it, t - t_prev, ctx.world_size)
         if ctx.rank == 0:
@@ -342,10 +348,6 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
             if it + 1 < steps and (plan := control.plan_for(it + 1)) is not None:
                 control.rows.append(runner.switch(*plan, it + 1))
                 posted[it + 1] = runner.post_receives(it + 1)
-        every = spec.run.checkpoint_every
-        if every and (it + 1) % every == 0:  # after the iteration's update: what it holds now
-            checkpoints.save(spec.resolved.checkpoint_dir, it + 1, ctx.rank, ctx.world_size, runner.held())
-            t = time.monotonic()  # the next iteration's time does not include the write
         t_prev = t
     if control is not None and stats:
         stats[-1].replans = control.rows

@@ -1,0 +1,241 @@
+"""torchrun's elastic agent, as the emulated cluster's launcher runs it: training that restarts from its last
+checkpoint on the devices it has when a device leaves or comes back.
+
+The timeline controller (network/timeline_control.py) cuts a preempted device's links and tells the launcher
+(timeline_program.device_notices), which kills the device's rank: the cloud took the machine. Nobody else knows
+yet: every rank touches a keep-alive file every `run.keepalive_s` (rank.keep_alive), and the agent declares
+the device gone once KEEPALIVE_MISSED of them are missed, as torchrun's rendezvous does (the survivors meanwhile
+wait on a peer whose packets no longer arrive). Then, as torchrun: every rank of the generation is stopped; with
+fewer devices than the run's, the rendezvous waits its last call (`run.last_call_s`) for more; the layout rule
+lays the run out on the devices there (plan/survivors.py: the same rule the simulator recovers with); a new
+generation of ranks starts from the last complete checkpoint (train/checkpoint.py; none: from the run's start)
+and redoes every iteration since. A device that comes back makes the agent restart the same way, on more
+devices (torchrun: a node waiting to join).
+
+Every rank journals its timed iterations as it takes them (stats.Journal), so a stopped generation's iterations
+are kept: an iteration's figures are those of the last generation that did it, and its time is from the end of
+the iteration before (a recovery shows in the first iteration after it). Each event's record: when the device
+left (or came back), when the agent knew, how long the stop, the last call and the restart took, the checkpoint
+it went on from and the iterations lost.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import pickle
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+from ..network.timeline_program import device_notices
+from ..plan.request import RunRequest, RunSpec
+from ..plan.survivors import layout_on, request_of
+from ..scenario.preemption import KEEPALIVE_MISSED
+from . import checkpoint
+from .launch import GRACE_S, RankFailure, describe_exit, run_child, stop_children
+from .stats import IterationStats, merge_stats
+
+POLL_S = 0.05
+
+
+def has_device_events(topo) -> bool:
+    return topo.timeline is not None and bool(topo.timeline.devices or topo.timeline.spot)
+
+
+def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, str], Callable[[int], object]],
+                *, workdir: Path, label: Callable[[int], str] = lambda d: f"device {d}") -> dict:
+    """Train `spec` on `topo`'s devices under the agent (module docstring). `start_rank(spec, devices, generation,
+    journal)` gives the function a generation's rank r runs (on device devices[r]). Returns {"stats": the useful
+    iterations (IterationStats, in order), "generations": [...], "events": [...]}; raises RankFailure when a rank
+    fails by itself, no layout fits the devices left, or the run's timeout passes."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    n, run = topo.n, spec.run
+    base = RunRequest(network=spec.network, model=spec.model, run=run,
+                      layout=request_of(run.system, spec.layout, spec.replan.budget))
+    first_start, ckpt_dir = spec.resolved.start_iteration, spec.resolved.checkpoint_dir
+    t0 = time.monotonic()  # the events' clock: the agent's start
+    deadline = t0 + run.timeout_s
+    alive, down_at, pos = set(range(n)), {}, 0
+    generations, events, kept = [], [], {}
+    start, devices, layout, pending = first_start, tuple(range(n)), spec.layout, None
+
+    def take_notices() -> list[tuple[str, int, float]]:
+        nonlocal pos
+        got, pos = device_notices(pos)
+        for kind, d, at in got:
+            if kind == "preempt":
+                alive.discard(d)
+                down_at[d] = at
+            elif kind == "return":
+                alive.add(d)
+            if kind != "notice":
+                events.append({"event": kind, "device": d, "at_s": at - t0})
+        return got
+
+    while True:
+        g = len(generations)
+        if g:  # a layout on the devices there
+            found, why = layout_on(base, topo, alive)
+            if found is None:
+                raise RankFailure(f"elastic agent: no layout of {run.system} on devices {sorted(alive)}: {why}")
+            devices, layout = found.devices, found.layout
+        gspec = replace(spec, layout=layout).with_resolved(start_iteration=start)
+        if start != first_start:  # from the run's own checkpoint
+            gspec = replace(gspec, run=replace(run, resume=ckpt_dir))
+        journal = Path(workdir) / f"generation-{g}"
+        journal.mkdir(parents=True)
+        if ckpt_dir:
+            _drop_after(Path(ckpt_dir), start)
+        target = start_rank(gspec, devices, g, str(journal))
+        outdir = journal / "results"
+        outdir.mkdir()
+        forked = time.monotonic()
+        procs = [ctx.Process(target=run_child, args=(r, target, str(outdir), os.getpid()), name=f"rank{r}")
+                 for r in range(len(devices))]
+        for p in procs:
+            p.start()
+        gen = {"generation": g, "devices": list(devices), "layout": layout.to_json(), "start_iteration": start,
+               "started_s": forked - t0}
+        generations.append(gen)
+        if pending is not None:
+            pending["restart_began"] = forked
+        why, waiting, hit = None, set(), set()
+        try:
+            while why is None:
+                if time.monotonic() > deadline:
+                    raise RankFailure(f"elastic agent: timed out after {run.timeout_s:g} s")
+                for kind, d, _ in take_notices():
+                    if kind == "preempt" and d in devices:  # the machine is gone: its processes with it
+                        _kill(procs[devices.index(d)])
+                        hit.add(d)
+                    elif kind == "return":  # its agent starts and waits to join
+                        waiting.add(d)
+                codes = [p.exitcode for p in procs]
+                for r, c in enumerate(codes):
+                    if c not in (None, 0) and not hit:  # a rank failed by itself: the run fails
+                        raise RankFailure(describe_exit(r, c, outdir, lambda r: label(devices[r])), rank=r)
+                if all(c == 0 for c in codes):
+                    why = "done"
+                    break
+                now = time.monotonic()
+                # a device whose keep-alives stopped, and that is gone (a rank that failed on a gone peer
+                # waits with the others: its device's agent is still there)
+                missed = [devices[r] for r, c in enumerate(codes) if c != 0 and devices[r] not in alive
+                          and now - _last_beat(journal, r, forked) > run.keepalive_s * KEEPALIVE_MISSED]
+                if missed:
+                    why = ("lost", missed, now)
+                elif waiting:
+                    why = ("joined", sorted(waiting), now)
+                else:
+                    time.sleep(POLL_S)
+        finally:
+            stop_children(procs, GRACE_S)
+        if why == "done":  # every rank's own account (a system that journals nothing has it here too)
+            per_rank = [_result(outdir, r).stats for r in range(len(devices))]
+        else:
+            per_rank = [_journaled(journal / f"stats-{r}.jsonl") for r in range(len(devices))]
+        first = max(run.warmup, start)
+        for i, s in enumerate(_iterations(per_rank, layout.to_json())):
+            kept[first + i] = s
+        gen["iterations"] = min(map(len, per_rank), default=0)
+        if pending is not None:
+            pending["restart_s"] = _began(per_rank) - pending.pop("restart_began") if gen["iterations"] else None
+            pending = None
+        if why == "done":
+            break
+        kind, who, known = why
+        stopped = time.monotonic()
+        done = first + gen["iterations"]  # iterations this generation finished
+        resume = (checkpoint.latest(Path(ckpt_dir)) if ckpt_dir else None) or first_start
+        wait_s = _last_call(run.last_call_s, n, alive, take_notices) if kind == "lost" else 0.0
+        pending = {"event": "restart", "after": "preempt" if kind == "lost" else "return", "devices": who,
+                   "generation": g, "at_s": known - t0,
+                   "detect_s": (known - max(down_at[d] for d in who)) if kind == "lost" else None,
+                   "stop_s": stopped - known, "last_call_s": wait_s, "resumed_from": resume,
+                   "lost_iterations": max(0, done - max(resume, run.warmup)) + (1 if kind == "lost" else 0)}
+        events.append(pending)
+        start = resume
+    steps = run.warmup + run.iters
+    want = range(max(run.warmup, first_start), steps)
+    missing = [i for i in want if i not in kept]
+    if missing:
+        raise RankFailure(f"elastic agent: iteration {missing[0]} was never completed")
+    return {"stats": [kept[i] for i in want], "generations": generations, "events": events}
+
+
+def _kill(p) -> None:
+    if p.pid is not None and p.exitcode is None:
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _last_beat(journal: Path, rank: int, since: float) -> float:
+    """The time.monotonic() of rank `rank`'s last keep-alive (rank.keep_alive; the launcher and its ranks share
+    one kernel's clock), or `since` before its first."""
+    try:
+        return float((journal / f"alive-{rank}").read_text())
+    except (OSError, ValueError):
+        return since
+
+
+def _last_call(wait_s: float, n: int, alive: set, take_notices) -> float:
+    """torchrun's rendezvous with fewer nodes than the most: it closes after its last call, or at once when
+    every device is there again. Returns the seconds waited."""
+    t0 = time.monotonic()
+    while len(alive) < n and time.monotonic() - t0 < wait_s:
+        take_notices()
+        time.sleep(POLL_S)
+    return time.monotonic() - t0
+
+
+def _result(outdir: Path, rank: int):
+    with open(outdir / f"rank{rank}.pkl", "rb") as f:
+        return pickle.load(f)
+
+
+def _journaled(path: Path) -> list[IterationStats]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    out = []
+    for line in lines:
+        try:
+            out.append(IterationStats(**json.loads(line)))
+        except (ValueError, TypeError):  # the line the rank was writing when it was stopped
+            break
+    return out
+
+
+def _iterations(per_rank: list[list[IterationStats]], layout: dict) -> list[IterationStats]:
+    """The iterations every rank of a generation finished: merged (one clock), with their end and layout."""
+    n = min(map(len, per_rank), default=0)
+    if n == 0:
+        return []
+    cut = [r[:n] for r in per_rank]
+    merged = merge_stats(cut, shared_clock=True)
+    for i, s in enumerate(merged):
+        s.end = max(r[i].end for r in cut)
+        s.layout = layout
+    return merged
+
+
+def _began(per_rank: list[list[IterationStats]]) -> float:
+    """When a generation's first timed iteration began (time.monotonic())."""
+    return max(r[0].end - r[0].seconds for r in per_rank if r) if any(per_rank) else math.nan
+
+
+def _drop_after(root: Path, start: int) -> None:
+    """Checkpoints after `start` (a stopped generation's, perhaps incomplete): a new generation writes them again."""
+    for p in root.glob("iter-*"):
+        k = p.name.split("-", 1)[1]
+        if k.isdigit() and int(k) > start:
+            for f in p.iterdir():
+                f.unlink()
+            p.rmdir()

@@ -1,0 +1,69 @@
+"""Devices that leave and come back in the emulated cluster (user-mode Linux): the timeline controller cuts a
+preempted device's links and the launcher kills its rank; the elastic agent (train/elastic.py) learns of it from
+the missed keep-alives, restarts the run from its last checkpoint on the devices left, and again with the device
+when it is back. One boot, one run of ours on case 2 (8 devices)."""
+from __future__ import annotations
+
+import csv
+import json
+import textwrap
+
+import pytest
+
+from harness.compute.model import get_model
+from harness.train.reference import reference_train
+
+from .emulation import marks
+
+pytestmark = marks(480)
+
+KEEPALIVE_S, LAST_CALL_S = 1.0, 2.0
+
+
+def test_a_preempted_device_restarts_the_run_from_its_checkpoint_and_is_used_again_when_back(cli, tmp_path):
+    timeline = tmp_path / "t.yaml"
+    timeline.write_text(textwrap.dedent("""
+        events:
+          - {at_iteration: 3, preempt: 5}
+          - {at_iteration: 6, return: 5}
+    """))
+    rc, out, err = cli("run", "--scenario", "2", "--devices", "8", "--network", "emulated", "--model", "tiny",
+                       "--layers", "4", "--batch", "8", "--micro-batch", "1", "--bandwidth-scale", "0.01",
+                       "--data", "markov", "--iters", "8", "--warmup", "1", "--timeline", timeline,
+                       "--checkpoint-every", "2", "--keepalive", KEEPALIVE_S, "--last-call", LAST_CALL_S,
+                       "--results", tmp_path / "res")
+    assert rc == 0, err
+    (run,) = (tmp_path / "res" / "2-spot").iterdir()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "ok"
+    gens, events = manifest["elastic"]["generations"], manifest["elastic"]["events"]
+    # three generations: all 8, then without device 5 (7 do not lay out the batch of 8: one waits as a spare),
+    # then all 8 again: the device that came back is used
+    assert [5 in g["devices"] for g in gens] == [True, False, True] and len(gens[1]["devices"]) == 6
+    assert [g["start_iteration"] for g in gens] == [0, 2, 6]
+    preempt, lost, ret, joined = events
+    assert (preempt["event"], preempt["device"], ret["event"], ret["device"]) == ("preempt", 5, "return", 5)
+    # the preemption: known after the keep-alives missed (the last one came at most an interval before it),
+    # the rendezvous's last call waited for more devices, then the run went on from the checkpoint at 2:
+    # iteration 2 (done since) and 3 (in flight) were lost
+    assert lost["event"] == "restart" and lost["after"] == "preempt" and lost["devices"] == [5]
+    assert (3 - 1) * KEEPALIVE_S - 0.5 <= lost["detect_s"] <= 3 * KEEPALIVE_S + 2.0, lost
+    assert LAST_CALL_S <= lost["last_call_s"] < LAST_CALL_S + 1.0
+    assert lost["resumed_from"] == 2 and lost["lost_iterations"] == 2 and lost["restart_s"] > 0
+    # the return: a restart at the boundary its checkpoint was written at (complete before the event fired)
+    assert joined["after"] == "return" and joined["resumed_from"] == 6 and joined["last_call_s"] == 0
+    assert joined["lost_iterations"] <= 1
+    # the controller's log: the device's 14 links (7 each way) cut, then back
+    changes = manifest["timeline"]["changes"]
+    assert [c["event"] for c in changes] == ["iteration 3: device 5 preempted", "iteration 6: device 5 returns"]
+    assert all(c["pairs"] == 14 for c in changes)
+    # per iteration the devices it ran on; every useful iteration once, and the losses are the single-process
+    # run's: each restart went on from the same weights and momentum, on its new layout
+    rows = list(csv.DictReader((run / "records.csv").open()))
+    assert [int(r["iteration"]) for r in rows] == list(range(1, 9))
+    assert [int(r["devices"]) for r in rows] == [8, 6, 6, 6, 6, 8, 8, 8]
+    ref, _ = reference_train(get_model("tiny", 4), 8, 1, 9, 0, 0.1, "markov")
+    assert [float(r["loss"]) for r in rows] == pytest.approx(ref[1:], rel=1e-5)
+    # the first iteration after each restart carries its recovery
+    seconds = [float(r["seconds"]) for r in rows]
+    assert seconds[1] > lost["detect_s"] + lost["last_call_s"] and seconds[5] > joined["stop_s"]

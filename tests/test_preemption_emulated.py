@@ -53,6 +53,9 @@ def test_a_preempted_device_restarts_the_run_from_its_checkpoint_and_is_used_aga
     # the return: a restart at the boundary its checkpoint was written at (complete before the event fired)
     assert joined["after"] == "return" and joined["resumed_from"] == 6 and joined["last_call_s"] == 0
     assert joined["lost_iterations"] <= 1
+    recoveries = list(csv.DictReader((run / "recoveries.csv").open()))
+    assert [(r["after"], r["devices"], int(r["lost_iterations"])) for r in recoveries] == \
+        [("preempt", "5", 2), ("return", "5", joined["lost_iterations"])]
     # the controller's log: the device's 14 links (7 each way) cut, then back
     changes = manifest["timeline"]["changes"]
     assert [c["event"] for c in changes] == ["iteration 3: device 5 preempted", "iteration 6: device 5 returns"]

@@ -209,3 +209,24 @@ def test_pflops_figure_is_in_the_unit_that_fits_and_the_csv_stays_in_pflops(tmp_
         plt.close(fig)
     assert cli("report", "runs", tmp_path / "emu")[0] == 0
     assert sorted(pd.read_csv(tmp_path / "emu" / "runs.csv").pflops) == pytest.approx(sorted(table.pflops))
+
+
+def test_a_run_whose_devices_changed_stays_one_row_and_gets_devices_png(tmp_path, cli):
+    planned = json.dumps({"tp": 1, "pp": 4, "dp": 2})
+    d = tmp_path / "elastic"
+    recs = [replace(BASE, run_id="elastic", iteration=i, seconds=s, pflops=1e-5 / s, devices=n, d_pp=pp,
+                    config=json.dumps({"tp": 1, "pp": pp, "dp": 2}))
+            for i, (s, n, pp) in enumerate([(1.0, 8, 4), (9.0, 6, 3), (1.0, 6, 3), (5.0, 8, 4)])]
+    write_records(d / "records.csv", recs)
+    atomic_write_json(d / "manifest.json", {"status": "ok"})
+    run(tmp_path, "steady", "ok", [2.0], config=planned)
+    rc, out, err = cli("report", "runs", tmp_path)
+    assert rc == 0, err
+    table = pd.read_csv(tmp_path / "runs.csv")
+    # one row for both: the elastic run under the layout it was planned with, its mean over every iteration
+    assert len(table) == 1 and table.runs[0] == 2 and table.layout[0] == "tp=1,pp=4,dp=2"
+    assert table.seconds_max[0] == pytest.approx(4.0)
+    assert f"wrote {tmp_path / 'devices.png'}" in out and _is_png(tmp_path / "devices.png")
+    run(tmp_path / "only-steady", "s", "ok", [2.0])
+    rc, out, err = cli("report", "runs", tmp_path / "only-steady")
+    assert rc == 0 and "devices.png" not in out and not (tmp_path / "only-steady" / "devices.png").exists()

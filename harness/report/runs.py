@@ -35,6 +35,10 @@ def load_runs(root: Path) -> pd.DataFrame:
         raise HarnessError(f"{root}: no records.csv of a successful run below it")
     df = pd.DataFrame(rows)
     df["config"] = df["config"].fillna("").astype(str)
+    # a run whose devices left and came back (train/elastic.py) ran on several layouts: it stays one row, under
+    # the layout it was planned with; devices.png shows what it ran on when
+    df["changed_devices"] = df.groupby("run_id").devices.transform("nunique") > 1
+    df["config"] = df.groupby("run_id").config.transform("first")
     df["layout"] = df.apply(_layout, axis=1)
     df["label"] = df.apply(_label, axis=1)
     df["placement_seed"] = df.apply(lambda r: _seed(_config(r) or {}), axis=1)
@@ -193,13 +197,43 @@ def iterations_figure(df: pd.DataFrame):
     return fig
 
 
+def devices_figure(df: pd.DataFrame):
+    """Runs whose devices changed: each iteration's seconds and the devices it ran on, over the run's time (the
+    end of each iteration from the start of the first timed one); None when no run's devices changed."""
+    import matplotlib.pyplot as plt
+
+    moved = df[df.changed_devices]
+    if moved.empty:
+        return None
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8.0, 5.5), sharex=True)
+    for (label, run_id), g in moved.groupby(["label", "run_id"]):
+        g = g.sort_values("iteration")
+        t = g.seconds.cumsum().to_numpy()
+        color, marker = plots.series_style(label)
+        line, = top.step(t, g.seconds, where="pre", color=color, label=f"{label} ({run_id})")  # over its own time
+        color = line.get_color()
+        top.plot(t, g.seconds, marker, color=color, markersize=3)
+        bottom.step(np.concatenate([[0.0], t]), np.concatenate([[g.devices.iloc[0]], g.devices]), where="pre",
+                    color=color)
+    top.set_ylabel("iteration seconds", fontsize=8)
+    top.set_title("runs whose devices left and came back", fontsize=9)
+    bottom.set_ylabel("devices", fontsize=8)
+    bottom.yaxis.get_major_locator().set_params(integer=True)
+    bottom.set_xlabel("seconds since the first timed iteration began", fontsize=8)
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    top.legend(fontsize=7)
+    return fig
+
+
 def default_sim_csv(root: Path) -> Path | None:
     p = Path(root).resolve().parent / SIM_CSV
     return p if p.exists() else None
 
 
 def write_runs_table(root: Path, out_dir: Path | None = None, sim_csv: Path | None = None) -> tuple[str, list[Path]]:
-    """runs.csv, pflops.png and iterations.png in `out_dir` (default `root`); each file is written whole."""
+    """runs.csv, pflops.png and iterations.png in `out_dir` (default `root`), and devices.png when some run's
+    devices changed; each file is written whole."""
     import matplotlib.pyplot as plt
 
     df = load_runs(root)
@@ -207,6 +241,8 @@ def write_runs_table(root: Path, out_dir: Path | None = None, sim_csv: Path | No
     out_dir = Path(out_dir or root)
     text = table.drop(columns="label").to_string(index=False, float_format=lambda x: f"{x:.4g}")
     figs = {"pflops.png": pflops_figure(table), "iterations.png": iterations_figure(df)}
+    if (moved := devices_figure(df)) is not None:
+        figs["devices.png"] = moved
     csv = out_dir / "runs.csv"
     atomic_write_text(csv, table.to_csv(index=False))
     paths = [csv]

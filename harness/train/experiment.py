@@ -20,7 +20,7 @@ from pathlib import Path
 from ..errors import HarnessError
 from ..compute import pflop_per_iteration
 from ..layout import Layout
-from ..files import atomic_write_json
+from ..files import atomic_write_json, atomic_write_text
 from ..results import IterationRecord, manifest, run_dir, write_minibatches, write_records
 from ..scenario import Topology
 from ..plan.request import RunRequest, RunSpec
@@ -187,6 +187,24 @@ def execute_many(reqs: list[RunRequest]) -> list[Path | HarnessError | None]:
         return results
 
 
+RECOVERY_COLUMNS = ("at_s", "after", "devices", "generation", "detect_s", "stop_s", "last_call_s", "restart_s",
+                    "resumed_from", "lost_iterations")
+
+
+def write_recoveries(path: Path, rows: list[dict]) -> None:
+    """recoveries.csv of an elastic run: per restart when the agent knew (s from its start), after what, the
+    devices it concerned, and the seconds of each part (as the simulator's recoveries.csv names them)."""
+    import csv
+    import io
+
+    text = io.StringIO()
+    w = csv.DictWriter(text, RECOVERY_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({**r, "devices": " ".join(map(str, r["devices"]))})
+    atomic_write_text(path, text.getvalue())
+
+
 def replan_summary(rows: list[dict]) -> list[dict]:
     """One entry per re-plan decision (rank 0's): taken or not, the search's seconds, the cost model before
     and after; a taken one adds its moves: the slowest rank's seconds (its first iteration waits for them)
@@ -245,6 +263,8 @@ def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
         rows = [row for r in per_rank for s in r if s.minibatches for row in s.minibatches]
         if rows:
             write_minibatches(out / "minibatches.csv", rows)
+        if "elastic" in extra:  # one row per restart of the elastic agent (train/elastic.py)
+            write_recoveries(out / "recoveries.csv", [e for e in extra["elastic"]["events"] if e["event"] == "restart"])
         replans = [row for r in per_rank for s in r if s.replans for row in s.replans]
         if spec.replan.enabled:
             extra = {**extra, "replans": replan_summary(replans)}

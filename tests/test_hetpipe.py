@@ -201,7 +201,8 @@ def test_sim_cli_writes_records_and_bad_inputs_are_one_line(cli, tmp_path):
                                        "takes --batch, --layers, --micro-batch, --d-pp, --budget, --seed, "
                                        "--ps-mode, --no-cache, --protocol, --allocator, --scheduler, --timeline, "
                                        "--iterations, --replan, --preempt-rate, --preempt-down, --preempt-notice, "
-                                       "--preempt-seed, --checkpoint-every, --storage-gbps)")
+                                       "--preempt-seed, --checkpoint-every, --storage-gbps, --recovery, --keepalive, "
+                                       "--last-call)")
 
 
 @pytest.mark.parametrize("flag", [("--budget", "10"), ("--ps-mode", "rounds"), ("--protocol", "gloo"),

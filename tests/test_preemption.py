@@ -211,8 +211,23 @@ def test_sim_predicts_every_system_under_devices_that_leave(cli, tmp_path, topo)
     assert len(drawn) >= 2 and set(drawn.kind) == {"restart"}
 
 
+def test_sim_recovery_restart_predicts_ours_as_harness_run_recovers_it_with_the_runs_agent_timers(cli, tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "t.yaml"
+    path.write_text("events: [{at_s: 0.05, preempt: 3}, {at_s: 12, return: 3}]")
+    rc, out, err = cli(*SIM, "--system", "ours", "--timeline", path, "--checkpoint-every", "5", "--iterations", "10000",
+                       "--recovery", "restart", "--keepalive", "1", "--last-call", "2", "--out", tmp_path / "run")
+    assert rc == 0, err
+    rec = pd.read_csv(tmp_path / "run" / "recoveries.csv")
+    assert set(rec.kind) == {"restart"} and rec.detect_s.iloc[0] == 3.0
+    # the last call waits only while a device is missing: after the preemption, not after the return
+    assert rec.restart_s.iloc[0] - rec.restart_s.iloc[1] == pytest.approx(2.0, abs=0.5)
+
+
 @pytest.mark.parametrize("args, message", [
     (("--preempt-down", "5"), "--preempt-down: only with --preempt-rate"),
+    (("--keepalive", "1"), "--keepalive: only when devices leave"),
     (("--checkpoint-every", "3"), "--checkpoint-every: only when devices leave"),
     (("--preempt-rate", "mars=1"), "--preempt-rate: unknown region 'mars'"),
     (("--preempt-rate", "0"), "--preempt-rate: every rate is 0"),

@@ -8,10 +8,11 @@ from pathlib import Path
 import pandas as pd
 
 from ..plan import systems
+from ..scenario.preemption import KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S
 from ..plan.arg_types import input_file, non_negative_float, non_negative_int, nonempty, positive_float, positive_int
 
 #: what only a timeline with devices that leave takes
-SPOT_FLAGS = ("checkpoint_every", "storage_gbps")
+SPOT_FLAGS = ("checkpoint_every", "storage_gbps", "keepalive", "last_call", "recovery")
 MARKET_FLAGS = ("preempt_down", "preempt_notice", "preempt_seed")
 
 
@@ -38,6 +39,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="every system checkpoints every N iterations (a restart resumes there; none: from iteration 0)")
     g.add_argument("--storage-gbps", type=positive_float, metavar="GB/s",
                    help="a checkpoint's write and read rate per device (default 2, a local NVMe drive: an assumption)")
+    g.add_argument("--recovery", choices=("own", "restart"),
+                   help="own (default): each system recovers as it does (ours re-plans in the run); restart: every "
+                        "system restarts from its checkpoint under torchrun's agent, as `harness run` does so far")
+    g.add_argument("--keepalive", type=positive_float, metavar="S",
+                   help=f"torchrun's keep-alive interval: a node is gone after {KEEPALIVE_MISSED} missed (default "
+                        f"{KEEPALIVE_S:g}; `harness run --keepalive`)")
+    g.add_argument("--last-call", type=non_negative_float, metavar="S",
+                   help=f"torchrun's wait for more nodes when below the most (default {LAST_CALL_S:g}; `harness run "
+                        "--last-call`)")
 
 
 def with_timeline(topo, args):
@@ -131,8 +141,10 @@ def print_spot(sim, cands, args, cfg, out_dir: Path) -> Path:
     from ..sim.preemption import RecoveryModel, predict_spot
 
     timeline, iterations = sim.topo.timeline, args.iterations or 100
-    model = RecoveryModel(checkpoint_every=args.checkpoint_every, **({"storage_gbps": args.storage_gbps}
-                                                                     if args.storage_gbps else {}))
+    given = {"storage_gbps": args.storage_gbps, "torchrun_last_call_s": args.last_call,
+             "torchrun_detect_s": None if args.keepalive is None else args.keepalive * KEEPALIVE_MISSED}
+    model = RecoveryModel(checkpoint_every=args.checkpoint_every, restart_all=args.recovery == "restart",
+                          **{k: v for k, v in given.items() if v is not None})
     rows, recoveries = [], []
     print(f"\nunder the timeline {timeline.source}: devices that leave and come back, {iterations} useful iterations"
           f" each (checkpoints: {f'every {args.checkpoint_every}' if args.checkpoint_every else 'none'})")

@@ -67,6 +67,7 @@ class RecoveryModel:
     detect_s: float = DETECT_S
     torchrun_detect_s: float = TORCHRUN_DETECT_S
     torchrun_last_call_s: float = TORCHRUN_LAST_CALL_S
+    restart_all: bool = False  # every system restarts under torchrun's agent (as `harness run` recovers, so far)
 
     def start(self) -> float:
         return measured_start_s() if self.start_s is None else self.start_s
@@ -180,7 +181,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
     if timeline.events or timeline.trace:
         raise SimError(f"{timeline.source}: the simulator predicts devices that leave, or links that change, so far "
                        "not both in one timeline")
-    entry = registry.get(system)
+    recovery = "restart" if model.restart_all else registry.get(system).recovery
     planner, N = _Planner(sim, system, cfg, batch, layout), iterations
     horizon = _horizon(planner, N, model)
     timed, by_iteration = device_events(timeline, sim.topo, horizon)
@@ -250,17 +251,17 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
             out.idle_s += events[0].at_s - t
             t = events[0].at_s
             pop(t)
-            restart(t, "devices back", 0.0, 0.0, rendezvous=entry.recovery == "restart")
+            restart(t, "devices back", 0.0, 0.0, rendezvous=recovery == "restart")
             continue
         lost = [e for e in due if e.kind == "preempt" and e.device in plan.devices]
         if lost:
-            if entry.recovery == "replan":
+            if recovery == "replan":
                 replan(t, lost[0].describe(), 0.0, "replan", model.detect_s)
             else:
                 restart(t, lost[0].describe(), 0.0, model.torchrun_detect_s, rendezvous=True)
             continue
         # at a boundary: a warned device leaves the plan now (replan systems), a device back joins
-        if entry.recovery == "replan":
+        if recovery == "replan":
             warned = [e for e in events if e.kind == "preempt" and e.device in plan.devices
                       and e.at_s - e.notice_s <= t < e.at_s]
             if warned:
@@ -275,7 +276,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
         leaving = {e.device for e in events if e.kind == "preempt" and e.at_s - e.notice_s <= t}
         ready = frozenset(d for d in up if ready_at[d] <= t and d not in leaving)
         if ready - considered:
-            if entry.recovery == "restart":
+            if recovery == "restart":
                 restart(t, f"device(s) {sorted(ready - considered)} back", 0.0, 0.0, rendezvous=True)
                 continue
             new = planner.plan(ready)
@@ -301,7 +302,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
             continue
         flight = hit.at_s - t
         pop(hit.at_s)
-        if entry.recovery == "replan":
+        if recovery == "replan":
             replan(hit.at_s, hit.describe(), flight, "replan", model.detect_s)
         else:
             restart(hit.at_s, hit.describe(), flight, model.torchrun_detect_s, rendezvous=True)

@@ -80,7 +80,8 @@ register(Workload(
                "--seed": 0, "--ps-mode": "grouped", "--no-cache": False, "--protocol": "nccl",
                "--allocator": None, "--scheduler": "ga", "--timeline": None, "--iterations": None,
                "--replan": False, "--preempt-rate": None, "--preempt-down": None, "--preempt-notice": None,
-               "--preempt-seed": None, "--checkpoint-every": None, "--storage-gbps": None},
+               "--preempt-seed": None, "--checkpoint-every": None, "--storage-gbps": None,
+               "--recovery": None, "--keepalive": None, "--last-call": None},
 ))
 register(Workload(
     "cnn", "HetPipe's CNNs as layer profiles (VGG-19, ResNet-152)", tuple(CNN_MODELS), get_cnn, Layer,

@@ -8,7 +8,8 @@ from pathlib import Path
 import pandas as pd
 
 from ..plan import systems
-from ..scenario.preemption import KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S
+from ..plan.flags import add_agent_arguments
+from ..scenario.preemption import KEEPALIVE_MISSED
 from ..plan.arg_types import input_file, non_negative_float, non_negative_int, nonempty, positive_float, positive_int
 
 #: what only a timeline with devices that leave takes
@@ -42,12 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recovery", choices=("own", "restart"),
                    help="own (default): each system recovers as it does (ours re-plans in the run); restart: every "
                         "system restarts from its checkpoint under torchrun's agent, as `harness run` does so far")
-    g.add_argument("--keepalive", type=positive_float, metavar="S",
-                   help=f"torchrun's keep-alive interval: a node is gone after {KEEPALIVE_MISSED} missed (default "
-                        f"{KEEPALIVE_S:g}; `harness run --keepalive`)")
-    g.add_argument("--last-call", type=non_negative_float, metavar="S",
-                   help=f"torchrun's wait for more nodes when below the most (default {LAST_CALL_S:g}; `harness run "
-                        "--last-call`)")
+    add_agent_arguments(g)
 
 
 def with_timeline(topo, args):

@@ -191,6 +191,17 @@ def add_transport_argument(p: argparse.ArgumentParser) -> None:
                         "links' bandwidth-delay product, no slow start after idle)")
 
 
+def add_agent_arguments(p) -> None:
+    """The elastic agent's timers, with devices that leave (a timeline's preempt:, spot:): `harness run`'s agent
+    and `harness sim`'s model of it take the same flags."""
+    p.add_argument("--keepalive", type=positive_float, metavar="S",
+                   help=f"with devices that leave: torchrun's keep-alive interval; a device is gone after "
+                        f"{KEEPALIVE_MISSED} missed (default {KEEPALIVE_S:g}, torchrun's)")
+    p.add_argument("--last-call", type=non_negative_float, metavar="S",
+                   help=f"with devices that leave: how long a restart on fewer devices than the run's waits for more "
+                        f"(default {LAST_CALL_S:g}, torchrun's)")
+
+
 def add_run_arguments(p: argparse.ArgumentParser) -> None:
     add_training_arguments(p, inventory=True)
     add_transport_argument(p)
@@ -203,12 +214,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", type=input_dir, metavar="RUN_DIR",
                    help="ours, ours-random: go on from that run's last complete checkpoint (any layout; --warmup + --iters "
                         "counts from iteration 0, as in that run)")
-    p.add_argument("--keepalive", type=positive_float, metavar="S",
-                   help=f"with devices that leave (a timeline's preempt:, spot:): the elastic agent's keep-alive "
-                        f"interval; a device is gone after {KEEPALIVE_MISSED} missed (default {KEEPALIVE_S:g}, torchrun's)")
-    p.add_argument("--last-call", type=non_negative_float, metavar="S",
-                   help=f"with devices that leave: how long a restart on fewer devices than the run's waits for more "
-                        f"(default {LAST_CALL_S:g}, torchrun's)")
+    add_agent_arguments(p)
     p.add_argument("--seed", type=non_negative_int, default=0,
                    help="data, init and random-assignment seed (default 0)")
     p.add_argument("--scheduler", type=nonempty, help="ours: ga (default) | ga-kl | random | exhaustive | identity | "

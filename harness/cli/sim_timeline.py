@@ -152,7 +152,8 @@ def print_spot(sim, cands, args, cfg, out_dir: Path) -> Path:
             continue
         pred = predict_spot(sim, c.system, cfg, args.batch, timeline, iterations, model,
                             layout=request_of(c.system, c.layout, sim.budget))
-        print(f"{c.system:<12} {systems.get(c.system).recovery:>8} {pred.total_s:>10.1f} {pred.useful_per_hour:>10.0f} "
+        recovers = "restart" if model.restart_all else systems.get(c.system).recovery
+        print(f"{c.system:<12} {recovers:>8} {pred.total_s:>10.1f} {pred.useful_per_hour:>10.0f} "
               f"{len(pred.recoveries):>6} {sum(r.lost_iterations for r in pred.recoveries):>8} "
               f"{sum(r.seconds for r in pred.recoveries):>10.1f} {pred.checkpoint_s:>12.2f}")
         rows += [{"system": c.system, **vars(i)} for i in pred.iterations]

@@ -68,3 +68,13 @@ def device_notices(pos: int = 0) -> tuple[list[tuple[str, int, float]], int]:
     whole = data[:data.rfind(b"\n") + 1]
     out = [(kind, int(d), float(t)) for kind, d, t in (line.split() for line in whole.decode().splitlines())]
     return out, pos + len(whole)
+
+
+def notices_end() -> int:
+    """Where the device events applied so far end (a `pos` for device_notices: the ones after now); 0 without a
+    timeline."""
+    path = os.environ.get(DEVICES_ENV)
+    try:
+        return os.path.getsize(path) if path else 0
+    except OSError:
+        return 0

@@ -21,7 +21,6 @@ it went on from and the iterations lost.
 from __future__ import annotations
 
 import json
-import math
 import os
 import pickle
 import signal
@@ -30,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from ..network.timeline_program import device_notices
+from ..network.timeline_program import device_notices, notices_end
 from ..plan.request import RunRequest, RunSpec
 from ..plan.survivors import layout_on, request_of
 from ..scenario.preemption import KEEPALIVE_MISSED
@@ -60,7 +59,7 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
     first_start, ckpt_dir = spec.resolved.start_iteration, spec.resolved.checkpoint_dir
     t0 = time.monotonic()  # the events' clock: the agent's start
     deadline = t0 + run.timeout_s
-    alive, down_at, pos = set(range(n)), {}, 0
+    alive, down_at, pos = set(range(n)), {}, notices_end()  # earlier runs' notices are theirs
     generations, events, kept = [], [], {}
     start, devices, layout, pending = first_start, tuple(range(n)), spec.layout, None
 
@@ -144,20 +143,24 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
             kept[first + i] = s
         gen["iterations"] = min(map(len, per_rank), default=0)
         if pending is not None:
-            pending["restart_s"] = _began(per_rank) - pending.pop("restart_began") if gen["iterations"] else None
+            began, ready = pending.pop("restart_began"), _training(journal, len(devices))
+            pending["restart_s"] = None if ready is None else ready - began  # forked to training, every rank
             pending = None
         if why == "done":
             break
         kind, who, known = why
         stopped = time.monotonic()
-        done = first + gen["iterations"]  # iterations this generation finished
+        # iterations done when it stopped (a generation that timed one had done its warm-up ones too)
+        done = first + gen["iterations"] if gen["iterations"] else start
         resume = (checkpoint.latest(Path(ckpt_dir)) if ckpt_dir else None) or first_start
         wait_s = _last_call(run.last_call_s, n, alive, take_notices) if kind == "lost" else 0.0
         pending = {"event": "restart", "after": "preempt" if kind == "lost" else "return", "devices": who,
                    "generation": g, "at_s": known - t0,
                    "detect_s": (known - max(down_at[d] for d in who)) if kind == "lost" else None,
                    "stop_s": stopped - known, "last_call_s": wait_s, "resumed_from": resume,
-                   "lost_iterations": max(0, done - max(resume, run.warmup)) + (1 if kind == "lost" else 0)}
+                   # done, then redone from the checkpoint (warm-up included), as the simulator counts them; the
+                   # iteration the ranks had begun when a device went is in flight, lost too
+                   "lost_iterations": max(0, done - resume), "in_flight": int(kind == "lost")}
         events.append(pending)
         start = resume
     steps = run.warmup + run.iters
@@ -226,9 +229,18 @@ def _iterations(per_rank: list[list[IterationStats]], layout: dict) -> list[Iter
     return merged
 
 
-def _began(per_rank: list[list[IterationStats]]) -> float:
-    """When a generation's first timed iteration began (time.monotonic())."""
-    return max(r[0].end - r[0].seconds for r in per_rank if r) if any(per_rank) else math.nan
+def _training(journal: Path, ranks: int) -> float | None:
+    """When the last rank of a generation was ready to train (its "training" mark, time.monotonic()): process
+    group, model, checkpoint loaded; None when some rank never was."""
+    at = []
+    for r in range(ranks):
+        path = journal / f"marks-{r}.jsonl"
+        marks = {} if not path.exists() else {k: v for line in path.read_text().splitlines() if line.endswith("}")
+                                              for k, v in json.loads(line).items()}
+        if "training" not in marks:
+            return None
+        at.append(marks["training"])
+    return max(at)
 
 
 def _drop_after(root: Path, start: int) -> None:

@@ -188,7 +188,7 @@ def execute_many(reqs: list[RunRequest]) -> list[Path | HarnessError | None]:
 
 
 RECOVERY_COLUMNS = ("at_s", "after", "devices", "generation", "detect_s", "stop_s", "last_call_s", "restart_s",
-                    "resumed_from", "lost_iterations")
+                    "resumed_from", "lost_iterations", "in_flight")
 
 
 def write_recoveries(path: Path, rows: list[dict]) -> None:

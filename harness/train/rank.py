@@ -6,6 +6,7 @@ sees of where it runs; `progress` lines are what the emulated launcher forwards.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -70,7 +71,11 @@ class RankContext:
     marks: dict = field(default_factory=dict)  # wall-clock times of milestones (e.g. "training")
 
     def mark(self, name: str) -> None:
-        """Note when a milestone was reached (start-up time of a run = first "training" mark)."""
+        """Note when a milestone was reached (start-up time of a run = first "training" mark); under the
+        elastic agent also in the journal, on time.monotonic() (a restart's time to training)."""
+        if name not in self.marks and self.journal is not None:
+            with open(os.path.join(self.journal, f"marks-{self.rank}.jsonl"), "a") as f:
+                f.write(json.dumps({name: time.monotonic()}) + "\n")
         self.marks.setdefault(name, time.time())
 
     def iteration_log(self) -> Journal:

@@ -18,7 +18,7 @@ def _train(system: str, ctx: RankContext, spec: RunSpec) -> list[IterationStats]
     timings, state = train_baseline(
         layout, cfg, m.batch, m.micro_batch, spec.run.iters, m.seed, m.lr,
         warmup=spec.run.warmup, want_state=ctx.collect_state, device=ctx.device, dtype=torch_dtype(spec),
-        progress=ctx.rank == 0, data=m.data,
+        progress=ctx.rank == 0, data=m.data, out=ctx.iteration_log(), mark=ctx.mark,
         # the compute model, if on: these runtimes keep activations (no recompute) and replicate the
         # embedding and head over the tensor-parallel group (parallelize.apply_tp)
         pace=(lambda stage: pacer_for(spec, stage, ctx.device_index, ctx.device, recompute=False,

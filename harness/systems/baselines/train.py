@@ -188,13 +188,17 @@ def train_baseline(
     layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, iters: int, seed: int, lr: float,
     warmup: int = 0, want_state: bool = False,
     device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress: bool = False,
-    pace=None, data: str = "uniform",
+    pace=None, data: str = "uniform", out: list | None = None, mark=None,
 ) -> tuple[list[IterationStats], dict[str, torch.Tensor] | None]:
     """Run `warmup + iters` iterations on this rank; returns the timed ones (and, if asked, the
     rank's parameters under reference names, restricted to its own stage). With `progress`, one
-    line per iteration on stderr (rank 0 asks for it, as `ours` does). pace: see build_rank."""
+    line per iteration on stderr (rank 0 asks for it, as `ours` does). pace: see build_rank. out: the list the
+    timed iterations are appended to (the rank's journal under the elastic agent); mark: RankContext.mark, told
+    when the rank is ready to train."""
     br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype, pace)
-    out = []
+    if mark is not None:
+        mark("training")
+    out = [] if out is None else out
     steps = warmup + iters
     for it in range(steps):
         try:

@@ -33,6 +33,10 @@ def test_a_preempted_device_restarts_the_run_from_its_checkpoint_and_is_used_aga
                        "--checkpoint-every", "2", "--keepalive", KEEPALIVE_S, "--last-call", LAST_CALL_S,
                        "--results", tmp_path / "res")
     assert rc == 0, err
+    assert "devices left and came back: 2 restarts (1 after a preemption)" in err
+    # nothing left running: the cluster, its namespaces and every generation's ranks are gone
+    rc, shown, _ = cli("net", "show")
+    assert rc == 0 and "0 run(s); namespaces here: 0" in shown
     (run,) = (tmp_path / "res" / "2-spot").iterdir()
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "ok"

@@ -271,7 +271,19 @@ def run_summary(run: Path) -> str:
             f"{r0['model']} L={r0['layers']} batch {r0['batch']}: {len(secs)} timed iterations, {mean:.4g} s per "
             f"iteration (min {min(secs):.4g}, max {max(secs):.4g}), {rate * factor:.4g} {unit}, "
             f"{r0['batch'] * r0['seq'] / mean:.4g} tokens/s, loss {recs[-1]['loss']:.4g}{floor}; records: "
-            f"{Path(run) / 'records.csv'}, manifest: {Path(run) / 'manifest.json'}{_replans(doc)}")
+            f"{Path(run) / 'records.csv'}, manifest: {Path(run) / 'manifest.json'}{_replans(doc)}"
+            f"{_restarts(doc, len(secs), sum(secs))}")
+
+
+def _restarts(doc: dict, iterations: int, seconds: float) -> str:
+    """Devices that left and came back: the elastic agent's restarts, what they cost, useful iterations per hour."""
+    if "elastic" not in doc:
+        return ""
+    rs = [e for e in doc["elastic"]["events"] if e["event"] == "restart"]
+    lost = sum(e["lost_iterations"] + e["in_flight"] for e in rs)
+    return (f"; devices left and came back: {len(rs)} restarts ({sum(e['after'] == 'preempt' for e in rs)} after a "
+            f"preemption), {lost} iterations lost, {iterations / seconds * 3600:.4g} useful iterations per hour "
+            f"(recoveries.csv)")
 
 
 def _replans(doc: dict) -> str:

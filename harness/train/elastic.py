@@ -61,6 +61,7 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
     deadline = t0 + run.timeout_s
     alive, down_at, pos = set(range(n)), {}, notices_end()  # earlier runs' notices are theirs
     generations, events, kept = [], [], {}
+    began = None  # when the run's first timed iteration began (time.monotonic())
     start, devices, layout, pending = first_start, tuple(range(n)), spec.layout, None
 
     def take_notices() -> list[tuple[str, int, float]]:
@@ -141,6 +142,8 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
         first = max(run.warmup, start)
         for i, s in enumerate(_iterations(per_rank, layout.to_json())):
             kept[first + i] = s
+            if began is None:
+                began = s.end - s.seconds
         gen["iterations"] = min(map(len, per_rank), default=0)
         if pending is not None:
             began, ready = pending.pop("restart_began"), _training(journal, len(devices))
@@ -168,7 +171,11 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
     missing = [i for i in want if i not in kept]
     if missing:
         raise RankFailure(f"elastic agent: iteration {missing[0]} was never completed")
-    return {"stats": [kept[i] for i in want], "generations": generations, "events": events}
+    stats = [kept[i] for i in want]
+    # the first one's time from when the run's first timed iteration began (in whichever generation): the
+    # iterations add up to the run's time, every restart in it, though a later generation redid them all
+    stats[0].seconds = stats[0].end - (began if began is not None else t0)
+    return {"stats": stats, "generations": generations, "events": events}
 
 
 def _kill(p) -> None:

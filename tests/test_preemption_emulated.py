@@ -74,4 +74,6 @@ def test_a_preempted_device_restarts_the_run_from_its_checkpoint_and_is_used_aga
     assert [float(r["loss"]) for r in rows] == pytest.approx(ref[1:], rel=1e-5)
     # the first iteration after each restart carries its recovery
     seconds = [float(r["seconds"]) for r in rows]
+    # they add up to the run's time from its first timed iteration on, every restart in it
+    assert min(seconds) > 0 and sum(seconds) > lost["detect_s"] + lost["last_call_s"] + lost["restart_s"]
     assert seconds[1] > lost["detect_s"] + lost["last_call_s"] and seconds[5] > joined["stop_s"]

@@ -146,8 +146,8 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
                 began = s.end - s.seconds
         gen["iterations"] = min(map(len, per_rank), default=0)
         if pending is not None:
-            began, ready = pending.pop("restart_began"), _training(journal, len(devices))
-            pending["restart_s"] = None if ready is None else ready - began  # forked to training, every rank
+            restarted, ready = pending.pop("restart_began"), _training(journal, len(devices))
+            pending["restart_s"] = None if ready is None else ready - restarted  # forked to training, every rank
             pending = None
         if why == "done":
             break

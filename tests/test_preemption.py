@@ -249,3 +249,29 @@ def test_run_refuses_device_events_it_cannot_apply_before_anything_is_written(cl
         rc, out, err = cli(*flags, *extra)
         assert rc == 2 and message in err, err
         assert err.count("\n") == 1 and not (tmp_path / "res").exists()
+
+
+def test_the_layout_on_the_devices_left_is_one_rule_with_spares_where_the_batch_does_not_split():
+    from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+    from harness.plan.survivors import layout_on
+
+    topo = load_scenario("2", devices=8)
+
+    def base(system, **layout):
+        return RunRequest(network=NetworkSection(scenario="2", devices=8, mode="none"),
+                          model=ModelSection(name="tiny", layers=4, batch=8, micro_batch=1),
+                          run=RunSection(system=system), layout=LayoutRequest(**layout))
+
+    left = [d for d in range(8) if d != 5]
+    # ours may take another pipeline depth: 7 devices split no batch of 8, so 6 (pp 3 x dp 2) and one spare
+    ours, _ = layout_on(base("ours", budget=50), topo, left)
+    assert len(ours.devices) == 6 and set(ours.devices) < set(left)
+    assert (ours.layout.pp, ours.layout.dp, ours.layout.devices) == (3, 2, 6)
+    # a restart keeps megatron's model-parallel degrees: pp 4, so 4 of the 7
+    meg, _ = layout_on(base("megatron", tp=1, pp=4, dp=2), topo, left)
+    assert (meg.layout.tp, meg.layout.pp, meg.layout.dp, len(meg.devices)) == (1, 4, 1, 4)
+    # every device there: the options as given
+    full, _ = layout_on(base("megatron", tp=1, pp=4, dp=2), topo, range(8))
+    assert full.devices == tuple(range(8)) and full.layout.dp == 2
+    # nothing lays out on no device: None and the rule's reason
+    assert layout_on(base("megatron", tp=1, pp=4, dp=2), topo, [])[0] is None

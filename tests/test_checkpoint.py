@@ -53,6 +53,9 @@ def test_an_incomplete_checkpoint_is_not_resumed_and_bad_requests_are_one_line(t
     assert checkpoint.latest(tmp_path / "run") is None  # rank 1 of 2 never wrote
     checkpoint.save(where, 1, 0, 1, {"x": (torch.ones(2), torch.zeros(2))})
     assert checkpoint.latest(tmp_path / "run") == 1
+    checkpoint.drop_after(where, 1)  # what a restart from 1 does: the later one (incomplete here) goes
+    assert sorted(p.name for p in where.iterdir()) == ["iter-1"] and checkpoint.latest(tmp_path / "run") == 1
+    checkpoint.save(where, 2, 0, 2, {"x": (torch.ones(2), torch.zeros(2))})
     with pytest.raises(HarnessError, match=r"^--resume: .*: its checkpoint is after iteration 1, and this run ends "
                                            r"at 1 \(--warmup \+ --iters\): nothing to run$"):
         with_checkpoints(plan_run(request(tmp_path, 1, resume=tmp_path / "run", pp=4, dp=2)))

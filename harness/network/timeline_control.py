@@ -125,6 +125,9 @@ class TimelineController:
         check_timeline(timeline, topo)
         # device events: in time order (a spot market's draws up to `horizon_s`) and in iteration order
         self.device_timed, self.device_iterations = device_events(timeline, topo, horizon_s)
+        # the timed preemptions that come with a notice, in the order their notices fall due
+        self.device_notices = sorted((e for e in self.device_timed if e.kind == "preempt" and e.notice_s > 0),
+                                     key=lambda e: e.at_s - e.notice_s)
         self.devices_path = Path(devices_path) if devices_path else None
         self.down: set[int] = set()  # devices preempted now: every link to and from them is cut
         # the devices whose egress this controller changes (a real node: its own), netns_paths in their order
@@ -219,7 +222,7 @@ class TimelineController:
                 continue
             for change in cursor.due(time.monotonic() - zero, iteration):
                 self._apply(change, state, run, iteration, zero)
-            now, ev, notices = time.monotonic() - zero, self.device_timed, self.device_timed_notices
+            now, ev, notices = time.monotonic() - zero, self.device_timed, self.device_notices
             while noticed < len(notices) and notices[noticed].at_s - notices[noticed].notice_s <= now:
                 self._tell("notice", notices[noticed].device, time.monotonic())
                 noticed += 1
@@ -238,14 +241,8 @@ class TimelineController:
         if self.restore_at_stop:
             self._restore()
 
-    @property
-    def device_timed_notices(self) -> list[DeviceEvent]:
-        """The timed preemptions that come with a notice, in the order their notices fall due."""
-        return sorted((e for e in self.device_timed if e.kind == "preempt" and e.notice_s > 0),
-                      key=lambda e: e.at_s - e.notice_s)
-
     def _next_device_s(self, timed: int, noticed: int) -> float | None:
-        notices = self.device_timed_notices
+        notices = self.device_notices
         due = [self.device_timed[timed].at_s] if timed < len(self.device_timed) else []
         due += [notices[noticed].at_s - notices[noticed].notice_s] if noticed < len(notices) else []
         return min(due, default=None)

@@ -30,7 +30,6 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-
 from ..compute import PAPER_BYTES
 from ..compute.links import Links
 from ..compute.model import GPTConfig

@@ -10,6 +10,7 @@ every iteration after draws the same data as before (the data of an iteration is
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -49,13 +50,25 @@ def checkpoint_root(run_dir: Path) -> Path:
     return root / DIRNAME if (root / DIRNAME).is_dir() else root
 
 
+def _saved(root: Path) -> list[int]:
+    """The iterations of every checkpoint directory under `root` (complete or not), latest first."""
+    return sorted((int(p.name.split("-", 1)[1]) for p in root.glob("iter-*") if p.name.split("-", 1)[1].isdigit()),
+                  reverse=True)
+
+
 def latest(run_dir: Path) -> int | None:
     """The iterations done at the last complete checkpoint under `run_dir` (a run directory, or its
     checkpoints/ directory); None when there is none."""
     root = checkpoint_root(run_dir)
-    done = sorted((int(p.name.split("-", 1)[1]) for p in root.glob("iter-*") if p.name.split("-", 1)[1].isdigit()),
-                  reverse=True)
-    return next((k for k in done if _complete(iteration_dir(root, k))), None)
+    return next((k for k in _saved(root) if _complete(iteration_dir(root, k))), None)
+
+
+def drop_after(root: Path, iteration: int) -> None:
+    """Remove the checkpoints after `iteration` under `root` (a stopped run's, perhaps incomplete: a run that
+    goes on from `iteration` writes them again)."""
+    for k in _saved(Path(root)):
+        if k > iteration:
+            shutil.rmtree(iteration_dir(root, k))
 
 
 def load(run_dir: Path, iteration: int, names) -> dict:

@@ -90,7 +90,7 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
         journal = Path(workdir) / f"generation-{g}"
         journal.mkdir(parents=True)
         if ckpt_dir:
-            _drop_after(Path(ckpt_dir), start)
+            checkpoint.drop_after(Path(ckpt_dir), start)
         target = start_rank(gspec, devices, g, str(journal))
         outdir = journal / "results"
         outdir.mkdir()
@@ -248,13 +248,3 @@ def _training(journal: Path, ranks: int) -> float | None:
             return None
         at.append(marks["training"])
     return max(at)
-
-
-def _drop_after(root: Path, start: int) -> None:
-    """Checkpoints after `start` (a stopped generation's, perhaps incomplete): a new generation writes them again."""
-    for p in root.glob("iter-*"):
-        k = p.name.split("-", 1)[1]
-        if k.isdigit() and int(k) > start:
-            for f in p.iterdir():
-                f.unlink()
-            p.rmdir()

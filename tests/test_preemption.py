@@ -275,3 +275,16 @@ def test_the_layout_on_the_devices_left_is_one_rule_with_spares_where_the_batch_
     assert full.devices == tuple(range(8)) and full.layout.dp == 2
     # nothing lays out on no device: None and the rule's reason
     assert layout_on(base("megatron", tp=1, pp=4, dp=2), topo, [])[0] is None
+    # going on from the survivors' memory: the device that alone holds what device 5 held (its stage's other
+    # replica) does not wait as the spare, though it would on bandwidth alone
+    from harness.layout import in_rank_order
+    from harness.layout.holdings import holdings
+
+    old = in_rank_order(1, 4, 2, 4)  # stage j on devices 2j, 2j + 1
+    partner = 4
+    held = {d: items for d, items in holdings(old).items() if d != 5}
+    by_bandwidth, _ = layout_on(base("ours", budget=50), topo, left)
+    kept, _ = layout_on(base("ours", budget=50), topo, left, held)
+    assert partner in kept.devices and len(kept.devices) == 6
+    assert set().union(*(held[d] for d in kept.devices)) == set().union(*held.values())
+    assert partner not in by_bandwidth.devices

@@ -12,7 +12,8 @@ from harness.compute.model import get_model
 from harness.errors import HarnessError
 from harness.plan.layouts import plan_run
 from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection, RunSpec
-from harness.sim.replan import holdings, move_sources
+from harness.layout.holdings import holdings
+from harness.sim.replan import move_sources
 from harness.systems.ours.replan import LEAD, item_of
 from harness.train.experiment import replan_summary
 from harness.train.gpt import GPT

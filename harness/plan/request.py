@@ -279,6 +279,9 @@ class Resolved:
     kernel: str = "none"  # host | uml | none: what shaped the links; the launcher fills it in
     checkpoint_dir: str | None = None  # where the ranks write checkpoints (absolute): run.checkpoint_every
     start_iteration: int = 0  # run.resume: the iterations its checkpoint had done; this run goes on from there
+    # the elastic agent, for a system that recovers from its survivors' memory (train/snapshots.py):
+    # {"root", "generation", "recover": a RecoveryPlan's JSON for the generation after a preemption, or None}
+    snapshots: dict | None = None
 
     def __post_init__(self):
         _one_of("resolved.backend", self.backend, BACKENDS)

@@ -6,7 +6,8 @@ given. On fewer: the tensor and pipeline degrees given with the replicas the dev
 model-parallel configuration); a system that re-plans also any other pipeline depth, the nearest first; only
 degrees whose replicas split the batch (the layout rule would refuse the others, after its search). When no
 option lays out the devices, the one with the least bandwidth to the rest waits as a spare and the rule tries
-again on the others.
+again on the others; for a system that goes on from its survivors' memory, not a device that alone holds some
+part of the model while another can wait instead (its state would be lost).
 """
 from __future__ import annotations
 
@@ -57,9 +58,11 @@ def options_on(base: RunRequest, n_all: int, n: int) -> list[LayoutRequest]:
     return [replace(want, pp=pp, dp=n // (tp * pp)) for pp in pps]
 
 
-def layout_on(base: RunRequest, topo: Topology, devices) -> tuple[SubsetLayout | None, str]:
+def layout_on(base: RunRequest, topo: Topology, devices, held: dict[int, set] | None = None
+              ) -> tuple[SubsetLayout | None, str]:
     """(the layout of `base` on the largest laid-out set of `devices` (the run's ids on `topo`, the run's whole
-    topology), or None; the rule's last refusal)."""
+    topology), or None; the rule's last refusal). `held`: what each device holds now (layout/holdings), for a
+    system that goes on from its survivors' memory."""
     from .layouts import resolve_layout
 
     devices, why = sorted(devices), ""
@@ -73,6 +76,14 @@ def layout_on(base: RunRequest, topo: Topology, devices) -> tuple[SubsetLayout |
                 why = str(e)
                 continue
             return SubsetLayout(tuple(devices), lay, time.perf_counter() - t0), why
-        worst = min(devices, key=lambda d: sum(bw[d, e] for e in devices if e != d))
+        worst = min(_spare_candidates(devices, held or {}), key=lambda d: sum(bw[d, e] for e in devices if e != d))
         devices = [d for d in devices if d != worst]
     return None, why
+
+
+def _spare_candidates(devices: list[int], held: dict[int, set]) -> list[int]:
+    """The devices that may wait as a spare: those whose every item another of `devices` holds too (all, when
+    none is)."""
+    def kept_elsewhere(d: int) -> bool:
+        return all(any(item in held.get(e, ()) for e in devices if e != d) for item in held.get(d, ()))
+    return [d for d in devices if kept_elsewhere(d)] or devices

@@ -36,7 +36,8 @@ from ..compute.model import GPTConfig
 from ..plan import systems as registry
 from ..plan.survivors import layout_on
 from ..scenario.preemption import KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S, DeviceEvent, device_events
-from .replan import holdings, item_bytes, transfer_seconds
+from ..layout.holdings import holdings
+from .replan import item_bytes, transfer_seconds
 from .systems import SimError
 
 #: ours' failure detector: a heartbeat every HEARTBEAT_S through the store, a device gone after MISSED
@@ -126,7 +127,7 @@ class _Plan:
     devices: tuple[int, ...]  # the run's device ids, in the subset's order
     seconds: float  # an iteration
     search_s: float
-    held: dict  # run's device id -> what it holds (replan.holdings)
+    held: dict  # run's device id -> what it holds (layout/holdings.holdings)
 
 
 class _Planner:
@@ -140,13 +141,15 @@ class _Planner:
         self.cache: dict[frozenset, _Plan | None] = {}
         self.why = ""  # the rule's last refusal
 
-    def plan(self, devices) -> _Plan | None:
-        key = frozenset(devices)
+    def plan(self, devices, held: dict | None = None) -> _Plan | None:
+        """`held`: what the devices hold now (layout_on keeps a device that alone holds some item)."""
+        kept = None if held is None else {d: items for d, items in held.items() if d in set(devices)}
+        key = (frozenset(devices), None if kept is None else frozenset((d, frozenset(i)) for d, i in kept.items()))
         if key not in self.cache:
-            self.cache[key] = self._search(sorted(key))
+            self.cache[key] = self._search(sorted(key[0]), kept)
         return self.cache[key]
 
-    def _search(self, devices: list[int]) -> _Plan | None:
+    def _search(self, devices: list[int], held: dict | None) -> _Plan | None:
         from ..plan.request import ModelSection, NetworkSection, RunRequest, RunSection
 
         sim, topo = self.sim, self.sim.topo
@@ -154,7 +157,7 @@ class _Planner:
                           model=ModelSection(name=self.cfg.name, layers=self.cfg.layers, batch=self.batch,
                                              micro_batch=sim.micro_batch),
                           run=RunSection(system=self.entry.name), layout=self.layout)
-        found, self.why = layout_on(base, topo, devices)
+        found, self.why = layout_on(base, topo, devices, held)
         if found is None:
             return None
         devices, lay = list(found.devices), found.layout
@@ -226,8 +229,8 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
         nonlocal t, plan, considered
         pop(at + detect)
         survivors = {d for d in up if ready_at[d] <= at + detect} - without
-        new = planner.plan(survivors)
         had = {d: items for d, items in plan.held.items() if d in up}
+        new = planner.plan(survivors, had)
         if new is None or not _all_held(had, new.held):  # ours' launcher starts every rank again
             return restart(at, f"{why}; no copy of some stage survives", flight_s, detect, rendezvous=False)
         moved_s = transfer_seconds(had, new.held, cfg, sim.links)[0] if new.held != had else 0.0
@@ -265,7 +268,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
                       and e.at_s - e.notice_s <= t < e.at_s]
             if warned:
                 survivors = {d for d in up if ready_at[d] <= t} - {e.device for e in warned}
-                new = planner.plan(survivors)
+                new = planner.plan(survivors, plan.held)
                 if new is not None and _all_held(plan.held, new.held):
                     cost = new.search_s + transfer_seconds(plan.held, new.held, cfg, sim.links)[0]
                     if t + cost <= min(e.at_s for e in warned):
@@ -278,7 +281,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
             if recovery == "restart":
                 restart(t, f"device(s) {sorted(ready - considered)} back", 0.0, 0.0, rendezvous=True)
                 continue
-            new = planner.plan(ready)
+            new = planner.plan(ready, plan.held)
             considered = ready
             if new is not None and new.seconds < plan.seconds:
                 cost = new.search_s + transfer_seconds(plan.held, new.held, cfg, sim.links)[0]

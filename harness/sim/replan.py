@@ -21,6 +21,7 @@ from ..compute import PAPER_BYTES, training_bytes_per_param
 from ..compute.model import GPTConfig
 from ..compute.transport import INITIAL_WINDOW_SEGMENTS
 from ..layout import Layout
+from ..layout.holdings import holdings, sources_of
 from ..plan import systems as registry
 from ..scenario.timeline import PredictedIteration, predict_iterations
 from .systems import SimError
@@ -48,34 +49,10 @@ class Replan:
         return self.plan_seconds + self.move_seconds
 
 
-def holdings(layout: Layout) -> dict[int, set]:
-    """What each device holds: ("block", i) of its stage's range, ("embedding",) on stage 0, ("head",) on the
-    last stage."""
-    out: dict[int, set] = {}
-    for pipe in layout.replica_pipelines():
-        last = len(pipe.devices) - 1
-        for j, (d, (a, b)) in enumerate(zip(pipe.devices, pipe.stages)):
-            held = {("block", i) for i in range(a, b)}
-            held |= {("embedding",)} if j == 0 else set()
-            held |= {("head",)} if j == last else set()
-            out.setdefault(d, set()).update(held)
-    return out
-
-
 def move_sources(old: Layout, new: Layout, rate) -> dict[int, dict[tuple, int]]:
     """What each device of `new` must receive: {device: {item: source}}, an item (holdings) it did not hold
     in `old`, from the old holder with the fastest link to it (`rate[source, device]`, any unit)."""
     return sources_of(holdings(old), holdings(new), rate)
-
-
-def sources_of(had: dict[int, set], has: dict[int, set], rate) -> dict[int, dict[tuple, int]]:
-    """move_sources on holdings by device: `had` what the devices hold now, `has` what they must hold."""
-    holders: dict[tuple, list[int]] = {}
-    for d in sorted(had):
-        for item in sorted(had[d]):
-            holders.setdefault(item, []).append(d)
-    return {d: {item: max(holders[item], key=lambda s: rate[s, d]) for item in sorted(items - had.get(d, set()))}
-            for d, items in sorted(has.items()) if items - had.get(d, set())}
 
 
 def item_params(cfg: GPTConfig) -> dict[str, int]:

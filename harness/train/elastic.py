@@ -12,6 +12,13 @@ generation of ranks starts from the last complete checkpoint (train/checkpoint.p
 and redoes every iteration since. A device that comes back makes the agent restart the same way, on more
 devices (torchrun: a node waiting to join).
 
+A system that recovers by re-planning (ours) goes on from its survivors' memory instead (train/snapshots.py):
+its ranks keep what they hold after each iteration, the agent forgets a preempted device's, re-plans (the same
+layout rule) and starts the next generation from the last iteration every item of the new layout survived in;
+each rank takes what its device held and receives the rest from a surviving replica over the links. Only the
+iteration in flight is lost; where no survivor holds some item, the run goes on from its checkpoint as above.
+The processes still restart (their groups are rebuilt from scratch): what that costs is in each event's marks.
+
 Every rank journals its timed iterations as it takes them (stats.Journal), so a stopped generation's iterations
 are kept: an iteration's figures are those of the last generation that did it, and its time is from the end of
 the iteration before (a recovery shows in the first iteration after it). Each event's record: when the device
@@ -23,17 +30,21 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
+import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from ..network.timeline_program import device_notices, notices_end
+from ..layout.holdings import holdings
+from ..plan import systems as registry
 from ..plan.request import RunRequest, RunSpec
 from ..plan.survivors import layout_on, request_of
 from ..scenario.preemption import KEEPALIVE_MISSED
-from . import checkpoint
+from . import checkpoint, snapshots
 from .launch import GRACE_S, RankFailure, describe_exit, run_child, stop_children
 from .stats import IterationStats, merge_stats
 
@@ -50,6 +61,20 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
     journal)` gives the function a generation's rank r runs (on device devices[r]). Returns {"stats": the useful
     iterations (IterationStats, in order), "generations": [...], "events": [...]}; raises RankFailure when a rank
     fails by itself, no layout fits the devices left, or the run's timeout passes."""
+    if registry.get(spec.run.system).recovery != "replan":
+        return _agent(spec, topo, start_rank, workdir, label, None)
+    # the devices' memory: the node's tmpfs where there is one (what a rank keeps there is the size of its stage)
+    memory = Path(tempfile.mkdtemp(prefix="harness-memory-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK)
+                                   else workdir.parent))
+    try:
+        return _agent(spec, topo, start_rank, workdir, label, memory)
+    finally:
+        shutil.rmtree(memory, ignore_errors=True)
+
+
+def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path | None) -> dict:
+    """run_elastic; `memory`: where the ranks keep their snapshots (train/snapshots.py), for a system that
+    recovers from its survivors' memory."""
     import multiprocessing as mp
 
     ctx = mp.get_context("fork")
@@ -63,6 +88,7 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
     generations, events, kept = [], [], {}
     began = None  # when the run's first timed iteration began (time.monotonic())
     start, devices, layout, pending = first_start, tuple(range(n)), spec.layout, None
+    found, recover = None, None  # the next generation's layout, and its RecoveryPlan (JSON) from memory
 
     def take_notices() -> list[tuple[str, int, float]]:
         nonlocal pos
@@ -71,6 +97,8 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
             if kind == "preempt":
                 alive.discard(d)
                 down_at[d] = at
+                if memory is not None:
+                    snapshots.forget(memory, d)
             elif kind == "return":
                 alive.add(d)
             if kind != "notice":
@@ -79,13 +107,14 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
 
     while True:
         g = len(generations)
-        if g:  # a layout on the devices there
-            found, why = layout_on(base, topo, alive)
-            if found is None:
-                raise RankFailure(f"elastic agent: no layout of {run.system} on devices {sorted(alive)}: {why}")
+        if g:  # the layout on the devices there (decided when the last one ended)
             devices, layout = found.devices, found.layout
         gspec = replace(spec, layout=layout).with_resolved(start_iteration=start)
-        if start != first_start:  # from the run's own checkpoint
+        if memory is not None:
+            gspec = gspec.with_resolved(snapshots={"root": str(memory), "generation": g, "recover": recover})
+            for d in set(range(n)) - set(devices):  # a spare holds nothing of this generation
+                snapshots.forget(memory, d)
+        if start != first_start and recover is None:  # from the run's own checkpoint
             gspec = replace(gspec, run=replace(run, resume=ckpt_dir))
         journal = Path(workdir) / f"generation-{g}"
         journal.mkdir(parents=True)
@@ -146,8 +175,10 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
                 began = s.end - s.seconds
         gen["iterations"] = min(map(len, per_rank), default=0)
         if pending is not None:
-            restarted, ready = pending.pop("restart_began"), _training(journal, len(devices))
-            pending["restart_s"] = None if ready is None else ready - restarted  # forked to training, every rank
+            restarted, marks = pending.pop("restart_began"), _marks(journal, len(devices))
+            # forked to training, every rank; and to each milestone on the way (process group, state moved, ...)
+            pending["restart_s"] = marks["training"] - restarted if "training" in marks else None
+            pending["restart_marks_s"] = {m: at - restarted for m, at in marks.items()}
             pending = None
         if why == "done":
             break
@@ -155,15 +186,28 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
         stopped = time.monotonic()
         # iterations done when it stopped (a generation that timed one had done its warm-up ones too)
         done = first + gen["iterations"] if gen["iterations"] else start
-        resume = (checkpoint.latest(Path(ckpt_dir)) if ckpt_dir else None) or first_start
         wait_s = _last_call(run.last_call_s, n, alive, take_notices) if kind == "lost" else 0.0
+        held = None if memory is None else \
+            {devices[r]: items for r, items in holdings(layout).items() if devices[r] in alive}
+        found, why_not = layout_on(base, topo, alive, held)
+        if found is None:
+            raise RankFailure(f"elastic agent: no layout of {run.system} on devices {sorted(alive)}: {why_not}")
+        recover, why_not = None, ""
+        if memory is not None:  # from the survivors' memory, where every item of the new layout survived
+            plan, why_not = snapshots.recovery_plan(memory, g, devices, layout, found.devices, found.layout,
+                                                    topo.bandwidth_gbps)
+            recover = None if plan is None else {**plan.to_json(), "generation": g}
+        resume = recover["iteration"] if recover else \
+            (checkpoint.latest(Path(ckpt_dir)) if ckpt_dir else None) or first_start
         pending = {"event": "restart", "after": "preempt" if kind == "lost" else "return", "devices": who,
                    "generation": g, "at_s": known - t0,
                    "detect_s": (known - max(down_at[d] for d in who)) if kind == "lost" else None,
-                   "stop_s": stopped - known, "last_call_s": wait_s, "resumed_from": resume,
+                   "stop_s": stopped - known, "last_call_s": wait_s, "replan_s": found.search_s,
+                   "resumed_from": resume, "from": "memory" if recover else "checkpoint" if resume else "start",
+                   **({"why_not_memory": why_not} if memory is not None and not recover else {}),
                    # done, then redone from the checkpoint (warm-up included), as the simulator counts them; the
                    # iteration the ranks had begun when a device went is in flight, lost too
-                   "lost_iterations": max(0, done - resume), "in_flight": int(kind == "lost")}
+                   "lost_iterations": max(0, done - resume), "in_flight": int(kind == "lost" or bool(recover))}
         events.append(pending)
         start = resume
     steps = run.warmup + run.iters
@@ -236,15 +280,14 @@ def _iterations(per_rank: list[list[IterationStats]], layout: dict) -> list[Iter
     return merged
 
 
-def _training(journal: Path, ranks: int) -> float | None:
-    """When the last rank of a generation was ready to train (its "training" mark, time.monotonic()): process
-    group, model, checkpoint loaded; None when some rank never was."""
-    at = []
+def _marks(journal: Path, ranks: int) -> dict[str, float]:
+    """When the last rank of a generation reached each milestone every rank reached (time.monotonic()):
+    "process_group", "model", "training" (ready to train: process group, model, state loaded), ..."""
+    every: dict[str, list[float]] = {}
     for r in range(ranks):
         path = journal / f"marks-{r}.jsonl"
         marks = {} if not path.exists() else {k: v for line in path.read_text().splitlines() if line.endswith("}")
                                               for k, v in json.loads(line).items()}
-        if "training" not in marks:
-            return None
-        at.append(marks["training"])
-    return max(at)
+        for k, v in marks.items():
+            every.setdefault(k, []).append(v)
+    return {k: max(v) for k, v in every.items() if len(v) == ranks}

@@ -187,13 +187,16 @@ def execute_many(reqs: list[RunRequest]) -> list[Path | HarnessError | None]:
         return results
 
 
-RECOVERY_COLUMNS = ("at_s", "after", "devices", "generation", "detect_s", "stop_s", "last_call_s", "restart_s",
-                    "resumed_from", "lost_iterations", "in_flight")
+RECOVERY_COLUMNS = ("at_s", "after", "devices", "generation", "detect_s", "stop_s", "last_call_s", "replan_s",
+                    "restart_s", "process_group_s", "state_moved_s", "from", "resumed_from", "lost_iterations",
+                    "in_flight")
 
 
 def write_recoveries(path: Path, rows: list[dict]) -> None:
     """recoveries.csv of an elastic run: per restart when the agent knew (s from its start), after what, the
-    devices it concerned, and the seconds of each part (as the simulator's recoveries.csv names them)."""
+    devices it concerned, the seconds of each part (as the simulator's recoveries.csv names them; process_group_s
+    and state_moved_s from the restart's fork, as restart_s), where it went on from (memory: the survivors',
+    checkpoint, start) and the iterations lost."""
     import csv
     import io
 
@@ -201,7 +204,8 @@ def write_recoveries(path: Path, rows: list[dict]) -> None:
     w = csv.DictWriter(text, RECOVERY_COLUMNS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     for r in rows:
-        w.writerow({**r, "devices": " ".join(map(str, r["devices"]))})
+        marks = {f"{m}_s": v for m, v in r.get("restart_marks_s", {}).items()}  # from the restart's fork
+        w.writerow({**r, **marks, "devices": " ".join(map(str, r["devices"]))})
     atomic_write_text(path, text.getvalue())
 
 

@@ -31,11 +31,11 @@ from .replan import ReplanControl, exchange
 from ...train.gpt import GPT, lm_loss, synthetic_batch
 from ...train.compute_model import pacer_for
 from ...plan.request import RunSpec
-from ...train.rank import RankContext, iteration_mark, iteration_progress, torch_dtype
+from ...train.rank import RankContext, iteration_mark, iteration_progress, progress, torch_dtype
 from ...compute import micro_batches
 from ...train.reference import make_optimizer
 from ...train.stats import IterationStats
-from ...train import checkpoint as checkpoints, wire
+from ...train import checkpoint as checkpoints, snapshots, wire
 
 KIND_ACT, KIND_GRAD = 1, 2
 KIND_MOVE = 8  # a re-plan's weights (replan.exchange)
@@ -102,7 +102,10 @@ class PipelineStageRunner:
         self.trace = spec.debug.trace  # per-iteration phase times on stderr
         self.send_delay_s, self.overlap = spec.debug.send_delay_s, spec.debug.overlap  # planted regressions
         self._place(L)
-        if spec.resolved.start_iteration:  # resumed: what this stage holds, from the checkpoint, by name
+        self.snapshots = spec.resolved.snapshots
+        if self.snapshots and self.snapshots["recover"]:  # after a preemption: from the survivors' memory
+            self._place(L, self._recover(self.snapshots))
+        elif spec.resolved.start_iteration:  # resumed: what this stage holds, from the checkpoint, by name
             self._place(L, checkpoints.load(spec.run.resume, spec.resolved.start_iteration, self.param_names))
 
     def _place(self, L, state: dict | None = None) -> None:
@@ -138,6 +141,26 @@ class PipelineStageRunner:
                                                                               self.n_local)
                                     if op == "B"]
         self.pacer = pacer_for(spec, self.stage_idx, ctx.device_index, ctx.device)  # the compute model, if on
+
+    def _recover(self, snap: dict) -> dict:
+        """The generation after a preemption (train/snapshots.py): what this device held after the plan's
+        iteration, and what its new stage lacks from the survivor the agent chose, over the links."""
+        plan, t = snap["recover"], time.perf_counter()
+        local = snapshots.load(snap["root"], self.ctx.device_index, plan["generation"], plan["iteration"])
+        got, sent, received = exchange(local, list(self.shapes), self.shapes,
+                                       snapshots.RecoveryPlan.sources_from_json(plan), self.ctx.rank,
+                                       tag(plan["iteration"], KIND_MOVE, 0), self.ctx.device)
+        self.ctx.mark("state_moved")
+        if received or sent:
+            progress(f"rank {self.ctx.rank}: recovered after iteration {plan['iteration']}: {received / 1e6:.2f} MB "
+                     f"received, {sent / 1e6:.2f} MB sent in {time.perf_counter() - t:.2f} s")
+        return {**local, **got}
+
+    def snapshot(self, done: int) -> None:
+        """Under the elastic agent: what this device holds after `done` iterations, in its memory."""
+        if self.snapshots:
+            snapshots.save(self.snapshots["root"], self.ctx.device_index, self.snapshots["generation"], done,
+                           self.held())
 
     def held(self) -> dict:
         """This stage's parameters and their SGD momentum by full GPT name (what a re-plan moves)."""
@@ -311,6 +334,7 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     steps = warmup + spec.run.iters
     posted = {start: runner.post_receives(start)}
     stats = ctx.iteration_log()
+    runner.snapshot(start)
     # No start barrier: the pipeline and the DP exchange synchronise the ranks; the first
     # (warm-up) iterations absorb connection set-up.
     ctx.mark("training")
@@ -323,6 +347,7 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
                 posted[nxt] = runner.post_receives(nxt)
 
         compute, loss = runner.iteration(it, posted.pop(it), post_next)
+        runner.snapshot(it + 1)  # in the iteration's time: what recovering from memory costs
         t = time.monotonic()
         if it == start:
             ctx.mark("first_iteration")

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ...errors import HarnessError
 from ...layout import Layout
+from ...layout.holdings import item_from_key, item_key, item_of
 from ...plan.layouts import resolve_layout, run_topology
 from ...plan.request import LayoutRequest, RunRequest, RunSpec
 from ...scenario.timeline import LinkState
@@ -41,23 +42,6 @@ from .layout import placement_cost
 
 LEAD = REPLAN_LEAD  # iterations from rank 0's decision to the first iteration on the new plan (module docstring)
 KEY = "harness/replan/{}"
-
-
-def item_of(name: str) -> tuple:
-    """The item (sim/replan.holdings) a GPT parameter name belongs to."""
-    part = name.split(".")
-    if part[0] == "blocks":
-        return ("block", int(part[1]))
-    return {"embed": ("embedding",), "head": ("head",)}[part[0]]
-
-
-def _item_key(item: tuple) -> str:
-    return ":".join(map(str, item))
-
-
-def _item(key: str) -> tuple:
-    kind, _, index = key.partition(":")
-    return (kind, int(index)) if index else (kind,)
 
 
 class ReplanControl:
@@ -114,7 +98,7 @@ class ReplanControl:
         if not value:
             return None
         doc = json.loads(value)
-        sources = {int(d): {_item(k): int(s) for k, s in items.items()} for d, items in doc["sources"].items()}
+        sources = {int(d): {item_from_key(k): int(s) for k, s in items.items()} for d, items in doc["sources"].items()}
         return Layout.from_json(doc["layout"]), sources
 
     # -- rank 0 ---------------------------------------------------------------------------------------
@@ -164,7 +148,7 @@ class ReplanControl:
         rate = np.asarray(topo.bandwidth_gbps)
         sources = move_sources(old, new, rate)
         return json.dumps({"layout": new.to_json(),
-                           "sources": {str(d): {_item_key(i): s for i, s in items.items()}
+                           "sources": {str(d): {item_key(i): s for i, s in items.items()}
                                        for d, items in sources.items()}})
 
 

@@ -119,7 +119,8 @@ def test_ours_replans_on_the_survivors_and_loses_only_the_iteration_in_flight(tm
     (r,) = p.recoveries
     assert r.kind == "replan" and r.detect_s == DETECT_S and r.lost_iterations == 1
     assert r.lost_s == pytest.approx(0.5 * T, rel=0.05)
-    assert r.replan_s > 0 and r.transfer_s > 0 and r.restart_s == 0 and r.devices_after < 8
+    assert r.replan_s > 0 and r.transfer_s > 0 and r.restart_s == START_S and r.devices_after < 8
+    # its runtime starts the processes again (train/snapshots.py): a process start, and no checkpoint load
     assert [i.iteration for i in p.iterations] == list(range(40))  # nothing redone but the one in flight
     after = [i for i in p.iterations if i.start_s > at]
     assert after[0].iteration == 10 and after[0].start_s == pytest.approx(at + r.seconds)

@@ -50,11 +50,11 @@ def test_ours_goes_on_from_its_survivors_memory_after_a_preemption_and_uses_the_
     preempt, lost, ret, joined = events
     assert (preempt["event"], preempt["device"], ret["event"], ret["device"]) == ("preempt", 5, "return", 5)
     # the preemption: known after the keep-alives missed (the last one came at most an interval before it),
-    # the rendezvous's last call waited for more devices, then the run went on from the survivors' memory after
+    # then the run went on from the survivors' memory after
     # iteration 3 (the last every rank had done; a checkpoint was at 2): only iteration 3, in flight, was lost
     assert lost["event"] == "restart" and lost["after"] == "preempt" and lost["devices"] == [5]
     assert (3 - 1) * KEEPALIVE_S - 0.5 <= lost["detect_s"] <= 3 * KEEPALIVE_S + 2.0, lost
-    assert LAST_CALL_S <= lost["last_call_s"] < LAST_CALL_S + 1.0
+    assert lost["last_call_s"] == 0  # ours re-plans on the devices there (torchrun's rendezvous would wait)
     assert lost["resumed_from"] == 3 and lost["from"] == "memory"
     assert (lost["lost_iterations"], lost["in_flight"]) == (0, 1)
     # each part of the recovery: the re-plan, then (after the processes started) the process group, the state

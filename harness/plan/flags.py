@@ -18,7 +18,7 @@ from ..workloads.markov import DATA_SETS
 from ..errors import HarnessError
 from ..scenario import ScenarioError, load_scenario, reload_name
 from ..scenario.inventory import Inventory, InventoryError
-from ..scenario.preemption import KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S
+from ..scenario.preemption import HEARTBEAT_S, KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S
 from ..scenario.transport import PRESETS
 from .arg_types import (flag_dest, input_dir, input_file, non_negative_float, non_negative_int, nonempty, output_dir, positive_float, positive_int,
                         scenario_name)
@@ -172,7 +172,7 @@ def request_from_args(args, layout):
         run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
                        timeout_s=args.timeout, results_root=str(args.results) if args.results else None,
                        checkpoint_every=getattr(args, "checkpoint_every", None),
-                       keepalive_s=getattr(args, "keepalive", None) or KEEPALIVE_S,
+                       keepalive_s=getattr(args, "keepalive", None) or default_keepalive(args.system),
                        last_call_s=LAST_CALL_S if getattr(args, "last_call", None) is None else args.last_call,
                        resume=None if getattr(args, "resume", None) is None else str(Path(args.resume).resolve())),
         compute=ComputeSection(model=args.compute_model, time_scale=args.compute_time_scale),
@@ -191,12 +191,18 @@ def add_transport_argument(p: argparse.ArgumentParser) -> None:
                         "links' bandwidth-delay product, no slow start after idle)")
 
 
+def default_keepalive(system: str) -> float:
+    """A system that re-plans detects a lost device with its own heartbeat; the others with torchrun's."""
+    return HEARTBEAT_S if systems.get(system).recovery == "replan" else KEEPALIVE_S
+
+
 def add_agent_arguments(p) -> None:
     """The elastic agent's timers, with devices that leave (a timeline's preempt:, spot:): `harness run`'s agent
     and `harness sim`'s model of it take the same flags."""
     p.add_argument("--keepalive", type=positive_float, metavar="S",
-                   help=f"with devices that leave: torchrun's keep-alive interval; a device is gone after "
-                        f"{KEEPALIVE_MISSED} missed (default {KEEPALIVE_S:g}, torchrun's)")
+                   help=f"with devices that leave: the keep-alive interval; a device is gone after "
+                        f"{KEEPALIVE_MISSED} missed (default {KEEPALIVE_S:g}, torchrun's; {HEARTBEAT_S:g} for a "
+                        f"system that re-plans, ours' heartbeat)")
     p.add_argument("--last-call", type=non_negative_float, metavar="S",
                    help=f"with devices that leave: how long a restart on fewer devices than the run's waits for more "
                         f"(default {LAST_CALL_S:g}, torchrun's)")

@@ -29,6 +29,9 @@ DEFAULT_DOWN_S = 600.0
 #: recover with (the emulated elastic agent and the simulator both): a keep-alive every KEEPALIVE_S, a node gone
 #: after KEEPALIVE_MISSED missed; below the most nodes, the rendezvous closes after LAST_CALL_S
 KEEPALIVE_S, KEEPALIVE_MISSED, LAST_CALL_S = 5.0, 3, 30.0
+#: ours' failure detector (a system that re-plans): a heartbeat every HEARTBEAT_S, a device gone after
+#: KEEPALIVE_MISSED missed
+HEARTBEAT_S = 1.0
 
 
 @dataclass(frozen=True)

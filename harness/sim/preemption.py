@@ -6,7 +6,8 @@ A system recovers as its registry entry says (plan.systems.System.recovery):
   on the devices left (its seconds measured here, as `sim --replan` does), receive what their new stages lack
   from a surviving holder (sim/replan.transfer_seconds: fresh TCP connections over the links), rebuild their
   process groups (REMESH: two round trips to the store) and redo the iteration in flight: nothing else is
-  lost. With a notice, the plan without the device is taken at the first boundary after the warning when it
+  lost. Its runtime does this in new processes (train/snapshots.py: the state from the survivors' memory), so
+  a process start is paid too (restart_s). With a notice, the plan without the device is taken at the first boundary after the warning when it
   is in place before the device goes (nothing lost). A device back joins at a boundary once its process has
   started, when the plan with it is faster and pays for its moves over the iterations left. Where no
   survivor holds some block, the run restarts from its last checkpoint, as below.
@@ -35,14 +36,14 @@ from ..compute.links import Links
 from ..compute.model import GPTConfig
 from ..plan import systems as registry
 from ..plan.survivors import layout_on
-from ..scenario.preemption import KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S, DeviceEvent, device_events
+from ..scenario.preemption import (HEARTBEAT_S, KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S, DeviceEvent,
+                                   device_events)
 from ..layout.holdings import holdings
 from .replan import item_bytes, transfer_seconds
 from .systems import SimError
 
-#: ours' failure detector: a heartbeat every HEARTBEAT_S through the store, a device gone after MISSED
-HEARTBEAT_S, MISSED = 1.0, 3
-DETECT_S = HEARTBEAT_S * MISSED
+#: ours' failure detector: a heartbeat every HEARTBEAT_S, a device gone after KEEPALIVE_MISSED missed
+DETECT_S = HEARTBEAT_S * KEEPALIVE_MISSED
 #: torchrun's c10d rendezvous (scenario/preemption.py): a node gone after its keep-alives missed; below max
 #: nodes, the rendezvous closes after its last call
 TORCHRUN_DETECT_S = KEEPALIVE_S * KEEPALIVE_MISSED
@@ -235,10 +236,11 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
             return restart(at, f"{why}; no copy of some stage survives", flight_s, detect, rendezvous=False)
         moved_s = transfer_seconds(had, new.held, cfg, sim.links)[0] if new.held != had else 0.0
         remesh = 2.0 * 2.0 * max(float(sim.links.delay_s[new.devices[0], d]) for d in new.devices)
-        t = at + detect + new.search_s + moved_s + remesh
+        start = model.start()  # ours' runtime starts its processes again (train/snapshots.py)
+        t = at + detect + new.search_s + start + moved_s + remesh
         out.recoveries.append(Recovery(at, why, kind, detect_s=detect, replan_s=new.search_s, transfer_s=moved_s,
-                                       remesh_s=remesh, lost_iterations=int(flight_s > 0), lost_s=flight_s,
-                                       devices_after=len(new.devices)))
+                                       remesh_s=remesh, restart_s=start, lost_iterations=int(flight_s > 0),
+                                       lost_s=flight_s, devices_after=len(new.devices)))
         plan, considered = new, frozenset(survivors)
 
     while done < N:

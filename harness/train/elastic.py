@@ -186,7 +186,8 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
         stopped = time.monotonic()
         # iterations done when it stopped (a generation that timed one had done its warm-up ones too)
         done = first + gen["iterations"] if gen["iterations"] else start
-        wait_s = _last_call(run.last_call_s, n, alive, take_notices) if kind == "lost" else 0.0
+        # torchrun's rendezvous waits for more devices; a system that re-plans goes on with those there
+        wait_s = _last_call(run.last_call_s, n, alive, take_notices) if kind == "lost" and memory is None else 0.0
         held = None if memory is None else \
             {devices[r]: items for r, items in holdings(layout).items() if devices[r] in alive}
         found, why_not = layout_on(base, topo, alive, held)

@@ -1,6 +1,9 @@
-"""ours writes checkpoints by parameter name and goes on from one on another layout (the restart a run falls
-back on when no copy of a stage survives a preemption): the resumed run trains exactly the single-process run."""
+"""ours and the baselines write checkpoints by parameter name and go on from one on another layout (how the
+baselines restart after a preemption, and ours where no copy of a stage survives one): the resumed run trains
+exactly the single-process run."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 import torch
@@ -19,9 +22,9 @@ pytestmark = pytest.mark.timeout(180)
 BATCH, MICRO, SEED, LR = 8, 2, 3, 0.1
 
 
-def request(tmp_path, iters, *, system="ours", every=None, resume=None, **layout) -> RunRequest:
+def request(tmp_path, iters, *, system="ours", every=None, resume=None, micro=MICRO, **layout) -> RunRequest:
     return RunRequest(network=NetworkSection(scenario="5", devices=8, mode="none"),
-                      model=ModelSection(name="tiny", layers=4, batch=BATCH, micro_batch=MICRO, seed=SEED, lr=LR),
+                      model=ModelSection(name="tiny", layers=4, batch=BATCH, micro_batch=micro, seed=SEED, lr=LR),
                       layout=LayoutRequest(**({"budget": 200} if system == "ours" else {}), **layout),
                       run=RunSection(system=system, iters=iters, warmup=0, timeout_s=90, results_root=str(tmp_path),
                                      checkpoint_every=every, resume=None if resume is None else str(resume)))
@@ -37,14 +40,17 @@ def test_a_run_resumed_on_another_layout_trains_as_the_single_process_run(tmp_pa
 
     resumed = with_checkpoints(plan_run(request(tmp_path, 7, resume=saved, pp=2, dp=4))).spec
     assert resumed.resolved.start_iteration == 3 and resumed.layout.pp == 2
-    run = run_local(resumed, collect_state=True, timeout_s=150)
-    ref_losses, ref_state = reference_train(get_model("tiny", 4), BATCH, MICRO, 7, SEED, LR)
     # iterations 3..6, on the new layout, from the checkpoint's values and momentum
-    assert [s.loss for s in run.stats] == pytest.approx(ref_losses[3:], rel=1e-5)
+    assert_trains_as_reference(run_local(resumed, collect_state=True, timeout_s=150), MICRO, 3, 7, atol=1e-7)
+
+
+def assert_trains_as_reference(run, micro: int, start: int, steps: int, atol: float) -> None:
+    ref_losses, ref_state = reference_train(get_model("tiny", 4), BATCH, micro, steps, SEED, LR)
+    assert [s.loss for s in run.stats] == pytest.approx(ref_losses[start:], rel=1e-5)
     state = run.state_dict()
     assert set(state) == set(ref_state)
     for k in ref_state:
-        torch.testing.assert_close(state[k], ref_state[k], rtol=1e-5, atol=1e-7, msg=k)
+        torch.testing.assert_close(state[k], ref_state[k], rtol=1e-5, atol=atol, msg=k)
 
 
 def test_an_incomplete_checkpoint_is_not_resumed_and_bad_requests_are_one_line(tmp_path):
@@ -61,5 +67,22 @@ def test_an_incomplete_checkpoint_is_not_resumed_and_bad_requests_are_one_line(t
         with_checkpoints(plan_run(request(tmp_path, 1, resume=tmp_path / "run", pp=4, dp=2)))
     with pytest.raises(HarnessError, match=r"^--resume: .*: no complete checkpoint"):
         with_checkpoints(plan_run(request(tmp_path, 3, resume=tmp_path, pp=4, dp=2)))
-    with pytest.raises(HarnessError, match=r"^--checkpoint-every: ours and ours-random checkpoint and resume so far \(not megatron\)$"):
-        with_checkpoints(plan_run(request(tmp_path, 3, system="megatron", every=2, tp=1, pp=4, dp=2)))
+    with pytest.raises(HarnessError, match=r"^--checkpoint-every: hetpipe does not checkpoint \(these do: .*megatron.*\)$"):
+        planned = plan_run(request(tmp_path, 3, every=2, pp=4, dp=2))  # as planned for ours, then for hetpipe
+        spec = planned.spec
+        with_checkpoints(replace(planned, spec=replace(spec, run=replace(spec.run, system="hetpipe"))))
+
+
+@pytest.mark.parametrize("system, micro, first, then", [
+    # tensor-parallel shards gathered, then split again four ways
+    ("megatron", MICRO, {"tp": 2, "pp": 2, "dp": 2}, {"tp": 4, "pp": 2, "dp": 1}),
+    # ZeRO-1's optimizer shards (each rank writes the momentum it owns), then ZeRO-3 (every tensor sharded)
+    ("deepspeed", 1, {"zero": 1, "pp": 2, "dp": 4}, {"zero": 3}),
+])
+def test_a_baseline_resumed_on_other_degrees_trains_as_the_single_process_run(tmp_path, system, micro, first, then):
+    spec = with_checkpoints(plan_run(request(tmp_path, 4, system=system, every=3, micro=micro, **first))).spec
+    run_local(spec, timeout_s=150)
+    saved = tmp_path / spec.resolved.scenario / spec.resolved.run_id
+    assert checkpoint.latest(saved) == 3
+    resumed = with_checkpoints(plan_run(request(tmp_path, 6, system=system, resume=saved, micro=micro, **then))).spec
+    assert_trains_as_reference(run_local(resumed, collect_state=True, timeout_s=150), micro, 3, 6, atol=1e-6)

@@ -2,7 +2,8 @@
 preempted device's links and the launcher kills its rank; the elastic agent (train/elastic.py) learns of it from
 the missed keep-alives and starts the run again on the devices left, and again with the device when it is back:
 ours from its survivors' memory (train/snapshots.py: what a stage lost in one replica comes from another over the
-links), losing only the iteration in flight. One boot, one run of ours on case 2 (8 devices)."""
+links), losing only the iteration in flight; Megatron from its last checkpoint, as torchrun's agent restarts it.
+One boot, a run of each on case 2 (8 devices)."""
 from __future__ import annotations
 
 import csv
@@ -31,14 +32,17 @@ def test_ours_goes_on_from_its_survivors_memory_after_a_preemption_and_uses_the_
     rc, out, err = cli("run", "--scenario", "2", "--devices", "8", "--network", "emulated", "--model", "tiny",
                        "--layers", "4", "--batch", "8", "--micro-batch", "1", "--bandwidth-scale", "0.01",
                        "--data", "markov", "--iters", "8", "--warmup", "1", "--timeline", timeline,
-                       "--checkpoint-every", "2", "--keepalive", KEEPALIVE_S, "--last-call", LAST_CALL_S,
+                       "--keepalive", KEEPALIVE_S, "--last-call", LAST_CALL_S, "--checkpoint-every", "2",
+                       "--each", "--system ours", "--each", "--system megatron --tp 1 --pp 4 --dp 2",
                        "--results", tmp_path / "res")
     assert rc == 0, err
-    assert "devices left and came back: 2 restarts (1 after a preemption)" in err
+    assert err.count("devices left and came back: 2 restarts (1 after a preemption)") == 2
     # nothing left running: the cluster, its namespaces and every generation's ranks are gone
     rc, shown, _ = cli("net", "show")
     assert rc == 0 and "0 run(s); namespaces here: 0" in shown
-    (run,) = (tmp_path / "res" / "2-spot").iterdir()
+    runs = {p.name.split("-")[-2]: p for p in (tmp_path / "res" / "2-spot").iterdir()}
+    assert sorted(runs) == ["megatron", "ours"]
+    run = runs["ours"]
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "ok"
     gens, events = manifest["elastic"]["generations"], manifest["elastic"]["events"]
@@ -85,3 +89,14 @@ def test_ours_goes_on_from_its_survivors_memory_after_a_preemption_and_uses_the_
     # they add up to the run's time from its first timed iteration on, every restart in it
     assert min(seconds) > 0 and sum(seconds) > lost["detect_s"] + lost["last_call_s"] + lost["restart_s"]
     assert seconds[2] > lost["detect_s"] + lost["last_call_s"] and seconds[starts[2] - 1] > joined["stop_s"]
+
+    # Megatron restarts as torchrun's agent does, from its own checkpoint (at 2; the rendezvous waits its last
+    # call), on 4 devices (its pipeline of 4 kept), and trains as the single-process run too
+    manifest = json.loads((runs["megatron"] / "manifest.json").read_text())
+    gens, events = manifest["elastic"]["generations"], manifest["elastic"]["events"]
+    lost = events[1]
+    assert [len(g["devices"]) for g in gens] == [8, 4, 8] and [g["start_iteration"] for g in gens][:2] == [0, 2]
+    assert lost["from"] == "checkpoint" and lost["resumed_from"] == 2 and lost["in_flight"] == 1
+    assert LAST_CALL_S <= lost["last_call_s"] < LAST_CALL_S + 1.0
+    rows = list(csv.DictReader((runs["megatron"] / "records.csv").open()))
+    assert [float(r["loss"]) for r in rows] == pytest.approx(ref[1:], rel=1e-5)

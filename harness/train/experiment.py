@@ -141,7 +141,8 @@ def with_checkpoints(plan: Plan) -> Plan:
         return plan
     flag = "--checkpoint-every" if run.checkpoint_every is not None else "--resume"
     if not registry.get(run.system).checkpoints:
-        raise HarnessError(f"{flag}: ours and ours-random checkpoint and resume so far (not {run.system})")
+        able = ", ".join(n for n, s in registry.registered().items() if s.checkpoints)
+        raise HarnessError(f"{flag}: {run.system} does not checkpoint (these do: {able})")
     if spec.replan.enabled:
         raise HarnessError(f"{flag}: not with --replan yet")
     out = run_dir(spec.resolved.scenario, spec.resolved.run_id, run.results_root).resolve()

@@ -38,6 +38,7 @@ from ...compute import micro_batches
 from ...train.reference import make_optimizer
 from ...train.stats import IterationStats
 from ...train import wire
+from . import checkpoints
 from .parallelize import (
     apply_ddp,
     apply_fsdp,
@@ -189,23 +190,30 @@ def train_baseline(
     warmup: int = 0, want_state: bool = False,
     device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress: bool = False,
     pace=None, data: str = "uniform", out: list | None = None, mark=None,
+    start: int = 0, resume: str | None = None, checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
 ) -> tuple[list[IterationStats], dict[str, torch.Tensor] | None]:
     """Run `warmup + iters` iterations on this rank; returns the timed ones (and, if asked, the
     rank's parameters under reference names, restricted to its own stage). With `progress`, one
     line per iteration on stderr (rank 0 asks for it, as `ours` does). pace: see build_rank. out: the list the
     timed iterations are appended to (the rank's journal under the elastic agent); mark: RankContext.mark, told
-    when the rank is ready to train."""
+    when the rank is ready to train. start: the iterations done (resumed from the checkpoint after them in
+    `resume`); checkpoint_every: a checkpoint (checkpoints.py) in `checkpoint_dir` every so many iterations."""
     br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype, pace)
+    named = [(n, p) for n, p in br.model.named_parameters() if _owned(br, n)]
+    if start:
+        checkpoints.load_into(resume, start, named, br.optimizer)
     if mark is not None:
         mark("training")
     out = [] if out is None else out
     steps = warmup + iters
-    for it in range(steps):
+    for it in range(start, steps):
         try:
             timing = train_step(br, cfg, batch, it, seed, data)
         except RuntimeError as e:
             where = f"stage {br.stage} replica {br.replica} shard {br.shard}"
             raise RuntimeError(f"{layout.label()}: iteration {it}, {where}: {root_message(e)}") from e
+        if checkpoint_every and (it + 1) % checkpoint_every == 0:  # after the update, outside the iteration's time
+            checkpoints.save(checkpoint_dir, it + 1, dist.get_rank(), dist.get_world_size(), named, br.optimizer)
         if it >= warmup:
             out.append(timing)
         if progress:

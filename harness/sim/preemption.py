@@ -143,9 +143,15 @@ class _Planner:
         self.why = ""  # the rule's last refusal
 
     def plan(self, devices, held: dict | None = None) -> _Plan | None:
-        """`held`: what the devices hold now (layout_on keeps a device that alone holds some item)."""
-        kept = None if held is None else {d: items for d, items in held.items() if d in set(devices)}
-        key = (frozenset(devices), None if kept is None else frozenset((d, frozenset(i)) for d, i in kept.items()))
+        """`held`: what the devices hold now (layout_on keeps a device that alone holds some item). A layout
+        on every device of the set is the same whatever they hold: searched once."""
+        every = self.cache.get((frozenset(devices), None))
+        if held is None or (every is not None and len(every.devices) == len(set(devices))):
+            key = (frozenset(devices), None)
+            kept = None
+        else:
+            kept = {d: items for d, items in held.items() if d in set(devices)}
+            key = (frozenset(devices), frozenset((d, frozenset(i)) for d, i in kept.items()))
         if key not in self.cache:
             self.cache[key] = self._search(sorted(key[0]), kept)
         return self.cache[key]

@@ -72,6 +72,22 @@ def test_the_plan_is_the_last_iteration_every_item_survived_in_from_the_fastest_
     assert plan is None and why == "after iteration 4 no survivor of the new layout holds block:0"
 
 
+def test_a_generation_stopped_before_it_kept_anything_leaves_the_copies_of_the_one_before(tmp_path):
+    old, mid, new = in_rank_order(1, 2, 2, 4), in_rank_order(1, 3, 1, 4), in_rank_order(1, 2, 1, 4)
+    _files(tmp_path, 0, {d: [6, 7] for d in range(4)})  # generation 1 (on 0, 2, 3) never got to keep anything
+    history = [(0, (0, 1, 2, 3), old), (1, (0, 2, 3), mid)]
+    plan, source, why = snapshots.latest_recovery_plan(tmp_path, history, (1, 2), new, np.ones((4, 4)))
+    assert (plan.iteration, source, why) == (7, 0, "")
+    # generation 1 kept iteration 8 on every device: it is the source
+    _files(tmp_path, 1, {d: [8] for d in (0, 2, 3)})
+    plan, source, _ = snapshots.latest_recovery_plan(tmp_path, history, (0, 2, 3), mid, np.ones((4, 4)))
+    assert (plan.iteration, source, plan.sources) == (8, 1, {})
+    # nothing covers the new layout: the latest generation's reason
+    snapshots.forget(tmp_path, 0)
+    plan, source, why = snapshots.latest_recovery_plan(tmp_path, history, (2, 3), new, np.ones((4, 4)))
+    assert plan is None and source is None and why.startswith("after iteration 8 no survivor")
+
+
 def _request(tmp_path, iters, **layout) -> RunRequest:
     return RunRequest(network=NetworkSection(scenario="5", devices=8, mode="none"),
                       model=ModelSection(name="tiny", layers=4, batch=BATCH, micro_batch=MICRO, seed=SEED, lr=LR),

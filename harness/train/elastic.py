@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..network.timeline_program import device_notices, notices_end
+from ..layout import Layout
 from ..layout.holdings import holdings
 from ..plan import systems as registry
 from ..plan.request import RunRequest, RunSpec
@@ -112,8 +113,6 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
         gspec = replace(spec, layout=layout).with_resolved(start_iteration=start)
         if memory is not None:
             gspec = gspec.with_resolved(snapshots={"root": str(memory), "generation": g, "recover": recover})
-            for d in set(range(n)) - set(devices):  # a spare holds nothing of this generation
-                snapshots.forget(memory, d)
         if start != first_start and recover is None:  # from the run's own checkpoint
             gspec = replace(gspec, run=replace(run, resume=ckpt_dir))
         journal = Path(workdir) / f"generation-{g}"
@@ -195,9 +194,10 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
             raise RankFailure(f"elastic agent: no layout of {run.system} on devices {sorted(alive)}: {why_not}")
         recover, why_not = None, ""
         if memory is not None:  # from the survivors' memory, where every item of the new layout survived
-            plan, why_not = snapshots.recovery_plan(memory, g, devices, layout, found.devices, found.layout,
-                                                    topo.bandwidth_gbps)
-            recover = None if plan is None else {**plan.to_json(), "generation": g}
+            kept_by = [(k, tuple(x["devices"]), Layout.from_json(x["layout"])) for k, x in enumerate(generations)]
+            plan, source, why_not = snapshots.latest_recovery_plan(memory, kept_by, found.devices, found.layout,
+                                                                   topo.bandwidth_gbps)
+            recover = None if plan is None else {**plan.to_json(), "generation": source}
         resume = recover["iteration"] if recover else \
             (checkpoint.latest(Path(ckpt_dir)) if ckpt_dir else None) or first_start
         pending = {"event": "restart", "after": "preempt" if kind == "lost" else "return", "devices": who,

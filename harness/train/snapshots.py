@@ -8,7 +8,8 @@ iteration to <root>/device-<d>/g<generation>-iter-<k>.pt, atomically, on the nod
 KEEP: when a device goes, the survivors are at most one iteration apart (to finish iteration k a rank needs
 every rank to have done its forward of k, so every rank has finished k - 1), so one of the last two is an
 iteration every survivor has. The agent forgets a preempted device's files (the machine took its memory) and
-picks the last iteration every item of the new layout survived in (`recovery_plan`); each rank of the next
+picks the last iteration every item of the new layout survived in (`recovery_plan`; from the generation before
+when the last one was stopped before its ranks kept anything); each rank of the next
 generation then takes what its device held and receives the rest from the holder with the fastest link
 (systems/ours/replan.exchange). Where no survivor holds some item, the run goes on from its last checkpoint.
 The generation in the name keeps an earlier layout's files apart from the one the agent reads.
@@ -100,3 +101,17 @@ def recovery_plan(root, generation: int, old_devices, old: Layout, new_devices, 
             return RecoveryPlan(k, sources_of(had, has, rate)), ""
         why = why or f"after iteration {k} no survivor of the new layout holds {item_key(min(missing))}"
     return None, why or "no device of the new layout holds anything of the last one"
+
+
+def latest_recovery_plan(root, generations: list[tuple[int, tuple, Layout]], new_devices, new: Layout,
+                         bandwidth) -> tuple[RecoveryPlan | None, int | None, str]:
+    """recovery_plan from the latest of `generations` ((generation, devices, layout), oldest first) whose
+    copies cover the new layout: a generation stopped before its ranks kept anything leaves its devices the
+    copies of the one before. Returns (plan, its generation, why not: the latest generation's reason)."""
+    first_why = ""
+    for g, devices, layout in reversed(generations):
+        plan, why = recovery_plan(root, g, devices, layout, new_devices, new, bandwidth)
+        if plan is not None:
+            return plan, g, ""
+        first_why = first_why or why
+    return None, None, first_why

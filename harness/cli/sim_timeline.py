@@ -137,9 +137,9 @@ def print_spot(sim, cands, args, cfg, out_dir: Path) -> Path:
     from ..sim.preemption import RecoveryModel, predict_spot
 
     timeline, iterations = sim.topo.timeline, args.iterations or 100
+    detect = None if args.keepalive is None else args.keepalive * KEEPALIVE_MISSED  # ours' and torchrun's
     given = {"storage_gbps": args.storage_gbps, "torchrun_last_call_s": args.last_call,
-             "torchrun_detect_s": None if args.keepalive is None else args.keepalive * KEEPALIVE_MISSED,
-             "detect_s": None if args.keepalive is None else args.keepalive * KEEPALIVE_MISSED}
+             "torchrun_detect_s": detect, "detect_s": detect}
     model = RecoveryModel(checkpoint_every=args.checkpoint_every, restart_all=args.recovery == "restart",
                           **{k: v for k, v in given.items() if v is not None})
     rows, recoveries = [], []

@@ -7,8 +7,8 @@ A system recovers as its registry entry says (plan.systems.System.recovery):
   from a surviving holder (sim/replan.transfer_seconds: fresh TCP connections over the links), rebuild their
   process groups (REMESH: two round trips to the store) and redo the iteration in flight: nothing else is
   lost. Its runtime does this in new processes (train/snapshots.py: the state from the survivors' memory), so
-  a process start is paid too (restart_s). With a notice, the plan without the device is taken at the first boundary after the warning when it
-  is in place before the device goes (nothing lost). A device back joins at a boundary once its process has
+  a process start is paid too (restart_s). With a notice, the plan without the device is taken at the first
+  boundary after the warning when it is in place before the device goes (nothing lost). A device back joins at a boundary once its process has
   started, when the plan with it is faster and pays for its moves over the iterations left. Where no
   survivor holds some block, the run restarts from its last checkpoint, as below.
 - "restart" (Megatron, DeepSpeed, ... under torchrun's elastic agent): torchrun's rendezvous declares a node
@@ -145,13 +145,12 @@ class _Planner:
     def plan(self, devices, held: dict | None = None) -> _Plan | None:
         """`held`: what the devices hold now (layout_on keeps a device that alone holds some item). A layout
         on every device of the set is the same whatever they hold: searched once."""
-        every = self.cache.get((frozenset(devices), None))
-        if held is None or (every is not None and len(every.devices) == len(set(devices))):
-            key = (frozenset(devices), None)
-            kept = None
-        else:
-            kept = {d: items for d, items in held.items() if d in set(devices)}
-            key = (frozenset(devices), frozenset((d, frozenset(i)) for d, i in kept.items()))
+        each = frozenset(devices)
+        every = self.cache.get((each, None))
+        kept = None
+        if held is not None and not (every is not None and len(every.devices) == len(each)):
+            kept = {d: items for d, items in held.items() if d in each}
+        key = (each, None if kept is None else frozenset((d, frozenset(i)) for d, i in kept.items()))
         if key not in self.cache:
             self.cache[key] = self._search(sorted(key[0]), kept)
         return self.cache[key]

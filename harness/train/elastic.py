@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Callable
 
 from ..network.timeline_program import device_notices, notices_end
-from ..layout import Layout
 from ..layout.holdings import holdings
 from ..plan import systems as registry
 from ..plan.request import RunRequest, RunSpec
@@ -90,6 +89,7 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
     began = None  # when the run's first timed iteration began (time.monotonic())
     start, devices, layout, pending = first_start, tuple(range(n)), spec.layout, None
     found, recover = None, None  # the next generation's layout, and its RecoveryPlan (JSON) from memory
+    history = []  # (generation, devices, layout) of every generation so far: whose copies a recovery may use
 
     def take_notices() -> list[tuple[str, int, float]]:
         nonlocal pos
@@ -110,6 +110,7 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
         g = len(generations)
         if g:  # the layout on the devices there (decided when the last one ended)
             devices, layout = found.devices, found.layout
+        history.append((g, tuple(devices), layout))
         gspec = replace(spec, layout=layout).with_resolved(start_iteration=start)
         if memory is not None:
             gspec = gspec.with_resolved(snapshots={"root": str(memory), "generation": g, "recover": recover})
@@ -194,8 +195,7 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
             raise RankFailure(f"elastic agent: no layout of {run.system} on devices {sorted(alive)}: {why_not}")
         recover, why_not = None, ""
         if memory is not None:  # from the survivors' memory, where every item of the new layout survived
-            kept_by = [(k, tuple(x["devices"]), Layout.from_json(x["layout"])) for k, x in enumerate(generations)]
-            plan, source, why_not = snapshots.latest_recovery_plan(memory, kept_by, found.devices, found.layout,
+            plan, source, why_not = snapshots.latest_recovery_plan(memory, history, found.devices, found.layout,
                                                                    topo.bandwidth_gbps)
             recover = None if plan is None else {**plan.to_json(), "generation": source}
         resume = recover["iteration"] if recover else \

@@ -61,6 +61,7 @@ def plan_run(req: RunRequest) -> Plan:
             raise HarnessError(f"{where}: --replan follows link changes; with devices that leave, the elastic agent "
                                "restarts the run from its checkpoint (ours' recovery in the run: not yet)")
     layout, placement = resolve_layout(req, topo)
+    check_fault(req, layout, entry)
     replan = replan_section(req, topo, layout, entry)
     resolved = Resolved(run_id=req.run.run_id or new_run_id(req.run.system),
                         backend="emu" if req.network.mode == "emulated" else "local",
@@ -71,6 +72,31 @@ def plan_run(req: RunRequest) -> Plan:
     spec = RunSpec(network=req.network, model=req.model, layout=layout, run=req.run, resolved=resolved,
                    compute=compute, debug=req.debug, replan=replan)
     return Plan(spec, topo, placement)
+
+
+def check_fault(req: RunRequest, layout: Layout, entry: registry.System) -> None:
+    """The debug section's fault must hit something in this run: one line where it cannot."""
+    d, run = req.debug, req.run
+    if d.fault_rank is None:
+        if d.fault_iteration is not None:
+            raise HarnessError("--debug fault_iteration: needs fault_rank (whose rank, or device, it hits)")
+        return
+    if d.fault_rank >= layout.devices:
+        raise HarnessError(f"--debug fault_rank: {d.fault_rank} is not one of the run's {layout.devices} "
+                           f"{'devices' if d.fault_mode == 'preempt' else 'ranks'}")
+    if d.fault_iteration is None:
+        return
+    steps = run.warmup + run.iters
+    if d.fault_iteration >= steps:
+        raise HarnessError(f"--debug fault_iteration: the run's iterations are 0..{steps - 1} (warm-up included); "
+                           f"got {d.fault_iteration}")
+    if d.fault_phase not in entry.fault_phases:
+        marks = ", ".join(entry.fault_phases) or "none"
+        raise HarnessError(f"--debug fault_phase: {entry.name} marks {marks} of its iterations (got {d.fault_phase})")
+    every = run.checkpoint_every
+    if d.fault_phase == "checkpoint" and not (every and (d.fault_iteration + 1) % every == 0):
+        raise HarnessError(f"--debug fault_phase: no checkpoint after iteration {d.fault_iteration} "
+                           f"(--checkpoint-every {every or 'is unset'})")
 
 
 def run_topology(network: NetworkSection) -> Topology:

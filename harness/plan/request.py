@@ -30,7 +30,9 @@ DTYPE_NAMES = tuple(BYTES_PER_VALUE)
 NETWORK_MODES = ("emulated", "none", "shaped")
 KERNELS = ("auto", "host", "uml")
 TRANSPORTS = ("scenario", *PRESETS)
-FAULT_MODES = ("kill", "exit")
+FAULT_MODES = ("kill", "exit", "preempt")
+#: where in an iteration a fault with debug.fault_iteration fires (RankContext.reached)
+FAULT_PHASES = ("forward", "backward", "dp_sync", "checkpoint")
 
 
 class ConfigError(HarnessError, ValueError):
@@ -225,7 +227,14 @@ class DebugSection:
 
     fault_rank: int | None = None  # this rank dies fault_after_s after joining the process group
     fault_after_s: float = 0.0
-    fault_mode: str = "kill"  # kill: SIGKILL itself; exit: os._exit(17)
+    # kill: SIGKILL itself; exit: os._exit(17); preempt: its device is taken (SIGKILL), and the elastic agent
+    # (train/elastic.py) goes on without it, as after a timeline's preempt: (fault_rank: the device)
+    fault_mode: str = "kill"
+    # instead of fault_after_s: the fault fires when the rank reaches fault_phase of this iteration (0-based,
+    # warm-up included): forward or backward (after its first micro-batch's), dp_sync (its shard sent, the
+    # others' not yet taken), checkpoint (before its file of the checkpoint after the iteration is written)
+    fault_iteration: int | None = None
+    fault_phase: str = "forward"
     trace: bool = False  # ours: per-iteration phase times of every rank on stderr
     # planted regressions (harness regress --debug): ours' point-to-point sends
     send_delay_s: float = 0.0  # every send waits this long before it is posted
@@ -237,6 +246,13 @@ class DebugSection:
 
     def __post_init__(self):
         _one_of("debug.fault_mode", self.fault_mode, FAULT_MODES)
+        _one_of("debug.fault_phase", self.fault_phase, FAULT_PHASES)
+        if self.fault_mode == "preempt" and self.fault_rank is None:
+            raise ConfigError("debug.fault_mode: preempt needs fault_rank (the device preempted)")
+        for name in ("fault_rank", "fault_iteration"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise ConfigError(f"debug.{name}: must be an integer >= 0 (got {v!r})")
         for name in ("send_delay_s", "jitter_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):

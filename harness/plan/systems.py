@@ -32,6 +32,8 @@ torchtitan's train-spec idea: a `System` bundles
   table `harness sim report` prints (a tuple, or "module:NAME" of one);
 - `paper_role`: the role it fills among the harness's runnable systems: ours, ours-random (ours without
   the scheduler), megatron or deepspeed (the regression gate's ratios, emulated runs);
+- `fault_phases`: the points of an iteration (plan/request.FAULT_PHASES) its runtime marks, where the
+  debug section's fault may hit (`--debug fault_iteration=K fault_phase=P`);
 - `report_role`: the role it fills in the paper's evaluation (`sim report`) in place of the system whose
   paper_role it is: a model of the paper's own runtime (dtfm). The report compares roles; which system
   fills a role is this registry's call.
@@ -96,6 +98,8 @@ class System:
     # checkpoint on the devices left, as torchrun's elastic agent restarts a job: every other system)
     recovery: str = "restart"
     checkpoints: bool = False  # its runtime writes checkpoints and resumes from them (--checkpoint-every, --resume)
+    # the points of an iteration its runtime marks (RankContext.reached), where a debug fault_iteration may hit
+    fault_phases: tuple[str, ...] = ()
 
     def __post_init__(self):
         unknown = [f for f in self.flags if f not in LAYOUT_FLAGS]

@@ -45,7 +45,7 @@ def main(pairs: list[tuple[str, str]]) -> int:
     from ..network import netns
     from ..network.timeline_program import changes_of_run, note_run
     from ..plan.layouts import run_topology
-    from .elastic import has_device_events
+    from .elastic import under_agent
     from ..files import atomic_write_json
     from ..plan.request import RunSpec
     from .rank import RankEnv, rank_main, warm_up_parent
@@ -89,7 +89,7 @@ def main(pairs: list[tuple[str, str]]) -> int:
                                f"{spec.layout.role(devs[r]['index'])})")
             note_run(k)
             topo = run_topology(spec.network)
-            if has_device_events(topo):  # devices leave and come back: the elastic agent restarts the ranks
+            if under_agent(spec, topo):  # devices leave and come back: the elastic agent restarts the ranks
                 atomic_write_json(out, {**_elastic(spec, topo, devs, port=MASTER_PORT + 100 * (k + 1),
                                                    workdir=out.parent / f"elastic-{k}"),
                                         "readback": cluster.get("readback", {}),
@@ -139,7 +139,7 @@ def _elastic(spec, topo, devs: list[dict], *, port: int, workdir: Path) -> dict:
                       label=lambda d: f"device {d} ({devs[d]['addr']})")
     return {"status": "ok", "reason": "", "kernel": spec.resolved.kernel, "startup_s": None,
             "ranks": [[asdict(s) for s in got["stats"]]],
-            "elastic": {"generations": got["generations"], "events": got["events"]}}
+            "elastic": {k: v for k, v in got.items() if k != "stats"}}
 
 
 def _mark(prefix: str, k: int) -> None:

@@ -55,11 +55,17 @@ def has_device_events(topo) -> bool:
     return topo.timeline is not None and bool(topo.timeline.devices or topo.timeline.spot)
 
 
+def under_agent(spec: RunSpec, topo) -> bool:
+    """Whether `spec` runs under the agent: devices leave (a timeline's, or the debug section's preempt fault)."""
+    return has_device_events(topo) or spec.debug.fault_mode == "preempt"
+
+
 def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, str], Callable[[int], object]],
                 *, workdir: Path, label: Callable[[int], str] = lambda d: f"device {d}") -> dict:
     """Train `spec` on `topo`'s devices under the agent (module docstring). `start_rank(spec, devices, generation,
     journal)` gives the function a generation's rank r runs (on device devices[r]). Returns {"stats": the useful
-    iterations (IterationStats, in order), "generations": [...], "events": [...]}; raises RankFailure when a rank
+    iterations (IterationStats, in order), "generations": [...], "events": [...], and for a system that
+    recovers from memory "memory": the directory its devices' memory was in (removed)}; raises RankFailure when a rank
     fails by itself, no layout fits the devices left, or the run's timeout passes."""
     if registry.get(spec.run.system).recovery != "replan":
         return _agent(spec, topo, start_rank, workdir, label, None)
@@ -67,7 +73,7 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
     memory = Path(tempfile.mkdtemp(prefix="harness-memory-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK)
                                    else workdir.parent))
     try:
-        return _agent(spec, topo, start_rank, workdir, label, memory)
+        return {**_agent(spec, topo, start_rank, workdir, label, memory), "memory": str(memory)}
     finally:
         shutil.rmtree(memory, ignore_errors=True)
 
@@ -90,19 +96,25 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
     start, devices, layout, pending = first_start, tuple(range(n)), spec.layout, None
     found, recover = None, None  # the next generation's layout, and its RecoveryPlan (JSON) from memory
     history = []  # (generation, devices, layout) of every generation so far: whose copies a recovery may use
+    # the debug section's preempt fault (its device dies at a point of an iteration, or after a while): once
+    fault = spec.debug if spec.debug.fault_mode == "preempt" else None
+    no_fault = replace(spec.debug, fault_rank=None, fault_mode="kill", fault_iteration=None)
+
+    def preempted(d: int, at: float, **why) -> None:
+        alive.discard(d)
+        down_at[d] = at
+        if memory is not None:
+            snapshots.forget(memory, d)
+        events.append({"event": "preempt", "device": d, "at_s": at - t0, **why})
 
     def take_notices() -> list[tuple[str, int, float]]:
         nonlocal pos
         got, pos = device_notices(pos)
         for kind, d, at in got:
             if kind == "preempt":
-                alive.discard(d)
-                down_at[d] = at
-                if memory is not None:
-                    snapshots.forget(memory, d)
+                preempted(d, at)
             elif kind == "return":
                 alive.add(d)
-            if kind != "notice":
                 events.append({"event": kind, "device": d, "at_s": at - t0})
         return got
 
@@ -111,7 +123,8 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
         if g:  # the layout on the devices there (decided when the last one ended)
             devices, layout = found.devices, found.layout
         history.append((g, tuple(devices), layout))
-        gspec = replace(spec, layout=layout).with_resolved(start_iteration=start)
+        gspec = replace(spec, layout=layout, debug=spec.debug if fault else no_fault).with_resolved(
+            start_iteration=start)
         if memory is not None:
             gspec = gspec.with_resolved(snapshots={"root": str(memory), "generation": g, "recover": recover})
         if start != first_start and recover is None:  # from the run's own checkpoint
@@ -145,6 +158,13 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
                     elif kind == "return":  # its agent starts and waits to join
                         waiting.add(d)
                 codes = [p.exitcode for p in procs]
+                if fault and fault.fault_rank in devices and codes[devices.index(fault.fault_rank)] == -signal.SIGKILL:
+                    # the debug fault took its device (rank.arm_fault), at the point it names
+                    preempted(fault.fault_rank, time.monotonic(), by="debug fault", **(
+                        {} if fault.fault_iteration is None else
+                        {"iteration": fault.fault_iteration, "during": fault.fault_phase}))
+                    hit.add(fault.fault_rank)
+                    fault = None
                 for r, c in enumerate(codes):
                     if c not in (None, 0) and not hit:  # a rank failed by itself: the run fails
                         raise RankFailure(describe_exit(r, c, outdir, lambda r: label(devices[r])), rank=r)

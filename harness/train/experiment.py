@@ -12,6 +12,7 @@ import os
 import platform
 import signal
 import socket
+import tempfile
 import threading
 import time
 from dataclasses import replace
@@ -67,8 +68,12 @@ def _launcher(work: Path):
     the command's work directory `work`; returns (kernel, per-rank stats, extra manifest fields)."""
     def launch(spec: RunSpec, topo: Topology, out: Path) -> tuple[str, list[list[IterationStats]], dict]:
         if spec.network.mode == "none":
-            from .local import run_local
+            from .elastic import under_agent
+            from .local import run_local, run_local_elastic
 
+            if under_agent(spec, topo):  # a device leaves (the debug section's preempt fault)
+                got = run_local_elastic(spec, topo, Path(tempfile.mkdtemp(prefix="elastic-", dir=work)))
+                return "none", [got["stats"]], {"elastic": {k: v for k, v in got.items() if k != "stats"}}
             run = run_local(spec, tmp_dir=work)
             return "none", [r.stats for r in run.ranks], {}
         from .emulated import run_in_emulated_cluster

@@ -60,6 +60,25 @@ def run_local(spec: RunSpec, world_size: int | None = None, *, collect_state: bo
                                tmp_dir=tmp_dir))
 
 
+def run_local_elastic(spec: RunSpec, topo, workdir: Path) -> dict:
+    """`spec` on loopback under the elastic agent (elastic.py), for a run whose devices leave (the debug
+    section's preempt fault): generation g's rank r is device devices[r]. Returns run_elastic's account."""
+    from .elastic import run_elastic
+
+    systems.get(spec.run.system).train_fn()
+
+    def start_rank(gspec: RunSpec, devices: tuple, generation: int, journal: str):
+        port = free_port()
+
+        def target(rank: int) -> RankResult:
+            env = RankEnv(rank=rank, world_size=len(devices), master_addr="127.0.0.1", master_port=port,
+                          ifname="lo", device_index=devices[rank], journal=journal)
+            return rank_main(gspec, env)
+        return target
+
+    return run_elastic(spec, topo, start_rank, workdir=Path(workdir))
+
+
 def local_spec(layout, system: str = "ours", **fields) -> RunSpec:
     """A spec to run `layout` on loopback (tests, notebooks): `fields` name fields of any section
     (model: name, layers, batch, ...; run: iters, warmup, ...; debug: fault_rank, trace, ...)."""

@@ -69,6 +69,13 @@ class RankContext:
     journal: str | None = None  # a directory: the rank journals its iterations there (elastic agent)
     state: dict = field(default_factory=dict)
     marks: dict = field(default_factory=dict)  # wall-clock times of milestones (e.g. "training")
+    fault: tuple | None = None  # (iteration, phase, mode): the debug section's fault at a point (arm_fault)
+
+    def reached(self, phase: str, iteration: int) -> None:
+        """A system calls this where an iteration's `phase` is under way (request.FAULT_PHASES): the debug
+        section's fault for this rank fires here when it names this phase of this iteration."""
+        if self.fault is not None and self.fault[:2] == (iteration, phase):
+            _fire(self.fault[2])
 
     def mark(self, name: str) -> None:
         """Note when a milestone was reached (start-up time of a run = first "training" mark); under the
@@ -140,11 +147,10 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: 
     t_forked = time.time()
     dist.init_process_group(backend, init_method="env://", rank=env.rank, world_size=env.world_size,
                             timeout=timedelta(seconds=spec.run.group_timeout_s), **kwargs)
-    arm_fault(spec.debug, env.rank)
-    ctx = RankContext(rank=env.rank, world_size=env.world_size,
-                      device_index=env.rank if env.device_index is None else env.device_index,
+    device_index = env.rank if env.device_index is None else env.device_index
+    ctx = RankContext(rank=env.rank, world_size=env.world_size, device_index=device_index,
                       device=device, addr=env.addr, ifname=env.ifname, collect_state=collect_state,
-                      journal=env.journal)
+                      journal=env.journal, fault=arm_fault(spec.debug, env.rank, device_index))
     ctx.marks["forked"] = t_forked
     ctx.mark("process_group")
     with wire.counting(spec.debug.count_wire):
@@ -188,20 +194,25 @@ def keep_alive(directory: str, rank: int, every_s: float) -> None:
     threading.Thread(target=beat, name="harness-keepalive", daemon=True).start()
 
 
-def arm_fault(debug: DebugSection, rank: int) -> None:
-    """The debug section's fault: rank `fault_rank` dies `fault_after_s` after joining the group
-    (SIGKILL, or exit code 17), so tests see how a run fails when a rank disappears."""
-    if debug.fault_rank is None or debug.fault_rank != rank:
-        return
-
-    def fire():
-        if debug.fault_mode == "exit":
-            os._exit(17)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    t = threading.Timer(debug.fault_after_s, fire)
+def arm_fault(debug: DebugSection, rank: int, device_index: int) -> tuple | None:
+    """The debug section's fault, so tests see how a run fails, or recovers, when a rank disappears: rank
+    `fault_rank` (with fault_mode preempt: the rank on device `fault_rank`) dies `fault_after_s` after joining
+    the group (SIGKILL, or exit code 17); with `fault_iteration`, the (iteration, phase, mode) at which it dies
+    instead (RankContext.reached)."""
+    if debug.fault_rank is None or debug.fault_rank != (device_index if debug.fault_mode == "preempt" else rank):
+        return None
+    if debug.fault_iteration is not None:
+        return debug.fault_iteration, debug.fault_phase, debug.fault_mode
+    t = threading.Timer(debug.fault_after_s, _fire, args=(debug.fault_mode,))
     t.daemon = True
     t.start()
+    return None
+
+
+def _fire(mode: str) -> None:
+    if mode == "exit":
+        os._exit(17)
+    os.kill(os.getpid(), signal.SIGKILL)  # kill; preempt: the machine is gone, its processes with it
 
 
 def warm_up_parent(spec: RunSpec) -> None:

@@ -18,7 +18,7 @@ def _train(system: str, ctx: RankContext, spec: RunSpec) -> list[IterationStats]
     timings, state = train_baseline(
         layout, cfg, m.batch, m.micro_batch, spec.run.iters, m.seed, m.lr,
         warmup=spec.run.warmup, want_state=ctx.collect_state, device=ctx.device, dtype=torch_dtype(spec),
-        progress=ctx.rank == 0, data=m.data, out=ctx.iteration_log(), mark=ctx.mark,
+        progress=ctx.rank == 0, data=m.data, out=ctx.iteration_log(), mark=ctx.mark, reached=ctx.reached,
         start=spec.resolved.start_iteration, resume=spec.run.resume, checkpoint_every=spec.run.checkpoint_every,
         checkpoint_dir=spec.resolved.checkpoint_dir,
         # the compute model, if on: these runtimes keep activations (no recompute) and replicate the

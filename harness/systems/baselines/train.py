@@ -189,14 +189,14 @@ def train_baseline(
     layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, iters: int, seed: int, lr: float,
     warmup: int = 0, want_state: bool = False,
     device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress: bool = False,
-    pace=None, data: str = "uniform", out: list | None = None, mark=None,
+    pace=None, data: str = "uniform", out: list | None = None, mark=None, reached=None,
     start: int = 0, resume: str | None = None, checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
 ) -> tuple[list[IterationStats], dict[str, torch.Tensor] | None]:
     """Run `warmup + iters` iterations on this rank; returns the timed ones (and, if asked, the
     rank's parameters under reference names, restricted to its own stage). With `progress`, one
     line per iteration on stderr (rank 0 asks for it, as `ours` does). pace: see build_rank. out: the list the
     timed iterations are appended to (the rank's journal under the elastic agent); mark: RankContext.mark, told
-    when the rank is ready to train. start: the iterations done (resumed from the checkpoint after them in
+    when the rank is ready to train; reached: RankContext.reached, told of the checkpoint's point. start: the iterations done (resumed from the checkpoint after them in
     `resume`); checkpoint_every: a checkpoint (checkpoints.py) in `checkpoint_dir` every so many iterations."""
     br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype, pace)
     named = [(n, p) for n, p in br.model.named_parameters() if _owned(br, n)]
@@ -212,10 +212,12 @@ def train_baseline(
         except RuntimeError as e:
             where = f"stage {br.stage} replica {br.replica} shard {br.shard}"
             raise RuntimeError(f"{layout.label()}: iteration {it}, {where}: {root_message(e)}") from e
-        if checkpoint_every and (it + 1) % checkpoint_every == 0:  # after the update, outside the iteration's time
-            checkpoints.save(checkpoint_dir, it + 1, dist.get_rank(), dist.get_world_size(), named, br.optimizer)
-        if it >= warmup:
+        if it >= warmup:  # done with its update (journaled under the elastic agent), as ours counts it
             out.append(timing)
+        if checkpoint_every and (it + 1) % checkpoint_every == 0:  # after the update, outside the iteration's time
+            if reached is not None:
+                reached("checkpoint", it)
+            checkpoints.save(checkpoint_dir, it + 1, dist.get_rank(), dist.get_world_size(), named, br.optimizer)
         if progress:
             iteration_progress(it, steps, warmup, timing.seconds)
     state = None

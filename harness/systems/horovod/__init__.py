@@ -74,6 +74,6 @@ def horovod_layout(req, topo: Topology):
 register(System(
     "horovod", "synchronous data parallel with a ring all-reduce over every device, HetPipe's baseline (the "
     "simulator also runs it on --model vgg19|resnet152)",
-    train="harness.systems.baselines.systems:train_horovod", checkpoints=True, layout_rule=horovod_layout,
+    train="harness.systems.baselines.systems:train_horovod", checkpoints=True, fault_phases=("checkpoint",), layout_rule=horovod_layout,
     sweep_by_rule=False, simulate={"cnn": candidates_horovod}, style=("#8c564b", "P"),
 ))

@@ -3,6 +3,7 @@ seeded random assignment (the paper's ablation). Rank function: pipeline.py (wit
 rules: layout.py; simulator model, its candidates and its legacy records: sim.py."""
 from __future__ import annotations
 
+from ...plan.request import FAULT_PHASES
 from ...plan.systems import System, register
 from .layout import RANDOM_ASSIGNMENT, place_ours, place_ours_random
 
@@ -14,7 +15,7 @@ register(System(
     defaults={"scheduler": "ga", "schedule": "gpipe"}, simulate={"gpt": "harness.systems.ours.sim:candidates_ours"},
     simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_ours_layout",
     compute_observed=True, scheduled=True, paper_role="ours", style=("#d62728", "o"), recovery="replan",
-    checkpoints=True,
+    checkpoints=True, fault_phases=FAULT_PHASES,
     gate_runs={"wire": ("--system", "ours"), "measured": ("--system", "ours")},
 ))
 register(System(
@@ -25,5 +26,6 @@ register(System(
     simulate={"gpt": "harness.systems.ours.sim:candidates_ours_random"},
     simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_random_layout",
     compute_observed=True, paper_role="ours-random", style=("#ff9896", "s"), checkpoints=True,
+    fault_phases=FAULT_PHASES,
     gate_runs={"measured": ("--system", "ours-random", "--seed", "2022")},
 ))

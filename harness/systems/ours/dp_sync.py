@@ -65,12 +65,16 @@ class ShardedParameterServer:
                 works.append(dist.irecv(out[k], src=dev, tag=tag(iteration, KIND_GATHER, k)))
         return {"contrib": contrib, "out": out, "scatter": works[0::2], "gather": works[1::2]}
 
-    def sync(self, flat: torch.Tensor, iteration: int, posted: dict | None = None) -> torch.Tensor:
+    def sync(self, flat: torch.Tensor, iteration: int, posted: dict | None = None, sent=None) -> torch.Tensor:
+        """The summed gradient; `sent()` is called once this member's shards are on their way (a fault
+        point: the others wait on what this member has not yet received or sent)."""
         n = len(self.members)
         if n == 1:
+            if sent is not None:
+                sent()
             return flat
         if flat.is_cuda:
-            return self._sync_batched(flat, iteration)
+            return self._sync_batched(flat, iteration, sent)
         if posted is None:
             posted = self.post(iteration, flat.numel(), flat.dtype, flat.device)
         shards = list(flat.tensor_split(n))
@@ -78,6 +82,8 @@ class ShardedParameterServer:
         contrib[self.me] = shards[self.me]
         sends = [dist.isend(shards[k].contiguous(), dst=dev, tag=tag(iteration, KIND_SCATTER, self.me))
                  for k, dev in enumerate(self.members) if k != self.me]
+        if sent is not None:
+            sent()
         for w in posted["scatter"]:
             w.wait()
         total = contrib[0].clone()
@@ -90,7 +96,7 @@ class ShardedParameterServer:
             w.wait()
         return torch.cat(out)
 
-    def _sync_batched(self, flat: torch.Tensor, iteration: int) -> torch.Tensor:
+    def _sync_batched(self, flat: torch.Tensor, iteration: int, sent=None) -> torch.Tensor:
         """NCCL: each phase's sends and receives as one group (a pair's operations otherwise
         run in issue order on one stream, and two receives posted first would deadlock)."""
         n = len(self.members)
@@ -100,7 +106,10 @@ class ShardedParameterServer:
         contrib[self.me] = shards[self.me]
         ops = [dist.P2POp(dist.irecv, contrib[k], dev) for k, dev in peers]
         ops += [dist.P2POp(dist.isend, shards[k].contiguous(), dev) for k, dev in peers]
-        for w in dist.batch_isend_irecv(ops):
+        works = dist.batch_isend_irecv(ops)
+        if sent is not None:
+            sent()
+        for w in works:
             w.wait()
         total = contrib[0].clone()
         for c in contrib[1:]:
@@ -123,7 +132,9 @@ class AllReduceSync:
     def post(self, iteration: int, flat_numel: int, dtype: torch.dtype, device) -> None:
         return None
 
-    def sync(self, flat: torch.Tensor, iteration: int, posted=None) -> torch.Tensor:
+    def sync(self, flat: torch.Tensor, iteration: int, posted=None, sent=None) -> torch.Tensor:
+        if sent is not None:  # a collective: this member's part goes with the call
+            sent()
         if self.group is not None:
             dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.group)
         return flat

@@ -287,6 +287,7 @@ class PipelineStageRunner:
                         # that peer, so they are posted only after the last of those sends.
                         self._post_grads(it, posted)
                 saved[k] = (x, y)
+                self.ctx.reached("forward", it)
             else:
                 x, y = saved.pop(k)
                 if self.last:
@@ -303,12 +304,13 @@ class PipelineStageRunner:
                 if not self.first:
                     g = x.grad.to(self.comm_dtype).contiguous()
                     self._send(sends, g, self.prev, tag(it, KIND_GRAD, k))
+                self.ctx.reached("backward", it)
         if post_next is not None:
             post_next()
         # Data-parallel sync in C_j, then the same step on every replica.
         t_pipe = time.perf_counter()
         flat = flatten_grads(self.params)
-        flat = self.dp.sync(flat, it, posted["dp"])
+        flat = self.dp.sync(flat, it, posted["dp"], sent=lambda: self.ctx.reached("dp_sync", it))
         t_dp = time.perf_counter()
         for w in sends:
             w.wait()
@@ -360,6 +362,7 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
             wire.take()
         every = spec.run.checkpoint_every
         if every and (it + 1) % every == 0:  # after the iteration's update: what it holds now
+            ctx.reached("checkpoint", it)
             checkpoints.save(spec.resolved.checkpoint_dir, it + 1, ctx.rank, ctx.world_size, runner.held())
             # the next iteration's time does not include the write; it begins after it (so a checkpoint is
             # complete when the last rank marks the next iteration: an agent that stops the run then has it)

@@ -226,6 +226,28 @@ def test_sim_recovery_restart_predicts_ours_as_harness_run_recovers_it_with_the_
     assert rec.restart_s.iloc[0] - rec.restart_s.iloc[1] == pytest.approx(2.0, abs=0.5)
 
 
+def test_sim_predicts_an_emulated_run_at_its_scale_with_its_process_start(cli, tmp_path):
+    import pandas as pd
+
+    path = tmp_path / "t.yaml"
+    path.write_text("events: [{at_iteration: 3, preempt: 5}]")
+    flags = ("--timeline", path, "--checkpoint-every", "2", "--iterations", "8", "--keepalive", "1",
+             "--last-call", "2", "--process-start", "4.5")
+    got = {}
+    for scale in ("1", "0.01"):
+        rc, out, err = cli(*SIM, "--system", "ours", *flags, "--bandwidth-scale", scale, "--out", tmp_path / scale)
+        assert rc == 0, err
+        got[scale] = (pd.read_csv(tmp_path / scale / "records.csv"), pd.read_csv(tmp_path / scale / "recoveries.csv"))
+    (full, _), (scaled, rec) = got["1"], got["0.01"]
+    # the links at 1 % of the scenario's: the records say so, and the iteration takes longer
+    assert list(scaled.bandwidth_scale) == [0.01] and list(full.bandwidth_scale) == [1.0]
+    assert scaled.seconds.iloc[0] > full.seconds.iloc[0]
+    # the restart pays the process start given (an emulated run's, measured there), not this machine's
+    assert list(rec.kind) == ["replan"] and rec.restart_s.iloc[0] == 4.5 and rec.detect_s.iloc[0] == 3.0
+    rc, out, err = cli(*SIM, "--process-start", "2", "--out", tmp_path / "x")
+    assert rc == 2 and "--process-start: only when devices leave" in err
+
+
 @pytest.mark.parametrize("args, message", [
     (("--preempt-down", "5"), "--preempt-down: only with --preempt-rate"),
     (("--keepalive", "1"), "--keepalive: only when devices leave"),

@@ -14,8 +14,8 @@ from . import sim_timeline
 from .sim_compare import cmd_compare, profile_overrides, read_input
 from ..allocation import ALLOCATORS
 from . import (add_alias, add_results_argument, add_transport_argument, input_file, input_path, name_list,
-               non_negative_int, nonempty, output_dir, output_file, positive_int, scenario_name, transport_of,
-               with_transport)
+               non_negative_int, nonempty, output_dir, output_file, positive_float, positive_int, scenario_name,
+               transport_of, with_transport)
 
 from .schedule import print_pipelines
 from ..scenario import PAPER_CASES as CASES
@@ -63,6 +63,9 @@ def register(sub) -> None:
     )
     p.add_argument("--scenario", type=scenario_name, help="case number (1-5), name or path to a .yaml file")
     p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
+    p.add_argument("--bandwidth-scale", type=positive_float, default=1.0, metavar="X",
+                   help="multiply every link's bandwidth (default 1), as `harness run --bandwidth-scale` does: "
+                        "predict an emulated run at its own scale")
     p.add_argument("--system", default="all", metavar="SYSTEM",
                    help=f"all (default) or one of: {', '.join(systems.names(simulated=True))}")
     p.add_argument("--model", default="gpt3-xl", help="model config (default gpt3-xl), or a CNN for hetpipe and "
@@ -184,7 +187,7 @@ def cmd_sim_gpt(args) -> int:
     from ..scenario import load_scenario
     from ..sim.sweep import Simulator, record_json, to_record
 
-    topo = sim_timeline.with_timeline(load_scenario(args.scenario, args.devices), args)
+    topo = sim_timeline.with_timeline(load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale), args)
     cfg = get_model(args.model, args.layers)
     known = systems.names(simulated=True)
     which = known if args.system == "all" else (args.system,)
@@ -257,7 +260,7 @@ def cmd_sim_cnn(args) -> int:
             raise HarnessError(f"--system: {s!r} does not train {args.model} (known for CNN models: all, {', '.join(known)})")
     if args.staleness < 0:
         raise HarnessError(f"--staleness: must be >= 0 (got {args.staleness})")
-    topo = with_transport(load_scenario(args.scenario, args.devices), args)
+    topo = with_transport(load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale), args)
     model = get_cnn(args.model)
     from ..compute.profiles import device_profiles
 

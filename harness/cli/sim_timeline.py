@@ -13,7 +13,7 @@ from ..scenario.preemption import KEEPALIVE_MISSED
 from ..plan.arg_types import input_file, non_negative_float, non_negative_int, nonempty, positive_float, positive_int
 
 #: what only a timeline with devices that leave takes
-SPOT_FLAGS = ("checkpoint_every", "storage_gbps", "keepalive", "last_call", "recovery")
+SPOT_FLAGS = ("checkpoint_every", "storage_gbps", "keepalive", "last_call", "recovery", "process_start")
 MARKET_FLAGS = ("preempt_down", "preempt_notice", "preempt_seed")
 
 
@@ -43,6 +43,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recovery", choices=("own", "restart"),
                    help="own (default): each system recovers as it does (ours re-plans in the run); restart: every "
                         "system restarts from its checkpoint under torchrun's agent, as `harness run` does so far")
+    g.add_argument("--process-start", type=positive_float, metavar="S",
+                   help="seconds a restart's processes take to start and join their group (default: a Python "
+                        "process importing torch.distributed on this machine, measured; e.g. an emulated run's "
+                        "restart_marks_s.process_group)")
     add_agent_arguments(g)
 
 
@@ -139,7 +143,7 @@ def print_spot(sim, cands, args, cfg, out_dir: Path) -> Path:
     timeline, iterations = sim.topo.timeline, args.iterations or 100
     detect = None if args.keepalive is None else args.keepalive * KEEPALIVE_MISSED  # ours' and torchrun's
     given = {"storage_gbps": args.storage_gbps, "torchrun_last_call_s": args.last_call,
-             "torchrun_detect_s": detect, "detect_s": detect}
+             "torchrun_detect_s": detect, "detect_s": detect, "start_s": args.process_start}
     model = RecoveryModel(checkpoint_every=args.checkpoint_every, restart_all=args.recovery == "restart",
                           **{k: v for k, v in given.items() if v is not None})
     rows, recoveries = [], []

@@ -318,7 +318,7 @@ def to_record(c: Candidate, *, run_id: str, topo: Topology, cfg: GPTConfig, batc
         run_id=run_id, scenario=topo.name, system=c.system, backend="sim", kernel="none", devices=topo.n,
         d_pp=int(cfgd.get("pp", 1)), d_dp=int(cfgd.get("dp", topo.n)), model=cfg.name, layers=cfg.layers,
         hidden=cfg.hidden, seq=cfg.seq, batch=batch, micro_batch=micro_batch,
-        seed=int(c.seeds[0]) if c.seeds else 0, bandwidth_scale=1.0, iteration=0, seconds=c.seconds,
+        seed=int(c.seeds[0]) if c.seeds else 0, bandwidth_scale=topo.bandwidth_scale, iteration=0, seconds=c.seconds,
         pflop=pflop, pflops=pflop / c.seconds, tokens_per_s=batch * cfg.seq / c.seconds,
         compute_seconds=c.compute_seconds, exposed_comm_seconds=max(c.seconds - c.compute_seconds, 0.0),
         loss=float("nan"), d_tp=int(cfgd.get("tp", 1)),

@@ -77,6 +77,27 @@ def test_a_preemption_in_a_checkpoint_write_goes_on_from_the_last_complete_one(t
     assert 1 not in elastic["generations"][1]["devices"]
 
 
+def test_ours_leaves_a_device_on_notice_at_the_next_boundary_and_loses_nothing(tmp_path):
+    # warned in iteration 3's backward (a cloud's notice, 60 s before the device goes): ours re-plans as the
+    # iteration in flight ends, without the device, from its survivors' memory; the notice's minute never passes
+    elastic, rows = _preempted_run(tmp_path, ["--system", "ours", "--d-pp", "2", "--d-dp", "2", "--debug",
+                                              "fault_notice_s=60"], "backward")
+    notice, restart = elastic["events"]
+    assert (notice["event"], notice["device"], notice["during"]) == ("notice", 1, "backward")
+    assert restart["after"] == "notice" and restart["from"] == "memory" and restart["detect_s"] is None
+    assert (restart["resumed_from"], restart["lost_iterations"], restart["in_flight"]) == (AT + 1, 0, 0)
+    assert restart["at_s"] - notice["at_s"] < 30  # the iteration's end, not the device's
+    assert [g["devices"] for g in elastic["generations"]] == [[0, 1, 2, 3], [0, 2, 3]]
+
+
+def test_the_baselines_do_not_act_on_a_notice(tmp_path):
+    # torchrun's agent knows nothing of it: the run goes on with the device until it goes (after the run here)
+    elastic, _ = _preempted_run(tmp_path, ["--system", "megatron", "--tp", "1", "--pp", "2", "--dp", "2", "--debug",
+                                           "fault_notice_s=60"], "checkpoint")
+    assert [e["event"] for e in elastic["events"]] == ["notice"]
+    assert [g["devices"] for g in elastic["generations"]] == [[0, 1, 2, 3]]
+
+
 @pytest.mark.parametrize("debug,error", [
     (["fault_mode=preempt"], "debug.fault_mode: preempt needs fault_rank (the device preempted)"),
     (["fault_rank=4", "fault_mode=preempt"], "--debug fault_rank: 4 is not one of the run's 4 devices"),
@@ -89,6 +110,7 @@ def test_a_preemption_in_a_checkpoint_write_goes_on_from_the_last_complete_one(t
     (["fault_rank=1", "fault_phase=sync"], "debug.fault_phase: must be one of forward, backward, dp_sync, "
                                            "checkpoint (got 'sync')"),
     (["fault_iteration=1"], "--debug fault_iteration: needs fault_rank (whose rank, or device, it hits)"),
+    (["fault_rank=1", "fault_notice_s=5"], "debug.fault_notice_s: a preemption's notice (with fault_mode=preempt)"),
 ])
 def test_a_fault_that_cannot_hit_is_one_line(tmp_path, capsys, debug, error):
     flags = [a for d in debug if not d.startswith("--") for a in ("--debug", d)]

@@ -101,6 +101,7 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
                    help="debug options carried to every rank (repeatable): fault_rank=R, fault_after_s=S, "
                         "fault_mode=kill|exit|preempt (preempt: device R leaves, the elastic agent goes on without it), "
                         "fault_iteration=K fault_phase=forward|backward|dp_sync|checkpoint (dies there instead), "
+                        "fault_notice_s=S (preempt: warned there, taken S s later), "
                         "trace=1; ours' planted regressions: send_delay_s=S (every send "
                         "waits S first), overlap=0 (every send waits until the peer took the data; GPipe on "
                         "CPU); count_wire=1: every rank counts its bytes on the wire per iteration (manifest: "

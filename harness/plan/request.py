@@ -235,6 +235,8 @@ class DebugSection:
     # others' not yet taken), checkpoint (before its file of the checkpoint after the iteration is written)
     fault_iteration: int | None = None
     fault_phase: str = "forward"
+    # preempt: the device is warned at the fault's point (a cloud's notice) and taken this many seconds later
+    fault_notice_s: float = 0.0
     trace: bool = False  # ours: per-iteration phase times of every rank on stderr
     # planted regressions (harness regress --debug): ours' point-to-point sends
     send_delay_s: float = 0.0  # every send waits this long before it is posted
@@ -253,7 +255,9 @@ class DebugSection:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
                 raise ConfigError(f"debug.{name}: must be an integer >= 0 (got {v!r})")
-        for name in ("send_delay_s", "jitter_s"):
+        if self.fault_notice_s and self.fault_mode != "preempt":
+            raise ConfigError("debug.fault_notice_s: a preemption's notice (with fault_mode=preempt)")
+        for name in ("send_delay_s", "jitter_s", "fault_notice_s"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < float("inf"):
                 raise ConfigError(f"debug.{name}: must be a number >= 0 (got {v!r})")

@@ -17,6 +17,10 @@ its ranks keep what they hold after each iteration, the agent forgets a preempte
 layout rule) and starts the next generation from the last iteration every item of the new layout survived in;
 each rank takes what its device held and receives the rest from a surviving replica over the links. Only the
 iteration in flight is lost; where no survivor holds some item, the run goes on from its checkpoint as above.
+Warned of a preemption (a timeline's notice_s, a cloud's notice), it loses nothing: the agent stops the ranks
+as the iteration the last of them is in ends (every rank has kept it), and the next generation goes on from
+there without the device, whose stages others hold (else it waits for the preemption). torchrun's agent knows
+nothing of notices: the baselines go on until the device goes.
 The processes still restart (their groups are rebuilt from scratch): what that costs is in each event's marks.
 
 Every rank journals its timed iterations as it takes them (stats.Journal), so a stopped generation's iterations
@@ -98,20 +102,30 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
     history = []  # (generation, devices, layout) of every generation so far: whose copies a recovery may use
     # the debug section's preempt fault (its device dies at a point of an iteration, or after a while): once
     fault = spec.debug if spec.debug.fault_mode == "preempt" else None
-    no_fault = replace(spec.debug, fault_rank=None, fault_mode="kill", fault_iteration=None)
+    no_fault = replace(spec.debug, fault_rank=None, fault_mode="kill", fault_iteration=None, fault_notice_s=0.0)
+    fault_why = {} if fault is None else {"by": "debug fault", **({} if fault.fault_iteration is None else {
+        "iteration": fault.fault_iteration, "during": fault.fault_phase})}
+    warned, due = {}, None  # devices under notice (when it came); the debug fault's device once warned: when it goes
 
     def preempted(d: int, at: float, **why) -> None:
         alive.discard(d)
+        warned.pop(d, None)
         down_at[d] = at
         if memory is not None:
             snapshots.forget(memory, d)
         events.append({"event": "preempt", "device": d, "at_s": at - t0, **why})
 
+    def warn(d: int, at: float, **why) -> None:
+        warned[d] = at
+        events.append({"event": "notice", "device": d, "at_s": at - t0, **why})
+
     def take_notices() -> list[tuple[str, int, float]]:
         nonlocal pos
         got, pos = device_notices(pos)
         for kind, d, at in got:
-            if kind == "preempt":
+            if kind == "notice":
+                warn(d, at)
+            elif kind == "preempt":
                 preempted(d, at)
             elif kind == "return":
                 alive.add(d)
@@ -146,7 +160,7 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
         generations.append(gen)
         if pending is not None:
             pending["restart_began"] = forked
-        why, waiting, hit = None, set(), set()
+        why, waiting, hit, target = None, set(), set(), None
         try:
             while why is None:
                 if time.monotonic() > deadline:
@@ -158,13 +172,19 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
                     elif kind == "return":  # its agent starts and waits to join
                         waiting.add(d)
                 codes = [p.exitcode for p in procs]
-                if fault and fault.fault_rank in devices and codes[devices.index(fault.fault_rank)] == -signal.SIGKILL:
-                    # the debug fault took its device (rank.arm_fault), at the point it names
-                    preempted(fault.fault_rank, time.monotonic(), by="debug fault", **(
-                        {} if fault.fault_iteration is None else
-                        {"iteration": fault.fault_iteration, "during": fault.fault_phase}))
-                    hit.add(fault.fault_rank)
-                    fault = None
+                if fault and fault.fault_rank in devices:  # the debug fault's device (rank.arm_fault)
+                    d = fault.fault_rank
+                    told = _read_time(journal / f"notice-{devices.index(d)}")
+                    if told is not None and d not in warned:  # warned at the point the fault names
+                        warn(d, told, **fault_why)
+                        due = (d, told + fault.fault_notice_s)
+                    if codes[devices.index(d)] == -signal.SIGKILL:  # and taken
+                        preempted(d, time.monotonic(), **fault_why)
+                        hit.add(d)
+                        fault = due = None
+                if due is not None and time.monotonic() >= due[1] and due[0] not in devices:
+                    preempted(*due, **fault_why)  # it left the run on notice; now it is gone
+                    fault = due = None
                 for r, c in enumerate(codes):
                     if c not in (None, 0) and not hit:  # a rank failed by itself: the run fails
                         raise RankFailure(describe_exit(r, c, outdir, lambda r: label(devices[r])), rank=r)
@@ -176,8 +196,15 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
                 # waits with the others: its device's agent is still there)
                 missed = [devices[r] for r, c in enumerate(codes) if c != 0 and devices[r] not in alive
                           and now - _last_beat(journal, r, forked) > run.keepalive_s * KEEPALIVE_MISSED]
+                leaving = [d for d in warned if d in devices] if memory is not None else []
+                if leaving and target is None:  # the first boundary: the iteration the last rank is in, finished
+                    kept_now = _kept(memory, g, devices)
+                    target = 1 + (start if None in kept_now else min(kept_now))
                 if missed:
                     why = ("lost", missed, now)
+                elif leaving and _at_boundary(memory, g, devices, target, journal, max(run.warmup, start)) \
+                        and _covered(layout, devices, leaving):
+                    why = ("notice", leaving, now)  # it leaves between iterations, its stages held by others
                 elif waiting:
                     why = ("joined", sorted(waiting), now)
                 else:
@@ -208,11 +235,15 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
         done = first + gen["iterations"] if gen["iterations"] else start
         # torchrun's rendezvous waits for more devices; a system that re-plans goes on with those there
         wait_s = _last_call(run.last_call_s, n, alive, take_notices) if kind == "lost" and memory is None else 0.0
+        if kind == "notice":  # the devices leaving send nothing in the next generation: their copies are not sources
+            for d in who:
+                snapshots.forget(memory, d)
+        there = alive - set(warned)  # a device under notice is not planned on
         held = None if memory is None else \
-            {devices[r]: items for r, items in holdings(layout).items() if devices[r] in alive}
-        found, why_not = layout_on(base, topo, alive, held)
+            {devices[r]: items for r, items in holdings(layout).items() if devices[r] in there}
+        found, why_not = layout_on(base, topo, there, held)
         if found is None:
-            raise RankFailure(f"elastic agent: no layout of {run.system} on devices {sorted(alive)}: {why_not}")
+            raise RankFailure(f"elastic agent: no layout of {run.system} on devices {sorted(there)}: {why_not}")
         recover, why_not = None, ""
         if memory is not None:  # from the survivors' memory, where every item of the new layout survived
             plan, source, why_not = snapshots.latest_recovery_plan(memory, history, found.devices, found.layout,
@@ -220,7 +251,8 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
             recover = None if plan is None else {**plan.to_json(), "generation": source}
         resume = recover["iteration"] if recover else \
             (checkpoint.latest(Path(ckpt_dir)) if ckpt_dir else None) or first_start
-        pending = {"event": "restart", "after": "preempt" if kind == "lost" else "return", "devices": who,
+        after = {"lost": "preempt", "notice": "notice", "joined": "return"}[kind]
+        pending = {"event": "restart", "after": after, "devices": who,
                    "generation": g, "at_s": known - t0,
                    "detect_s": (known - max(down_at[d] for d in who)) if kind == "lost" else None,
                    "stop_s": stopped - known, "last_call_s": wait_s, "replan_s": found.search_s,
@@ -228,7 +260,9 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
                    **({"why_not_memory": why_not} if memory is not None and not recover else {}),
                    # done, then redone from the checkpoint (warm-up included), as the simulator counts them; the
                    # iteration the ranks had begun when a device went is in flight, lost too
-                   "lost_iterations": max(0, done - resume), "in_flight": int(kind == "lost" or bool(recover))}
+                   # (on notice the ranks stop as they finish an iteration: none in flight)
+                   "lost_iterations": max(0, done - resume),
+                   "in_flight": int(kind == "lost" or (kind == "joined" and bool(recover)))}
         events.append(pending)
         start = resume
     steps = run.warmup + run.iters
@@ -258,6 +292,35 @@ def _last_beat(journal: Path, rank: int, since: float) -> float:
         return float((journal / f"alive-{rank}").read_text())
     except (OSError, ValueError):
         return since
+
+
+def _read_time(path: Path) -> float | None:
+    try:
+        return float(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _kept(memory: Path, generation: int, devices) -> list[int | None]:
+    """The last iteration each device of a generation kept in memory in it (None: nothing yet)."""
+    return [max((k for g, k in snapshots.saved(memory, d) if g == generation), default=None) for d in devices]
+
+
+def _at_boundary(memory: Path, generation: int, devices, target: int, journal: Path, timed_from: int) -> bool:
+    """Every rank of the generation has kept iteration `target` (or a later one) and journaled the timed ones
+    before it (from iteration `timed_from`): they are between iterations, or in the next one, with a common
+    copy to go on from."""
+    kept = _kept(memory, generation, devices)
+    if any(k is None for k in kept) or min(kept) < target:
+        return False
+    return all(len(_journaled(journal / f"stats-{r}.jsonl")) >= target - timed_from for r in range(len(devices)))
+
+
+def _covered(layout, devices, leaving) -> bool:
+    """Every item the devices leaving hold is held by another device of the layout too."""
+    held = {devices[r]: items for r, items in holdings(layout).items()}
+    rest = set().union(*(items for d, items in held.items() if d not in leaving))
+    return all(held.get(d, set()) <= rest for d in leaving)
 
 
 def _last_call(wait_s: float, n: int, alive: set, take_notices) -> float:

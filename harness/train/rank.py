@@ -18,6 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ..files import atomic_write_text
 from ..network.timeline_program import note_iteration
 from ..plan.request import DebugSection, RunSpec
 from ..plan import systems
@@ -69,13 +70,14 @@ class RankContext:
     journal: str | None = None  # a directory: the rank journals its iterations there (elastic agent)
     state: dict = field(default_factory=dict)
     marks: dict = field(default_factory=dict)  # wall-clock times of milestones (e.g. "training")
-    fault: tuple | None = None  # (iteration, phase, mode): the debug section's fault at a point (arm_fault)
+    fault: tuple | None = None  # (iteration, phase, fire): the debug section's fault at a point (arm_fault)
 
     def reached(self, phase: str, iteration: int) -> None:
         """A system calls this where an iteration's `phase` is under way (request.FAULT_PHASES): the debug
         section's fault for this rank fires here when it names this phase of this iteration."""
         if self.fault is not None and self.fault[:2] == (iteration, phase):
-            _fire(self.fault[2])
+            fire, self.fault = self.fault[2], None
+            fire()
 
     def mark(self, name: str) -> None:
         """Note when a milestone was reached (start-up time of a run = first "training" mark); under the
@@ -150,7 +152,7 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: 
     device_index = env.rank if env.device_index is None else env.device_index
     ctx = RankContext(rank=env.rank, world_size=env.world_size, device_index=device_index,
                       device=device, addr=env.addr, ifname=env.ifname, collect_state=collect_state,
-                      journal=env.journal, fault=arm_fault(spec.debug, env.rank, device_index))
+                      journal=env.journal, fault=arm_fault(spec.debug, env.rank, device_index, env.journal))
     ctx.marks["forked"] = t_forked
     ctx.mark("process_group")
     with wire.counting(spec.debug.count_wire):
@@ -194,22 +196,34 @@ def keep_alive(directory: str, rank: int, every_s: float) -> None:
     threading.Thread(target=beat, name="harness-keepalive", daemon=True).start()
 
 
-def arm_fault(debug: DebugSection, rank: int, device_index: int) -> tuple | None:
+def arm_fault(debug: DebugSection, rank: int, device_index: int, journal: str | None = None) -> tuple | None:
     """The debug section's fault, so tests see how a run fails, or recovers, when a rank disappears: rank
     `fault_rank` (with fault_mode preempt: the rank on device `fault_rank`) dies `fault_after_s` after joining
-    the group (SIGKILL, or exit code 17); with `fault_iteration`, the (iteration, phase, mode) at which it dies
-    instead (RankContext.reached)."""
+    the group (SIGKILL, or exit code 17); with `fault_iteration`, the (iteration, phase, fire) at which it dies
+    instead (RankContext.reached). A preemption with `fault_notice_s` warns first: the rank writes
+    <journal>/notice-<rank> (its time.monotonic(), for the elastic agent) and dies that many seconds later."""
     if debug.fault_rank is None or debug.fault_rank != (device_index if debug.fault_mode == "preempt" else rank):
         return None
+
+    def fire():
+        if debug.fault_notice_s and journal is not None:
+            atomic_write_text(os.path.join(journal, f"notice-{rank}"), f"{time.monotonic():.6f}")
+            _after(debug.fault_notice_s, _die, debug.fault_mode)
+        else:
+            _die(debug.fault_mode)
     if debug.fault_iteration is not None:
-        return debug.fault_iteration, debug.fault_phase, debug.fault_mode
-    t = threading.Timer(debug.fault_after_s, _fire, args=(debug.fault_mode,))
-    t.daemon = True
-    t.start()
+        return debug.fault_iteration, debug.fault_phase, fire
+    _after(debug.fault_after_s, fire)
     return None
 
 
-def _fire(mode: str) -> None:
+def _after(seconds: float, fn, *args) -> None:
+    t = threading.Timer(seconds, fn, args=args)
+    t.daemon = True
+    t.start()
+
+
+def _die(mode: str) -> None:
     if mode == "exit":
         os._exit(17)
     os.kill(os.getpid(), signal.SIGKILL)  # kill; preempt: the machine is gone, its processes with it

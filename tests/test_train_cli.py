@@ -105,6 +105,13 @@ def test_bad_degrees_are_one_line_user_errors(tmp_path, capsys):
     assert main(ARGS + ["--d-pp", "3", "--d-dp", "3", "--results", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "harness: error: --d-pp/--d-dp: 3 x 3 != 8 devices"
+    # torch's pipelining (the baselines) needs a micro-batch per stage at least: refused before any rank starts
+    assert main(ARGS[:-6] + ["--batch", "8", "--micro-batch", "4", "--system", "megatron", "--tp", "1", "--pp", "4",
+                             "--dp", "2", "--results", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == ("harness: error: --pp: 4 stages need at least 4 micro-batches per "
+                                               "replica (torch's pipelining); batch 8 over 2 replicas in "
+                                               "micro-batches of 4 gives 1")
+    assert not list(tmp_path.iterdir())
 
 
 def test_real_nodes_path_under_torchrun(tmp_path):

@@ -15,13 +15,12 @@ from dataclasses import dataclass, fields, replace
 from .. import layout as layouts
 from . import systems as registry
 from ..layout import Layout, LayoutError
-from ..compute.model import GPTConfig
 from ..errors import HarnessError
 from ..compute.profiles import device_profiles
 from ..results import new_run_id
 from ..scenario import Topology, load_scenario, load_timeline, reload_name
 from ..scenario.transport import with_preset
-from .request import LayoutRequest, NetworkSection, ReplanSection, Resolved, RunRequest, RunSpec
+from .request import LayoutRequest, ModelSection, NetworkSection, ReplanSection, Resolved, RunRequest, RunSpec
 
 @dataclass(frozen=True)
 class Placement:
@@ -157,11 +156,16 @@ def check_product(want: LayoutRequest, n: int) -> None:
                           f"!= {n} devices")
 
 
-def baseline_mesh(want: LayoutRequest, cfg: GPTConfig, tp: int, pp: int, dp: int, zero: int, n: int) -> Layout:
-    """Rank order by default; `want.seed` gives the seeded placement."""
+def baseline_mesh(want: LayoutRequest, model: ModelSection, tp: int, pp: int, dp: int, zero: int, n: int) -> Layout:
+    """Rank order by default; `want.seed` gives the seeded placement. One line for a pipeline torch's
+    pipelining cannot run: fewer micro-batches per replica than stages."""
     if tp * pp * dp != n:
         raise LayoutError(f"layout: tp*pp*dp = {tp}*{pp}*{dp} = {tp * pp * dp} != {n} devices")
+    if pp > 1 and model.batch % dp == 0 and (model.batch // dp) // model.micro_batch < pp:
+        raise LayoutError(f"--pp: {pp} stages need at least {pp} micro-batches per replica (torch's pipelining); "
+                          f"batch {model.batch} over {dp} replicas in micro-batches of {model.micro_batch} gives "
+                          f"{(model.batch // dp) // model.micro_batch}")
     opts = dict(zero=zero, schedule=want.schedule or "1f1b")
     if want.seed is None:
-        return layouts.in_rank_order(tp, pp, dp, cfg.layers, **opts)
-    return layouts.seeded(tp, pp, dp, cfg.layers, want.seed, **opts)
+        return layouts.in_rank_order(tp, pp, dp, model.cfg.layers, **opts)
+    return layouts.seeded(tp, pp, dp, model.cfg.layers, want.seed, **opts)

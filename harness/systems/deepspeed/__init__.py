@@ -23,7 +23,7 @@ def deepspeed_layout(req: RunRequest, topo: Topology) -> tuple[Layout, None]:
     else:
         pp = want.pp or (n // want.dp if want.dp else n)
         dp = want.dp or n // pp
-    return baseline_mesh(want, req.model.cfg, 1, pp, dp, want.zero, n), None
+    return baseline_mesh(want, req.model, 1, pp, dp, want.zero, n), None
 
 
 register(System(

@@ -17,7 +17,7 @@ def megatron_layout(req: RunRequest, topo: Topology) -> tuple[Layout, None]:
     tp = want.tp or 1
     pp = want.pp or (n // (tp * want.dp) if want.dp else 1)
     dp = want.dp or n // (tp * pp)
-    return baseline_mesh(want, req.model.cfg, tp, pp, dp, 0, n), None
+    return baseline_mesh(want, req.model, tp, pp, dp, 0, n), None
 
 
 register(System(

@@ -311,3 +311,34 @@ def test_the_layout_on_the_devices_left_is_one_rule_with_spares_where_the_batch_
     assert partner in kept.devices and len(kept.devices) == 6
     assert set().union(*(held[d] for d in kept.devices)) == set().union(*held.values())
     assert partner not in by_bandwidth.devices
+
+
+def test_calibrate_and_compare_leave_out_an_elastic_runs_iterations_on_fewer_devices(cli, tmp_path):
+    """After a preemption an elastic run's iterations ran on a layout of the survivors (numbered as they are):
+    not the run's scenario at its devices. They are left out, and said; the others are held as before."""
+    import json
+
+    from harness.plan.flags import run_request
+    from harness.plan.layouts import plan_run
+    from harness.results import IterationRecord, write_records
+    from harness.sim.compare import load_measured
+
+    spec = plan_run(run_request(["--scenario", "2", "--devices", "8", "--model", "tiny", "--layers", "4",
+                                 "--batch", "8", "--network", "none"])).spec
+    base = dict(run_id="r1", scenario="2-spot", system="ours", backend="emu", kernel="uml", model="tiny", layers=4,
+                hidden=128, seq=128, batch=8, micro_batch=1, seed=0, bandwidth_scale=1.0, seconds=1.0, pflop=1e-6,
+                pflops=1e-6, tokens_per_s=1.0, compute_seconds=0.5, exposed_comm_seconds=0.5, loss=2.0)
+    whole = dict(devices=8, d_pp=spec.layout.pp, d_dp=spec.layout.dp, config=json.dumps(spec.layout.to_json()))
+    survivors = dict(devices=6, d_pp=3, d_dp=2, config=json.dumps({**spec.layout.to_json(), "pp": 3}))
+    run = tmp_path / "run"
+    write_records(run / "records.csv", [IterationRecord(**base, **(survivors if 3 <= it < 6 else whole),
+                                                        iteration=it) for it in range(1, 9)])
+    (run / "manifest.json").write_text(json.dumps({"spec": spec.to_json(), "elastic": {"generations": [
+        {"devices": list(range(8))}, {"devices": [0, 1, 2, 3, 4, 6]}, {"devices": list(range(8))}]}}))
+    notes = []
+    assert [r["iteration"] for r in load_measured(run, notes)] == [1, 2, 6, 7, 8]
+    assert notes == [f"{run / 'records.csv'}: 3 iterations ran on fewer devices than the run's 8 (after a "
+                     "preemption): not compared"]
+    rc, out, err = cli("sim", "calibrate", run, "--json", tmp_path / "p.json")
+    assert rc == 0, err
+    assert "3 iterations ran on fewer devices" in out and (tmp_path / "p.json").exists()

@@ -363,7 +363,10 @@ def cmd_calibrate(args) -> int:
 
     from ..results import results_root
 
-    profiles = calibrate_records(read_input(args.records, load_measured))
+    notes: list[str] = []
+    profiles = calibrate_records(read_input(args.records, lambda path: load_measured(path, notes)))
+    for line in notes:
+        print(f"note: {line}")
     out = args.json or results_root(args.results) / "sim" / "profile.json"
     save_profiles(out, profiles)
     for gpu, p in profiles.items():

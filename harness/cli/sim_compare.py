@@ -21,9 +21,12 @@ def cmd_compare(args) -> int:
 
     if _holds_fl_records(Path(args.records)):
         return _compare_fl(args)
-    records = read_input(args.records, load_measured)
+    notes: list[str] = []
+    records = read_input(args.records, lambda path: load_measured(path, notes))
     rows = compare(records, profile_overrides(args), args.dtype)
     print(format_table(rows))
+    for line in notes:
+        print(f"note: {line}")
     if args.csv:
         import csv
         import io

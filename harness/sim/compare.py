@@ -85,9 +85,11 @@ def _config(rec: dict) -> dict:
         raise HarnessError(f"records: config: not JSON ({c!r})") from None
 
 
-def load_measured(path: Path) -> list[dict]:
+def load_measured(path: Path, notes: list[str] | None = None) -> list[dict]:
     """Records under `path` (a records.csv or a directory), each with `dtype`, `device_type`,
-    `host_cpus` and `scenario_source` (how to load its scenario again) from its run's manifest.json."""
+    `host_cpus` and `scenario_source` (how to load its scenario again) from its run's manifest.json. An
+    elastic run's iterations on fewer devices than the run's (after a preemption: a layout on the survivors,
+    numbered as they are) are left out, and said in `notes`."""
     path = Path(path)
     files = sorted(path.rglob("records.csv")) if path.is_dir() else [path]
     out = []
@@ -101,7 +103,16 @@ def load_measured(path: Path) -> list[dict]:
         doc = doc if isinstance(doc, dict) else {}
         spec = doc.get("spec") if isinstance(doc.get("spec"), dict) else {}
         section = lambda name: spec.get(name) if isinstance(spec.get(name), dict) else {}  # noqa: E731
-        for r in read_records(f):
+        rows = read_records(f)
+        gens = doc["elastic"].get("generations") if isinstance(doc.get("elastic"), dict) else None
+        if gens:
+            whole = len(gens[0]["devices"])
+            fewer = [r for r in rows if int(r["devices"]) < whole]
+            if fewer and notes is not None:
+                notes.append(f"{f}: {len(fewer)} iterations ran on fewer devices than the run's {whole} (after a "
+                             "preemption): not compared")
+            rows = [r for r in rows if int(r["devices"]) >= whole]
+        for r in rows:
             r.setdefault("host_cpus", doc.get("host_cpus"))
             r.setdefault("dtype", section("model").get("dtype"))
             r.setdefault("device_type", section("run").get("device_type"))

@@ -19,8 +19,9 @@ each rank takes what its device held and receives the rest from a surviving repl
 iteration in flight is lost; where no survivor holds some item, the run goes on from its checkpoint as above.
 Warned of a preemption (a timeline's notice_s, a cloud's notice), it loses nothing: the agent stops the ranks
 as the iteration the last of them is in ends (every rank has kept it), and the next generation goes on from
-there without the device, whose stages others hold (else it waits for the preemption). torchrun's agent knows
-nothing of notices: the baselines go on until the device goes.
+there without the device, whose stages others hold (else it waits for the preemption). A device back joins
+the same way, at the next boundary. torchrun's agent knows nothing of notices, and restarts at once when a
+node joins: the baselines go on until the device goes, and lose the iteration in flight when one comes back.
 The processes still restart (their groups are rebuilt from scratch): what that costs is in each event's marks.
 
 Every rank journals its timed iterations as it takes them (stats.Journal), so a stopped generation's iterations
@@ -196,16 +197,19 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
                 # waits with the others: its device's agent is still there)
                 missed = [devices[r] for r, c in enumerate(codes) if c != 0 and devices[r] not in alive
                           and now - _last_beat(journal, r, forked) > run.keepalive_s * KEEPALIVE_MISSED]
+                # a system that re-plans changes its devices between iterations: a device under notice leaves,
+                # one back joins, as the iteration the last rank is in ends (torchrun's agent restarts at once)
                 leaving = [d for d in warned if d in devices] if memory is not None else []
-                if leaving and target is None:  # the first boundary: the iteration the last rank is in, finished
+                if (leaving or waiting) and memory is not None and target is None:
                     kept_now = _kept(memory, g, devices)
                     target = 1 + (start if None in kept_now else min(kept_now))
+                between = memory is None or (target is not None and _at_boundary(
+                    memory, g, devices, target, journal, max(run.warmup, start)))
                 if missed:
                     why = ("lost", missed, now)
-                elif leaving and _at_boundary(memory, g, devices, target, journal, max(run.warmup, start)) \
-                        and _covered(layout, devices, leaving):
-                    why = ("notice", leaving, now)  # it leaves between iterations, its stages held by others
-                elif waiting:
+                elif leaving and between and _covered(layout, devices, leaving):
+                    why = ("notice", leaving, now)  # its stages held by others
+                elif waiting and between:
                     why = ("joined", sorted(waiting), now)
                 else:
                     time.sleep(POLL_S)
@@ -260,9 +264,9 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
                    **({"why_not_memory": why_not} if memory is not None and not recover else {}),
                    # done, then redone from the checkpoint (warm-up included), as the simulator counts them; the
                    # iteration the ranks had begun when a device went is in flight, lost too
-                   # (on notice the ranks stop as they finish an iteration: none in flight)
+                   # (a system that re-plans stops its ranks between iterations on a notice or a return: none)
                    "lost_iterations": max(0, done - resume),
-                   "in_flight": int(kind == "lost" or (kind == "joined" and bool(recover)))}
+                   "in_flight": int(kind == "lost" or (kind == "joined" and memory is None))}
         events.append(pending)
         start = resume
     steps = run.warmup + run.iters

@@ -107,11 +107,11 @@ def load_measured(path: Path, notes: list[str] | None = None) -> list[dict]:
         gens = doc["elastic"].get("generations") if isinstance(doc.get("elastic"), dict) else None
         if gens:
             whole = len(gens[0]["devices"])
-            fewer = [r for r in rows if int(r["devices"]) < whole]
-            if fewer and notes is not None:
-                notes.append(f"{f}: {len(fewer)} iterations ran on fewer devices than the run's {whole} (after a "
-                             "preemption): not compared")
-            rows = [r for r in rows if int(r["devices"]) >= whole]
+            on_all = [r for r in rows if int(r["devices"]) >= whole]
+            if len(on_all) < len(rows) and notes is not None:
+                notes.append(f"{f}: {len(rows) - len(on_all)} iterations ran on fewer devices than the run's "
+                             f"{whole} (after a preemption): not compared")
+            rows = on_all
         for r in rows:
             r.setdefault("host_cpus", doc.get("host_cpus"))
             r.setdefault("dtype", section("model").get("dtype"))

@@ -175,8 +175,8 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
                 codes = [p.exitcode for p in procs]
                 if fault and fault.fault_rank in devices:  # the debug fault's device (rank.arm_fault)
                     d = fault.fault_rank
-                    told = _read_time(journal / f"notice-{devices.index(d)}")
-                    if told is not None and d not in warned:  # warned at the point the fault names
+                    told = None if d in warned else _read_time(journal / f"notice-{devices.index(d)}")
+                    if told is not None:  # warned at the point the fault names
                         warn(d, told, **fault_why)
                         due = (d, told + fault.fault_notice_s)
                     if codes[devices.index(d)] == -signal.SIGKILL:  # and taken
@@ -292,13 +292,12 @@ def _kill(p) -> None:
 def _last_beat(journal: Path, rank: int, since: float) -> float:
     """The time.monotonic() of rank `rank`'s last keep-alive (rank.keep_alive; the launcher and its ranks share
     one kernel's clock), or `since` before its first."""
-    try:
-        return float((journal / f"alive-{rank}").read_text())
-    except (OSError, ValueError):
-        return since
+    beat = _read_time(journal / f"alive-{rank}")
+    return since if beat is None else beat
 
 
 def _read_time(path: Path) -> float | None:
+    """The time.monotonic() a rank wrote to `path`; None before it did."""
     try:
         return float(path.read_text())
     except (OSError, ValueError):

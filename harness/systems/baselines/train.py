@@ -196,8 +196,9 @@ def train_baseline(
     rank's parameters under reference names, restricted to its own stage). With `progress`, one
     line per iteration on stderr (rank 0 asks for it, as `ours` does). pace: see build_rank. out: the list the
     timed iterations are appended to (the rank's journal under the elastic agent); mark: RankContext.mark, told
-    when the rank is ready to train; reached: RankContext.reached, told of the checkpoint's point. start: the iterations done (resumed from the checkpoint after them in
-    `resume`); checkpoint_every: a checkpoint (checkpoints.py) in `checkpoint_dir` every so many iterations."""
+    when the rank is ready to train; reached: RankContext.reached, told of the checkpoint's point. start: the
+    iterations done (resumed from the checkpoint after them in `resume`); checkpoint_every: a checkpoint
+    (checkpoints.py) in `checkpoint_dir` every so many iterations."""
     br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype, pace)
     named = [(n, p) for n, p in br.model.named_parameters() if _owned(br, n)]
     if start:

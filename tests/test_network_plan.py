@@ -205,3 +205,20 @@ def test_the_plan_carries_the_scenarios_tcp_settings_with_auto_buffers_sized_fro
     linux = _plan(load_scenario(NET4))
     assert linux.transport == {"congestion_control": None, "slow_start_after_idle": True,
                                "rmem_max_bytes": 6291456, "wmem_max_bytes": 4194304}
+
+
+def test_a_super_packet_takes_at_most_a_millisecond_of_the_slowest_link_on_its_interface():
+    """HTB lets a whole GSO super-packet through on any tokens left: a slow link gets packets of one frame
+    (its small bucket would otherwise pass a message's tail at the veth's speed), a fast one keeps large
+    ones (one frame per packet costs UML's CPU its throughput)."""
+    topo = load_scenario(NET4)
+    frame = 1500 + ETH_HEADER_BYTES
+    for scale, at_least in ((0.01, 1), (1.0, 16)):
+        plan = _plan(topo, scale=scale)
+        for dev in plan.devices:
+            slowest = min(lk.assured_bps for lk in dev.links) / 8
+            assert dev.gso_max_segs == max(1, int(slowest * 1e-3 // frame)) >= at_least
+    assert {dev.gso_max_segs for dev in _plan(topo, scale=0.01).devices} == {1}
+    # a device with no shaped link keeps the kernel's default
+    node = _plan(load_scenario("1", devices=8).subset([0, 1, 2, 3]))  # one node: NVLink only
+    assert all(not dev.links and dev.gso_max_segs == 65535 for dev in node.devices)

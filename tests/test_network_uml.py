@@ -63,6 +63,7 @@ def test_four_devices_with_distinct_pairs_pass_verification(tmp_path, capsys):
         assert rates == sorted(round(topo.bandwidth_gbps[d][e] * 1e7) for e in range(4) if e != d)
         delays = sorted(q["delay_us"] for q in rb["qdiscs"] if q["kind"] == "netem")
         assert delays == sorted(round(topo.delay_ms[d][e] * 1e3) for e in range(4) if e != d)
+        assert rb["gso_max_segs"] == 1  # HTB sees packets of one MTU, as on a WAN
     # measured RTTs follow the asymmetric one-way delays: A[0][3] + A[3][0] = 58 ms
     pair = next(p for p in rep["pairs"] if (p["src"], p["dst"]) == (0, 3))
     assert pair["rtt_target_ms"] == 58.0 and abs(pair["rtt_ms"] - 58.0) <= 0.5 + 0.03 * 58

@@ -132,7 +132,8 @@ def readback(ipr: IPRoute, idx: int) -> dict:
         if classid is None or sel is None:
             continue  # the hash-table node, not a rule
         filters.append({"classid": classid & 0xFFFF, "dst": _u32_dst(sel.get("keys") or [])})
-    return {"qdiscs": qdiscs, "classes": classes, "filters": filters}
+    gso = ipr.get_links(idx)[0].get_attr("IFLA_GSO_MAX_SEGS")
+    return {"qdiscs": qdiscs, "classes": classes, "filters": filters, "gso_max_segs": gso}
 
 
 def _u32_dst(keys: list[dict]) -> str | None:
@@ -185,6 +186,9 @@ def compare(dev: DevicePlan, rb: dict) -> list[str]:
             problems.append(f"{where}: rate {c['rate_bps']} bit/s, planned {dev.egress_bps}")
     if len(classes) != planned:
         problems.append(f"device {dev.index}: {len(classes)} classes, planned {planned}")
+    if rb.get("gso_max_segs") != dev.gso_max_segs:
+        problems.append(f"device {dev.index} ({dev.ifname}): gso_max_segs {rb.get('gso_max_segs')}, planned "
+                        f"{dev.gso_max_segs}")
     return problems
 
 

@@ -89,7 +89,8 @@ class Cluster:
             for dev, dplan in zip(self.devices, self.plan.devices):
                 harness_netns.create(dev.netns_path)
                 host_if = registry.host_veth_name(rid, dev.index)
-                ipr.link("add", ifname=host_if, kind="veth", peer=dev.ifname)
+                ipr.link("add", ifname=host_if, kind="veth",
+                         peer={"ifname": dev.ifname, "gso_max_segs": dplan.gso_max_segs})
                 h = ipr.link_lookup(ifname=host_if)[0]
                 p = ipr.link_lookup(ifname=dev.ifname)[0]
                 ipr.link("set", index=p, net_ns_fd=dev.netns)

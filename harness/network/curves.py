@@ -28,6 +28,11 @@ SIZES = (64 << 10, 512 << 10, 4 << 20, 32 << 20)
 IDLES_S = (0.0, 2.0)
 REPS = 2
 PRIMER_MIN_BYTES = 1 << 20
+#: a step of a pair's connection (connect, one message) that takes this long plus STALL_FACTOR times its
+#: largest message's time at the link's rate has stalled: the pair fails with its TCP state, and is measured
+#: again (a socket's default of minutes cost a whole run its deadline)
+STALL_MIN_S = 20.0
+STALL_FACTOR = 10.0
 FIELDS = ("src", "dst", "rate_mbps", "delay_ms", "rtt_ms", "burst_bytes", "limit_packets", "bytes", "idle_s", "rep",
           "idle_measured_s", "seconds", "ideal_seconds")
 
@@ -93,7 +98,9 @@ def measure_curves(topo, *, pairs: str = "sample", sizes=SIZES, idles_s=IDLES_S,
     for s, d in chosen:
         bdp = goodput[s, d] / 8 * rtt_t[s, d] / 1e3
         trials = [{"bytes": int(b), "idle_s": float(t), "rep": r} for t in idles_s for b in sizes for r in range(reps)]
-        specs.append({"src": s, "dst": d, "trials": trials, "primer_bytes": int(max(PRIMER_MIN_BYTES, 2 * bdp))})
+        primer = int(max(PRIMER_MIN_BYTES, 2 * bdp))
+        stall_s = STALL_MIN_S + STALL_FACTOR * max([primer, *sizes]) * 8 / goodput[s, d]
+        specs.append({"src": s, "dst": d, "trials": trials, "primer_bytes": primer, "stall_s": round(stall_s, 3)})
     meas, res = run_probe(topo, {"messages": specs, "retries": retries}, "transfer curves", kernel=kernel, timeout_s=timeout_s,
                           stream=stream)
     rows = []

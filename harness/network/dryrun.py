@@ -17,8 +17,8 @@ def local_cluster_commands(topo, *, run_id: str | None = None) -> list[str]:
            f"ip link add {br} type bridge", f"ip link set {br} up"]
     for i in range(n):
         hv = registry.host_veth_name(rid, i)
-        out += namespace_commands(ns[i], ifnames[i], f"ip link add {hv} type veth peer name {ifnames[i]}",
-                                  addrs[i], prefix)
+        link_add = f"ip link add {hv} type veth peer name {ifnames[i]} gso_max_segs {plan.devices[i].gso_max_segs}"
+        out += namespace_commands(ns[i], ifnames[i], link_add, addrs[i], prefix)
         out += [f"ip link set {hv} master {br}", f"ip link set {hv} up"]
     out += render_commands(plan, ns)
     out.append(f"# teardown: ip link del {br}; " + "; ".join(f"ip netns del {x}" for x in ns[:2])

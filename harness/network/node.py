@@ -98,8 +98,8 @@ def node_commands(inv: Inventory, node: str) -> list[str]:
     for d in spec.devices:
         dev = plan.devices[d]
         name = registry.netns_name(rid, d)
-        out += namespace_commands(name, dev.ifname, f"ip link add {dev.ifname} link {spec.nic} type macvlan mode bridge",
-                                  dev.addr, plan.prefix_len)
+        link_add = f"ip link add {dev.ifname} link {spec.nic} gso_max_segs {dev.gso_max_segs} type macvlan mode bridge"
+        out += namespace_commands(name, dev.ifname, link_add, dev.addr, plan.prefix_len)
     sub = replace(plan, devices=tuple(plan.devices[d] for d in spec.devices))
     out += render_commands(sub, [registry.netns_name(rid, i) for i in range(inv.topo.n)])  # indexed by device id
     out.append("# start each GPU process in its device's namespace, gloo/NCCL on sockets over its interface:")
@@ -140,10 +140,12 @@ def apply_node(inventory: Path, node: str, *, dry_run: bool = False, link_kind: 
                 path = f"{NETNS_DIR}/{registry.netns_name(rid, d)}"
                 harness_netns.create(path)
                 if link_kind == "macvlan":
-                    ipr.link("add", ifname=dev.ifname, kind="macvlan", link=parent[0], macvlan_mode="bridge")
+                    ipr.link("add", ifname=dev.ifname, kind="macvlan", link=parent[0], macvlan_mode="bridge",
+                             gso_max_segs=dev.gso_max_segs)
                 else:
                     host_if = registry.host_veth_name(rid, d)
-                    ipr.link("add", ifname=host_if, kind="veth", peer=dev.ifname)
+                    ipr.link("add", ifname=host_if, kind="veth",
+                             peer={"ifname": dev.ifname, "gso_max_segs": dev.gso_max_segs})
                     h = ipr.link_lookup(ifname=host_if)[0]
                     ipr.link("set", index=h, master=parent[0], state="up")
                 i = ipr.link_lookup(ifname=dev.ifname)[0]

@@ -110,14 +110,20 @@ def _serve_messages(conn: socket.socket) -> None:
     receiver answers with the time it arrived (CLOCK_MONOTONIC: one kernel holds every namespace)."""
     buf = bytearray(RECV_BYTES)
     view = memoryview(buf)
+    readable = select.poll()
+    readable.register(conn, select.POLLIN)
     while True:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, 1)  # the 8-byte size, alone when the message is 0
         size = struct.unpack("!Q", _recv_exact(conn, 8))[0]
         if size == 0:
             return
         left = size
         while left:
-            # wake up when the rest (or a large chunk) is there, not per packet: syscalls are costly in UML
+            # wake up when the rest (or a large chunk) is there, not per packet: syscalls are costly in UML.
+            # poll, then read what is there: a blocking recv that took part of it would wait for the low-water
+            # mark in bytes *beyond* that part, which a message's last bytes may never reach (a stall)
             conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, min(left, MESSAGE_LOWAT_BYTES))
+            readable.poll()
             got = conn.recv_into(view[:min(left, RECV_BYTES)])
             if not got:
                 raise ConnectionError("peer closed")
@@ -183,31 +189,54 @@ def _bulk(dst_addr: str, warmup_s: float, measure_s: float, rate_bps: float) -> 
     return json.loads(raw)
 
 
-def _messages(dst_addr: str, trials: list[dict], primer_bytes: int) -> dict:
+def _tcp_state(s: socket.socket) -> str:
+    """The connection's state as the kernel sees it (struct tcp_info's head): where a stall stands."""
+    try:
+        raw = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    except OSError:
+        return "no tcp_info"
+    b = struct.unpack_from("8B", raw)
+    (rto, _ato, _mss, _rmss, unacked, sacked, lost, retrans, _f, last_sent, _ls, last_recv, _la, _pmtu, _rss, rtt,
+     _rv, _ssth, cwnd, _amss, _reo, _rrtt, _rsp, total_retrans) = struct.unpack_from("24I", raw, 8)
+    return (f"tcp state {b[0]} ca {b[1]} backoff {b[4]} rto {rto / 1e3:.0f}ms rtt {rtt / 1e3:.1f}ms cwnd {cwnd} "
+            f"unacked {unacked} sacked {sacked} lost {lost} retrans {retrans}/{total_retrans} "
+            f"last sent {last_sent}ms last recv {last_recv}ms ago")
+
+
+def _messages(dst_addr: str, trials: list[dict], primer_bytes: int, stall_s: float, port: int = PORT) -> dict:
     """One connection (TCP_NODELAY, as gloo's): per trial, a primer message that opens the window, the
     trial's idle time after its arrival, then the message; its time runs from the first write to the
-    arrival of its last byte at the receiver."""
+    arrival of its last byte at the receiver. A step (connect, a message) that takes `stall_s` fails with
+    the connection's state."""
     biggest = max([primer_bytes] + [t["bytes"] for t in trials])
     payload = memoryview(bytes(biggest))
     out = []
-    with socket.create_connection((dst_addr, PORT), timeout=120) as s:
-        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        s.sendall(_header({"mode": "messages"}))
+    step = "connect"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(stall_s)
+        try:
+            s.connect((dst_addr, port))
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            s.sendall(_header({"mode": "messages"}))
 
-        def send(n: int) -> tuple[float, float]:
-            t0 = time.monotonic()
-            s.sendall(struct.pack("!Q", n))
-            s.sendall(payload[:n])
-            return t0, struct.unpack("!d", _recv_exact(s, 8))[0]
+            def send(n: int) -> tuple[float, float]:
+                t0 = time.monotonic()
+                s.sendall(struct.pack("!Q", n))
+                s.sendall(payload[:n])
+                return t0, struct.unpack("!d", _recv_exact(s, 8))[0]
 
-        for t in trials:
-            arrived = send(primer_bytes)[1] if primer_bytes else time.monotonic()
-            pause = arrived + t["idle_s"] - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            t0, t1 = send(t["bytes"])
-            out.append({**t, "seconds": t1 - t0, "idle_measured_s": t0 - arrived})
-        s.sendall(struct.pack("!Q", 0))
+            for k, t in enumerate(trials):
+                step = f"trial {k + 1}/{len(trials)} primer"
+                arrived = send(primer_bytes)[1] if primer_bytes else time.monotonic()
+                pause = arrived + t["idle_s"] - time.monotonic()
+                if pause > 0:
+                    time.sleep(pause)
+                step = f"trial {k + 1}/{len(trials)} ({t['bytes']} B)"
+                t0, t1 = send(t["bytes"])
+                out.append({**t, "seconds": t1 - t0, "idle_measured_s": t0 - arrived})
+            s.sendall(struct.pack("!Q", 0))
+        except (OSError, ConnectionError) as e:
+            raise type(e)(f"{step}: {e} ({_tcp_state(s)})") from None
     return {"trials": out}
 
 
@@ -331,7 +360,7 @@ def _curves(devs: dict, spec: dict, out_path: str) -> int:
         t0 = time.monotonic()
         for attempt in range(1 + spec.get("retries", 0)):  # a connection that failed is measured again
             kid = _fork(devs[p["src"]]["netns_path"],
-                        lambda p=p: _messages(devs[p["dst"]]["addr"], p["trials"], p["primer_bytes"]))
+                        lambda p=p: _messages(devs[p["dst"]]["addr"], p["trials"], p["primer_bytes"], p["stall_s"]))
             res = _collect([kid])[0]
             if "error" not in res:
                 break

@@ -10,7 +10,7 @@ PY     := $(VENV)/bin/python
 HARNESS := $(VENV)/bin/harness
 STAMP  := $(VENV)/.installed
 
-.PHONY: all venv system-deps test bench regress clean net-clean
+.PHONY: all venv system-deps test soak bench regress clean net-clean
 
 all: test
 
@@ -39,10 +39,16 @@ system-deps:
 	  echo "system-deps: run as root (apt-get install $(SYSTEM_PACKAGES))"; exit 1; \
 	fi
 
-# two pytest-xdist workers; tests of machine-wide state (marked net or machine) run on one of them, one at a time
+# two pytest-xdist workers; tests of machine-wide state (marked net or machine) run on one of them, one at a time;
+# at the end the 15 slowest tests, the seconds of each file and a total per group (unit, emulated, Slurm)
 TEST_JOBS ?= 2
 test: $(STAMP) system-deps
-	$(PY) -m pytest tests --ignore=tests/bench -q -n $(TEST_JOBS) --dist loadgroup --durations=15
+	$(PY) -m pytest tests --ignore=tests/bench --ignore=tests/soak -q -n $(TEST_JOBS) --dist loadgroup --durations=15
+
+# Soaks: what `make test` proves once, repeated at moments no one chose (tests/soak/; not in CI). Run once after a
+# change to what they name in their docstrings (the kill soak: reaper, registry, teardown, the launch gate).
+soak: $(STAMP) system-deps
+	$(PY) -m pytest tests/soak -q -s --durations=5
 
 # The throughput regression gate against the committed baseline (tests/regress/baseline.json):
 # exact figures and emulated case-5 runs (about 7 min); QUICK=1: the exact figures only (seconds),

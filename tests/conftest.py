@@ -77,3 +77,38 @@ def cli(capsys):
         return rc, out.out, out.err
 
     return run
+
+
+#: The groups of the summary at the end of a run: which marker puts a test in which.
+GROUPS = (("slurm", "Slurm"), ("net", "emulated"), ("machine", "emulated"))
+
+
+def _group(report) -> str:
+    return next((name for marker, name in GROUPS if marker in report.keywords), "unit")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """After pytest's slowest 15: the seconds of each file and a one-line total per group (unit tests on both
+    workers; emulated and Slurm one at a time on one), so the next slow test is seen where it lands."""
+    files: dict[str, float] = {}
+    groups: dict[str, list[float]] = {}
+    for reports in terminalreporter.stats.values():
+        for r in reports:
+            if getattr(r, "when", None) not in ("setup", "call", "teardown") or not hasattr(r, "duration"):
+                continue
+            path = r.nodeid.split("::")[0]
+            files[path] = files.get(path, 0.0) + r.duration
+            g = groups.setdefault(_group(r), [0.0, 0])
+            g[0] += r.duration
+            g[1] += r.when == "call" or (r.when == "setup" and r.outcome == "skipped")
+    if not files:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", "seconds per file")
+    for path, s in sorted(files.items(), key=lambda kv: -kv[1]):
+        tr.write_line(f"{s:8.1f} s  {path}")
+    tr.write_sep("=", "seconds per group")
+    for name in ("unit", "emulated", "Slurm"):
+        if name in groups:
+            s, n = groups[name]
+            tr.write_line(f"{name}: {n} tests, {s:.0f} s")

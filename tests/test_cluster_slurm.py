@@ -28,7 +28,7 @@ NIC = "hnic0"  # the macvlans' parent: one end of a veth pair in the test's name
 _missing = [d for d in DAEMONS if shutil.which(d) is None]
 _missing += [] if os.geteuid() == 0 else ["root (slurmd runs the job's ranks; shaping needs CAP_NET_ADMIN)"]
 _missing += [] if (os.cpu_count() or 1) >= 2 else ["2 CPUs (the job asks one per rank)"]
-pytestmark = [pytest.mark.machine,
+pytestmark = [pytest.mark.machine, pytest.mark.slurm,
               pytest.mark.skipif(bool(_missing), reason=f"a one-node Slurm needs {', '.join(_missing)} "
                                                         "(make system-deps installs slurm-wlm and munge)")]
 

@@ -52,8 +52,14 @@ def test_five_strategies_over_shaped_links_with_a_shared_uplink(tmp_path, capsys
     # worker's own 5 Mbps pair would take a quarter of this); 0.9: the shaper's burst
     assert recs["naive"].distribution_seconds > 0.9 * 4 * S / (5e9 * SCALE / 8)
     assert recs["owl"].seconds < 0.85 * recs["naive"].seconds and recs["optimal"].seconds < recs["naive"].seconds
-    # the simulator on the run's scenario and scales, uncalibrated (15 % in the proof; a loaded machine here)
-    for c in compare_fl(list(recs.values())):
-        assert abs(c.error) < 0.25, (c.record.strategy, c.record.seconds, c.simulated.seconds)
+    # the simulator on the run's scenario and scales, uncalibrated (15 % in the proof): a loaded machine only slows
+    # a measured round, so the prediction may not exceed one by 25 %; below, each strategy's round is held against
+    # naive's, measured in the same boot (a slower machine slows both: the ratio stays)
+    rows = {c.record.strategy: c for c in compare_fl(list(recs.values()))}
+    for name, c in rows.items():
+        assert c.error < 0.25, (name, c.record.seconds, c.simulated.seconds)
+        measured = c.record.seconds / rows["naive"].record.seconds
+        simulated = c.simulated.seconds / rows["naive"].simulated.seconds
+        assert abs(simulated / measured - 1) < 0.25, (name, measured, simulated)
     assert main(["sim", "compare", str(out)]) == 0
     assert "largest round error" in capsys.readouterr().out

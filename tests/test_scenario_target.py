@@ -1,4 +1,6 @@
-"""`make scenario-N QUICK=1` end to end on the cheapest case, and `harness report case` on bad input."""
+"""`make scenario-N` end to end once, at the smallest scale that still takes every step of it (QUICK on the cheapest
+case, fewer scheduler candidates, two of its emulated systems in the shared boot), and `harness report case` on bad
+input."""
 from __future__ import annotations
 
 import json
@@ -13,7 +15,11 @@ from harness.report.case import REQUIRED
 from harness.results import read_records
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEMS = {"ours", "ours-random", "megatron", "deepspeed"}
+#: ours and a baseline: the steps after the runs (calibrate, compare, report) are the same for one or four systems;
+#: ours-random and Megatron are emulated in tests/test_train_emulated.py and tests/test_preemption_emulated.py, and the
+#: Makefile's systems are checked against the registry by test_the_makefile_runs_every_system_it_names below
+SYSTEMS = {"ours", "deepspeed"}
+EACH = "EACH=--each '--system ours' --each '--system deepspeed --zero 1 --pp 4 --dp 2'"
 pytestmark = pytest.mark.machine  # the network registry, namespaces, the emulated cluster
 
 
@@ -28,8 +34,9 @@ def _no_emulation() -> str:
 @pytest.mark.skipif(bool(_no_emulation()), reason=f"no kernel to emulate links with: {_no_emulation()}")
 def test_quick_case_1_writes_consistent_outputs(tmp_path):
     out = tmp_path / "case1"
-    # fewer scheduler candidates than QUICK's 2000: the outputs and their consistency are the same
-    proc = subprocess.run(["make", "-C", str(ROOT), "scenario-1", "QUICK=1", "SEARCH=--budget 300",
+    # fewer scheduler candidates than QUICK's 2000, two systems of its four: the outputs and their consistency
+    # are the same
+    proc = subprocess.run(["make", "-C", str(ROOT), "scenario-1", "QUICK=1", "SEARCH=--budget 300", EACH,
                            f"SCENARIO_OUT={out}"],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -79,3 +86,19 @@ def test_report_case_names_the_missing_output(cli, tmp_path):
     assert rc != 0 and len(err.strip().splitlines()) == 1
     assert f"{tmp_path}: schedule-ga.json: missing" in err
     assert not (tmp_path / "report.md").exists()
+
+
+def test_the_makefile_runs_every_system_it_names():
+    """What the end-to-end test above leaves out: the Makefile's emulated runs (every system, QUICK or not) as
+    `make -n` prints them, each a system of the registry, all in one `harness run --each`."""
+    import harness.systems  # noqa: F401  (registers them)
+    from harness.plan.systems import names
+
+    for quick, want in ((["QUICK=1"], ["ours", "ours-random", "megatron", "deepspeed"]),
+                        ([], ["ours", "ours-random", "ours-random", "ours-random", "megatron", "megatron", "deepspeed"])):
+        proc = subprocess.run(["make", "-n", "-C", str(ROOT), "scenario-1", *quick, "SCENARIO_OUT=/nonexistent"],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        (line,) = [ln for ln in proc.stdout.splitlines() if " run --scenario 1 " in ln]
+        systems = [each.split("'")[0].split()[1] for each in line.split("--each '")[1:]]
+        assert systems == want and set(systems) <= set(names()), line

@@ -54,8 +54,10 @@ def test_a_link_changed_live_keeps_its_packets_and_takes_the_new_delay(tmp_path)
     # each change was issued when due (UML's one CPU, shared with the host's other work, can stall the
     # guest for a few hundred ms: the log says by how much) and acknowledged by the kernel before its read-back
     # (its read-back too, unless the next change to the same device came first: it is verified with that one)
-    for e in log:
-        assert e["due_s"] <= e["applied_s"] < e["due_s"] + 1.0, e
+    # (late by no absolute bound, since load stalls the guest; but before the next change is due, or the windows
+    # measured below would be empty)
+    for e, after in zip(log, [*log[1:], None]):
+        assert e["due_s"] <= e["applied_s"] and (after is None or e["applied_s"] < after["due_s"]), e
         verified = e["verified_ms"] if e["verified_ms"] is not None or e is log[-1] else e["took_ms"]
         assert 0 <= e["took_ms"] <= verified < 5000, e
     got = np.array(json.loads((tmp_path / "delay-0-1.json").read_text()))
@@ -69,9 +71,11 @@ def test_a_link_changed_live_keeps_its_packets_and_takes_the_new_delay(tmp_path)
     before_cut = set(seq[send < cut - 0.07])  # minus the new delay: those had arrived before the cut
     expected = set(range(min(before_cut), max(before_cut) + 1))
     assert np.min(recv) < raised - 2.0 and before_cut == expected, f"lost: {sorted(expected - before_cut)}"
-    # the delay before the change is the scenario's, after it the event's (UML's timer: a few ms late)
+    # the delay before the change is the scenario's, after it the event's (UML's timer: a few ms late): read on the
+    # fastest tenth of each, since a loaded machine delays packets and cannot speed them up (the median moves)
     early, late = delay_ms[send < raised - 0.01], delay_ms[(send > raised + 0.01) & (send < cut)]
-    assert 19 <= np.median(early) <= 26 and 59 <= np.median(late) <= 66, (np.median(early), np.median(late))
+    fast = (np.percentile(early, 10), np.percentile(late, 10))
+    assert 19 <= fast[0] <= 26 and 59 <= fast[1] <= 66, fast
     # never unshaped for a moment (a re-created tree lets packets through at once), and no gap in arrivals
     # above the new delay beyond what the sender's own pauses explain (a stall of the guest shows in both)
     assert np.min(delay_ms[send < cut]) >= 19
@@ -102,4 +106,7 @@ def test_net_verify_timeline_measures_each_change_and_how_long_it_took_to_show(c
     assert rate["before"] == pytest.approx(20 * 1448 / 1514, rel=0.1) and rate["ok"]
     assert 0 < rate["shown_ms"] < 1500  # the queue of the old rate drains, 100 ms bins
     assert delay["quantity"] == "delay_ms" and delay["target"] == 50 and delay["ok"]
-    assert 19 <= delay["before"] <= 26 and 0 <= delay["shown_ms"] < 250
+    # before and after: medians of one probe on one cluster, so a load that delays packets adds to both; the step
+    # between them is the change's (30 ms) within a few of UML's timer ticks
+    assert delay["before"] >= 19 and abs((delay["after"] - delay["before"]) - 30) <= 4, delay
+    assert 0 <= delay["shown_ms"] < 250

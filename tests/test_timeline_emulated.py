@@ -54,10 +54,10 @@ def test_a_link_changed_live_keeps_its_packets_and_takes_the_new_delay(tmp_path)
     # each change was issued when due (UML's one CPU, shared with the host's other work, can stall the
     # guest for a few hundred ms: the log says by how much) and acknowledged by the kernel before its read-back
     # (its read-back too, unless the next change to the same device came first: it is verified with that one)
-    # (late by no absolute bound, since load stalls the guest; but before the next change is due, or the windows
-    # measured below would be empty)
-    for e, after in zip(log, [*log[1:], None]):
-        assert e["due_s"] <= e["applied_s"] and (after is None or e["applied_s"] < after["due_s"]), e
+    # (late by no bound: a loaded host stalls the guest, by 1.5 s beside two busy loops; the windows below are
+    # taken between the times the changes were applied, whenever that was)
+    for e in log:
+        assert e["due_s"] <= e["applied_s"], e
         verified = e["verified_ms"] if e["verified_ms"] is not None or e is log[-1] else e["took_ms"]
         assert 0 <= e["took_ms"] <= verified < 5000, e
     got = np.array(json.loads((tmp_path / "delay-0-1.json").read_text()))
@@ -74,6 +74,7 @@ def test_a_link_changed_live_keeps_its_packets_and_takes_the_new_delay(tmp_path)
     # the delay before the change is the scenario's, after it the event's (UML's timer: a few ms late): read on the
     # fastest tenth of each, since a loaded machine delays packets and cannot speed them up (the median moves)
     early, late = delay_ms[send < raised - 0.01], delay_ms[(send > raised + 0.01) & (send < cut)]
+    assert early.size >= 20 and late.size >= 20, ("packets sent in each window", early.size, late.size)
     fast = (np.percentile(early, 10), np.percentile(late, 10))
     assert 19 <= fast[0] <= 26 and 59 <= fast[1] <= 66, fast
     # never unshaped for a moment (a re-created tree lets packets through at once), and no gap in arrivals

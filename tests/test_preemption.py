@@ -19,6 +19,7 @@ from harness.sim.sweep import Simulator
 CFG = get_model("tiny", 4)
 BATCH = 8
 START_S = 2.0  # a process start, given (measured_start_s times one on the machine)
+SEARCH_S = 0.5  # a re-plan's search, given (timed as it runs, it grows with the machine's load)
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,8 @@ def test_events_that_do_not_fit_the_run_are_one_line(tmp_path, topo, text, messa
 
 def predict(sim, tl, system, iterations=40, **kw):
     layout = kw.pop("layout", None)
-    return predict_spot(sim, system, CFG, BATCH, tl, iterations, RecoveryModel(start_s=START_S, **kw), layout=layout)
+    return predict_spot(sim, system, CFG, BATCH, tl, iterations, RecoveryModel(start_s=START_S, search_s=SEARCH_S, **kw),
+                        layout=layout)
 
 
 def test_without_events_every_iteration_is_the_plans(tmp_path, topo, sim):
@@ -119,13 +121,17 @@ def test_ours_replans_on_the_survivors_and_loses_only_the_iteration_in_flight(tm
     (r,) = p.recoveries
     assert r.kind == "replan" and r.detect_s == DETECT_S and r.lost_iterations == 1
     assert r.lost_s == pytest.approx(0.5 * T, rel=0.05)
-    assert r.replan_s > 0 and r.transfer_s > 0 and r.restart_s == START_S and r.devices_after < 8
+    assert r.replan_s == SEARCH_S and r.transfer_s > 0 and r.restart_s == START_S and r.devices_after < 8
     # its runtime starts the processes again (train/snapshots.py): a process start, and no checkpoint load
     assert [i.iteration for i in p.iterations] == list(range(40))  # nothing redone but the one in flight
     after = [i for i in p.iterations if i.start_s > at]
     assert after[0].iteration == 10 and after[0].start_s == pytest.approx(at + r.seconds)
     assert {i.devices for i in after} == {r.devices_after}
     assert p.total_s == pytest.approx(p.accounted_s())
+    # by default the search is the scheduler's, timed as it runs
+    timed = predict_spot(sim, "ours", CFG, BATCH, timeline(tmp_path, topo, f"events: [{{at_s: {at}, preempt: 3}}]"),
+                         40, RecoveryModel(start_s=START_S, checkpoint_every=5))
+    assert timed.recoveries[0].replan_s not in (0.0, SEARCH_S)
 
 
 def test_baselines_restart_from_their_last_checkpoint(tmp_path, topo, sim):
@@ -188,9 +194,9 @@ def test_sim_predicts_every_system_under_devices_that_leave(cli, tmp_path, topo)
 
     path = tmp_path / "t.yaml"
     path.write_text("events: [{at_s: 0.05, preempt: 3}, {at_s: 12, return: 3}]")
-    # --process-start given: by default it is a Python start timed on this machine, which load makes longer
+    # --process-start and --replan-search given: by default each is timed on this machine, which load makes longer
     rc, out, err = cli(*SIM, "--timeline", path, "--checkpoint-every", "5", "--iterations", "10000",
-                       "--process-start", START_S, "--out", tmp_path / "run")
+                       "--process-start", START_S, "--replan-search", SEARCH_S, "--out", tmp_path / "run")
     assert rc == 0, err
     table = out.split("devices that leave and come back")[1].split("\n\n")[0]
     rows = {line.split()[0]: line.split() for line in table.splitlines()[2:]}
@@ -200,6 +206,7 @@ def test_sim_predicts_every_system_under_devices_that_leave(cli, tmp_path, topo)
     ours, megatron = rec[rec.system == "ours"], rec[rec.system == "megatron"]
     assert list(ours.kind) == ["replan", "join"] and set(megatron.kind) == {"restart"}
     assert (megatron.detect_s.iloc[0], ours.detect_s.iloc[0]) == (TORCHRUN_DETECT_S, DETECT_S)
+    assert list(ours.replan_s) == [SEARCH_S, SEARCH_S]
     it = pd.read_csv(tmp_path / "run" / "spot.csv")
     assert (it.groupby("system").iteration.count() == 10000).all()
     # time to the 10,000 useful iterations, as printed: the last iteration's end

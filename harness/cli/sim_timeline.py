@@ -13,7 +13,8 @@ from ..scenario.preemption import KEEPALIVE_MISSED
 from ..plan.arg_types import input_file, non_negative_float, non_negative_int, nonempty, positive_float, positive_int
 
 #: what only a timeline with devices that leave takes
-SPOT_FLAGS = ("checkpoint_every", "storage_gbps", "keepalive", "last_call", "recovery", "process_start")
+SPOT_FLAGS = ("checkpoint_every", "storage_gbps", "keepalive", "last_call", "recovery", "process_start",
+              "replan_search")
 MARKET_FLAGS = ("preempt_down", "preempt_notice", "preempt_seed")
 
 
@@ -47,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds a restart's processes take to start and join their group (default: a Python "
                         "process importing torch.distributed on this machine, measured; e.g. an emulated run's "
                         "restart_marks_s.process_group)")
+    g.add_argument("--replan-search", type=non_negative_float, metavar="S",
+                   help="seconds ours' scheduler takes to re-plan on the devices left (default: each search timed "
+                        "on this machine as it runs; given, the prediction is the same on any machine)")
     add_agent_arguments(g)
 
 
@@ -143,7 +147,8 @@ def print_spot(sim, cands, args, cfg, out_dir: Path) -> Path:
     timeline, iterations = sim.topo.timeline, args.iterations or 100
     detect = None if args.keepalive is None else args.keepalive * KEEPALIVE_MISSED  # ours' and torchrun's
     given = {"storage_gbps": args.storage_gbps, "torchrun_last_call_s": args.last_call,
-             "torchrun_detect_s": detect, "detect_s": detect, "start_s": args.process_start}
+             "torchrun_detect_s": detect, "detect_s": detect, "start_s": args.process_start,
+             "search_s": args.replan_search}
     model = RecoveryModel(checkpoint_every=args.checkpoint_every, restart_all=args.recovery == "restart",
                           **{k: v for k, v in given.items() if v is not None})
     rows, recoveries = [], []

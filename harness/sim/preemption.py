@@ -3,7 +3,8 @@ events (scenario/preemption.py), with each recovery's cost from the same models 
 
 A system recovers as its registry entry says (plan.systems.System.recovery):
 - "replan" (ours): the survivors learn of a lost device within DETECT_S (ours' heartbeat), run the scheduler
-  on the devices left (its seconds measured here, as `sim --replan` does), receive what their new stages lack
+  on the devices left (its seconds measured here, as `sim --replan` does,
+  or given: RecoveryModel.search_s), receive what their new stages lack
   from a surviving holder (sim/replan.transfer_seconds: fresh TCP connections over the links), rebuild their
   process groups (REMESH: two round trips to the store) and redo the iteration in flight: nothing else is
   lost. Its runtime does this in new processes (train/snapshots.py: the state from the survivors' memory), so
@@ -65,6 +66,7 @@ class RecoveryModel:
     checkpoint_every: int | None = None
     storage_gbps: float = STORAGE_GBPS
     start_s: float | None = None  # None: measured_start_s()
+    search_s: float | None = None  # a re-plan's scheduler search; None: each one timed here as it runs
     detect_s: float = DETECT_S
     torchrun_detect_s: float = TORCHRUN_DETECT_S
     torchrun_last_call_s: float = TORCHRUN_LAST_CALL_S
@@ -72,6 +74,9 @@ class RecoveryModel:
 
     def start(self) -> float:
         return measured_start_s() if self.start_s is None else self.start_s
+
+    def search(self, plan: "_Plan") -> float:
+        return plan.search_s if self.search_s is None else self.search_s
 
 
 @dataclass(frozen=True)
@@ -242,8 +247,9 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
         moved_s = transfer_seconds(had, new.held, cfg, sim.links)[0] if new.held != had else 0.0
         remesh = 2.0 * 2.0 * max(float(sim.links.delay_s[new.devices[0], d]) for d in new.devices)
         start = model.start()  # ours' runtime starts its processes again (train/snapshots.py)
-        t = at + detect + new.search_s + start + moved_s + remesh
-        out.recoveries.append(Recovery(at, why, kind, detect_s=detect, replan_s=new.search_s, transfer_s=moved_s,
+        searched = model.search(new)
+        t = at + detect + searched + start + moved_s + remesh
+        out.recoveries.append(Recovery(at, why, kind, detect_s=detect, replan_s=searched, transfer_s=moved_s,
                                        remesh_s=remesh, restart_s=start, lost_iterations=int(flight_s > 0),
                                        lost_s=flight_s, devices_after=len(new.devices)))
         plan, considered = new, frozenset(survivors)
@@ -277,7 +283,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
                 survivors = {d for d in up if ready_at[d] <= t} - {e.device for e in warned}
                 new = planner.plan(survivors, plan.held)
                 if new is not None and _all_held(plan.held, new.held):
-                    cost = new.search_s + transfer_seconds(plan.held, new.held, cfg, sim.links)[0]
+                    cost = model.search(new) + transfer_seconds(plan.held, new.held, cfg, sim.links)[0]
                     if t + cost <= min(e.at_s for e in warned):
                         replan(t, warned[0].describe() + " (on notice)", 0.0, "graceful", 0.0,
                                without=frozenset(e.device for e in warned))
@@ -291,12 +297,13 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
             new = planner.plan(ready, plan.held)
             considered = ready
             if new is not None and new.seconds < plan.seconds:
-                cost = new.search_s + transfer_seconds(plan.held, new.held, cfg, sim.links)[0]
+                cost = model.search(new) + transfer_seconds(plan.held, new.held, cfg, sim.links)[0]
                 if (plan.seconds - new.seconds) * (N - done) > cost:
                     replan(t, f"device(s) {sorted(set(new.devices) - set(plan.devices))} back", 0.0, "join", 0.0)
                     continue
             if new is not None:
-                t, out.declined_search_s = t + new.search_s, out.declined_search_s + new.search_s
+                searched = model.search(new)
+                t, out.declined_search_s = t + searched, out.declined_search_s + searched
         if model.checkpoint_every and done > last_ckpt and done % model.checkpoint_every == 0:
             write = max(_state_bytes(plan.held, cfg).values()) / storage_Bps
             t += write

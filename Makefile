@@ -45,8 +45,9 @@ TEST_JOBS ?= 2
 test: $(STAMP) system-deps
 	$(PY) -m pytest tests --ignore=tests/bench --ignore=tests/soak -q -n $(TEST_JOBS) --dist loadgroup --durations=15
 
-# Soaks: what `make test` proves once, repeated at moments no one chose (tests/soak/; not in CI). Run once after a
-# change to what they name in their docstrings (the kill soak: reaper, registry, teardown, the launch gate).
+# Soaks: what `make test` proves once, repeated at moments no one chose or waited for as Slurm counts (tests/soak/;
+# not in CI). Run once after a change to what they name in their docstrings (the kill soak: reaper, registry,
+# teardown, the launch gate; the time-limit soak: the sbatch script's trap).
 soak: $(STAMP) system-deps
 	$(PY) -m pytest tests/soak -q -s --durations=5
 

@@ -47,10 +47,14 @@ def assert_same_json(got, want, where: str = "") -> None:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config, items):
     """`make test` runs on two pytest-xdist workers; tests of machine-wide state (the network registry under /run,
-    namespaces, the user-mode Linux kernel with half the machine's memory, Slurm's fixed ports, make targets that
-    boot it) go to one of them together, one at a time, as they would run alone."""
+    namespaces, the user-mode Linux kernel with half the machine's memory, make targets that boot it) go to one of
+    them together, one at a time, as they would run alone. The Slurm tests are a group of their own, beside them:
+    their daemons live in a namespace of their own (ports included), boot no kernel, and mostly wait on Slurm;
+    what they register is told apart by the emulated tests' leftover checks (tests/emulation.py)."""
     for item in items:
-        if item.get_closest_marker("net") or item.get_closest_marker("machine"):
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif item.get_closest_marker("net") or item.get_closest_marker("machine"):
             item.add_marker(pytest.mark.xdist_group("machine"))
 
 

@@ -12,6 +12,8 @@ from pathlib import Path
 
 from harness.network import registry
 
+from .emulation import unaccounted_namespaces
+
 ROOT = Path(__file__).resolve().parent.parent
 NET4 = str(ROOT / "tests/data/net-4dev.yaml")
 
@@ -104,7 +106,8 @@ def leftovers(base: Path, uml_before: set[str], owners: set[int]) -> list[str]:
     found += [f"registry entry {p.name}" for p in (base / "registry").glob("*.json")]
     found += [f"temporary directory {p}" for p in (base / "tmp").glob("harness-*")]  # not torch's caches
     found += [f"~/.uml/{p.name}" for p in (Path.home() / ".uml").glob("harness-*") if p.name not in uml_before]
-    found += [f"namespace {n}" for n in registry.leftovers()["netns"]]
+    # the killed commands' entries are under `base`: a namespace the machine's registry lists is another test's
+    found += [f"namespace {n}" for n in unaccounted_namespaces()]
     found += [f"manifest running {p}" for p in base.glob("results-*/**/manifest.json")
               if json.loads(p.read_text())["status"] == "running"]
     return found

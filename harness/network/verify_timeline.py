@@ -51,6 +51,7 @@ class ChangeEffect:
     after: float | None
     shown_ms: float | None  # from the change's issue to its effect in the measurement; None: never
     issued_late_ms: float  # when the controller issued it, after its time
+    applied_ms: float  # from its issue to the kernel's acknowledgement (the tc calls: a loaded host slows them)
 
     @property
     def ok(self) -> bool:
@@ -74,12 +75,13 @@ class TimelineReport:
 
     def table(self) -> str:
         lines = [f"{self.scenario}: timeline {self.timeline} (kernel {self.kernel})",
-                 f"{'change':<44} {'pair':>7} {'':>9} {'before':>9} {'after':>9} {'target':>9} {'shown ms':>9}  ok"]
+                 f"{'change':<44} {'pair':>7} {'':>9} {'before':>9} {'after':>9} {'target':>9} {'applied ms':>10} {'shown ms':>9}  ok"]
         for e in self.effects:
             fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
             unit = "Mbit/s" if e.quantity == "rate_mbps" else "ms"
             lines.append(f"{e.event[:44]:<44} {f'{e.src}->{e.dst}':>7} {unit:>9} {fmt(e.before):>9} "
-                         f"{fmt(e.after):>9} {fmt(e.target):>9} {fmt(e.shown_ms):>9}  {'ok' if e.ok else 'MISS'}")
+                         f"{fmt(e.after):>9} {fmt(e.target):>9} {fmt(e.applied_ms):>10} {fmt(e.shown_ms):>9}  "
+                         f"{'ok' if e.ok else 'MISS'}")
         lines.append(f"{sum(e.ok for e in self.effects)}/{len(self.effects)} changes took effect as planned")
         return "\n".join(lines)
 
@@ -174,7 +176,7 @@ def _rate_effect(change, d, e, target, log, k, out) -> ChangeEffect:
             shown = (start[i] + BIN_S - at) * 1e3
             break
     return ChangeEffect(change.describe(), d, e, "rate_mbps", target, _median(before), _median(after), shown,
-                        (log[k]["applied_s"] - (change.at_s or 0.0)) * 1e3)
+                        (log[k]["applied_s"] - (change.at_s or 0.0)) * 1e3, float(log[k]["took_ms"]))
 
 
 def _delay_effect(change, d, e, target, log, k, out) -> ChangeEffect:
@@ -186,7 +188,7 @@ def _delay_effect(change, d, e, target, log, k, out) -> ChangeEffect:
     new = np.flatnonzero((sent >= at) & (np.abs(delay - target) <= DELAY_TOL_MS + DELAY_TOL_REL * target))
     shown = None if not new.size else (sent[new[0]] - at) * 1e3
     return ChangeEffect(change.describe(), d, e, "delay_ms", target, _median(before), _median(after), shown,
-                        (log[k]["applied_s"] - (change.at_s or 0.0)) * 1e3)
+                        (log[k]["applied_s"] - (change.at_s or 0.0)) * 1e3, float(log[k]["took_ms"]))
 
 
 def _median(v: np.ndarray) -> float | None:

@@ -107,9 +107,10 @@ def test_net_verify_timeline_measures_each_change_and_how_long_it_took_to_show(c
     rate, delay = effects
     assert rate["quantity"] == "rate_mbps" and rate["target"] == pytest.approx(20 * 0.5 * 1448 / 1514, rel=1e-3)
     assert rate["before"] == pytest.approx(20 * 1448 / 1514, rel=0.1) and rate["ok"]
-    # shown after the kernel took the change (its tc calls, which a loaded host slows: applied_ms), plus the old
-    # rate's queue draining in 100 ms bins
-    assert 0 <= rate["applied_ms"] < rate["shown_ms"] < rate["applied_ms"] + 1500, rate
+    # shown by the time the kernel acknowledged the change (its tc calls, which a loaded host slows: applied_ms;
+    # the class may take the new rate before the last of them returns) plus the old rate's queue draining in
+    # 100 ms bins
+    assert rate["applied_ms"] >= 0 and 0 < rate["shown_ms"] < rate["applied_ms"] + 1500, rate
     assert delay["quantity"] == "delay_ms" and delay["target"] == 50 and delay["ok"]
     # before and after: medians of one probe on one cluster, so a load that delays packets adds to both; the step
     # between them is the change's (30 ms) within a few of UML's timer ticks

@@ -53,12 +53,14 @@ def test_four_devices_with_distinct_pairs_pass_verification(tmp_path, capsys):
     rep = json.loads(js.read_text())
     assert rep["kernel"] == "uml" and rep["bandwidth_scale"] == 0.01
     assert rep["pairs_total"] == 12
-    # net verify's verdict is on each pair's median RTT, which a loaded host raises (the guest's timers fire late,
-    # its processes wait for a CPU: beside two busy loops a 32 ms pair measured 33.9 ms three times). The shaping
-    # shows in each pair's least RTT, a floor load cannot lower and does not raise unless every ping waits: that
-    # one is within net verify's tolerance on every pair, and the verdict is the one its medians give
-    assert all(p["goodput_ok"] and rtt_ok(min(p["rtt_samples_ms"]), p["rtt_target_ms"]) for p in rep["pairs"]), out
-    assert rep["passed"] == sum(rtt_ok(p["rtt_ms"], p["rtt_target_ms"]) for p in rep["pairs"])
+    # net verify's verdict is on each pair's median RTT and its goodput, which a loaded host lowers (the guest's
+    # timers fire late, its processes wait for a CPU: beside two busy loops a 32 ms pair measured 33.9 ms three
+    # times, two pairs' goodput 9 % short). The shaping shows in each pair's least RTT, a floor load cannot lower
+    # and does not raise unless every ping waits: within net verify's tolerance on every pair; and in the goodput,
+    # which no pair exceeds and none falls short of by a shaping error's factor; the verdict is the one they give
+    assert all(rtt_ok(min(p["rtt_samples_ms"]), p["rtt_target_ms"]) for p in rep["pairs"]), out
+    assert all(0.75 <= p["goodput_mbps"] / p["goodput_target_mbps"] <= 1.05 for p in rep["pairs"]), out
+    assert rep["passed"] == sum(rtt_ok(p["rtt_ms"], p["rtt_target_ms"]) and p["goodput_ok"] for p in rep["pairs"])
     assert rc == (0 if rep["passed"] == 12 else 1)
     assert len(csv.read_text().strip().splitlines()) == 13
     # the kernel's read-back is kept with the results and matches the plan

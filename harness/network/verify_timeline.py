@@ -75,7 +75,8 @@ class TimelineReport:
 
     def table(self) -> str:
         lines = [f"{self.scenario}: timeline {self.timeline} (kernel {self.kernel})",
-                 f"{'change':<44} {'pair':>7} {'':>9} {'before':>9} {'after':>9} {'target':>9} {'applied ms':>10} {'shown ms':>9}  ok"]
+                 f"{'change':<44} {'pair':>7} {'':>9} {'before':>9} {'after':>9} {'target':>9} {'applied ms':>10} "
+                 f"{'shown ms':>9}  ok"]
         for e in self.effects:
             fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
             unit = "Mbit/s" if e.quantity == "rate_mbps" else "ms"

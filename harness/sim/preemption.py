@@ -5,8 +5,8 @@ A system recovers as its registry entry says (plan.systems.System.recovery):
 - "replan" (ours): the survivors learn of a lost device within DETECT_S (ours' heartbeat), run the scheduler
   on the devices left (its seconds measured here, as `sim --replan` does, or given: RecoveryModel.search_s),
   receive what their new stages lack from a surviving holder (sim/replan.transfer_seconds: fresh TCP
-  connections over the links), rebuild their process groups (REMESH: two round trips to the store) and redo the iteration in flight: nothing else is
-  lost. Its runtime does this in new processes (train/snapshots.py: the state from the survivors' memory), so
+  connections over the links), rebuild their process groups (REMESH: two round trips to the store) and redo
+  the iteration in flight: nothing else is lost. Its runtime does this in new processes (train/snapshots.py: the state from the survivors' memory), so
   a process start is paid too (restart_s). With a notice, the plan without the device is taken at the first
   boundary after the warning when it is in place before the device goes (nothing lost). A device back joins at a boundary once its process has
   started, when the plan with it is faster and pays for its moves over the iterations left. Where no

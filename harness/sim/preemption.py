@@ -2,15 +2,15 @@
 events (scenario/preemption.py), with each recovery's cost from the same models as the rest of the simulator.
 
 A system recovers as its registry entry says (plan.systems.System.recovery):
-- "replan" (ours): the survivors learn of a lost device within DETECT_S (ours' heartbeat), run the scheduler
-  on the devices left (its seconds measured here, as `sim --replan` does, or given: RecoveryModel.search_s),
-  receive what their new stages lack from a surviving holder (sim/replan.transfer_seconds: fresh TCP
-  connections over the links), rebuild their process groups (REMESH: two round trips to the store) and redo
-  the iteration in flight: nothing else is lost. Its runtime does this in new processes (train/snapshots.py: the state from the survivors' memory), so
-  a process start is paid too (restart_s). With a notice, the plan without the device is taken at the first
-  boundary after the warning when it is in place before the device goes (nothing lost). A device back joins at a boundary once its process has
-  started, when the plan with it is faster and pays for its moves over the iterations left. Where no
-  survivor holds some block, the run restarts from its last checkpoint, as below.
+- "replan" (ours): the survivors learn of a lost device within DETECT_S (ours' heartbeat), run the scheduler on the
+  devices left (its seconds measured here, as `sim --replan` does, or given: RecoveryModel.search_s), receive what
+  their new stages lack from a surviving holder (sim/replan.transfer_seconds: fresh TCP connections over the links),
+  rebuild their process groups (REMESH: two round trips to the store) and redo the iteration in flight: nothing else
+  is lost. Its runtime does this in new processes (train/snapshots.py: the state from the survivors' memory), so a
+  process start is paid too (restart_s). With a notice, the plan without the device is taken at the first boundary
+  after the warning when it is in place before the device goes (nothing lost). A device back joins at a boundary
+  once its process has started, when the plan with it is faster and pays for its moves over the iterations left.
+  Where no survivor holds some block, the run restarts from its last checkpoint, as below.
 - "restart" (Megatron, DeepSpeed, ... under torchrun's elastic agent): torchrun's rendezvous declares a node
   gone after its keep-alive misses (TORCHRUN_DETECT_S = 5 s x 3, torch's defaults), waits its last call for
   more nodes (TORCHRUN_LAST_CALL_S, when below the most nodes), starts every process again (start_s),

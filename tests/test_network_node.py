@@ -135,7 +135,7 @@ def test_unknown_node(tmp_path):
 
 GUEST = textwrap.dedent("""
     # Inside UML (root, netem): a dummy NIC for macvlan, a bridge for veth; apply, measure, clear.
-    import json, os, socket, sys, time
+    import json, os, socket, sys, time, traceback
     from pyroute2 import IPRoute
     from harness.network import registry
     from harness.network.netns import enter
@@ -155,42 +155,66 @@ GUEST = textwrap.dedent("""
     ns = lambda node, d: f"/var/run/netns/harness-{node_run_id(node)}-{d}"
     addr = lambda d: f"10.214.0.{d + 1}"
 
-    def rtt(src_ns, dst_ns, dst_addr):
+    def forked(work):
+        # work(w) in a child that always exits, never returning into this script; (pid, read end): the parent
+        # reads what the child wrote, or EOF if it failed (its traceback printed)
         r, w = os.pipe()
-        if os.fork() == 0:
-            enter(dst_ns)
-            srv = socket.create_server((dst_addr, 7100))
-            os.write(w, b"R")
-            c, _ = srv.accept()
-            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            while (b := c.recv(1)):
-                c.sendall(b)
-            os._exit(0)
-        os.read(r, 1)
-        r2, w2 = os.pipe()
         pid = os.fork()
         if pid == 0:
-            enter(src_ns)
-            s = socket.create_connection((dst_addr, 7100), timeout=10)
-            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            xs = []
-            for _ in range(7):
-                t = time.perf_counter(); s.sendall(b"x"); s.recv(1); xs.append((time.perf_counter() - t) * 1e3)
-            # the least RTT: netem's delay is a floor, and a busy host only adds to it
-            os.write(w2, json.dumps(min(xs)).encode()); os._exit(0)
-        os.waitpid(pid, 0)
-        return json.loads(os.read(r2, 100))
+            os.close(r)
+            try:
+                work(w)
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                os._exit(0)
+        os.close(w)
+        return pid, r
+
+    def echo_server(dst_ns, dst_addr, w):
+        enter(dst_ns)
+        srv = socket.create_server((dst_addr, 7100))
+        os.write(w, b"R")
+        c, _ = srv.accept()
+        srv.close()  # the port is free for the next measurement at once
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while (b := c.recv(1)):
+            c.sendall(b)
+
+    def pinger(src_ns, dst_addr, w):
+        enter(src_ns)
+        s = socket.create_connection((dst_addr, 7100), timeout=10)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        xs = []
+        for _ in range(7):
+            t = time.perf_counter(); s.sendall(b"x"); s.recv(1); xs.append((time.perf_counter() - t) * 1e3)
+        # the least RTT: netem's delay is a floor, and a busy host only adds to it
+        os.write(w, json.dumps(min(xs)).encode())
+
+    def rtt(src_ns, dst_ns, dst_addr):
+        srv, ready = forked(lambda w: echo_server(dst_ns, dst_addr, w))
+        assert os.read(ready, 1) == b"R", "the echo server did not start"
+        cli, result = forked(lambda w: pinger(src_ns, dst_addr, w))
+        got = os.read(result, 100)
+        os.waitpid(cli, 0)
+        os.waitpid(srv, 0)  # its listener is closed before the next call binds the same port
+        for fd in (ready, result):
+            os.close(fd)
+        assert got, "the RTT measurement failed"
+        return json.loads(got)
+
+    def read_sysctls(netns, w):
+        enter(netns)
+        names = ("tcp_congestion_control", "tcp_slow_start_after_idle", "tcp_rmem", "tcp_wmem")
+        os.write(w, json.dumps({n: " ".join(open(f"/proc/sys/net/ipv4/{n}").read().split()) for n in names}).encode())
 
     def sysctls(netns):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            enter(netns)
-            names = ("tcp_congestion_control", "tcp_slow_start_after_idle", "tcp_rmem", "tcp_wmem")
-            got = {n: " ".join(open(f"/proc/sys/net/ipv4/{n}").read().split()) for n in names}
-            os.write(w, json.dumps(got).encode()); os._exit(0)
+        pid, r = forked(lambda w: read_sysctls(netns, w))
+        got = os.read(r, 1000)
         os.waitpid(pid, 0)
-        return json.loads(os.read(r, 1000))
+        os.close(r)
+        assert got, f"reading {netns}'s sysctls failed"
+        return json.loads(got)
 
     # the scenario's TCP settings hold in every namespace, whichever way it is wired
     want = {"tcp_congestion_control": "bbr", "tcp_slow_start_after_idle": "0",

@@ -65,6 +65,11 @@ class IterationRecord:
     # with the compute model (harness/train/compute_model.py): rank phases of this iteration whose real
     # computation took longer than their modelled time (> 0: the iteration is slower than the model)
     compute_overruns: int = 0
+    # emulated runs (network/headroom.py): the share of the emulated cluster's CPU its processes used in this
+    # iteration (nan: not measured), and whether that CPU was saturated for most of it: a host-bound iteration
+    # measured the host, not the links
+    cpu_busy: float = float("nan")
+    host_bound: bool = False
 
 
 RECORD_FIELDS = [f.name for f in fields(IterationRecord)]
@@ -145,6 +150,8 @@ def read_records(path: Path) -> list[dict]:
 
 
 def _convert(typ, v: str):
+    if typ in ("bool", bool):
+        return v == "True"
     if typ in ("int", int):
         return int(float(v))
     if typ in ("float", float):

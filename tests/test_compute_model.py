@@ -116,7 +116,7 @@ def test_ranks_on_slow_devices_take_their_modelled_time(cli, tmp_path):
 
 def test_without_the_flag_nothing_is_paced(cli, tmp_path):
     man, recs = _run(cli, tmp_path)
-    assert "compute_model" not in man and man["spec"]["compute"] == {"model": False, "time_scale": 1.0, "devices": []}
+    assert "compute_model" not in man and man["spec"]["compute"] == {"model": False, "time_scale": 1.0, "devices": [], "dilate": False}
     assert all(r["compute_overruns"] == 0 for r in recs)
 
 

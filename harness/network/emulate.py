@@ -38,6 +38,7 @@ from pathlib import Path
 
 from ..errors import HarnessError
 from . import reaper, registry, uml
+from .headroom import CpuMonitor
 from .kernel import choose
 from .timeline_control import check_timeline
 from .runner import TIMEOUT_RC, Job, log_path, read_result, run_job
@@ -84,9 +85,9 @@ class EmulationError(HarnessError, RuntimeError):
 
 def run_emulated(topo, command: list[str], *, mode: str = "per-device",
                  kernel: str = "auto", timeout_s: float = 600.0, env: dict[str, str] | None = None,
-                 stream=None, timeline_clock: str = "command") -> EmulationResult:
+                 stream=None, timeline_clock: str = "command", monitor: CpuMonitor | None = None) -> EmulationResult:
     """Run `command` in the emulated cluster of `topo` (Topology.scaled: its links are shaped as they are);
-    see the module docstring. Write-ahead (reaper.py): the reaper starts, then the registry entry names
+    see the module docstring. `monitor` (headroom.py), when given, samples the cluster's CPU while it runs. Write-ahead (reaper.py): the reaper starts, then the registry entry names
     the job dir, then it is created, so that a kill at any moment leaves nothing behind."""
     if mode not in MODES:
         raise EmulationError(f"mode: must be one of {', '.join(MODES)} (got {mode!r})")
@@ -112,10 +113,14 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
             job_dir.mkdir(mode=0o700)
             tailer.start()
             if which == "host":
+                if monitor is not None:  # the ranks are this process's children, on the host's CPUs
+                    monitor.watch(os.getpid(), capacity=len(os.sched_getaffinity(0)))
                 result = run_job(job, kernel="host")
             else:
-                result = _run_in_uml(job, entry)
+                result = _run_in_uml(job, entry, monitor)
     finally:
+        if monitor is not None:
+            monitor.stop()
         tailer.stop()
         outputs = [_read(log_path(job_dir, i)) for i in range(n_logs)]
         registry.teardown(entry)  # UML kernel, job dir
@@ -129,10 +134,11 @@ def run_emulated(topo, command: list[str], *, mode: str = "per-device",
                            plan=result.get("plan"), timeline=result.get("timeline", []))
 
 
-def _run_in_uml(job: Job, entry: registry.Entry) -> dict:
+def _run_in_uml(job: Job, entry: registry.Entry, monitor: CpuMonitor | None) -> dict:
     job_dir = Path(job.job_dir)
     (job_dir / "job.pickle").write_bytes(pickle.dumps(job))
-    halted = uml.boot(job_dir, entry, cwd=job.cwd, wall_timeout_s=job.timeout_s + UML_OVERHEAD_S)
+    started = None if monitor is None else (lambda pid: monitor.watch(pid, capacity=1))  # ONE virtual CPU
+    halted = uml.boot(job_dir, entry, cwd=job.cwd, wall_timeout_s=job.timeout_s + UML_OVERHEAD_S, started=started)
     result = read_result(job_dir)
     if result is None:
         n = job.topo.n if job.mode == "per-device" else 1

@@ -134,8 +134,10 @@ def spawn_gated(cmd: list[str], **popen_kwargs) -> tuple[subprocess.Popen, Calla
     return proc, release
 
 
-def boot(job_dir: Path, entry: registry.Entry, *, cwd: str, wall_timeout_s: float) -> bool:
-    """Boot UML on the job in `job_dir`, wait for it to halt; False if it had to be killed."""
+def boot(job_dir: Path, entry: registry.Entry, *, cwd: str, wall_timeout_s: float,
+         started: Callable[[int], None] | None = None) -> bool:
+    """Boot UML on the job in `job_dir`, wait for it to halt; False if it had to be killed. `started(pid)` is
+    called with the kernel's host pid once it runs (its process tree is the guest's one CPU)."""
     script = job_dir / "init.sh"
     script.write_text(init_script(job_dir, cwd))
     script.chmod(0o755)
@@ -153,6 +155,8 @@ def boot(job_dir: Path, entry: registry.Entry, *, cwd: str, wall_timeout_s: floa
     entry.uml_pid = proc.pid
     entry.save()
     release()
+    if started is not None:
+        started(proc.pid)
     deadline = time.monotonic() + wall_timeout_s
     try:
         while proc.poll() is None:

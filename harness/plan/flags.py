@@ -92,9 +92,11 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
                    help="every forward, backward and optimizer step of a rank takes what its scenario device "
                         "gives (FLOPs / (peak x efficiency / slowdown)): it computes, then waits for the rest; "
                         "phases that took longer are counted in the records (compute_overruns)")
-    p.add_argument("--compute-time-scale", type=positive_float, default=1.0, metavar="X",
-                   help="with --compute-model: multiply every modelled time by X (default 1; e.g. 1000 so that "
-                        "a CPU computes a GPU's microseconds within the modelled time)")
+    p.add_argument("--compute-time-scale", type=positive_float, default=None, metavar="X",
+                   help="with --compute-model: multiply every modelled time by X (e.g. 1000 so that a CPU computes "
+                        "a GPU's microseconds within the modelled time). Default, emulated and without "
+                        "--bandwidth-scale: time dilation chosen by a short probe of this host (X, and the links "
+                        "X times slower), so that the emulated CPU never bounds an iteration; else 1")
     add_results_argument(p)
     add_alias(p, "--out", "--results")
     p.add_argument("--debug", action="append", metavar="KEY=VALUE",
@@ -173,12 +175,17 @@ def request_from_args(args, layout):
         layout=layout,
         network=network_from_args(args),
         run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
-                       timeout_s=args.timeout, results_root=str(args.results) if args.results else None,
+                       timeout_s=600.0 if args.timeout is None else args.timeout, timeout_auto=args.timeout is None,
+                       results_root=str(args.results) if args.results else None,
                        checkpoint_every=getattr(args, "checkpoint_every", None),
                        keepalive_s=getattr(args, "keepalive", None) or default_keepalive(args.system),
                        last_call_s=LAST_CALL_S if getattr(args, "last_call", None) is None else args.last_call,
                        resume=None if getattr(args, "resume", None) is None else str(Path(args.resume).resolve())),
-        compute=ComputeSection(model=args.compute_model, time_scale=args.compute_time_scale),
+        compute=ComputeSection(model=args.compute_model,
+                               time_scale=1.0 if args.compute_time_scale is None else args.compute_time_scale,
+                               dilate=(args.compute_model and args.compute_time_scale is None
+                                       and args.bandwidth_scale is None and (args.network or "emulated") == "emulated"
+                                       and not getattr(args, "inventory", None))),
         debug=DebugSection.parse(args.debug),
     )
 
@@ -258,7 +265,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                                                               "run ahead of the slowest (default 0)")
     p.add_argument("--in-flight", type=positive_int, help="hetpipe: N_m, minibatches in flight per virtual worker "
                                                           "(default: the fastest that fits)")
-    p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before the run is failed")
+    p.add_argument("--timeout", type=positive_float, default=None,
+                   help="seconds before the run is failed (default 600; a dilated run's from its expected time)")
     p.add_argument("--inventory", type=input_file,
                    help="real nodes: run under torchrun with this cluster.yaml, the one source of scenario, "
                         "devices and bandwidth scale (see README)")

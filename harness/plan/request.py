@@ -173,6 +173,7 @@ class RunSection:
     warmup: int = 1  # untimed iterations before them
     device_type: str = "cpu"  # cpu (gloo) | cuda (NCCL)
     timeout_s: float = 600.0  # the whole run; the process-group timeout is capped below it
+    timeout_auto: bool = False  # no --timeout: a dilated run's follows from its expected time (plan/dilation.py)
     threads: int = 1  # torch intra-op threads per rank
     run_id: str | None = None  # None: planning names the run (resolved.run_id)
     results_root: str | None = None  # default: results/
@@ -212,11 +213,16 @@ class ComputeSection:
     model: bool = False
     time_scale: float = 1.0
     devices: tuple = ()
+    # emulated, neither scale given: time_scale and the network's bandwidth_scale are chosen before the run from a
+    # probe of its cost on this host (plan/dilation.py), so that the emulated CPU never bounds an iteration
+    dilate: bool = False
 
     def __post_init__(self):
         _positive("compute.time_scale", self.time_scale, float)
         if self.time_scale != 1.0 and not self.model:
             raise ConfigError("--compute-time-scale: needs --compute-model")
+        if self.dilate and not self.model:
+            raise ConfigError("compute.dilate: needs --compute-model")
         object.__setattr__(self, "devices", tuple(
             d if isinstance(d, ComputeProfile) else ComputeProfile(**d) for d in self.devices))
 

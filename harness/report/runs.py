@@ -272,7 +272,19 @@ def run_summary(run: Path) -> str:
             f"iteration (min {min(secs):.4g}, max {max(secs):.4g}), {rate * factor:.4g} {unit}, "
             f"{r0['batch'] * r0['seq'] / mean:.4g} tokens/s, loss {recs[-1]['loss']:.4g}{floor}; records: "
             f"{Path(run) / 'records.csv'}, manifest: {Path(run) / 'manifest.json'}{_replans(doc)}"
-            f"{_restarts(doc, len(secs), sum(secs))}")
+            f"{_restarts(doc, len(secs), sum(secs))}{_headroom(doc)}")
+
+
+def _headroom(doc: dict) -> str:
+    """An emulated run's CPU headroom: how busy the cluster's CPU was, and, when it bounded iterations, the
+    line that says the run measured the host and which flag to change."""
+    h = doc.get("headroom")
+    if not isinstance(h, dict) or not h.get("measured"):
+        return ""
+    line = (f"; emulated CPU {h['busy']:.0%} busy (host steal {h['steal']:.0%}): "
+            f"{'HOST-BOUND' if h['host_bound'] else 'not host-bound'}, {h['host_bound_iterations']}/{h['iterations']} "
+            f"iterations host-bound")
+    return line + (f"\n{h['advice']}" if h.get("advice") else "")
 
 
 def _restarts(doc: dict, iterations: int, seconds: float) -> str:

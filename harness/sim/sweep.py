@@ -331,6 +331,7 @@ def record_json(rec: IterationRecord, best: bool) -> dict:
     d = asdict(rec)
     d["config"] = json.loads(rec.config)
     d["best"] = best
-    if d["loss"] != d["loss"]:
-        d["loss"] = None
+    for k, v in d.items():  # JSON has no NaN: a figure not taken (loss, the emulated CPU's busy share) is null
+        if isinstance(v, float) and v != v:
+            d[k] = None
     return d

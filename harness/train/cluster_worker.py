@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -30,6 +31,9 @@ def _process_start_time() -> float:
 MASTER_PORT = 29500
 
 
+#: The guest sampler's file, in the directory of the runs' outcomes (the host reads it: train/emulated.py)
+GUEST_CPU = "guest-cpu.txt"
+
 #: Lines the launcher prints around each run of a batch, so the host can cut the log per run
 #: and knows that run's outcome file is complete (train/emulated.py).
 BEGIN_MARK, END_MARK = "harness-run-begin ", "harness-run-end "
@@ -40,17 +44,11 @@ def main(pairs: list[tuple[str, str]]) -> int:
     warm-up, then per run a fresh fork of its ranks (a run is measured as it would be alone,
     without paying the imports again). Returns 1 if any run failed."""
     t_launch = _process_start_time()
-    from .launch import RankFailure, fork_ranks
     from ..plan import systems
-    from ..network import netns
-    from ..network.timeline_program import changes_of_run, note_run
-    from ..plan.layouts import run_topology
-    from .elastic import under_agent
     from ..files import atomic_write_json
     from ..plan.request import RunSpec
-    from .rank import RankEnv, rank_main, warm_up_parent
+    from .rank import warm_up_parent
 
-    failed = 0
     try:
         cluster = json.loads(Path(os.environ["HARNESS_CLUSTER"]).read_text())
         specs = [RunSpec.from_json(json.loads(Path(sp).read_text())) for sp, _ in pairs]
@@ -64,6 +62,26 @@ def main(pairs: list[tuple[str, str]]) -> int:
         for _, out in pairs:
             atomic_write_json(Path(out), {"status": "failed", "reason": f"{type(e).__name__}: {e}", "ranks": []})
         return 1
+    # the emulated kernel's run queue, sampled beside the ranks (network/headroom.py); the host reads the file
+    sampler = subprocess.Popen([sys.executable, "-m", "harness.network.headroom",
+                                str(Path(pairs[0][1]).parent / GUEST_CPU)], stdin=subprocess.DEVNULL)
+    try:
+        return _runs(pairs, specs, cluster, t_launch, t_imported, t_warm)
+    finally:
+        sampler.kill()
+        sampler.wait()
+
+
+def _runs(pairs, specs, cluster, t_launch, t_imported, t_warm) -> int:
+    from .launch import RankFailure, fork_ranks
+    from ..network import netns
+    from ..network.timeline_program import changes_of_run, note_run
+    from ..plan.layouts import run_topology
+    from .elastic import under_agent
+    from ..files import atomic_write_json
+    from .rank import RankEnv, rank_main
+
+    failed = 0
     devs = sorted(cluster["devices"], key=lambda d: d["index"])
     master = devs[0]["addr"]
     # Connect gloo pairs on first use: a pipeline rank talks to its neighbours and its
@@ -102,6 +120,8 @@ def main(pairs: list[tuple[str, str]]) -> int:
             shared = {"imports": t_imported - t_launch, "warm_up": t_warm - t_launch} if k == 0 else {}
             atomic_write_json(out, {
                 "status": "ok", "reason": "", "kernel": spec.resolved.kernel,
+                # the ranks' clock (time.monotonic) on the wall clock, which the host's CPU samples use
+                "wall_minus_monotonic": time.time() - time.monotonic(),
                 "startup_s": (max(ready) - t_start) if ready else None,
                 "startup_breakdown_s": {**shared, **{
                     m: max(r.marks[m] for r in results) - t_start for m in results[0].marks}},
@@ -138,6 +158,7 @@ def _elastic(spec, topo, devs: list[dict], *, port: int, workdir: Path) -> dict:
     got = run_elastic(spec, topo, start_rank, workdir=workdir,
                       label=lambda d: f"device {d} ({devs[d]['addr']})")
     return {"status": "ok", "reason": "", "kernel": spec.resolved.kernel, "startup_s": None,
+            "wall_minus_monotonic": time.time() - time.monotonic(),
             "ranks": [[asdict(s) for s in got["stats"]]],
             "elastic": {k: v for k, v in got.items() if k != "stats"}}
 

@@ -20,10 +20,28 @@ from ..errors import HarnessError
 from .launch import RankFailure
 from ..files import atomic_write_json, atomic_write_text
 from ..scenario import Topology
-from .cluster_worker import BEGIN_MARK, END_MARK
+from .cluster_worker import BEGIN_MARK, END_MARK, GUEST_CPU
 from ..plan.request import RunSpec
 from .rank import PROGRESS_PREFIX
 from .stats import IterationStats
+from ..network.headroom import CpuMonitor, Headroom, read_guest, samples_csv
+
+
+class RunCpu:
+    """The emulated cluster's CPU during one run, on its ranks' clock (time.monotonic in the cluster)."""
+
+    def __init__(self, monitor: CpuMonitor, wall_minus_monotonic: float, guest: Path | None = None):
+        self.monitor, self.offset, self.guest = monitor, wall_minus_monotonic, guest
+
+    def window(self, t0: float, t1: float) -> Headroom | None:
+        return self.monitor.window(t0, t1, self.offset, read_guest(self.guest) if self.guest else None)
+
+    def csv(self, t0: float, t1: float) -> str:
+        return samples_csv(self.monitor.series(t0, t1, self.offset), self.monitor.capacity)
+
+    @property
+    def capacity(self) -> float:
+        return self.monitor.capacity
 
 TAIL_CHARS = 2000
 #: Wall-clock allowance per run on top of its own timeout (cluster set-up, imports, teardown).
@@ -42,10 +60,10 @@ def run_in_emulated_cluster(spec: RunSpec, topo: Topology, work: Path, *,
     return boot.result(0, log_path)
 
 
-def record_in_one_boot(plans: list, record, work: Path) -> list[Path | HarnessError]:
+def record_in_one_boot(plans: list, record, work: Path, shared: dict | None = None) -> list[Path | HarnessError]:
     """Run every plan (one topology: equal network sections) in turn in one boot of the emulated
     cluster; `record(plan, launch, shared)` (experiment.record_run) writes each run's manifest and records as
-    its outcome arrives. Returns, per plan, its run directory or the error that failed it; raises
+    its outcome arrives (`shared`: manifest fields of every run, with the boot's). Returns, per plan, its run directory or the error that failed it; raises
     KeyboardInterrupt after a stop (the run under way is then failed, later ones never start)."""
     results: list[Path | HarnessError | None] = [None] * len(plans)
     run_ids = [p.spec.resolved.run_id for p in plans]  # each manifest names the runs of its boot
@@ -57,7 +75,7 @@ def record_in_one_boot(plans: list, record, work: Path) -> list[Path | HarnessEr
                 return
             try:
                 results[k] = record(plan, lambda spec, topo, out, k=k: boot.result(k, out / "ranks.log"),
-                                    {"cluster_boot": {"runs": run_ids, "position": k}})
+                                    {**(shared or {}), "cluster_boot": {"runs": run_ids, "position": k}})
             except HarnessError as e:
                 results[k] = e
             except BaseException as e:  # noqa: BLE001 - kept as this run's error, the thread goes on
@@ -86,6 +104,7 @@ class _Boot:
         self.log = _MarkedLog(sys.stderr)
         self.pairs = []
         self.topo: Topology | None = None
+        self.cpu = CpuMonitor()  # the cluster's CPU, sampled from the host (the runs' headroom)
         for k, spec in enumerate(self.specs):
             spec_path, out_path = self.work / f"spec-{k}.json", self.work / f"ranks-{k}.json"
             atomic_write_json(spec_path, spec.to_json())
@@ -107,7 +126,8 @@ class _Boot:
                *(str(p) for pair in self.pairs for p in pair)]
         try:
             self.res = run_emulated(topo, cmd, mode="launcher", kernel=self.specs[0].network.kernel,
-                                    timeout_s=self.timeout_s, env=env, stream=self.log, timeline_clock="marks")
+                                    timeout_s=self.timeout_s, env=env, stream=self.log, timeline_clock="marks",
+                                    monitor=self.cpu)
         except BaseException as e:
             self.error = e
             raise
@@ -124,6 +144,8 @@ class _Boot:
         per_rank = [[IterationStats(**s) for s in r] for r in outcome["ranks"]]
         extras = {"startup_s": outcome.get("startup_s"), "startup_breakdown_s": outcome.get("startup_breakdown_s"),
                   "readback": outcome.get("readback", {})}
+        if "wall_minus_monotonic" in outcome:  # record_run reads each iteration's headroom (and pops this)
+            extras["cpu"] = RunCpu(self.cpu, float(outcome["wall_minus_monotonic"]), self.work / GUEST_CPU)
         if "elastic" in outcome:  # devices left and came back: the agent's generations and recoveries
             extras["elastic"] = outcome["elastic"]
         if "timeline" in outcome:  # the changes its timeline made during the run, as the controller applied them

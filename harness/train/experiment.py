@@ -8,6 +8,7 @@ status `failed` and the reason, and no records.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import signal
@@ -27,12 +28,17 @@ from ..scenario import Topology
 from ..plan.request import RunRequest, RunSpec
 from ..plan import systems as registry
 from ..plan.layouts import Plan, plan_run
+from ..plan.dilation import advice
+from ..network.headroom import HOST_BOUND_BUSY
 from .gpt import loss_floor
+from . import probe
 from .stats import IterationStats, merge_stats
 
 
-def to_records(spec: RunSpec, stats: list[IterationStats]) -> list[IterationRecord]:
+def to_records(spec: RunSpec, stats: list[IterationStats], cpu: list | None = None) -> list[IterationRecord]:
+    """One record per merged iteration; `cpu`: each one's Headroom (network/headroom.py) or None, when measured."""
     cfg, m, lay = spec.cfg, spec.model, spec.layout
+    cpu = cpu or [None] * len(stats)
     pflop = pflop_per_iteration(cfg, m.batch)
     layout_json = json.dumps(lay.to_json(), sort_keys=True)
     on = [lay if s.layout is None else Layout.from_json(s.layout) for s in stats]  # elastic: each its own
@@ -48,9 +54,41 @@ def to_records(spec: RunSpec, stats: list[IterationStats]) -> list[IterationReco
             exposed_comm_seconds=s.exposed_comm_seconds, loss=s.loss, d_tp=on[k].tp,
             config=layout_json if s.layout is None else json.dumps(s.layout, sort_keys=True),
             compute_overruns=s.compute_overruns,
+            cpu_busy=float("nan") if cpu[k] is None else cpu[k].busy,
+            host_bound=cpu[k] is not None and cpu[k].host_bound,
         )
         for k, s in enumerate(stats)
     ]
+
+
+def iteration_headroom(cpu, stats: list[IterationStats]) -> list:
+    """Each merged iteration's Headroom from the cluster's CPU monitor (emulated.RunCpu), over its window on
+    the ranks' clock [end - seconds, end]; None where it was not measured."""
+    if cpu is None:
+        return [None] * len(stats)
+    return [None if math.isnan(s.end) else cpu.window(s.end - s.seconds, s.end) for s in stats]
+
+
+def _mean(values: list[float]) -> float | None:
+    """The mean of the numbers that are not NaN; None when there are none (JSON has no NaN)."""
+    known = [v for v in values if not math.isnan(v)]
+    return sum(known) / len(known) if known else None
+
+
+def headroom_summary(spec: RunSpec, heads: list, capacity: float) -> dict:
+    """The manifest's account of the emulated CPU: per timed iteration its busy share and mark, the run's
+    mean, and, when any iteration was host-bound, the one line that says what to change."""
+    seen = [h for h in heads if h is not None]
+    if not seen:
+        return {"measured": False}
+    bound = sum(h.host_bound for h in seen)
+    out = {"measured": True, "capacity_cpus": capacity, "host_bound_busy": HOST_BOUND_BUSY,
+           **{k: _mean([getattr(h, k) for h in seen]) for k in ("busy", "saturated", "runnable", "steal", "run_queue")},
+           "host_bound_iterations": bound, "iterations": len(seen), "host_bound": bound > 0,
+           "per_iteration": [None if h is None else h.to_json() for h in heads]}
+    if bound:
+        out["advice"] = advice(spec, bound, len(seen))
+    return out
 
 
 def compute_model_summary(spec: RunSpec, stats: list[IterationStats], per_rank: list[list[IterationStats]]) -> dict:
@@ -165,7 +203,12 @@ def with_checkpoints(plan: Plan) -> Plan:
 
 def execute(req: RunRequest) -> Path:
     """Run `req`; returns the run directory. Raises HarnessError (after writing a failed manifest)."""
-    plan = with_checkpoints(plan_run(req))
+    if probe.wanted([req]):
+        res = execute_many([req])[0]
+        if isinstance(res, Path):
+            return res
+        raise res if isinstance(res, HarnessError) else KeyboardInterrupt()
+    plan = with_checkpoints(plan_run(probe.undilated([req])[0]))
     with _guarded([plan]) as work:
         return record_run(plan, _launcher(work))
 
@@ -173,21 +216,32 @@ def execute(req: RunRequest) -> Path:
 def execute_many(reqs: list[RunRequest]) -> list[Path | HarnessError | None]:
     """Run every request in turn; returns, per request, its run directory, the error that failed it, or
     None when a stop came first. All are planned before any starts (a bad one stops all, as one line).
-    They must share one network section; emulated, they share one boot of the cluster (emulated.py)."""
-    plans = [with_checkpoints(plan_run(r)) for r in reqs]
+    They must share one network section; emulated, they share one boot of the cluster (emulated.py).
+    Runs that ask for a chosen time dilation (compute.dilate) are probed first, in a boot of their own
+    (train/probe.py), and the manifest of each says what was chosen and why."""
+    plans = [with_checkpoints(plan_run(r)) for r in probe.undilated(reqs)]  # every user error now, as one line
     networks = {p.spec.network for p in plans}
     if len(networks) > 1:
         raise HarnessError(f"runs of one command share one network (scenario, devices, bandwidth scale, "
                            f"kernel); got {len(networks)} different ones")
+    shared: dict = {}
+    if probe.wanted(reqs):
+        from .emulated import record_in_one_boot
+
+        with _guarded([]) as work:
+            reqs, dilation = probe.probe_and_dilate(reqs, work, lambda ps, w: record_in_one_boot(ps, record_run, w))
+        plans = [with_checkpoints(plan_run(r)) for r in reqs]
+        if dilation is not None:
+            shared = {"dilation": dilation.to_json()}
     with _guarded(plans) as work:
         if plans[0].spec.network.mode == "emulated":
             from .emulated import record_in_one_boot
 
-            return record_in_one_boot(plans, record_run, work)
+            return record_in_one_boot(plans, record_run, work, shared)
         results: list[Path | HarnessError | None] = []
         for plan in plans:
             try:
-                results.append(record_run(plan, _launcher(work)))
+                results.append(record_run(plan, _launcher(work), shared))
             except HarnessError as e:
                 results.append(e)
         return results
@@ -269,7 +323,14 @@ def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
         kernel, per_rank, extra = launch(spec, topo, out)
         spec = spec.with_resolved(kernel=kernel)
         stats = merge_stats(per_rank, shared_clock=spec.resolved.backend != "cluster")  # cluster: one clock per host
-        write_records(out / "records.csv", to_records(spec, stats))
+        cpu = extra.pop("cpu", None)  # the emulated cluster's CPU during the run (emulated.RunCpu)
+        heads = iteration_headroom(cpu, stats)
+        write_records(out / "records.csv", to_records(spec, stats, heads))
+        if cpu is not None:
+            extra = {**extra, "headroom": headroom_summary(spec, heads, cpu.capacity)}
+            timed = [s for s in stats if not math.isnan(s.end)]
+            if timed:  # the emulated CPU over the timed iterations, sample by sample
+                atomic_write_text(out / "cpu.csv", cpu.csv(timed[0].end - timed[0].seconds, timed[-1].end))
         rows = [row for r in per_rank for s in r if s.minibatches for row in s.minibatches]
         if rows:
             write_minibatches(out / "minibatches.csv", rows)

@@ -64,6 +64,7 @@ def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False
             seconds=seconds, compute_seconds=compute,
             exposed_comm_seconds=max(0.0, seconds - compute),
             loss=sum(losses) / len(losses) if losses else float("nan"),
+            end=ends[i + 1] if ends else math.nan,  # on the shared clock: the window [end - seconds, end]
             compute_overruns=sum(it.compute_overruns for it in its), layout=its[0].layout,
         ))
     return out

@@ -1,0 +1,155 @@
+"""Time dilation of an emulated run: chosen so that the emulated CPU never bounds an iteration, and what to change
+when a run measured the host instead of the links.
+
+The emulated cluster runs every rank on one virtual CPU. Its figures are network figures only while that CPU has
+headroom (network/headroom.py): a phase the CPU bounds takes the host's time, not the device's or the link's.
+Dilation by k (DieCast, NSDI'08; time-warped emulation, NSDI'06) runs every compute phase k times longer
+(--compute-time-scale k, with the compute model) and every link k times slower (--bandwidth-scale 1/k): the same
+host work spreads over k times the wall clock, so its share of the CPU falls by about k. Delays stay real (netem
+holds them without CPU), so the run is the scenario with its delays k times shorter relative to the rest; the
+simulator replays it at the same scales (sim compare), and the records say which scales ran.
+
+Choosing k: a probe runs each request once undilated (one warm-up, one timed iteration) and measures the CPU
+seconds c its iteration cost the host (the cluster's busy share x its seconds); the compute model and the network
+model give the iteration's seconds T(k) at dilation k (the system's simulator model, as `sim compare` uses it), and
+k is the smallest (two significant digits) with c(k) / T(k) <= TARGET_BUSY, taken over every request of the command.
+What an iteration costs the CPU is not constant under dilation: slower links wake the ranks' transport threads
+for fewer bytes at a time, so c grows as the links slow. Measured here (network/headroom.py: 8 Horovod ranks, one
+vCPU under UML) it went 1.8, 8.4 and 13 CPU s from k = 1 to 4500 and 15000, about k^0.2 (CPU_GROWTH); the choice
+assumes c(k) = c(1) k^CPU_GROWTH, and each run's own headroom says whether that held.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from . import systems as registry
+from ..compute import BYTES_PER_VALUE
+from ..compute.transport import UML_HZ
+from .request import RunRequest, RunSpec
+from ..network.headroom import HOST_BOUND_BUSY
+
+#: The emulated CPU's busy share a chosen dilation aims at: below the host-bound mark (headroom.HOST_BOUND_BUSY)
+TARGET_BUSY = 0.3
+#: How an iteration's CPU seconds grow with the dilation k (c(k) = c(1) k^CPU_GROWTH), as measured (see above)
+CPU_GROWTH = 0.2
+#: The timeout of a dilated run: its expected time this many times over, plus start-up
+TIMEOUT_FACTOR = 3.0
+STARTUP_S = 120.0
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What one request's undilated probe measured: its timed iteration's seconds and the emulated CPU's busy
+    share then (network/headroom.py), on which kernel."""
+
+    label: str
+    seconds: float
+    busy: float
+    kernel: str
+
+    @property
+    def cpu_s(self) -> float:
+        return self.seconds * self.busy
+
+    def cpu_at(self, factor: float) -> float:
+        """The CPU seconds of an iteration dilated `factor` times (module docstring: they grow as links slow)."""
+        return self.cpu_s * factor ** CPU_GROWTH
+
+
+@dataclass(frozen=True)
+class Dilation:
+    """The dilation chosen for a command's runs and why."""
+
+    factor: float
+    probes: tuple[Probe, ...]
+    expected_s: tuple[float, ...]  # each request's modelled iteration seconds at `factor`
+
+    def to_json(self) -> dict:
+        return {"chosen": True, "factor": self.factor, "compute_time_scale": self.factor,
+                "bandwidth_scale": 1 / self.factor, "target_busy": TARGET_BUSY,
+                "probes": [{"run": p.label, "seconds": p.seconds, "busy": p.busy, "cpu_s": p.cpu_s} for p in self.probes],
+                "cpu_growth": CPU_GROWTH,
+                "expected_busy": [p.cpu_at(self.factor) / t for p, t in zip(self.probes, self.expected_s)],
+                "expected_iteration_s": list(self.expected_s)}
+
+    def line(self) -> str:
+        k = self.factor
+        worst = max(range(len(self.probes)), key=lambda i: self.probes[i].cpu_at(k) / self.expected_s[i])
+        p = self.probes[worst]
+        return (f"time dilation {k:g} (--compute-time-scale {k:g} --bandwidth-scale {1 / k:.3g}): undilated, an "
+                f"iteration cost this host {p.cpu_s:.3g} CPU s ({p.label}, {p.seconds:.3g} s, {p.busy:.0%} busy); "
+                f"dilated, it is modelled at {self.expected_s[worst]:.3g} s and expected to keep the emulated CPU "
+                f"{p.cpu_at(k) / self.expected_s[worst]:.0%} busy (host-bound from {HOST_BOUND_BUSY:.0%})")
+
+
+def modelled_seconds(spec: RunSpec, topo, factor: float, kernel: str = "uml") -> float:
+    """The iteration's seconds as the compute model and the network model give them with compute `factor` times
+    longer and every link `factor` times slower than `topo` (the run's scaled topology)."""
+    from ..compute.links import Links
+
+    protocol = "gloo" if spec.run.device_type == "cpu" else "nccl"
+    links = Links.from_topology(topo.scaled(1 / factor) if factor != 1 else topo, protocol, "per-pair")
+    if kernel == "uml":  # its retransmission timeouts are in 10 ms ticks, as sim compare models its runs
+        links = replace(links, hz=UML_HZ)
+    profiles = [replace(p, slowdown=p.slowdown * factor * spec.compute.time_scale) for p in spec.compute.devices]
+    bpv = BYTES_PER_VALUE[spec.model.dtype]
+    entry = registry.get(spec.run.system)
+    return float(entry.simulate_layout_fn()(links, profiles, spec.cfg, spec.model.batch, spec.layout,
+                                            spec.model.micro_batch, bpv)[0])
+
+
+def round_up(x: float) -> float:
+    """x rounded up to two significant digits (a factor a person can type again)."""
+    if x <= 1:
+        return 1.0
+    step = 10 ** (math.floor(math.log10(x)) - 1)
+    return math.ceil(x / step - 1e-9) * step
+
+
+def choose(specs_topos: list[tuple[RunSpec, object]], probes: list[Probe]) -> Dilation:
+    """The smallest factor (two significant digits) at which every probe's CPU seconds, grown as links slow
+    (Probe.cpu_at), are at most TARGET_BUSY of its modelled iteration: doubling to a factor that reaches it, then
+    bisecting between it and the last that did not."""
+    need = 1.0
+    for (spec, topo), p in zip(specs_topos, probes):
+        def ok(k: float) -> bool:
+            return p.cpu_at(k) <= TARGET_BUSY * modelled_seconds(spec, topo, k, p.kernel)
+        lo, hi = 1.0, 1.0
+        while not ok(hi) and hi < 1e9:
+            lo, hi = hi, hi * 2
+        while hi / lo > 1.01:
+            mid = math.sqrt(lo * hi)
+            lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+        k = round_up(hi)
+        need = max(need, k)
+    expected = tuple(modelled_seconds(spec, topo, need, p.kernel) for (spec, topo), p in zip(specs_topos, probes))
+    return Dilation(need, tuple(probes), expected)
+
+
+def dilated(req: RunRequest, d: Dilation, expected_s: float) -> RunRequest:
+    """`req` at dilation d: compute d.factor times longer, links d.factor times slower; its timeout, when the user
+    gave none, from the expected time of its iterations (a dilated run's minutes are not a constant's)."""
+    run = req.run
+    if run.timeout_auto:
+        iterations = run.warmup + run.iters
+        run = replace(run, timeout_s=STARTUP_S + TIMEOUT_FACTOR * iterations * expected_s / (1 - TARGET_BUSY))
+    return replace(req, compute=replace(req.compute, time_scale=d.factor, dilate=False),
+                   network=replace(req.network, bandwidth_scale=req.network.bandwidth_scale / d.factor), run=run)
+
+
+def advice(spec: RunSpec, host_bound: int, iterations: int) -> str:
+    """One line for a run of which `host_bound` of `iterations` timed iterations were host-bound: what it
+    measured, and the flag to change."""
+    what = (f"host-bound: the emulated cluster's CPU ran for most of {host_bound} of {iterations} timed "
+            f"iterations, so their times measure the host, not the links; ")
+    scale, bw = spec.compute.time_scale, spec.network.bandwidth_scale
+    if not spec.compute.model:
+        return what + ("add --compute-model (each phase takes its device's time) and leave the scales to the "
+                       "chosen time dilation, or dilate by hand: --compute-time-scale K and --bandwidth-scale / K")
+    return what + (f"leave --compute-time-scale and --bandwidth-scale unset for a chosen time dilation, or dilate "
+                   f"further: --compute-time-scale {scale * 10:g} --bandwidth-scale {bw / 10:.3g} "
+                   f"(now {scale:g} and {bw:g})")
+
+
+__all__ = ["Dilation", "Probe", "TARGET_BUSY", "advice", "choose", "dilated", "modelled_seconds", "round_up"]

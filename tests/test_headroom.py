@@ -1,0 +1,132 @@
+"""The emulated CPU's headroom (network/headroom.py) and the time dilation chosen from it (plan/dilation.py):
+no emulated cluster here (the emulated checks are in test_emulated_runs.py)."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pytest
+
+from harness.network.headroom import HOST_BOUND_BUSY, CpuMonitor, Headroom, Sample, headroom, read_guest, \
+    tree_cpu_seconds
+from harness.plan import dilation
+from harness.plan.layouts import plan_run
+from harness.plan.request import ComputeSection, LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+from harness.results import IterationRecord, read_records, write_records
+
+
+def _samples(shares, step=0.1, steal=0.0):
+    """Cumulative samples whose every step used `share` of one CPU."""
+    out, cpu, st = [Sample(100.0, 0.0, 0.0, 1)], 0.0, 0.0
+    for k, share in enumerate(shares, 1):
+        cpu += share * step
+        st += steal * step * 2
+        out.append(Sample(100.0 + k * step, cpu, st, 1))
+    return out
+
+
+def test_a_window_weighs_each_step_by_its_overlap():
+    s = _samples([1.0] * 10 + [0.0] * 10)
+    h = headroom(s, 100.0, 102.0, capacity=1, host_cpus=2)
+    assert h.busy == pytest.approx(0.5) and math.isnan(h.saturated)  # no guest samples
+    assert headroom(s, 100.0, 101.0, 1, 2).busy == pytest.approx(1.0)
+    assert headroom(s, 100.95, 101.05, 1, 2).busy == pytest.approx(0.5)  # half of a busy step, half of an idle one
+    assert headroom(s, 100.0, 102.0, capacity=2, host_cpus=2).busy == pytest.approx(0.25)
+    assert headroom(_samples([0.2] * 10, steal=0.5), 100.0, 101.0, 1, 2).steal == pytest.approx(0.5)
+    assert headroom(s, 90.0, 101.0, 1, 2) is None  # before the first sample: not measured
+    assert headroom(s, 101.0, 101.0, 1, 2) is None
+
+
+def test_the_guest_run_queue_stands_beside_the_hosts_account():
+    s = _samples([0.3] * 20)
+    guest = [(100.0 + k * 0.1, n, 1) for k, n in enumerate([0, 1, 3, 1, 0, 0, 2, 1, 0, 0])]
+    h = headroom(s, 100.0, 101.0, 1, 2, guest)
+    assert h.busy == pytest.approx(0.3)  # the host's account is the mark's
+    assert h.saturated == pytest.approx(0.2)  # 2 of 10 samples with more runnable tasks than the one CPU
+    assert h.runnable == pytest.approx(0.8)
+    assert Headroom(busy=HOST_BOUND_BUSY, saturated=0, runnable=1, steal=0, run_queue=0).host_bound
+    assert not replace(h, busy=HOST_BOUND_BUSY - 0.01).host_bound
+    no_guest = headroom(s, 100.0, 101.0, 1, 2, [])
+    assert math.isnan(no_guest.runnable) and no_guest.to_json()["runnable"] is None
+
+
+def test_guest_lines_read_back_and_bad_lines_are_skipped(tmp_path):
+    p = tmp_path / "guest-cpu.txt"
+    p.write_text("1.5 2 1\nhalf a line\n2.5 x 1\n3.0 0 1\n")
+    assert read_guest(p) == [(1.5, 2, 1), (3.0, 0, 1)]
+    assert read_guest(tmp_path / "missing") == []
+
+
+def test_the_monitor_sees_a_child_burn_cpu_and_a_sleeping_one_not(tmp_path):
+    """A real process tree: a child that burns CPU for a while, then one that sleeps as long; the monitor's
+    windows over each tell them apart (a ratio in one test, no absolute time)."""
+    burn = "import time\nt=time.time()\nwhile time.time()-t<1.0: pass\n"
+    mon = CpuMonitor(interval_s=0.05)
+    mon.watch(os.getpid(), capacity=1)
+    try:
+        t0 = time.time()
+        subprocess.run([sys.executable, "-c", burn], check=True)
+        t1 = time.time()
+        subprocess.run([sys.executable, "-c", "import time; time.sleep(1.0)"], check=True)
+        t2 = time.time()
+    finally:
+        mon.stop()
+    busy, idle = mon.window(t0, t1), mon.window(t1, t2)
+    assert busy is not None and idle is not None
+    assert busy.busy > 3 * idle.busy and busy.busy > 0.3
+    assert tree_cpu_seconds(os.getpid()) > 0.5  # the reaped children's seconds count
+
+
+def test_records_carry_the_mark_and_read_it_back(tmp_path):
+    base = dict(run_id="r", scenario="s", system="ours", backend="emu", kernel="uml", devices=2, d_pp=1, d_dp=2,
+                model="tiny", layers=2, hidden=8, seq=8, batch=2, micro_batch=1, seed=0, bandwidth_scale=1.0,
+                iteration=1, seconds=1.0, pflop=1e-9, pflops=1e-9, tokens_per_s=16, compute_seconds=0.5,
+                exposed_comm_seconds=0.5, loss=1.0)
+    write_records(tmp_path / "records.csv", [IterationRecord(**base, cpu_busy=0.9, host_bound=True),
+                                             IterationRecord(**{**base, "iteration": 2})])
+    a, b = read_records(tmp_path / "records.csv")
+    assert a["host_bound"] is True and a["cpu_busy"] == 0.9
+    assert b["host_bound"] is False and math.isnan(b["cpu_busy"])
+
+
+def _request(**compute) -> RunRequest:
+    return RunRequest(model=ModelSection(name="tiny", layers=4, batch=8, micro_batch=1),
+                      layout=LayoutRequest(pp=2, dp=4), network=NetworkSection(scenario="5", devices=8),
+                      run=RunSection(system="megatron", iters=2, warmup=1, timeout_auto=True),
+                      compute=ComputeSection(model=True, **compute))
+
+
+def test_a_dilated_iteration_is_modelled_longer_and_the_factor_gives_the_target():
+    plan = plan_run(_request(dilate=True))
+    t1, t100 = (dilation.modelled_seconds(plan.spec, plan.topo, k) for k in (1, 100))
+    assert t100 > 2 * t1  # compute and bandwidth dilate; the delays (world-wide here) do not
+    probe = dilation.Probe("megatron", seconds=t1 * 50, busy=0.8, kernel="uml")  # the host bounded it
+    d = dilation.choose([(plan.spec, plan.topo)], [probe])
+    assert probe.cpu_at(d.factor) <= dilation.TARGET_BUSY * d.expected_s[0]
+    assert probe.cpu_at(d.factor) > probe.cpu_s  # what an iteration costs the CPU grows as the links slow
+    smaller = d.factor * 0.9  # the factor is about the least that reaches the target
+    assert probe.cpu_at(smaller) > dilation.TARGET_BUSY * dilation.modelled_seconds(plan.spec, plan.topo, smaller)
+    assert f"time dilation {d.factor:g}" in d.line() and d.to_json()["bandwidth_scale"] == pytest.approx(1 / d.factor)
+    req = dilation.dilated(_request(dilate=True), d, d.expected_s[0])
+    assert req.compute.time_scale == d.factor and req.network.bandwidth_scale == pytest.approx(1 / d.factor)
+    assert req.run.timeout_s > (req.run.warmup + req.run.iters) * d.expected_s[0]
+    given = dilation.dilated(replace(_request(dilate=True), run=RunSection(timeout_s=50.0)), d, d.expected_s[0])
+    assert given.run.timeout_s == 50.0  # a timeout the user gave stays
+    cheap = dilation.Probe("megatron", seconds=1.0, busy=1e-6, kernel="uml")
+    assert dilation.choose([(plan.spec, plan.topo)], [cheap]).factor == 1.0
+
+
+def test_round_up_keeps_two_digits():
+    assert [dilation.round_up(x) for x in (0.3, 1, 1.01, 9.99, 123, 4410, 4500.0)] == [1, 1, 1.1, 10, 130, 4500, 4500]
+
+
+def test_advice_names_the_flags_to_change():
+    plan = plan_run(_request(time_scale=100))
+    line = dilation.advice(plan.spec, 2, 3)
+    assert "2 of 3" in line and "--compute-time-scale 1000" in line and "\n" not in line
+    off = plan_run(replace(_request(), compute=ComputeSection()))
+    assert "--compute-model" in dilation.advice(off.spec, 1, 1)

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 import pytest
 
-from harness.network.headroom import HOST_BOUND_BUSY, CpuMonitor, Headroom, Sample, headroom, read_guest, \
-    tree_cpu_seconds
+from harness.network.headroom import HOST_BOUND_BUSY, LATE_SHARE, CpuMonitor, Headroom, Sample, headroom, \
+    host_bound, read_guest, tree_cpu_seconds
 from harness.plan import dilation
 from harness.plan.layouts import plan_run
 from harness.plan.request import ComputeSection, LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
@@ -48,8 +48,12 @@ def test_the_guest_run_queue_stands_beside_the_hosts_account():
     assert h.busy == pytest.approx(0.3)  # the host's account is the mark's
     assert h.saturated == pytest.approx(0.2)  # 2 of 10 samples with more runnable tasks than the one CPU
     assert h.runnable == pytest.approx(0.8)
-    assert Headroom(busy=HOST_BOUND_BUSY, saturated=0, runnable=1, steal=0, run_queue=0).host_bound
-    assert not replace(h, busy=HOST_BOUND_BUSY - 0.01).host_bound
+    busy = Headroom(busy=HOST_BOUND_BUSY, saturated=0, runnable=1, steal=0, run_queue=0)
+    assert host_bound(busy, paced=False)  # computing for real on the shared CPU: the compute is the host's
+    assert not host_bound(replace(busy, busy=HOST_BOUND_BUSY - 0.01), paced=False) and not host_bound(None, False)
+    assert not host_bound(busy, paced=True, overruns=0, late_s=0.01, seconds=10.0)  # busy, but the phases on time
+    assert host_bound(busy, paced=True, overruns=1, seconds=10.0)  # a real computation outran its modelled time
+    assert host_bound(busy, paced=True, late_s=LATE_SHARE * 10.0, seconds=10.0)  # phases woke late
     no_guest = headroom(s, 100.0, 101.0, 1, 2, [])
     assert math.isnan(no_guest.runnable) and no_guest.to_json()["runnable"] is None
 
@@ -106,10 +110,9 @@ def test_a_dilated_iteration_is_modelled_longer_and_the_factor_gives_the_target(
     assert t100 > 2 * t1  # compute and bandwidth dilate; the delays (world-wide here) do not
     probe = dilation.Probe("megatron", seconds=t1 * 50, busy=0.8, kernel="uml")  # the host bounded it
     d = dilation.choose([(plan.spec, plan.topo)], [probe])
-    assert probe.cpu_at(d.factor) <= dilation.TARGET_BUSY * d.expected_s[0]
-    assert probe.cpu_at(d.factor) > probe.cpu_s  # what an iteration costs the CPU grows as the links slow
+    assert probe.cpu_s <= dilation.TARGET_BUSY * d.expected_s[0]
     smaller = d.factor * 0.9  # the factor is about the least that reaches the target
-    assert probe.cpu_at(smaller) > dilation.TARGET_BUSY * dilation.modelled_seconds(plan.spec, plan.topo, smaller)
+    assert probe.cpu_s > dilation.TARGET_BUSY * dilation.modelled_seconds(plan.spec, plan.topo, smaller)
     assert f"time dilation {d.factor:g}" in d.line() and d.to_json()["bandwidth_scale"] == pytest.approx(1 / d.factor)
     req = dilation.dilated(_request(dilate=True), d, d.expected_s[0])
     assert req.compute.time_scale == d.factor and req.network.bandwidth_scale == pytest.approx(1 / d.factor)

@@ -1,5 +1,6 @@
 """The regression gate (issue 23): figures, baseline, comparison, history, CLI."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -91,6 +92,22 @@ def test_baseline_round_trip_and_one_line_errors(tmp_path):
     path.write_text(json.dumps({**doc, "figures": {"x": {"unit": "s"}}}))
     with pytest.raises(RegressError, match=r"figures.x: expected value and unit"):
         regress.read_baseline(path, SMALL)
+
+
+def test_a_host_bound_figure_is_marked_and_never_a_baseline(tmp_path):
+    """Runs whose emulated CPU bounded their iterations measured the host: the gate's table says so beside the
+    figure, and a baseline refuses them in one line, writing nothing."""
+    base = {"r": Figure("r", 1.0, "ratio", "measured", True, (1.0, 1.02, 0.98))}
+    now = [Figure("r", 1.01, "ratio", "measured", True, (1.01,), host_bound=1)]
+    rows = regress.compare(base, now)
+    assert rows[0].host_bound == 1 and "measured the host: 1 host-bound run(s)" in regress.format_table(rows)
+    assert "measured the host" not in regress.format_table(regress.compare(base, [replace(now[0], host_bound=0)]))
+    path = tmp_path / "baseline.json"
+    with pytest.raises(RegressError, match=r"r: 1 of its runs were host-bound.*not a baseline"):
+        regress.write_baseline(path, [Figure("x", 1.0, "s"), now[0]], SMALL)
+    assert not path.exists()
+    regress.write_baseline(path, [Figure("x", 1.0, "s"), replace(now[0], host_bound=0)], SMALL)
+    assert "host_bound" not in json.loads(path.read_text())["figures"]["r"]
 
 
 def test_cli_missing_baseline_or_bad_debug_is_one_line_and_writes_nothing(cli, tmp_path):

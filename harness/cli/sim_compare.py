@@ -34,11 +34,12 @@ def cmd_compare(args) -> int:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(["scenario", "system", "backend", "devices", "model", "layers", "batch", "iterations",
-                    "measured_s", "simulated_s", "error", "host_load", "config"])
+                    "measured_s", "simulated_s", "error", "host_load", "cpu_busy", "host_bound_iterations",
+                    "measured", "config"])
         for c in rows:
             w.writerow([c.scenario, c.system, c.backend, c.devices, c.model, c.layers, c.batch, c.iterations,
                         f"{c.measured_s:.6g}", f"{c.simulated_s:.6g}", f"{c.error:.4f}", f"{c.host_load:.3g}",
-                        c.config])
+                        f"{c.cpu_busy:.3g}", c.host_bound, c.measured_what, c.config])
         atomic_write_text(args.csv, buf.getvalue())
         print(f"wrote {args.csv}")
     _timeline_runs(args, records)

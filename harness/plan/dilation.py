@@ -12,11 +12,12 @@ simulator replays it at the same scales (sim compare), and the records say which
 Choosing k: a probe runs each request once undilated (one warm-up, one timed iteration) and measures the CPU
 seconds c its iteration cost the host (the cluster's busy share x its seconds); the compute model and the network
 model give the iteration's seconds T(k) at dilation k (the system's simulator model, as `sim compare` uses it), and
-k is the smallest (two significant digits) with c(k) / T(k) <= TARGET_BUSY, taken over every request of the command.
-What an iteration costs the CPU is not constant under dilation: slower links wake the ranks' transport threads
-for fewer bytes at a time, so c grows as the links slow. Measured here (network/headroom.py: 8 Horovod ranks, one
-vCPU under UML) it went 1.8, 8.4 and 13 CPU s from k = 1 to 4500 and 15000, about k^0.2 (CPU_GROWTH); the choice
-assumes c(k) = c(1) k^CPU_GROWTH, and each run's own headroom says whether that held.
+k is the smallest (two significant digits) with c / T(k) <= TARGET_BUSY, taken over every request of the command:
+the host's own work then fits in the dilated iteration several times over, and the compute phases in their
+dilated times. What an iteration costs the CPU is not constant under dilation (slower links wake the ranks'
+transport threads for fewer bytes at a time: measured with 8 Horovod ranks, 1.8, 8.4 and 13 CPU s at k = 1, 4500
+and 15000, network/headroom.py), so a dilated run's CPU is busier than c / T(k) says; what makes an iteration
+host-bound is the CPU delaying its work (headroom.host_bound), which each run measures and says.
 """
 from __future__ import annotations
 
@@ -27,12 +28,9 @@ from . import systems as registry
 from ..compute import BYTES_PER_VALUE
 from ..compute.transport import UML_HZ
 from .request import RunRequest, RunSpec
-from ..network.headroom import HOST_BOUND_BUSY
 
-#: The emulated CPU's busy share a chosen dilation aims at: below the host-bound mark (headroom.HOST_BOUND_BUSY)
-TARGET_BUSY = 0.3
-#: How an iteration's CPU seconds grow with the dilation k (c(k) = c(1) k^CPU_GROWTH), as measured (see above)
-CPU_GROWTH = 0.2
+#: The undilated CPU seconds of an iteration over its dilated modelled seconds that a chosen dilation aims at
+TARGET_BUSY = 0.15
 #: The timeout of a dilated run: its expected time this many times over, plus start-up
 TIMEOUT_FACTOR = 3.0
 STARTUP_S = 120.0
@@ -52,10 +50,6 @@ class Probe:
     def cpu_s(self) -> float:
         return self.seconds * self.busy
 
-    def cpu_at(self, factor: float) -> float:
-        """The CPU seconds of an iteration dilated `factor` times (module docstring: they grow as links slow)."""
-        return self.cpu_s * factor ** CPU_GROWTH
-
 
 @dataclass(frozen=True)
 class Dilation:
@@ -69,18 +63,17 @@ class Dilation:
         return {"chosen": True, "factor": self.factor, "compute_time_scale": self.factor,
                 "bandwidth_scale": 1 / self.factor, "target_busy": TARGET_BUSY,
                 "probes": [{"run": p.label, "seconds": p.seconds, "busy": p.busy, "cpu_s": p.cpu_s} for p in self.probes],
-                "cpu_growth": CPU_GROWTH,
-                "expected_busy": [p.cpu_at(self.factor) / t for p, t in zip(self.probes, self.expected_s)],
+                "undilated_cpu_over_dilated_s": [p.cpu_s / t for p, t in zip(self.probes, self.expected_s)],
                 "expected_iteration_s": list(self.expected_s)}
 
     def line(self) -> str:
         k = self.factor
-        worst = max(range(len(self.probes)), key=lambda i: self.probes[i].cpu_at(k) / self.expected_s[i])
+        worst = max(range(len(self.probes)), key=lambda i: self.probes[i].cpu_s / self.expected_s[i])
         p = self.probes[worst]
         return (f"time dilation {k:g} (--compute-time-scale {k:g} --bandwidth-scale {1 / k:.3g}): undilated, an "
                 f"iteration cost this host {p.cpu_s:.3g} CPU s ({p.label}, {p.seconds:.3g} s, {p.busy:.0%} busy); "
-                f"dilated, it is modelled at {self.expected_s[worst]:.3g} s and expected to keep the emulated CPU "
-                f"{p.cpu_at(k) / self.expected_s[worst]:.0%} busy (host-bound from {HOST_BOUND_BUSY:.0%})")
+                f"dilated, it is modelled at {self.expected_s[worst]:.3g} s, {p.cpu_s / self.expected_s[worst]:.0%} "
+                f"of which that work would take (each run's headroom is measured and said)")
 
 
 def modelled_seconds(spec: RunSpec, topo, factor: float, kernel: str = "uml") -> float:
@@ -108,13 +101,13 @@ def round_up(x: float) -> float:
 
 
 def choose(specs_topos: list[tuple[RunSpec, object]], probes: list[Probe]) -> Dilation:
-    """The smallest factor (two significant digits) at which every probe's CPU seconds, grown as links slow
-    (Probe.cpu_at), are at most TARGET_BUSY of its modelled iteration: doubling to a factor that reaches it, then
-    bisecting between it and the last that did not."""
+    """The smallest factor (two significant digits) at which every probe's CPU seconds are at most TARGET_BUSY of
+    its modelled iteration: doubling to a factor that reaches it, then bisecting between it and the last that did
+    not."""
     need = 1.0
     for (spec, topo), p in zip(specs_topos, probes):
         def ok(k: float) -> bool:
-            return p.cpu_at(k) <= TARGET_BUSY * modelled_seconds(spec, topo, k, p.kernel)
+            return p.cpu_s <= TARGET_BUSY * modelled_seconds(spec, topo, k, p.kernel)
         lo, hi = 1.0, 1.0
         while not ok(hi) and hi < 1e9:
             lo, hi = hi, hi * 2
@@ -141,8 +134,8 @@ def dilated(req: RunRequest, d: Dilation, expected_s: float) -> RunRequest:
 def advice(spec: RunSpec, host_bound: int, iterations: int) -> str:
     """One line for a run of which `host_bound` of `iterations` timed iterations were host-bound: what it
     measured, and the flag to change."""
-    what = (f"host-bound: the emulated cluster's CPU ran for most of {host_bound} of {iterations} timed "
-            f"iterations, so their times measure the host, not the links; ")
+    what = (f"host-bound: the emulated cluster's CPU was busy for most of {host_bound} of {iterations} timed "
+            f"iterations and delayed their work, so their times measure the host, not the links; ")
     scale, bw = spec.compute.time_scale, spec.network.bandwidth_scale
     if not spec.compute.model:
         return what + ("add --compute-model (each phase takes its device's time) and leave the scales to the "

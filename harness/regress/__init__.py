@@ -41,6 +41,7 @@ class Figure:
     kind: str = "exact"  # exact | measured | absolute (a measured time: compared on the same machine only)
     higher_is_worse: bool = True
     samples: tuple[float, ...] = ()  # measured: one value per repeated run
+    host_bound: int = 0  # emulated: runs behind the samples with host-bound iterations (they measured the host)
 
 
 # ----------------------------------------------------------------------------- bytes on the wire
@@ -186,7 +187,8 @@ def run_figures(run: Path) -> dict[str, float]:
     if not records:
         raise RegressError(f"regress: {run}: no records")
     seconds = float(np.mean([float(r["seconds"]) for r in records]))
-    out = {"seconds": seconds, "measured-over-sim": seconds / compare(records)[0].simulated_s}
+    out = {"seconds": seconds, "measured-over-sim": seconds / compare(records)[0].simulated_s,
+           "host-bound": float(sum(bool(r.get("host_bound")) for r in records))}
     placement = json.loads((Path(run) / "manifest.json").read_text()).get("placement") or {}
     bound = (placement.get("comm_lower_bound_s") or {}).get("total")
     if bound:
@@ -215,12 +217,14 @@ def measured_figures(out_root: Path, debug: tuple[str, ...] = (), repeats: int =
                                 ("measured-over-comm-bound", "ratio", "measured")):
             if all(key in x for x in runs):
                 samples = tuple(x[key] for x in runs)
-                out.append(Figure(f"emulated/{name}/{key}", float(np.mean(samples)), unit, kind, True, samples))
+                out.append(Figure(f"emulated/{name}/{key}", float(np.mean(samples)), unit, kind, True, samples,
+                                  sum(x["host-bound"] > 0 for x in runs)))
     for num, den in MEASURED_RATIOS:
         if num in per and den in per:
             samples = tuple(a["seconds"] / b["seconds"] for a, b in zip(per[num], per[den]))
+            bound = sum(a["host-bound"] > 0 or b["host-bound"] > 0 for a, b in zip(per[num], per[den]))
             out.append(Figure(f"emulated/{num}-over-{den}", float(np.mean(samples)), "ratio", "measured", True,
-                              samples))
+                              samples, bound))
     return out
 
 
@@ -247,6 +251,18 @@ def versions() -> dict:
 
 
 def write_baseline(path: Path, figures: list[Figure], suite: Suite | None = None, machine_of: dict | None = None) -> None:
+    """Write the baseline; a figure whose runs were host-bound is refused (it measured the host, not the links: no
+    reference for later runs), in one line, with nothing written."""
+    bound = [f for f in figures if f.host_bound]
+    if bound:
+        raise RegressError(f"regress: {bound[0].name}: {bound[0].host_bound} of its runs were host-bound (the "
+                           f"emulated CPU busy for most of an iteration); not a baseline: run it on a quieter machine "
+                           f"or dilate its time (each run's manifest: headroom.advice)")
+    _write_baseline(path, figures, suite, machine_of)
+
+
+def _write_baseline(path: Path, figures: list[Figure], suite: Suite | None = None,
+                    machine_of: dict | None = None) -> None:
     """machine_of: the machine the measured figures among `figures` ran on (default: this one)."""
     from ..files import atomic_write_json
     from ..results import git_commit
@@ -254,7 +270,7 @@ def write_baseline(path: Path, figures: list[Figure], suite: Suite | None = None
     atomic_write_json(Path(path), {
         "schema": SCHEMA, "commit": git_commit(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine_of or machine(), "versions": versions(), "suite": (suite or SUITE).to_json(),
-        "figures": {f.name: {k: v for k, v in asdict(f).items() if k != "name"} for f in figures},
+        "figures": {f.name: {k: v for k, v in asdict(f).items() if k not in ("name", "host_bound")} for f in figures},
     })
 
 
@@ -301,6 +317,7 @@ class Row:
     now: float | None
     verdict: str  # ok | regressed | changed | improved | new | missing | other machine
     noise: float | None = None  # measured: the relative change that is still noise (the threshold)
+    host_bound: int = 0  # now's runs behind it that were host-bound (their samples measured the host)
 
     @property
     def change(self) -> float | None:
@@ -355,7 +372,7 @@ def compare(baseline: dict[str, Figure], now: list[Figure], same_machine: bool =
             verdict = "ok"
         else:
             verdict = "regressed" if worse else "improved"
-        rows.append(Row(f.name, f.unit, b.value, f.value, verdict, noise))
+        rows.append(Row(f.name, f.unit, b.value, f.value, verdict, noise, f.host_bound))
     rows += [Row(n, b.unit, b.value, None, "missing") for n, b in baseline.items() if n not in got]
     return rows
 
@@ -368,8 +385,9 @@ def format_table(rows: list[Row]) -> str:
         change = "-" if r.change is None else f"{r.change:+.2%}" if r.change == 0 or abs(r.change) >= 5e-5 \
             else f"{r.change * 100:+.0e}%"  # an exact figure's small move still shows
         noise = "-" if r.noise is None else f"{r.noise:.1%}"
+        mark = f" (measured the host: {r.host_bound} host-bound run(s))" if r.host_bound else ""
         lines.append(f"{r.figure:<{width}}  {r.unit:<7} {num(r.baseline):>12} {num(r.now):>12} {change:>9} "
-                     f"{noise:>8}  {r.verdict.upper() if r.fails else r.verdict}")
+                     f"{noise:>8}  {r.verdict.upper() if r.fails else r.verdict}{mark}")
     return "\n".join(lines)
 
 

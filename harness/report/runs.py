@@ -68,22 +68,29 @@ def unfinished_runs(root: Path) -> list[tuple[Path, str, str]]:
 
 
 def runs_table(root: Path | pd.DataFrame, sim_csv: Path | None = None) -> pd.DataFrame:
-    """One row per system and layout: seconds and PFLOPS (mean, min and max over the runs' means) and,
-    given a `sim compare` CSV, the simulated PFLOPS of the row's runs (mean, min, max; nan when unmatched)."""
+    """One row per system and layout: seconds and PFLOPS (mean, min and max over the runs' means), what they
+    measured (the emulated CPU's busy share and the host-bound iterations: `measured` is network, host or
+    unknown) and, given a `sim compare` CSV, the simulated PFLOPS of the row's runs (mean, min, max; nan when
+    unmatched)."""
     df = root if isinstance(root, pd.DataFrame) else load_runs(root)
+    df = df.assign(cpu_busy=pd.to_numeric(df.get("cpu_busy", np.nan), errors="coerce"),
+                   host_bound=df.get("host_bound", False).fillna(False).astype(bool))
     per_run = df.groupby(ROW + ["run_id"], as_index=False).agg(
         seconds=("seconds", "mean"), pflops=("pflops", "mean"), label=("label", "first"),
-        placement_seed=("placement_seed", "first"))
+        placement_seed=("placement_seed", "first"), cpu_busy=("cpu_busy", "mean"), host_bound=("host_bound", "sum"))
     table = per_run.groupby(ROW, as_index=False).agg(
         runs=("run_id", "count"), seconds=("seconds", "mean"), seconds_min=("seconds", "min"),
         seconds_max=("seconds", "max"), pflops=("pflops", "mean"), pflops_min=("pflops", "min"),
-        pflops_max=("pflops", "max"), label=("label", "first"),
+        pflops_max=("pflops", "max"), label=("label", "first"), cpu_busy=("cpu_busy", "mean"),
+        host_bound=("host_bound", "sum"),
         seeds=("placement_seed", lambda s: ", ".join(sorted({x for x in s if x}, key=lambda x: (len(x), x)))))
     seeded = table.seeds != ""
     table.loc[seeded, "label"] = table.label[seeded] + " (seeds " + table.seeds[seeded] + ")"
     dup = table.label.duplicated(keep=False)  # short labels that collide get the full layout
     t = table[dup]
     table.loc[dup, "label"] = t.label + " " + t.layout + " " + t.backend + "/" + t.kernel
+    table["measured"] = np.where(table.host_bound > 0, "host", np.where(table.cpu_busy.notna(), "network", "unknown"))
+    table.loc[table.host_bound > 0, "label"] = table.label[table.host_bound > 0] + " [host-bound]"  # on the figures
     if sim_csv is not None:
         table = table.merge(_simulated(df, read_sim_csv(sim_csv)), on=ROW, how="left")
     return table.sort_values("seconds").reset_index(drop=True)
@@ -240,6 +247,9 @@ def write_runs_table(root: Path, out_dir: Path | None = None, sim_csv: Path | No
     table = runs_table(df, sim_csv)
     out_dir = Path(out_dir or root)
     text = table.drop(columns="label").to_string(index=False, float_format=lambda x: f"{x:.4g}")
+    if (table.host_bound > 0).any():
+        text += ("\nmeasured host: the emulated CPU was busy for most of host_bound iterations of these rows, so their "
+                 "figures are the host's, not the links' (each run's manifest: headroom.advice says what to change)")
     figs = {"pflops.png": pflops_figure(table), "iterations.png": iterations_figure(df)}
     if (moved := devices_figure(df)) is not None:
         figs["devices.png"] = moved

@@ -35,6 +35,7 @@ class ComputePacer:
         self.seconds = dict(seconds)
         self.cuda = device is not None and device.type == "cuda"
         self.overruns = 0  # since the last take()
+        self.late_s = 0.0  # since the last take(): how long after their deadlines the phases ended
         self.excluded = 0.0  # communication seconds inside the open phase
         self.total_overruns = 0
         self.phases = 0
@@ -66,14 +67,21 @@ class ComputePacer:
         if left <= 0:
             self.overruns += 1
             self.total_overruns += 1
+            self.late_s -= left
             return
         while left > 0:  # sleep() may wake early on a signal; never end a phase short
             time.sleep(left)
             left = deadline - time.perf_counter()
+        self.late_s -= left  # woken late: the CPU was busy with others (network/headroom.py)
 
     def take(self) -> int:
-        n, self.overruns = self.overruns, 0
+        n, self.overruns, self.late_s = self.overruns, 0, 0.0
         return n
+
+    def take_iteration(self) -> dict:
+        """The iteration's IterationStats fields (and reset): its overruns and its phases' lateness."""
+        late = self.late_s
+        return {"compute_overruns": self.take(), "compute_late_seconds": late}
 
 
 class _NoPacer:
@@ -86,6 +94,9 @@ class _NoPacer:
 
     def take(self) -> int:
         return 0
+
+    def take_iteration(self) -> dict:
+        return {}
 
 
 def pacer_for(spec: RunSpec, stage: int, device_index: int, device: torch.device | None = None,

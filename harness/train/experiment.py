@@ -29,7 +29,7 @@ from ..plan.request import RunRequest, RunSpec
 from ..plan import systems as registry
 from ..plan.layouts import Plan, plan_run
 from ..plan.dilation import advice
-from ..network.headroom import HOST_BOUND_BUSY
+from ..network.headroom import HOST_BOUND_BUSY, LATE_SHARE, host_bound
 from .gpt import loss_floor
 from . import probe
 from .stats import IterationStats, merge_stats
@@ -55,10 +55,15 @@ def to_records(spec: RunSpec, stats: list[IterationStats], cpu: list | None = No
             config=layout_json if s.layout is None else json.dumps(s.layout, sort_keys=True),
             compute_overruns=s.compute_overruns,
             cpu_busy=float("nan") if cpu[k] is None else cpu[k].busy,
-            host_bound=cpu[k] is not None and cpu[k].host_bound,
+            host_bound=iteration_host_bound(spec, cpu[k], s),
         )
         for k, s in enumerate(stats)
     ]
+
+
+def iteration_host_bound(spec: RunSpec, h, s: IterationStats) -> bool:
+    """network/headroom.host_bound of one merged iteration of the run."""
+    return host_bound(h, spec.compute.model, s.compute_overruns, s.compute_late_seconds, s.seconds)
 
 
 def iteration_headroom(cpu, stats: list[IterationStats]) -> list:
@@ -75,17 +80,21 @@ def _mean(values: list[float]) -> float | None:
     return sum(known) / len(known) if known else None
 
 
-def headroom_summary(spec: RunSpec, heads: list, capacity: float) -> dict:
-    """The manifest's account of the emulated CPU: per timed iteration its busy share and mark, the run's
-    mean, and, when any iteration was host-bound, the one line that says what to change."""
+def headroom_summary(spec: RunSpec, heads: list, stats: list[IterationStats], capacity: float) -> dict:
+    """The manifest's account of the emulated CPU: per timed iteration its busy share, its phases' lateness and
+    its mark, the run's means, and, when any iteration was host-bound, the one line that says what to change."""
     seen = [h for h in heads if h is not None]
     if not seen:
         return {"measured": False}
-    bound = sum(h.host_bound for h in seen)
+    marks = [iteration_host_bound(spec, h, s) for h, s in zip(heads, stats)]
+    bound = sum(marks)
     out = {"measured": True, "capacity_cpus": capacity, "host_bound_busy": HOST_BOUND_BUSY,
            **{k: _mean([getattr(h, k) for h in seen]) for k in ("busy", "saturated", "runnable", "steal", "run_queue")},
            "host_bound_iterations": bound, "iterations": len(seen), "host_bound": bound > 0,
-           "per_iteration": [None if h is None else h.to_json() for h in heads]}
+           "late_share": LATE_SHARE, "compute_model": spec.compute.model,
+           "per_iteration": [None if h is None else {**h.to_json(), "compute_late_s": round(s.compute_late_seconds, 4),
+                                                     "compute_overruns": s.compute_overruns, "host_bound": m}
+                             for h, s, m in zip(heads, stats, marks)]}
     if bound:
         out["advice"] = advice(spec, bound, len(seen))
     return out
@@ -327,7 +336,7 @@ def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
         heads = iteration_headroom(cpu, stats)
         write_records(out / "records.csv", to_records(spec, stats, heads))
         if cpu is not None:
-            extra = {**extra, "headroom": headroom_summary(spec, heads, cpu.capacity)}
+            extra = {**extra, "headroom": headroom_summary(spec, heads, stats, cpu.capacity)}
             timed = [s for s in stats if not math.isnan(s.end)]
             if timed:  # the emulated CPU over the timed iterations, sample by sample
                 atomic_write_text(out / "cpu.csv", cpu.csv(timed[0].end - timed[0].seconds, timed[-1].end))

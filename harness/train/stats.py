@@ -17,6 +17,7 @@ class IterationStats:
     loss: float
     end: float = math.nan
     compute_overruns: int = 0  # phases whose real computation outran the compute model's time
+    compute_late_seconds: float = 0.0  # how long after their modelled deadlines the phases ended (overruns too)
     wire_bytes: int | None = None  # bytes this rank put on the wire in the iteration (debug.count_wire)
     minibatches: list | None = None  # per-minibatch rows of the whole run, on one rank of a system that
     # records them (HetPipe: VW, minibatch, clock, global version, ...); written as minibatches.csv
@@ -66,5 +67,6 @@ def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False
             loss=sum(losses) / len(losses) if losses else float("nan"),
             end=ends[i + 1] if ends else math.nan,  # on the shared clock: the window [end - seconds, end]
             compute_overruns=sum(it.compute_overruns for it in its), layout=its[0].layout,
+            compute_late_seconds=max(it.compute_late_seconds for it in its),  # the latest rank's
         ))
     return out

@@ -180,9 +180,8 @@ def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, see
     end = time.monotonic()
     loss = float(torch.stack(losses).detach().mean()) if last else math.nan
     compute = min(br.compute_seconds, seconds)
-    overruns = br.pacer.take() if br.pacer is not None else 0
-    return IterationStats(seconds, compute, seconds - compute, loss, end, compute_overruns=overruns,
-                          wire_bytes=wire.take())
+    paced = br.pacer.take_iteration() if br.pacer is not None else {}
+    return IterationStats(seconds, compute, seconds - compute, loss, end, **paced, wire_bytes=wire.take())
 
 
 def train_baseline(

@@ -263,7 +263,7 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
                 busy = min(compute, seconds)
                 stats.append(IterationStats(seconds, busy, seconds - busy,
                                             float(np.mean(losses)) if losses else math.nan, ends[-1],
-                                            compute_overruns=st.pacer.take(), wire_bytes=wire.take()))
+                                            **st.pacer.take_iteration(), wire_bytes=wire.take()))
             else:
                 st.pacer.take()
                 wire.take()

@@ -356,7 +356,7 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         if it >= warmup:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
                                         exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss, end=t,
-                                        compute_overruns=runner.pacer.take(), wire_bytes=wire.take()))
+                                        **runner.pacer.take_iteration(), wire_bytes=wire.take()))
         else:
             runner.pacer.take()  # warm-up overruns and bytes are not the timed iterations'
             wire.take()

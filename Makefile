@@ -64,16 +64,18 @@ bench: $(STAMP) system-deps
 # results/<case>/ (e.g. results/5-worldwide/). Paper scale (simulated): scenario heatmaps, the GA
 # assignment, the scheduler comparison (Fig. 4) and the simulator. Emulated (measured): 8 devices
 # (the scaled-down case; each scenario file says how its 8 were chosen), tiny GPT, links at 1/100
-# of the paper's bandwidth so communication dominates as in the paper: ours, ours-random (the
-# paper's seeds) and the baselines; then the simulator's prediction for each run (compute speed
-# calibrated from the runs' own compute timings, since emulated devices are CPU processes), one
-# table + PFLOPS plots of all runs, and report.md over all of it. The emulated runs share one boot
-# of the cluster (one set of imports and warm-up; each run forks fresh ranks).
+# of the paper's bandwidth so communication dominates as in the paper, each device's compute its
+# GPU's modelled time (--compute-model), time dilated as a probe of this host calls for: ours,
+# ours-random (the paper's seeds) and the baselines; then the simulator's prediction for each run
+# (from the same compute model: nothing fitted on the runs it is compared with), one table + PFLOPS
+# plots of all runs, and report.md over all of it, the paper's ratios beside the measured ones.
+# The emulated runs share one boot of the cluster (one set of imports and warm-up; each run forks
+# fresh ranks).
 # QUICK=1: the same outputs from fewer repetitions and iterations, into results/<case>/quick/.
 SCENARIO_CASES := 1 2 3 4 5 fluidstack
 CASE_NAME = $(basename $(notdir $(firstword $(wildcard scenarios/$*-*.yaml scenarios/$*.yaml))))
 CASE_OUT  = $(or $(SCENARIO_OUT),results/$(CASE_NAME)$(if $(QUICK),/quick))
-EMU       = --scenario $* --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 --bandwidth-scale 0.01 \
+EMU       = --scenario $* --devices 8 --model tiny --layers 4 --batch 8 --micro-batch 1 --bandwidth-scale 0.01 --compute-model \
             $(if $(QUICK),--iters 1 --warmup 1,--iters 3 --warmup 3) --results $(CASE_OUT)/emu
 RANDOM_SEEDS = $(if $(QUICK),2022,2022 2023 2024)
 MEGATRON  = --system megatron --tp 1 --pp 4 --dp 2
@@ -90,8 +92,7 @@ $(addprefix scenario-,$(SCENARIO_CASES)): scenario-%: $(STAMP) system-deps
 	$(HARNESS) schedule compare --scenario $* $(SEARCH) $(if $(QUICK),--seed 0) --out $(CASE_OUT)/compare
 	$(HARNESS) sim --scenario $* $(SEARCH) --json $(CASE_OUT)/sim.json --out $(CASE_OUT)/sim
 	$(HARNESS) run $(EMU) $(EACH)
-	$(HARNESS) sim calibrate $(CASE_OUT)/emu --json $(CASE_OUT)/emu-profile.json
-	$(HARNESS) sim compare $(CASE_OUT)/emu --profile $(CASE_OUT)/emu-profile.json --csv $(CASE_OUT)/sim-vs-emu.csv
+	$(HARNESS) sim compare $(CASE_OUT)/emu --csv $(CASE_OUT)/sim-vs-emu.csv
 	$(HARNESS) report runs $(CASE_OUT)/emu
 	$(HARNESS) report case $(CASE_OUT)
 

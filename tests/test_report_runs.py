@@ -230,3 +230,40 @@ def test_a_run_whose_devices_changed_stays_one_row_and_gets_devices_png(tmp_path
     run(tmp_path / "only-steady", "s", "ok", [2.0])
     rc, out, err = cli("report", "runs", tmp_path / "only-steady")
     assert rc == 0 and "devices.png" not in out and not (tmp_path / "only-steady" / "devices.png").exists()
+
+
+def test_a_host_bound_run_is_marked_in_the_table_and_the_summary(tmp_path, cli):
+    """What each row measured: the network (headroom measured, no iteration host-bound), the host, or unknown."""
+    run(tmp_path, "net", "ok", [2.0, 2.0], cpu_busy=0.2)
+    run(tmp_path, "host", "ok", [3.0, 3.0], system="megatron", cpu_busy=0.9, host_bound=True)
+    run(tmp_path, "old", "ok", [1.0], system="deepspeed")  # written before the headroom was measured
+    rc, out, _ = cli("report", "runs", tmp_path)
+    assert rc == 0 and "measured host" in out
+    table = pd.read_csv(tmp_path / "runs.csv").set_index("system")
+    assert table.measured.to_dict() == {"ours": "network", "megatron": "host", "deepspeed": "unknown"}
+    assert table.host_bound["megatron"] == 2 and table.label["megatron"].endswith("[host-bound]")
+    from harness.report.runs import run_summary
+
+    advice = "host-bound: the emulated cluster's CPU was busy ... (the manifest's line)"
+    atomic_write_json(tmp_path / "host/manifest.json", {"status": "ok", "headroom": {
+        "measured": True, "busy": 0.9, "steal": 0.0, "host_bound": True, "host_bound_iterations": 2, "iterations": 2,
+        "advice": advice}})
+    summary = run_summary(tmp_path / "host")
+    assert "emulated CPU 90% busy" in summary and "HOST-BOUND, 2/2 iterations host-bound" in summary
+    assert summary.endswith("\n" + advice)
+    assert "HOST-BOUND" not in run_summary(tmp_path / "net") and "busy" not in run_summary(tmp_path / "net")
+
+
+def test_the_paper_claims_sit_beside_the_measured_ratios_with_a_verdict():
+    from harness.report.case import paper_ratios
+
+    runs = pd.DataFrame({"system": ["ours", "megatron", "deepspeed", "ours-random", "ours-random"],
+                         "seconds": [1.0, 4.5, 0.9, 1.5, 2.0], "host_bound": [0, 0, 0, 0, 1], "runs": [1] * 5})
+    rows = {ln.split(" | ")[0].lstrip("| "): ln for ln in paper_ratios(runs) if ln.startswith("| ") and "x |" in ln}
+    assert rows["ours vs Megatron (case 5)"].endswith("| 4.8x | 4.50x | reproduced |")
+    assert rows["ours vs DeepSpeed (case 5)"].endswith("| 3.6x | 0.90x | not reproduced: not faster |")
+    # the slowest random placement over ours; one of those runs measured the host, which the verdict says
+    assert rows["scheduler vs random placement (up to)"].endswith(
+        "| 2.7x | 2.00x | same direction, smaller than the paper's (host-bound runs: measured the host) |")
+    alone = paper_ratios(runs[runs.system == "ours"])
+    assert any("| ours vs Megatron (case 5) | 4.8x | - | no megatron run |" in ln for ln in alone)

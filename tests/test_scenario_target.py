@@ -52,6 +52,10 @@ def test_quick_case_1_writes_consistent_outputs(tmp_path):
         assert m["spec"]["run"]["iters"] == 1 and m["spec"]["run"]["warmup"] == 1  # QUICK's iterations
         runs[m["run_id"]] = (m["spec"]["run"]["system"], read_records(manifest.parent / "records.csv"))
         boots.append(m["cluster_boot"]["runs"])
+        # each run paced to its devices' modelled times, dilated as the probe chose, its CPU headroom measured
+        assert m["spec"]["compute"]["model"] and m["dilation"]["factor"] == m["spec"]["compute"]["time_scale"]
+        assert m["spec"]["network"]["bandwidth_scale"] == pytest.approx(0.01 / m["dilation"]["factor"])
+        assert m["headroom"]["measured"] and len(m["headroom"]["per_iteration"]) == 1
     assert sorted(s for s, _ in runs.values()) == sorted(SYSTEMS)  # one run each: QUICK's repetitions
     assert all(sorted(b) == sorted(runs) for b in boots)  # every run of the case in one boot
 
@@ -73,6 +77,9 @@ def test_quick_case_1_writes_consistent_outputs(tmp_path):
     for row in table.itertuples():  # every measured row, with its figures as in runs.csv
         assert f"| {row.label} | {row.runs} | {row.seconds:.3f} | {row.pflops * 1e6:.3g} (" in report
     assert "**measured**" in report and "simulated" in report
+    assert "nothing fitted on the runs it is compared with" in report and not (out / "emu-profile.json").exists()
+    assert "## Against the paper's claims" in report and "| ours vs DeepSpeed (case 5) | 3.6x |" in report
+    assert {"cpu_busy", "measured"} <= set(sim.columns)
     ga = json.loads((out / "schedule-ga.json").read_text())  # the schedule's lower bound and gap (issue 57)
     assert f"no layout costs less than {ga['bound']['total']:.3f} s" in report and f"{ga['gap']:.1%}" in report
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()

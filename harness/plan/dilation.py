@@ -4,7 +4,8 @@ when a run measured the host instead of the links.
 The emulated cluster runs every rank on one virtual CPU. Its figures are network figures only while that CPU has
 headroom (network/headroom.py): a phase the CPU bounds takes the host's time, not the device's or the link's.
 Dilation by k (DieCast, NSDI'08; time-warped emulation, NSDI'06) runs every compute phase k times longer
-(--compute-time-scale k, with the compute model) and every link k times slower (--bandwidth-scale 1/k): the same
+(--compute-time-scale k, with the compute model) and every link k times slower (--bandwidth-scale s/k, s the
+run's own scale of the scenario's links): the same
 host work spreads over k times the wall clock, so its share of the CPU falls by about k. Delays stay real (netem
 holds them without CPU), so the run is the scenario with its delays k times shorter relative to the rest; the
 simulator replays it at the same scales (sim compare), and the records say which scales ran.
@@ -138,11 +139,10 @@ def advice(spec: RunSpec, host_bound: int, iterations: int) -> str:
             f"iterations and delayed their work, so their times measure the host, not the links; ")
     scale, bw = spec.compute.time_scale, spec.network.bandwidth_scale
     if not spec.compute.model:
-        return what + ("add --compute-model (each phase takes its device's time) and leave the scales to the "
-                       "chosen time dilation, or dilate by hand: --compute-time-scale K and --bandwidth-scale / K")
-    return what + (f"leave --compute-time-scale and --bandwidth-scale unset for a chosen time dilation, or dilate "
-                   f"further: --compute-time-scale {scale * 10:g} --bandwidth-scale {bw / 10:.3g} "
-                   f"(now {scale:g} and {bw:g})")
+        return what + ("add --compute-model (each phase takes its device's time, dilated as this host needs); "
+                       "without it the ranks compute for real on the emulated cluster's one CPU")
+    return what + (f"leave --compute-time-scale unset for a chosen time dilation, or dilate further: "
+                   f"--compute-time-scale {scale * 10:g} --bandwidth-scale {bw / 10:.3g} (now {scale:g} and {bw:g})")
 
 
 __all__ = ["Dilation", "Probe", "TARGET_BUSY", "advice", "choose", "dilated", "modelled_seconds", "round_up"]

@@ -94,9 +94,10 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
                         "phases that took longer are counted in the records (compute_overruns)")
     p.add_argument("--compute-time-scale", type=positive_float, default=None, metavar="X",
                    help="with --compute-model: multiply every modelled time by X (e.g. 1000 so that a CPU computes "
-                        "a GPU's microseconds within the modelled time). Default, emulated and without "
-                        "--bandwidth-scale: time dilation chosen by a short probe of this host (X, and the links "
-                        "X times slower), so that the emulated CPU never bounds an iteration; else 1")
+                        "a GPU's microseconds within the modelled time). Default, emulated: a time dilation chosen "
+                        "by a short probe of this host's cost per iteration (X, and every link X times slower on "
+                        "top of --bandwidth-scale), so that the emulated CPU does not bound the iterations; said on "
+                        "stderr and in each manifest (dilation)")
     add_results_argument(p)
     add_alias(p, "--out", "--results")
     p.add_argument("--debug", action="append", metavar="KEY=VALUE",
@@ -184,7 +185,7 @@ def request_from_args(args, layout):
         compute=ComputeSection(model=args.compute_model,
                                time_scale=1.0 if args.compute_time_scale is None else args.compute_time_scale,
                                dilate=(args.compute_model and args.compute_time_scale is None
-                                       and args.bandwidth_scale is None and (args.network or "emulated") == "emulated"
+                                       and (args.network or "emulated") == "emulated"
                                        and not getattr(args, "inventory", None))),
         debug=DebugSection.parse(args.debug),
     )

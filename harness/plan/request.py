@@ -213,8 +213,8 @@ class ComputeSection:
     model: bool = False
     time_scale: float = 1.0
     devices: tuple = ()
-    # emulated, neither scale given: time_scale and the network's bandwidth_scale are chosen before the run from a
-    # probe of its cost on this host (plan/dilation.py), so that the emulated CPU never bounds an iteration
+    # emulated, no time scale given: time_scale and the network's bandwidth_scale (divided further) are chosen before
+    # the run from a probe of its cost on this host (plan/dilation.py), so that the emulated CPU does not bound it
     dilate: bool = False
 
     def __post_init__(self):

@@ -155,7 +155,7 @@ def _convert(typ, v: str):
     if typ in ("int", int):
         return int(float(v))
     if typ in ("float", float):
-        return float(v)
+        return float(v) if v != "" else float("nan")  # a figure not taken (a column added since the row was written)
     return v
 
 

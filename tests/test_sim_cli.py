@@ -226,7 +226,10 @@ def test_compare_table_flags_runs_that_kept_the_host_busy():
     busy = format_table([Comparison(**row, host_load=1.13)])
     assert "1.13" in busy and "MISS" in busy and "cpu >= 0.5: 1 run(s)" in busy
     quiet = format_table([Comparison(**row, host_load=0.05), Comparison(**{**row, "system": "megatron"})])
-    assert "cpu >=" not in quiet and "    -  MISS" in quiet
+    assert "cpu >=" not in quiet and "    -  unknown  MISS" in quiet
+    measured = format_table([Comparison(**row, host_load=1.13, cpu_busy=0.8, host_bound=3)])
+    assert "0.80     host  MISS" in measured and "measured host: 1 run(s)" in measured
+    assert "cpu >=" not in measured  # the measured busy share, not the estimate, where there is one
 
 
 @pytest.mark.parametrize("system", ["ours", "megatron"])

@@ -251,19 +251,13 @@ def versions() -> dict:
 
 
 def write_baseline(path: Path, figures: list[Figure], suite: Suite | None = None, machine_of: dict | None = None) -> None:
-    """Write the baseline; a figure whose runs were host-bound is refused (it measured the host, not the links: no
-    reference for later runs), in one line, with nothing written."""
+    """Write the baseline (machine_of: the machine its measured figures ran on; default this one). A figure whose
+    runs were host-bound is refused (it measured the host, not the links: no reference), in one line, nothing written."""
     bound = [f for f in figures if f.host_bound]
     if bound:
         raise RegressError(f"regress: {bound[0].name}: {bound[0].host_bound} of its runs were host-bound (the "
                            f"emulated CPU busy for most of an iteration); not a baseline: run it on a quieter machine "
                            f"or dilate its time (each run's manifest: headroom.advice)")
-    _write_baseline(path, figures, suite, machine_of)
-
-
-def _write_baseline(path: Path, figures: list[Figure], suite: Suite | None = None,
-                    machine_of: dict | None = None) -> None:
-    """machine_of: the machine the measured figures among `figures` ran on (default: this one)."""
     from ..files import atomic_write_json
     from ..results import git_commit
 

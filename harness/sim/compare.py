@@ -381,7 +381,7 @@ def format_table(rows: list[Comparison]) -> str:
         if c.cpu_busy == c.cpu_busy:  # the emulated CPU's measured busy share
             cpu = f"{c.cpu_busy:.2f}"
         else:  # the estimate from the ranks' compute timings, where there is one
-            cpu = "-" if c.host_load != c.host_load else f"~{c.host_load:.2f}"
+            cpu = "-" if c.host_load != c.host_load else f"{c.host_load:.2f}"
         lines.append(f"{c.scenario:<14} {c.system:<12} {c.backend:<7} {c.devices:>3} {c.model:<8} {c.layers:>3} "
                      f"{c.batch:>6} {c.iterations:>5} {c.measured_s:>11.4f} {c.simulated_s:>10.4f} "
                      f"{100 * c.error:>+7.1f}% {cpu:>5} {c.measured_what:>8}  {'ok' if c.within_target else 'MISS'}")
@@ -394,7 +394,7 @@ def format_table(rows: list[Comparison]) -> str:
                      f"of them says anything of the simulator; the run's summary says which flag to change")
     busy = [c for c in rows if c.host_load >= BUSY_HOST and c.cpu_busy != c.cpu_busy]
     if busy:
-        lines.append(f"cpu ~>= {BUSY_HOST}: {len(busy)} run(s) kept the host's cores busy (ranks x busiest compute / "
+        lines.append(f"cpu >= {BUSY_HOST}: {len(busy)} run(s) kept the host's cores busy (ranks x busiest compute / "
                      "(seconds x cores)); the ranks slowed each other, which the simulator (a processor per device) "
                      "does not model")
     return "\n".join(lines)

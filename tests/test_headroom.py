@@ -114,6 +114,11 @@ def test_a_dilated_iteration_is_modelled_longer_and_the_factor_gives_the_target(
     smaller = d.factor * 0.9  # the factor is about the least that reaches the target
     assert probe.cpu_s > dilation.TARGET_BUSY * dilation.modelled_seconds(plan.spec, plan.topo, smaller)
     assert f"time dilation {d.factor:g}" in d.line() and d.to_json()["bandwidth_scale"] == pytest.approx(1 / d.factor)
+    scaled = plan_run(replace(_request(dilate=True), network=NetworkSection(scenario="5", devices=8,
+                                                                              bandwidth_scale=0.01)))
+    ds = dilation.choose([(scaled.spec, scaled.topo)], [probe])  # the factor divides the run's own scale
+    assert ds.bandwidth_scale == pytest.approx(0.01 / ds.factor)
+    assert f"--bandwidth-scale {0.01 / ds.factor:.3g}" in ds.line()
     req = dilation.dilated(_request(dilate=True), d, d.expected_s[0])
     assert req.compute.time_scale == d.factor and req.network.bandwidth_scale == pytest.approx(1 / d.factor)
     assert req.run.timeout_s > (req.run.warmup + req.run.iters) * d.expected_s[0]

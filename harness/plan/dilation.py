@@ -59,10 +59,16 @@ class Dilation:
     factor: float
     probes: tuple[Probe, ...]
     expected_s: tuple[float, ...]  # each request's modelled iteration seconds at `factor`
+    base_bandwidth_scale: float = 1.0  # the requests' own --bandwidth-scale, which the factor divides
+
+    @property
+    def bandwidth_scale(self) -> float:
+        """The links' scale the dilated runs have: their own divided by the factor."""
+        return self.base_bandwidth_scale / self.factor
 
     def to_json(self) -> dict:
         return {"chosen": True, "factor": self.factor, "compute_time_scale": self.factor,
-                "bandwidth_scale": 1 / self.factor, "target_busy": TARGET_BUSY,
+                "bandwidth_scale": self.bandwidth_scale, "target_busy": TARGET_BUSY,
                 "probes": [{"run": p.label, "seconds": p.seconds, "busy": p.busy, "cpu_s": p.cpu_s} for p in self.probes],
                 "undilated_cpu_over_dilated_s": [p.cpu_s / t for p, t in zip(self.probes, self.expected_s)],
                 "expected_iteration_s": list(self.expected_s)}
@@ -71,7 +77,8 @@ class Dilation:
         k = self.factor
         worst = max(range(len(self.probes)), key=lambda i: self.probes[i].cpu_s / self.expected_s[i])
         p = self.probes[worst]
-        return (f"time dilation {k:g} (--compute-time-scale {k:g} --bandwidth-scale {1 / k:.3g}): undilated, an "
+        return (f"time dilation {k:g} (--compute-time-scale {k:g} --bandwidth-scale {self.bandwidth_scale:.3g}): "
+                f"undilated, an "
                 f"iteration cost this host {p.cpu_s:.3g} CPU s ({p.label}, {p.seconds:.3g} s, {p.busy:.0%} busy); "
                 f"dilated, it is modelled at {self.expected_s[worst]:.3g} s, {p.cpu_s / self.expected_s[worst]:.0%} "
                 f"of which that work would take (each run's headroom is measured and said)")
@@ -118,7 +125,7 @@ def choose(specs_topos: list[tuple[RunSpec, object]], probes: list[Probe]) -> Di
         k = round_up(hi)
         need = max(need, k)
     expected = tuple(modelled_seconds(spec, topo, need, p.kernel) for (spec, topo), p in zip(specs_topos, probes))
-    return Dilation(need, tuple(probes), expected)
+    return Dilation(need, tuple(probes), expected, specs_topos[0][0].network.bandwidth_scale)
 
 
 def dilated(req: RunRequest, d: Dilation, expected_s: float) -> RunRequest:
@@ -129,7 +136,7 @@ def dilated(req: RunRequest, d: Dilation, expected_s: float) -> RunRequest:
         iterations = run.warmup + run.iters
         run = replace(run, timeout_s=STARTUP_S + TIMEOUT_FACTOR * iterations * expected_s / (1 - TARGET_BUSY))
     return replace(req, compute=replace(req.compute, time_scale=d.factor, dilate=False),
-                   network=replace(req.network, bandwidth_scale=req.network.bandwidth_scale / d.factor), run=run)
+                   network=replace(req.network, bandwidth_scale=d.bandwidth_scale), run=run)
 
 
 def advice(spec: RunSpec, host_bound: int, iterations: int) -> str:

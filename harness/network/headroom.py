@@ -204,10 +204,10 @@ def samples_csv(samples: list[Sample], capacity: float) -> str:
 
 
 def headroom(samples: list[Sample], t0: float, t1: float, capacity: float, host_cpus: int,
-             guest: list[tuple[float, int]] | None = None) -> Headroom | None:
+             guest: list[tuple[float, int, int]] | None = None) -> Headroom | None:
     """Headroom over [t0, t1] from cumulative samples: each sampling step's busy share weighted by how much of
     it falls inside the window; None when the samples do not cover it. `guest`: the guest sampler's
-    (time, runnable) lines (read_guest)."""
+    (time, runnable, CPUs) lines (read_guest)."""
     if not (t1 > t0) or len(samples) < 2 or samples[0].t > t0 + INTERVAL_S or samples[-1].t < t1 - INTERVAL_S:
         return None
     covered = busy = steal = 0.0
@@ -263,7 +263,8 @@ def read_guest(path: str | Path) -> list[tuple[float, int, int]]:
     return out
 
 
-__all__ = ["CpuMonitor", "Headroom", "Sample", "headroom", "host_bound", "LATE_SHARE", "HOST_BOUND_BUSY", "tree_cpu_seconds", "samples_csv"]
+__all__ = ["CpuMonitor", "Headroom", "Sample", "headroom", "host_bound", "LATE_SHARE", "HOST_BOUND_BUSY",
+           "tree_cpu_seconds", "samples_csv", "guest_sampler", "read_guest"]
 
 
 if __name__ == "__main__":

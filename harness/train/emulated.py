@@ -33,8 +33,10 @@ class RunCpu:
     def __init__(self, monitor: CpuMonitor, wall_minus_monotonic: float, guest: Path | None = None):
         self.monitor, self.offset, self.guest = monitor, wall_minus_monotonic, guest
 
-    def window(self, t0: float, t1: float) -> Headroom | None:
-        return self.monitor.window(t0, t1, self.offset, read_guest(self.guest) if self.guest else None)
+    def windows(self, spans: list[tuple[float, float]]) -> list[Headroom | None]:
+        """The headroom of each (t0, t1) on the ranks' clock; the guest's samples read once for all of them."""
+        guest = read_guest(self.guest) if self.guest else None
+        return [self.monitor.window(t0, t1, self.offset, guest) for t0, t1 in spans]
 
     def csv(self, t0: float, t1: float) -> str:
         return samples_csv(self.monitor.series(t0, t1, self.offset), self.monitor.capacity)

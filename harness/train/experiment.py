@@ -71,7 +71,12 @@ def iteration_headroom(cpu, stats: list[IterationStats]) -> list:
     the ranks' clock [end - seconds, end]; None where it was not measured."""
     if cpu is None:
         return [None] * len(stats)
-    return [None if math.isnan(s.end) else cpu.window(s.end - s.seconds, s.end) for s in stats]
+    timed = [k for k, s in enumerate(stats) if not math.isnan(s.end)]
+    got = cpu.windows([(stats[k].end - stats[k].seconds, stats[k].end) for k in timed])
+    heads = [None] * len(stats)
+    for k, h in zip(timed, got):
+        heads[k] = h
+    return heads
 
 
 def _mean(values: list[float]) -> float | None:

@@ -35,23 +35,23 @@ def probe_and_dilate(reqs: list[RunRequest], work: Path, record_many) -> tuple[l
     with experiment.record_run), returning each run's directory or error."""
     if not wanted(reqs):
         return undilated(reqs), None
-    plans = [plan_run(r) for r in reqs]
-    if any(p.topo.timeline is not None for p in plans):
-        _say("time dilation: off (the run's timeline gives its changes in seconds, which do not dilate yet); "
-             "set --compute-time-scale and --bandwidth-scale by hand")
-        return undilated(reqs), None
     scratch = Path(work) / "probe"
     probe_reqs = [replace(r, compute=replace(r.compute, dilate=False),
                           run=replace(r.run, iters=1, warmup=1, run_id=None, results_root=str(scratch),
                                       checkpoint_every=None, resume=None)) for r in reqs]
+    plans = [plan_run(r) for r in probe_reqs]  # the requests' layouts and topology: what the models are asked of
+    if any(p.topo.timeline is not None for p in plans):
+        _say("time dilation: off (the run's timeline gives its changes in seconds, which do not dilate yet); "
+             "set --compute-time-scale and --bandwidth-scale by hand")
+        return undilated(reqs), None
     _say(f"time dilation: probing this host's cost of an iteration ({len(reqs)} run(s), undilated, one boot)")
-    got = record_many([plan_run(r) for r in probe_reqs], work)
+    got = record_many(plans, work)
     probes = []
     for req, res in zip(reqs, got):
         label = req.run.system
         if not isinstance(res, Path):
             raise HarnessError(f"time dilation: the probe of {label} did not finish ({res or 'stopped'}); give "
-                               f"--compute-time-scale and --bandwidth-scale to run without one")
+                               f"--compute-time-scale to run without one")
         probes.append(_probe(label, res))
     d = choose([(p.spec, p.topo) for p in plans], probes)
     _say(d.line())
@@ -64,7 +64,7 @@ def _probe(label: str, run: Path) -> Probe:
     recs = read_records(run / "records.csv")
     if not head.get("measured") or not recs:
         raise HarnessError(f"time dilation: the probe of {label} measured no CPU headroom ({run}); give "
-                           f"--compute-time-scale and --bandwidth-scale to run without one")
+                           f"--compute-time-scale to run without one")
     return Probe(label, sum(r["seconds"] for r in recs) / len(recs), float(head["busy"]), str(recs[0]["kernel"]))
 
 

@@ -81,7 +81,7 @@ def test_the_monitor_sees_a_child_burn_cpu_and_a_sleeping_one_not(tmp_path):
         mon.stop()
     busy, idle = mon.window(t0, t1), mon.window(t1, t2)
     assert busy is not None and idle is not None
-    assert busy.busy > 3 * idle.busy and busy.busy > 0.3
+    assert busy.busy > 3 * idle.busy  # a ratio measured in one test: the load on the machine moves both
     assert tree_cpu_seconds(os.getpid()) > 0.5  # the reaped children's seconds count
 
 

@@ -138,3 +138,107 @@ def test_advice_names_the_flags_to_change():
     assert "2 of 3" in line and "--compute-time-scale 1000" in line and "\n" not in line
     off = plan_run(replace(_request(), compute=ComputeSection()))
     assert "--compute-model" in dilation.advice(off.spec, 1, 1)
+
+
+# ----------------------------------------------------------------------------- FL rounds (harness fl --backend emu)
+def _fl_round(wall_start: float, end: float, late_s: float = 0.0, overruns: int = 0) -> list[dict]:
+    from harness.workloads.fl.models import get_branchy
+
+    n = len(get_branchy("tiny").layers)
+    workers = [{"rank": w, "arrivals": [end / 4] * n, "forward_end": end / 2, "end": end, "sent": {},
+                "overruns": overruns if w == 0 else 0, "late_s": late_s if w == 1 else 0.0,
+                "wall_start": wall_start + 0.01 * w} for w in range(4)]
+    return workers + [{"rank": 4, "arrivals": [], "forward_end": float("nan"), "end": end, "sent": {"server": 1},
+                       "overruns": 0, "interface_tx_bytes": 1, "wall_start": wall_start}]
+
+
+def test_an_fl_round_is_marked_host_bound_only_when_the_busy_cpu_made_its_layers_late():
+    from harness.systems.owl.emulated import EmuSetting, measured_record, plan_rounds, round_headroom
+    from harness.workloads.fl.federation import load_federation
+    from harness.workloads.fl.models import get_branchy
+
+    model, fed = get_branchy("tiny"), load_federation("owl-testbed", 4)
+    planned = plan_rounds(model, fed, ["naive"], 4)[0]
+    monitor = CpuMonitor()
+    monitor.samples = _samples([0.9] * 20 + [0.2] * 20)  # 100-102 s busy, 102-104 s idle
+    busy = round_headroom(monitor, _fl_round(100.0, 1.5)[:4], [])
+    idle = round_headroom(monitor, _fl_round(102.2, 1.5)[:4], [])
+    assert busy.busy == pytest.approx(0.9) and idle.busy == pytest.approx(0.2)
+    assert round_headroom(monitor, [{"end": 1.0}], []) is None  # a round that did not say when it began
+
+    def record(head, ranks):
+        return measured_record(planned, ranks, fed=fed, scaled=fed, model=model, batch=4, run_id="r",
+                               setting=EmuSetting(), head=head)
+    late = 0.1 * 1.5  # one worker's phases woke 10 % of the round late
+    assert record(busy, _fl_round(100.0, 1.5, late_s=late)).host_bound
+    assert record(busy, _fl_round(100.0, 1.5, overruns=1)).host_bound
+    on_time = record(busy, _fl_round(100.0, 1.5))
+    assert not on_time.host_bound and on_time.cpu_busy == pytest.approx(0.9)  # busy, and kept up
+    assert not record(idle, _fl_round(102.2, 1.5, late_s=late)).host_bound  # late, but not for the CPU
+    assert record(None, _fl_round(100.0, 1.5)).cpu_busy is None
+
+
+def test_an_fl_dilation_makes_each_probed_round_cost_the_target_share_of_its_modelled_round():
+    from harness.systems.owl.emulated import advice, choose_dilation, emulated_federation, EmuSetting
+    from harness.workloads.fl import strategies as st
+    from harness.workloads.fl.federation import federation, load_topology
+    from harness.workloads.fl.models import get_branchy
+
+    model, topo = get_branchy("tiny"), load_topology("owl-testbed", 4)
+    feds = [federation(topo, a) for a in (0.5, 1.0)]
+    undilated = {n: st.run(n, model, feds[0], 4).seconds for n in ("naive", "owl")}
+    probes = [dilation.Probe(n, seconds=200 * undilated[n], busy=0.8, kernel="uml") for n in undilated]
+    d = choose_dilation(model, feds, 4, 0.01, probes)
+
+    def modelled(n, k):  # the shortest round over the settings: alpha 1's, with the faster links
+        return min(st.run(n, model, emulated_federation(f, 0.01 / k, k), 4).seconds for f in feds)
+    for p, expected in zip(probes, d.expected_s):
+        assert expected == pytest.approx(modelled(p.label, d.factor))
+        assert p.cpu_s <= dilation.TARGET_BUSY * expected
+    # the least factor that reaches the target for the dearer probe
+    assert any(p.cpu_s > dilation.TARGET_BUSY * modelled(p.label, d.factor * 0.9) for p in probes)
+    assert d.bandwidth_scale == pytest.approx(0.01 / d.factor) and "a round cost this host" in d.line()
+    assert d.to_json()["unit"] == "round"
+    line = advice(1, 5, EmuSetting(bandwidth_scale=0.001, compute_time_scale=300))
+    assert "1 of 5 rounds" in line and "--compute-time-scale 3000 --bandwidth-scale 0.0001" in line
+
+
+def test_fl_without_a_scale_probes_undilated_then_runs_at_the_chosen_dilation(tmp_path, monkeypatch, capsys):
+    """The command's path (the emulated cluster replaced by what it returns: its boots are measured in
+    test_owl_emulated.py and the issue's proof): a probe boot at scale 1, the rounds at the factor chosen from it,
+    the choice in the manifest and on stderr."""
+    import json
+    from dataclasses import replace as _replace
+
+    from harness.cli import main
+    from harness.systems.owl import emulated
+
+    boots = []
+
+    def fake_boot(topo, fed, model, rounds, batch, setting, work, *, run_id, stream=None):
+        boots.append(setting)
+        scaled = emulated.emulated_federation(fed, setting.bandwidth_scale, setting.compute_time_scale)
+        recs = [_replace(emulated.to_record(r, run_id=run_id, fed=fed, model=model, batch=batch), backend="emu",
+                         seconds=r.seconds if setting.compute_time_scale > 1 else 2.0, cpu_busy=0.8,
+                         bandwidth_scale=setting.bandwidth_scale, compute_time_scale=setting.compute_time_scale)
+                for r in emulated.plan_rounds(model, scaled, [x.strategy for x in rounds], batch)]
+        return recs, {"kernel": "uml", "readback": {}, "headroom": []}
+
+    monkeypatch.setattr(emulated, "run_fl_emulated", fake_boot)
+    out = tmp_path / "run"
+    assert main(["fl", "--scenario", "owl-testbed", "--devices", "4", "--model", "tiny", "--strategy", "naive,owl",
+                 "--backend", "emu", "--bandwidth-scale", "0.01", "--out", str(out)]) == 0
+    probe, run = boots
+    assert (probe.compute_time_scale, probe.bandwidth_scale) == (1.0, 0.01)  # undilated, at the user's links
+    man = json.loads((out / "manifest.json").read_text())
+    k = man["dilation"]["factor"]
+    assert k > 1 and run.compute_time_scale == k and run.bandwidth_scale == pytest.approx(0.01 / k)
+    assert man["compute_time_scale"] == k and [p["run"] for p in man["dilation"]["probes"]] == ["naive", "owl"]
+    assert all(p["cpu_s"] == pytest.approx(1.6) for p in man["dilation"]["probes"])  # 2 s at 80 % busy
+    assert f"time dilation {k:g}" in capsys.readouterr().err
+    assert boots == [probe, run]
+    given = tmp_path / "given"  # a scale given: no probe
+    assert main(["fl", "--scenario", "owl-testbed", "--devices", "4", "--model", "tiny", "--strategy", "owl",
+                 "--backend", "emu", "--compute-time-scale", "100", "--out", str(given)]) == 0
+    assert len(boots) == 3 and boots[2].compute_time_scale == 100
+    assert "dilation" not in json.loads((given / "manifest.json").read_text())

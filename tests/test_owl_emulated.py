@@ -35,6 +35,11 @@ def test_five_strategies_over_shaped_links_with_a_shared_uplink(tmp_path, capsys
     assert {c["classid"]: c["rate_bps"] for c in server}[0xFFFE] == 5e9 * SCALE
     recs = {r.strategy: r for r in read([out])}
     assert set(recs) == {"naive", "overlap", "ipart", "owl", "optimal"}
+    # every round's headroom measured over its own window: the emulated CPU's share, in the records and manifest
+    assert all(0 < r.cpu_busy <= 1.05 for r in recs.values())
+    assert man["headroom"]["measured"] and man["headroom"]["rounds"] == 5
+    assert len(man["boots"][0]["headroom"]) == 10 and "dilation" not in man  # the scale was given: no probe
+    assert "emulated CPU" in captured.out
     # --repeat 2: every round twice, the fastest recorded (the host's other work only adds to a round)
     rounds_s = man["boots"][0]["rounds_s"]
     assert {n: len(v) for n, v in rounds_s.items()} == dict.fromkeys(recs, 2)

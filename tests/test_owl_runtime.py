@@ -36,7 +36,14 @@ def test_units_compute_the_profiles_layers_with_their_parameters():
 
 def test_every_worker_gets_the_servers_model_and_owl_relays_inside_racks():
     model, fed, rounds, spec = _spec(["naive", "owl"])
+    t0 = time.time()
     out = launch(spec, [{"addr": "127.0.0.1"} for _ in range(fed.workers + 1)], port=29611)
+    t1 = time.time()
+    # every rank says when its round began on the wall clock (the host's CPU monitor's window: the headroom)
+    # and how late its paced phases woke
+    for ranks in out:
+        assert all(t0 < r.wall_start < t1 and r.late_s >= 0 for r in ranks)
+    assert out[0][0].wall_start < out[1][0].wall_start
     S = model.params * BYTES_PER_PARAM
     (naive, owl) = out
     # every worker checked what it received against the server's model bit for bit (or the round failed);

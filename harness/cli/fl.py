@@ -35,11 +35,12 @@ def register(sub) -> None:
                    help="sim: the flow simulator; emu: processes in the emulated cluster (tc/netem shaped links)")
     p.add_argument("--batch", type=positive_int, default=32, help="minibatch per worker")
     p.add_argument("--bandwidth-scale", type=positive_float, default=argparse.SUPPRESS,
-                   help="emu: multiply every rate, the server's uplink too "
-                   "(default 1; e.g. 0.001 so that distribution dominates the round at CPU speed)")
+                   help="emu: multiply every rate, the server's uplink too (default 1; a chosen time dilation "
+                   "divides it further)")
     p.add_argument("--compute-time-scale", type=positive_float, metavar="X", default=argparse.SUPPRESS,
-                   help="emu: every layer's forward and the "
-                   "backward take X times their modelled time on the scenario's GPU (default 1; e.g. 10000)")
+                   help="emu: every layer's forward and the backward take X times their modelled time on the "
+                   "scenario's GPU (default: a time dilation k chosen by a probe boot that runs each round undilated: "
+                   "compute k times longer, links k times slower, so that the emulated CPU keeps headroom)")
     p.add_argument("--timeout", type=positive_float, default=argparse.SUPPRESS,
                    help="emu: seconds before the run is failed (default: from the "
                    "simulated rounds)")
@@ -125,7 +126,10 @@ def _print_and_write(args, records, feds, model, out) -> None:
 
 def _emulated(args, model, names) -> int:
     """One boot of the emulated cluster per alpha, every strategy's round in it; the manifest says running
-    first, and failed (naming the process) or ok at the end."""
+    first, and failed (naming the process) or ok at the end. Without --compute-time-scale, a probe boot first
+    runs each round undilated and the time dilation is chosen from what it cost the host."""
+    from dataclasses import replace
+
     from ..files import atomic_write_json
     from ..network import reaper
     from ..results import manifest, new_run_id, run_dir
@@ -138,6 +142,7 @@ def _emulated(args, model, names) -> int:
     check_runnable(model)
     topo = load_topology(args.scenario, args.devices)
     feds = [federation(topo, a) for a in (args.alpha or [None])]
+    dilate = not hasattr(args, "compute_time_scale")
     setting = EmuSetting(bandwidth_scale=getattr(args, "bandwidth_scale", 1.0),
                          compute_time_scale=getattr(args, "compute_time_scale", 1.0),
                          timeout_s=getattr(args, "timeout", None), kernel=getattr(args, "kernel", "auto"),
@@ -155,6 +160,14 @@ def _emulated(args, model, names) -> int:
     records, boots = [], []
     try:
         with reaper.guarded([str(man)]) as work:
+            if dilate:
+                setting, dilation = _dilate(topo, model, feds, args.batch, setting, plans[0], work, run_id)
+                plans = [plan_rounds(model, emulated_federation(f, setting.bandwidth_scale,
+                                                                setting.compute_time_scale), names, args.batch)
+                         for f in feds]
+                extra.update(bandwidth_scale=setting.bandwidth_scale, compute_time_scale=setting.compute_time_scale,
+                             dilation=dilation.to_json())
+                atomic_write_json(man, manifest(run_id, "running", **extra))
             for fed, rounds in zip(feds, plans):
                 print(f"alpha {fed.alpha:g}: {len(names) * repeat} rounds in the emulated cluster ({fed.workers} workers, "
                       f"1 server)", file=sys.stderr, flush=True)
@@ -164,7 +177,11 @@ def _emulated(args, model, names) -> int:
                 boots.append({"alpha": fed.alpha, **info,
                               "rounds_s": {n: [r.seconds for r in recs if r.strategy == n] for n in names}})
             _print_and_write(args, records, feds, model, out)
-            atomic_write_json(man, manifest(run_id, "ok", **extra, boots=boots))  # before the guard lets go
+            head, line = _headroom(records, setting)
+            print(line)
+            if "advice" in head:
+                print(head["advice"])
+            atomic_write_json(man, manifest(run_id, "ok", **extra, boots=boots, headroom=head))  # before the guard lets go
     except (HarnessError, KeyboardInterrupt) as e:
         reason = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
         atomic_write_json(man, manifest(run_id, "failed", reason=reason, **extra, boots=boots))
@@ -172,6 +189,39 @@ def _emulated(args, model, names) -> int:
             raise FLError(f"fl --backend emu: {reason}") from None
         raise
     return 0
+
+
+def _dilate(topo, model, feds, batch, setting, rounds, work, run_id):
+    """The probe: each strategy's round once, undilated, in a boot of its own (said on stderr); then the setting
+    at the dilation chosen from what the rounds cost this host (systems/owl/emulated.choose_dilation)."""
+    from dataclasses import replace
+
+    from ..systems.owl.emulated import choose_dilation, probes_of, run_fl_emulated
+
+    print(f"harness: time dilation: probing this host's cost of a round ({len(rounds)} round(s), undilated, one "
+          f"boot)", file=sys.stderr, flush=True)
+    recs, info = run_fl_emulated(topo, feds[0], model, rounds, batch, replace(setting, timeout_s=None), work,
+                                 run_id=run_id)
+    d = choose_dilation(model, feds, batch, setting.bandwidth_scale, probes_of(recs, info["kernel"]))
+    print(f"harness: {d.line()}", file=sys.stderr, flush=True)
+    return replace(setting, bandwidth_scale=d.bandwidth_scale, compute_time_scale=d.factor), d
+
+
+def _headroom(records, setting) -> tuple[dict, str]:
+    """The manifest's account of the emulated CPU over the recorded rounds, and the summary's line."""
+    from ..systems.owl.emulated import advice
+
+    busy = [r.cpu_busy for r in records if r.cpu_busy is not None]
+    if not busy:
+        return {"measured": False}, "emulated CPU: not measured"
+    bound = sum(r.host_bound for r in records)
+    mean = sum(busy) / len(busy)
+    out = {"measured": True, "busy": round(mean, 4), "host_bound_rounds": bound, "rounds": len(records),
+           "host_bound": bound > 0}
+    if bound:
+        out["advice"] = advice(bound, len(records), setting)
+    return out, (f"emulated CPU {mean:.0%} busy over the rounds: "
+                 + (f"HOST-BOUND, {bound}/{len(records)} rounds host-bound" if bound else "measured the network"))
 
 
 def cmd_report(args) -> int:

@@ -92,13 +92,14 @@ def _compare_fl(args) -> int:
         w = csv.writer(buf, lineterminator="\n")
         w.writerow(["scenario", "alpha", "strategy", "workers", "measured_s", "simulated_s", "error",
                     "distribution_s", "simulated_distribution_s", "server_bytes", "planned_server_bytes",
-                    "rack_bytes", "planned_rack_bytes"])
+                    "rack_bytes", "planned_rack_bytes", "cpu_busy", "host_bound", "measured"])
         for c in rows:
             r, s = c.record, c.simulated
             w.writerow([r.scenario, r.alpha, r.strategy, r.workers, f"{r.seconds:.6g}", f"{s.seconds:.6g}",
                         f"{c.error:.4f}", f"{r.distribution_seconds:.6g}", f"{s.distribution_seconds:.6g}",
                         f"{r.server_bytes:.0f}", f"{s.server_bytes:.0f}", f"{sum(r.rack_bytes):.0f}",
-                        f"{c.planned_rack_bytes:.0f}"])
+                        f"{c.planned_rack_bytes:.0f}", "" if r.cpu_busy is None else f"{r.cpu_busy:.3g}",
+                        r.host_bound, c.measured_what])
         atomic_write_text(args.csv, buf.getvalue())
         print(f"wrote {args.csv}")
     return 0

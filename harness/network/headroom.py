@@ -23,8 +23,11 @@ NSDI'08) is the cure for the undilated case: every compute phase and every link 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -247,6 +250,23 @@ def guest_sampler(path: str, interval_s: float = INTERVAL_S) -> None:
             time.sleep(interval_s)
 
 
+#: The guest sampler's file, in the directory of the runs' outcomes (the host reads it with read_guest)
+GUEST_CPU = "guest-cpu.txt"
+
+
+@contextlib.contextmanager
+def guest_sampling(directory: str | Path):
+    """Inside the emulated kernel, around a launcher's runs: guest_sampler in a process of its own writing
+    `directory`/GUEST_CPU, killed on the way out."""
+    sampler = subprocess.Popen([sys.executable, "-m", "harness.network.headroom", str(Path(directory) / GUEST_CPU)],
+                               stdin=subprocess.DEVNULL)
+    try:
+        yield
+    finally:
+        sampler.kill()
+        sampler.wait()
+
+
 def read_guest(path: str | Path) -> list[tuple[float, int, int]]:
     """The guest sampler's lines: (wall time, runnable tasks besides the sampler, the kernel's CPUs)."""
     out = []
@@ -264,10 +284,8 @@ def read_guest(path: str | Path) -> list[tuple[float, int, int]]:
 
 
 __all__ = ["CpuMonitor", "Headroom", "Sample", "headroom", "host_bound", "LATE_SHARE", "HOST_BOUND_BUSY",
-           "tree_cpu_seconds", "samples_csv", "guest_sampler", "read_guest"]
+           "tree_cpu_seconds", "samples_csv", "guest_sampler", "guest_sampling", "read_guest", "GUEST_CPU"]
 
 
 if __name__ == "__main__":
-    import sys
-
     guest_sampler(sys.argv[1])

@@ -60,6 +60,7 @@ class Dilation:
     probes: tuple[Probe, ...]
     expected_s: tuple[float, ...]  # each request's modelled iteration seconds at `factor`
     base_bandwidth_scale: float = 1.0  # the requests' own --bandwidth-scale, which the factor divides
+    unit: str = "iteration"  # what a probe timed: an iteration, or an FL round
 
     @property
     def bandwidth_scale(self) -> float:
@@ -69,17 +70,17 @@ class Dilation:
     def to_json(self) -> dict:
         return {"chosen": True, "factor": self.factor, "compute_time_scale": self.factor,
                 "bandwidth_scale": self.bandwidth_scale, "target_busy": TARGET_BUSY,
-                "probes": [{"run": p.label, "seconds": p.seconds, "busy": p.busy, "cpu_s": p.cpu_s} for p in self.probes],
+                "unit": self.unit, "probes": [{"run": p.label, "seconds": p.seconds, "busy": p.busy, "cpu_s": p.cpu_s} for p in self.probes],
                 "undilated_cpu_over_dilated_s": [p.cpu_s / t for p, t in zip(self.probes, self.expected_s)],
-                "expected_iteration_s": list(self.expected_s)}
+                "expected_s": list(self.expected_s)}
 
     def line(self) -> str:
         k = self.factor
         worst = max(range(len(self.probes)), key=lambda i: self.probes[i].cpu_s / self.expected_s[i])
         p = self.probes[worst]
         return (f"time dilation {k:g} (--compute-time-scale {k:g} --bandwidth-scale {self.bandwidth_scale:.3g}): "
-                f"undilated, an "
-                f"iteration cost this host {p.cpu_s:.3g} CPU s ({p.label}, {p.seconds:.3g} s, {p.busy:.0%} busy); "
+                f"undilated, {'an' if self.unit[0] in 'aeiou' else 'a'} "
+                f"{self.unit} cost this host {p.cpu_s:.3g} CPU s ({p.label}, {p.seconds:.3g} s, {p.busy:.0%} busy); "
                 f"dilated, it is modelled at {self.expected_s[worst]:.3g} s, {p.cpu_s / self.expected_s[worst]:.0%} "
                 f"of which that work would take (each run's headroom is measured and said)")
 
@@ -108,22 +109,24 @@ def round_up(x: float) -> float:
     return math.ceil(x / step - 1e-9) * step
 
 
+def smallest_factor(ok) -> float:
+    """The smallest factor (two significant digits, at least 1) for which ok(factor) holds, ok growing with the
+    factor: doubling to a factor that reaches it, then bisecting between it and the last that did not."""
+    lo, hi = 1.0, 1.0
+    while not ok(hi) and hi < 1e9:
+        lo, hi = hi, hi * 2
+    while hi / lo > 1.01:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return round_up(hi)
+
+
 def choose(specs_topos: list[tuple[RunSpec, object]], probes: list[Probe]) -> Dilation:
     """The smallest factor (two significant digits) at which every probe's CPU seconds are at most TARGET_BUSY of
-    its modelled iteration: doubling to a factor that reaches it, then bisecting between it and the last that did
-    not."""
-    need = 1.0
-    for (spec, topo), p in zip(specs_topos, probes):
-        def ok(k: float) -> bool:
-            return p.cpu_s <= TARGET_BUSY * modelled_seconds(spec, topo, k, p.kernel)
-        lo, hi = 1.0, 1.0
-        while not ok(hi) and hi < 1e9:
-            lo, hi = hi, hi * 2
-        while hi / lo > 1.01:
-            mid = math.sqrt(lo * hi)
-            lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-        k = round_up(hi)
-        need = max(need, k)
+    its modelled iteration."""
+    need = max(smallest_factor(lambda k, spec=spec, topo=topo, p=p:
+                               p.cpu_s <= TARGET_BUSY * modelled_seconds(spec, topo, k, p.kernel))
+               for (spec, topo), p in zip(specs_topos, probes))
     expected = tuple(modelled_seconds(spec, topo, need, p.kernel) for (spec, topo), p in zip(specs_topos, probes))
     return Dilation(need, tuple(probes), expected, specs_topos[0][0].network.bandwidth_scale)
 
@@ -152,4 +155,5 @@ def advice(spec: RunSpec, host_bound: int, iterations: int) -> str:
                    f"--compute-time-scale {scale * 10:g} --bandwidth-scale {bw / 10:.3g} (now {scale:g} and {bw:g})")
 
 
-__all__ = ["Dilation", "Probe", "TARGET_BUSY", "advice", "choose", "dilated", "modelled_seconds", "round_up"]
+__all__ = ["Dilation", "Probe", "TARGET_BUSY", "advice", "choose", "dilated", "modelled_seconds", "round_up",
+           "smallest_factor"]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -31,9 +30,6 @@ def _process_start_time() -> float:
 MASTER_PORT = 29500
 
 
-#: The guest sampler's file, in the directory of the runs' outcomes (the host reads it: train/emulated.py)
-GUEST_CPU = "guest-cpu.txt"
-
 #: Lines the launcher prints around each run of a batch, so the host can cut the log per run
 #: and knows that run's outcome file is complete (train/emulated.py).
 BEGIN_MARK, END_MARK = "harness-run-begin ", "harness-run-end "
@@ -48,6 +44,7 @@ def main(pairs: list[tuple[str, str]]) -> int:
     from ..files import atomic_write_json
     from ..plan.request import RunSpec
     from .rank import warm_up_parent
+    from ..network.headroom import guest_sampling
 
     try:
         cluster = json.loads(Path(os.environ["HARNESS_CLUSTER"]).read_text())
@@ -63,13 +60,8 @@ def main(pairs: list[tuple[str, str]]) -> int:
             atomic_write_json(Path(out), {"status": "failed", "reason": f"{type(e).__name__}: {e}", "ranks": []})
         return 1
     # the emulated kernel's run queue, sampled beside the ranks (network/headroom.py); the host reads the file
-    sampler = subprocess.Popen([sys.executable, "-m", "harness.network.headroom",
-                                str(Path(pairs[0][1]).parent / GUEST_CPU)], stdin=subprocess.DEVNULL)
-    try:
+    with guest_sampling(Path(pairs[0][1]).parent):
         return _runs(pairs, specs, cluster, t_launch, t_imported, t_warm)
-    finally:
-        sampler.kill()
-        sampler.wait()
 
 
 def _runs(pairs, specs, cluster, t_launch, t_imported, t_warm) -> int:

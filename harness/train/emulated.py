@@ -20,11 +20,11 @@ from ..errors import HarnessError
 from .launch import RankFailure
 from ..files import atomic_write_json, atomic_write_text
 from ..scenario import Topology
-from .cluster_worker import BEGIN_MARK, END_MARK, GUEST_CPU
+from .cluster_worker import BEGIN_MARK, END_MARK
 from ..plan.request import RunSpec
 from .rank import PROGRESS_PREFIX
 from .stats import IterationStats
-from ..network.headroom import CpuMonitor, Headroom, read_guest, samples_csv
+from ..network.headroom import GUEST_CPU, CpuMonitor, Headroom, read_guest, samples_csv
 
 
 class RunCpu:

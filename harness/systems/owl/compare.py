@@ -32,6 +32,13 @@ class FLComparison:
         return self.simulated.seconds / self.record.seconds - 1
 
     @property
+    def measured_what(self) -> str:
+        """What the measured round measured: the network, the host (host-bound), or not known."""
+        if self.record.host_bound:
+            return "host"
+        return "network" if self.record.cpu_busy is not None else "unknown"
+
+    @property
     def distribution_error(self) -> float:
         return self.simulated.distribution_seconds / self.record.distribution_seconds - 1
 
@@ -55,13 +62,19 @@ def compare_fl(records: list[FLRecord]) -> list[FLComparison]:
 def format_table(rows: list[FLComparison]) -> str:
     lines = [f"{'scenario':<12} {'alpha':>5} {'strategy':<8} {'measured s':>10} {'sim s':>8} {'error':>7} "
              f"{'distrib. s':>10} {'sim':>7} {'error':>7} {'server MB':>9} {'planned':>8} {'racks MB':>8} "
-             f"{'planned':>8}"]
+             f"{'planned':>8} {'cpu':>5} {'measured':>8}"]
     for c in rows:
         r, s = c.record, c.simulated
         lines.append(f"{r.scenario:<12} {r.alpha:>5g} {r.strategy:<8} {r.seconds:>10.3f} {s.seconds:>8.3f} "
                      f"{c.error:>+7.1%} {r.distribution_seconds:>10.3f} {s.distribution_seconds:>7.3f} "
                      f"{c.distribution_error:>+7.1%} {r.server_bytes / 1e6:>9.3f} {s.server_bytes / 1e6:>8.3f} "
-                     f"{sum(r.rack_bytes) / 1e6:>8.3f} {c.planned_rack_bytes / 1e6:>8.3f}")
+                     f"{sum(r.rack_bytes) / 1e6:>8.3f} {c.planned_rack_bytes / 1e6:>8.3f} "
+                     f"{'-' if r.cpu_busy is None else f'{r.cpu_busy:.2f}':>5} {c.measured_what:>8}")
     worst = max(abs(c.error) for c in rows)
     lines.append(f"largest round error {worst:.1%} (target {TARGET_ERROR:.0%})")
+    bound = [c for c in rows if c.record.host_bound]
+    if bound:
+        lines.append(f"measured host: {len(bound)} round(s) were host-bound (the emulated CPU busy for most of them, "
+                     "their layers late; cpu: its busy share): their times are the host's, not the links'; leave "
+                     "--compute-time-scale unset for a chosen time dilation")
     return "\n".join(lines)

@@ -16,7 +16,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ...files import atomic_write_json
+from ...network.headroom import GUEST_CPU, CpuMonitor, Headroom, host_bound, read_guest
 from ...network.plan import tcp_efficiency
+from ...plan.dilation import TARGET_BUSY, Dilation, Probe, smallest_factor
 from ...scenario import Topology
 from ...train.launch import RankFailure
 from ...train.rank import PROGRESS_PREFIX
@@ -87,20 +89,69 @@ def run_fl_emulated(topo: Topology, fed: Federation, model: BranchyModel, rounds
     atomic_write_json(spec_path, spec.to_json())
     cluster = emulated_topology(topo, fed).scaled(setting.bandwidth_scale)
     env = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
+    guest_path = Path(work) / GUEST_CPU
+    guest_path.unlink(missing_ok=True)  # an earlier boot's samples (the probe's) are not this one's
+    cpu = CpuMonitor()
     res = run_emulated(cluster, [sys.executable, "-m", "harness.systems.owl.launcher", str(spec_path), str(out_path)],
                        mode="launcher", kernel=setting.kernel, timeout_s=spec.timeout_s + 60, env=env,
-                       stream=None if stream is None else _ProgressOnly(stream))
+                       stream=None if stream is None else _ProgressOnly(stream), monitor=cpu)
     outcome = json.loads(out_path.read_text()) if out_path.exists() else None
     if outcome is None or outcome["status"] != "ok":
         why = outcome["reason"] if outcome else (
             f"emulated cluster timed out after {spec.timeout_s + 60:g} s" if res.timed_out
             else f"emulated cluster: launcher exited {res.returncodes}: {' '.join(res.outputs)[-500:]}")
         raise RankFailure(why)
+    guest = read_guest(guest_path)
+    heads = [round_headroom(cpu, ranks[:fed.workers], guest) for ranks in outcome["rounds"]]
     records = [measured_record(r, ranks, fed=fed, scaled=scaled, model=model, batch=batch, run_id=run_id,
-                               setting=setting)
-               for r, ranks in zip(rounds, outcome["rounds"])]
+                               setting=setting, head=h)
+               for r, ranks, h in zip(rounds, outcome["rounds"], heads)]
     return records, {"kernel": res.kernel, "readback": res.readback, "bandwidth_scale": setting.bandwidth_scale,
-                     "compute_time_scale": setting.compute_time_scale}
+                     "compute_time_scale": setting.compute_time_scale,
+                     "headroom": [None if h is None else h.to_json() for h in heads]}
+
+
+def round_headroom(cpu: CpuMonitor, workers: list[dict], guest: list) -> Headroom | None:
+    """The cluster's CPU over one round: from its workers' first start to their last end, on the wall clock
+    the guest shares with the host."""
+    starts = [w.get("wall_start", float("nan")) for w in workers]
+    if not starts or any(t != t for t in starts):  # nan: not measured
+        return None
+    return cpu.window(min(starts), max(t + w["end"] for t, w in zip(starts, workers)), 0.0, guest)
+
+
+def choose_dilation(model: BranchyModel, feds: list[Federation], batch: int, base_bandwidth_scale: float,
+                    probes: list[Probe]) -> Dilation:
+    """The smallest dilation k (two significant digits) at which each strategy's undilated round's CPU seconds
+    (its probe, labelled by strategy) are at most TARGET_BUSY of its round as the flow simulator gives it at k,
+    compute k times longer and links k times slower than `base_bandwidth_scale`, in every setting (`feds`:
+    one per alpha; the shortest round decides): plan/dilation.py's rule, with the FL round as the iteration."""
+    def modelled(name: str, k: float) -> float:
+        return min(st.run(name, model, emulated_federation(f, base_bandwidth_scale / k, k), batch).seconds
+                   for f in feds)
+
+    k = max(smallest_factor(lambda k, p=p: p.cpu_s <= TARGET_BUSY * modelled(p.label, k)) for p in probes)
+    return Dilation(k, tuple(probes), tuple(modelled(p.label, k) for p in probes), base_bandwidth_scale, "round")
+
+
+def probes_of(records: list[FLRecord], kernel: str) -> list[Probe]:
+    """The probe of each strategy from its undilated measured round; a round without headroom cannot say."""
+    out = []
+    for r in records:
+        if r.cpu_busy is None:
+            raise FLError(f"time dilation: the probe of {r.strategy} measured no CPU headroom; give "
+                          "--compute-time-scale to run without one")
+        out.append(Probe(r.strategy, r.seconds, r.cpu_busy, kernel))
+    return out
+
+
+def advice(host_bound_rounds: int, rounds: int, setting: EmuSetting) -> str:
+    """One line for a run some of whose rounds were host-bound: what they measured and the flag to change."""
+    k, bw = setting.compute_time_scale, setting.bandwidth_scale
+    return (f"host-bound: the emulated cluster's CPU was busy for most of {host_bound_rounds} of {rounds} rounds "
+            f"and delayed their layers, so their times measure the host, not the links; leave --compute-time-scale "
+            f"unset for a chosen time dilation, or dilate further: --compute-time-scale {k * 10:g} "
+            f"--bandwidth-scale {bw / 10:.3g} (now {k:g} and {bw:g})")
 
 
 def fastest_rounds(records: list[FLRecord]) -> list[FLRecord]:
@@ -129,8 +180,11 @@ class _ProgressOnly:
 
 
 def measured_record(planned: st.Round, ranks: list[dict], *, fed: Federation, scaled: Federation,
-                    model: BranchyModel, batch: int, run_id: str, setting: EmuSetting) -> FLRecord:
-    """The record of one measured round: times from the workers, bytes from everyone's counts."""
+                    model: BranchyModel, batch: int, run_id: str, setting: EmuSetting,
+                    head: Headroom | None = None) -> FLRecord:
+    """The record of one measured round: times from the workers, bytes from everyone's counts, the cluster's
+    CPU over it (`head`) and whether it measured the host (network/headroom.host_bound: busy, and a layer
+    outran its modelled time or the paced phases of a worker woke late by LATE_SHARE of the round)."""
     W = fed.workers
     workers = ranks[:W]
     dist_s = max(max(w["arrivals"]) for w in workers)
@@ -148,4 +202,7 @@ def measured_record(planned: st.Round, ranks: list[dict], *, fed: Federation, sc
                    allreduce_bytes=float(sent.get("allreduce", 0)), bandwidth_scale=setting.bandwidth_scale,
                    compute_time_scale=setting.compute_time_scale,
                    overruns=int(sum(w["overruns"] for w in workers)),
-                   server_wire_bytes=float(ranks[W].get("interface_tx_bytes") or 0))
+                   server_wire_bytes=float(ranks[W].get("interface_tx_bytes") or 0),
+                   cpu_busy=None if head is None else round(head.busy, 4),
+                   host_bound=host_bound(head, True, sum(w["overruns"] for w in workers),
+                                         max(w.get("late_s", 0.0) for w in workers), end))

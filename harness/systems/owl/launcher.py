@@ -57,6 +57,7 @@ def _warm_up_parent() -> None:
 
 def main(spec_path: str, out_path: str) -> int:
     from ...files import atomic_write_json
+    from ...network.headroom import guest_sampling
     from ...train.launch import RankFailure
     from .runtime import FLSpec
 
@@ -67,7 +68,8 @@ def main(spec_path: str, out_path: str) -> int:
         kernel = cluster.get("kernel", kernel)
         spec = FLSpec.from_json(json.loads(Path(spec_path).read_text()))
         devices = sorted(cluster["devices"], key=lambda d: d["index"])
-        rounds = launch(spec, devices, tmp_dir=out.parent)
+        with guest_sampling(out.parent):  # the kernel's run queue beside the rounds (network/headroom.py)
+            rounds = launch(spec, devices, tmp_dir=out.parent)
     except (RankFailure, Exception) as e:  # noqa: BLE001 - carried to the host as data
         reason = str(e) if isinstance(e, RankFailure) else f"{type(e).__name__}: {e}"
         atomic_write_json(out, {"status": "failed", "reason": reason, "kernel": kernel, "rounds": []})

@@ -130,7 +130,9 @@ class RankRound:
     end: float = float("nan")
     sent: dict = field(default_factory=dict)  # bytes by where they went: server, rack<r>, inter, allreduce
     overruns: int = 0
+    late_s: float = 0.0  # how long after their deadlines its paced layers and backward ended (compute_model)
     interface_tx_bytes: int | None = None  # the server: what its interface sent in the round, headers and all
+    wall_start: float = float("nan")  # time.time() at t0 (a UML guest shares its host's wall clock): the headroom
 
 
 class _Model:
@@ -199,7 +201,7 @@ def server_round(spec: FLSpec, rs: RoundSpec, model: _Model, fault: bool, ifname
     out = RankRound(W)
     dist.barrier()
     tx0 = interface_tx_bytes(ifname)
-    t0 = time.perf_counter()
+    out.wall_start, t0 = time.time(), time.perf_counter()
     works, counter = [], WireCounter()
     with counter:
         for t in rs.transfers:
@@ -303,11 +305,11 @@ class _Worker:
         threads = [threading.Thread(target=self._receive, args=(lane,), daemon=True) for lane in ("server", "peer")]
         threads.append(threading.Thread(target=self._relay, daemon=True))
         dist.barrier()
-        self.t0 = time.perf_counter()
+        wall_start, self.t0 = time.time(), time.perf_counter()
         for th in threads:
             th.start()
         logits = self._forward(x, pacer)
-        out = RankRound(rank)
+        out = RankRound(rank, wall_start=wall_start)
         out.forward_end = time.perf_counter() - self.t0
         t = pacer.begin()
         loss = torch.nn.functional.cross_entropy(logits, y)
@@ -332,7 +334,9 @@ class _Worker:
                 p.grad = None
                 at += p.numel()
         out.end = time.perf_counter() - self.t0
-        out.arrivals, out.sent, out.overruns = list(self.arrivals), dict(self.sent), pacer.take()
+        paced = pacer.take_iteration()
+        out.arrivals, out.sent = list(self.arrivals), dict(self.sent)
+        out.overruns, out.late_s = paced["compute_overruns"], paced["compute_late_seconds"]
         return out
 
     def _forward(self, x: torch.Tensor, pacer: ComputePacer) -> torch.Tensor:

@@ -46,6 +46,8 @@ class FLRecord:
     compute_time_scale: float = 1.0
     overruns: int = 0  # emu: layers whose real computation outlasted their modelled time
     server_wire_bytes: float = 0.0  # emu: what the server's interface sent in the round, as its kernel counts it
+    cpu_busy: float | None = None  # emu: the emulated CPU's busy share over the round (network/headroom.py)
+    host_bound: bool = False  # emu: the CPU was busy and delayed the layers: the round measured the host
 
     def setting(self) -> tuple:
         """What records must share to be compared (normalised to naive)."""

@@ -157,6 +157,47 @@ def test_collectives_in_submodule_hooks_are_not_paced_as_compute():
     assert pacer.take() == 0 and pacer.phases == 2 and x.grad is not None
 
 
+def test_a_paced_backward_makes_each_blocks_gradients_ready_when_the_device_would():
+    """The real backward is over in moments; paced, a block's parameter gradients are ready at its share of the
+    modelled backward (head, then blocks from the last), where a runtime that reduces them as they come (DDP's
+    buckets) sees them on the device, not all at the phase's start."""
+    from harness.train.gpt import GPT
+
+    cfg = get_model("tiny")
+    split = [4, 4]
+    stage = GPT(cfg).stage(4, 8)  # the last stage: 4 blocks and the head
+    profile = ComputeProfile("V100", 15.7, {"transformer": 0.3, "lm_head": 0.3})
+    shares = compute.backward_shares(cfg, split, 1, 1, profile, recompute=False)
+    bwd = compute.stage_compute(cfg, split, 1, [profile], np.zeros(2, dtype=int), recompute=False)[1]
+    assert len(shares) == 5 and shares[-1] == pytest.approx(1.0) and all(a < b for a, b in zip(shares, shares[1:]))
+    blocks_only = compute.stage_compute(cfg, split, 1, [profile], np.zeros(2, dtype=int), recompute=False,
+                                        lm_head=False)[1][1]
+    assert shares[0] == pytest.approx(1 - blocks_only / bwd[1])  # the head's share, then equal blocks
+    assert np.diff(shares[1:]) == pytest.approx([blocks_only / bwd[1] / 4] * 3)
+    modelled = 1.0  # a block's share: about 0.2 s, which its real backward (milliseconds) is far from filling
+    pacer = ComputePacer({"forward": 0.2, "backward": modelled}, backward_shares=shares)
+    pace_stage_module(stage, pacer)
+    ready: dict[int, float] = {}
+
+    def note(k):
+        def hook(_param) -> None:  # as DDP's: called once the parameter's gradient is accumulated
+            ready.setdefault(k, time.perf_counter())
+        return hook
+    for k, block in enumerate(stage.blocks):
+        block.ln1.weight.register_post_accumulate_grad_hook(note(k))
+    out = stage(torch.randn(1, cfg.seq, cfg.hidden, requires_grad=True))
+    t0 = time.perf_counter()
+    out.float().mean().backward()
+    end = time.perf_counter() - t0
+    # block k (backward order: head, block 3, 2, 1, 0) is ready once its share of the backward has passed (the
+    # old pacing had them all at t0); the first block's right after the piece before it, the phase's end after
+    for k in (3, 2, 1):
+        assert ready[k] - t0 >= shares[4 - k] * modelled
+    assert ready[0] - t0 >= shares[3] * modelled and end >= modelled
+    assert ready[3] - t0 < shares[2] * modelled  # and no later than the next piece's share: not at the end
+    assert pacer.take() == 0
+
+
 def _baseline_run(cli, tmp_path, system, flags, scale):
     scen = tmp_path / "half-slow.yaml"
     scen.write_text(textwrap.dedent(SCENARIO))

@@ -143,6 +143,21 @@ def stage_compute(cfg: GPTConfig, split: list[int], micro_batch: int, profiles: 
     return fwd, bwd
 
 
+def backward_shares(cfg: GPTConfig, split: list[int], stage: int, micro_batch: int, profile: ComputeProfile,
+                    recompute: bool, tp: int = 1, vocab_parallel: bool = True) -> list[float]:
+    """Where a stage's backward stands as its gradient leaves each piece, in backward order: the LM head (last
+    stage), then its blocks from the last to the first, each a share of the stage's backward seconds,
+    cumulative (the last is 1). A runtime that reduces gradients as they are produced (DDP's buckets) sees
+    them ready at these points of the phase, as on the device."""
+    zeros = np.zeros(len(split), dtype=int)
+    whole = float(stage_compute(cfg, split, micro_batch, [profile], zeros, tp, recompute, vocab_parallel)[1][stage])
+    blocks = float(stage_compute(cfg, split, micro_batch, [profile], zeros, tp, recompute, vocab_parallel,
+                                 lm_head=False)[1][stage])
+    n = split[stage]
+    pieces = ([whole - blocks] if stage == len(split) - 1 else []) + [blocks / n] * n
+    return [float(x) for x in np.cumsum(pieces) / whole] if whole > 0 else [1.0] * len(pieces)
+
+
 def optimizer_seconds(params: int, profile: ComputeProfile) -> float:
     """The optimizer step over `params` parameters on the device: the longer of its FLOPs at the
     device's rate and its memory traffic at the device's peak memory bandwidth (a roofline; both

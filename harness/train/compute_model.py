@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from ..compute import rank_phase_seconds
+from ..compute import backward_shares, rank_phase_seconds
 from ..plan.request import RunSpec
 
 PHASES = ("forward", "backward", "optimizer")
@@ -31,8 +31,10 @@ class ComputePacer:
     one optimizer step). `phase(name)` is a context manager; `take()` returns and resets the
     overrun count since the last call (one iteration's)."""
 
-    def __init__(self, seconds: dict[str, float], device: torch.device | None = None):
+    def __init__(self, seconds: dict[str, float], device: torch.device | None = None,
+                 backward_shares: tuple[float, ...] = ()):
         self.seconds = dict(seconds)
+        self.backward_shares = tuple(backward_shares)  # compute.backward_shares: where the pieces end (hold())
         self.cuda = device is not None and device.type == "cuda"
         self.overruns = 0  # since the last take()
         self.late_s = 0.0  # since the last take(): how long after their deadlines the phases ended
@@ -74,6 +76,18 @@ class ComputePacer:
             left = deadline - time.perf_counter()
         self.late_s -= left  # woken late: the CPU was busy with others (network/headroom.py)
 
+    def hold(self, name: str, t0: float, share: float) -> None:
+        """Inside phase `name` begun at `t0`: wait until `share` of its modelled time (and of the communication
+        counted in it so far) has passed, so that what the rest of the phase depends on is ready when it would
+        be on the device. Late is no overrun: the phase's end (finish) decides that."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        deadline = t0 + share * self.seconds[name] + self.excluded
+        left = deadline - time.perf_counter()
+        while left > 0:
+            time.sleep(left)
+            left = deadline - time.perf_counter()
+
     def take(self) -> int:
         n, self.overruns, self.late_s = self.overruns, 0, 0.0
         return n
@@ -111,10 +125,13 @@ def pacer_for(spec: RunSpec, stage: int, device_index: int, device: torch.device
         return _NoPacer()
     lay = spec.layout
     split = lay.pipeline(replica).layers_per_stage if replica is not None else lay.layers_per_stage
+    recompute = lay.recompute if recompute is None else recompute
     modelled = rank_phase_seconds(spec.cfg, list(split), stage, spec.model.micro_batch,
-                                  c.devices[device_index], lay.recompute if recompute is None else recompute, lay.tp,
+                                  c.devices[device_index], recompute, lay.tp,
                                   vocab_parallel, optimizer_shards=lay.dp if lay.zero else 1)
-    return ComputePacer({k: v * c.time_scale for k, v in modelled.items()}, device)
+    shares = backward_shares(spec.cfg, list(split), stage, spec.model.micro_batch, c.devices[device_index],
+                             recompute, lay.tp, vocab_parallel)
+    return ComputePacer({k: v * c.time_scale for k, v in modelled.items()}, device, tuple(shares))
 
 
 class _Mark(torch.autograd.Function):
@@ -169,6 +186,27 @@ def pace_stage_module(module: torch.nn.Module, pacer) -> None:
     embed = getattr(module, "embed", None)
     if embed is not None:
         embed.register_forward_hook(lambda mod, args, out: _Mark.apply(out, end_backward))
+    _hold_backward_pieces(module, pacer, t)
+
+
+def _hold_backward_pieces(module: torch.nn.Module, pacer, t: dict) -> None:
+    """Inside the backward, hold each piece of the stage (the head, then the blocks from the last) until its
+    share of the modelled time has passed as its gradient reaches it (compute.backward_shares), so that its
+    parameters' gradients are ready when the device would have them. The real backward is over in moments:
+    without the holds every gradient would be ready at the phase's start, and DDP's buckets, reduced as their
+    gradients are ready, would overlap the whole modelled backward, which on the device they overlap only
+    from the piece that completes them. The last piece is held by the phase's end (finish)."""
+    head = getattr(module, "head", None)
+    blocks = list(getattr(module, "blocks", ()))
+    pieces = ([head] if head is not None else []) + blocks[::-1]
+    if len(pieces) != len(pacer.backward_shares):  # not the GPT stage the shares were computed for
+        return
+    for piece, share in zip(pieces[:-1], pacer.backward_shares):
+        def hold(mod, args, out, share=share):
+            if isinstance(out, torch.Tensor) and out.is_floating_point() and out.requires_grad:
+                return _Mark.apply(out, lambda: pacer.hold("backward", t["backward"], share))
+            return out
+        piece.register_forward_hook(hold)
 
 
 def _exclude_hooks(module: torch.nn.Module, pacer) -> None:

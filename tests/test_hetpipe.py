@@ -115,6 +115,22 @@ def test_wsp_never_lets_a_vw_run_more_than_D_ahead(np_workers, D):
     assert np.all(np.diff(r.wave_done, axis=1) > 0)
 
 
+def test_a_runs_own_length_decides_whether_its_iterations_ever_pull(np_workers):
+    """A measured run of D + 1 waves or fewer never reaches WSP's gate: its iterations are the pipeline's alone,
+    as a run without the gate; a long run's later iterations pay the gate's push and pull, as the steady state."""
+    D, N, per_vw = 3, 3, 3  # an iteration: one wave of every VW
+    short = wsp.simulate(np_workers, N, 32, D, push_seconds=2.0, pull_seconds=2.0, waves=D + 1)
+    free = wsp.simulate(np_workers, N, 32, 1000, push_seconds=2.0, pull_seconds=2.0, waves=D + 1)
+    assert np.isnan(short.pulled).all()
+    assert short.run_seconds(per_vw, 1, D) == pytest.approx(free.run_seconds(per_vw, 1, D))
+    long = wsp.simulate(np_workers, N, 32, D, push_seconds=2.0, pull_seconds=2.0, waves=24)
+    gated = long.run_seconds(per_vw, 12, 12)  # the second half, as the steady state is measured
+    assert gated > short.run_seconds(per_vw, 1, D) + 1.0  # a push and a pull of 2 s each now bind
+    assert gated == pytest.approx(long.seconds_per_wave, rel=0.05)  # one wave per iteration
+    with pytest.raises(ValueError, match="the run had 30"):
+        long.run_seconds(per_vw, 10, 20)
+
+
 def test_without_the_gate_fast_vws_run_far_ahead(np_workers):
     r = wsp.simulate(np_workers, 3, 32, 1000, push_seconds=0.05, pull_seconds=0.05, waves=16)
     assert max(r.distance_at_resume, default=0) == 0  # never gated

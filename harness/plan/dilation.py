@@ -97,8 +97,9 @@ def modelled_seconds(spec: RunSpec, topo, factor: float, kernel: str = "uml") ->
     profiles = [replace(p, slowdown=p.slowdown * factor * spec.compute.time_scale) for p in spec.compute.devices]
     bpv = BYTES_PER_VALUE[spec.model.dtype]
     entry = registry.get(spec.run.system)
+    run = {"iterations": (spec.run.warmup, spec.run.iters)} if entry.run_length else {}  # as sim compare does
     return float(entry.simulate_layout_fn()(links, profiles, spec.cfg, spec.model.batch, spec.layout,
-                                            spec.model.micro_batch, bpv)[0])
+                                            spec.model.micro_batch, bpv, **run)[0])
 
 
 def round_up(x: float) -> float:

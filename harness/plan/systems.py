@@ -15,6 +15,8 @@ torchtitan's train-spec idea: a `System` bundles
   CNNModel, minibatch, CNNOptions) -> list[CNNCandidate]` (harness/systems/hetpipe/sim.py);
 - `simulate_layout`: `(Links, profiles, cfg, batch, Layout, micro_batch, bytes_per_value) ->
   (seconds, busiest compute seconds)`, the model `sim compare` holds a measured run against;
+- `run_length`: its simulate_layout also takes `iterations=(warm-up, timed)`, a measured run's length, because
+  its iterations differ over a run (WSP: the first D + 1 waves pull nothing); `sim compare` passes the run's;
 - `record_layout`: the layout a measured record ran on, for records older than the layout JSON;
 - `tune_grid`: `(cfg, devices, batch, micro_batch, schedule) -> [Layout]`, the layouts `harness tune`
   runs (None: not tunable);
@@ -83,6 +85,7 @@ class System:
     defaults: dict = field(default_factory=dict)  # LayoutRequest fields filled in when unset
     simulate: dict = field(default_factory=dict)  # workload -> Ref
     simulate_layout: Ref = "harness.systems.baselines.sim:simulate_runtime_of_layout"
+    run_length: bool = False
     record_layout: Ref = "harness.systems.baselines.sim:legacy_mesh_layout"
     tune_grid: Ref | None = None
     compute_observed: bool = False

@@ -134,6 +134,8 @@ def load_measured(path: Path, notes: list[str] | None = None) -> list[dict]:
                 r.setdefault("replans", json.dumps(doc["replans"], sort_keys=True))
             if isinstance(doc.get("transport"), dict):  # the TCP settings the run had (--transport or the scenario's)
                 r.setdefault("transport", json.dumps(doc["transport"], sort_keys=True))
+            r.setdefault("warmup", section("run").get("warmup"))  # the run's length (a model may depend on it)
+            r.setdefault("iters", section("run").get("iters"))
             if section("compute").get("model"):  # a compute-model run: its devices' times are the table's
                 r.setdefault("compute_time_scale", float(section("compute").get("time_scale", 1.0)))
             out.append(r)
@@ -243,8 +245,12 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> 
     def links(now) -> Links:
         return replace(sim.links if now is None else Links.from_topology(now, protocol, nic), hz=hz)
 
+    # a model whose iterations differ over a run (registry run_length) simulates this run's length
+    run = {"iterations": (int(rec["warmup"]), int(rec["iters"]))} if (
+        entry.run_length and rec.get("warmup") not in (None, "") and rec.get("iters") not in (None, "")) else {}
+
     def simulate(now, layout: Layout | None = None) -> tuple[float, float]:
-        return entry.simulate_layout_fn()(links(now), sim.profiles, cfg, batch, layout or lay, mb, bpv)
+        return entry.simulate_layout_fn()(links(now), sim.profiles, cfg, batch, layout or lay, mb, bpv, **run)
     return RunModel(sim.topo, lay, cfg, bpv, links, simulate)
 
 

@@ -41,7 +41,7 @@ register(System(
     train="harness.systems.hetpipe.runtime:train_hetpipe", layout_rule="harness.systems.hetpipe.rule:place_hetpipe",
     flags=("--policy", "--placement", "--staleness", "--in-flight"),
     defaults={"policy": "ed", "ps_placement": "default", "staleness": 0},
-    simulate_layout="harness.systems.hetpipe.sim:simulate_wsp_layout",
+    simulate_layout="harness.systems.hetpipe.sim:simulate_wsp_layout", run_length=True,
     sweep_by_rule=False, simulate={"cnn": "harness.systems.hetpipe.sim:candidates_hetpipe"}, style=("#9467bd", "D"),
     report_section="harness.systems.hetpipe.report:SECTION",
 ))

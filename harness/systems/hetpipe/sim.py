@@ -35,13 +35,16 @@ def _of_plan(system: str, p: hp.Plan, gpus: str | None) -> CNNCandidate:
 
 
 
-def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int) -> tuple[float, float]:
+def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int,
+                        iterations: tuple[int, int] | None = None) -> tuple[float, float]:
     """The model `sim compare` holds a real HetPipe run against (runtime.py): (seconds per iteration of
     `batch` samples, the busiest device's compute in it). Every VW of the layout with its stages' forward,
     backward and local update on its devices (the compute model's times, harness/compute/), its
     activations and gradients between stages over the links (the library's rendezvous included), and the
     wave's push and pull: each stage sends its blocks' fp32 update to their shards at once, the slowest
-    shard's transfer is the push, and a pull is a request and the weights back (wsp.simulate)."""
+    shard's transfer is the push, and a pull is a request and the weights back (wsp.simulate).
+    `iterations` (warm-up, timed) of a measured run: its own length, whose timed iterations' mean is the figure
+    (a run of D + 1 waves or fewer never reaches WSP's gate, and pulls nothing); None: the steady state."""
     import numpy as np
 
     from ...compute import activation_bytes, rank_phase_seconds
@@ -76,5 +79,11 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
                                  tuple(hop(devs[k + 1], devs[k]) for k in range(len(devs) - 1)),
                                  (0.0,) * len(devs), (0.0,) * len(devs)))
         busiest = max(busiest, per_vw * float(np.max(np.add(fwd, bwd))))
-    r = wsp.simulate(vws, lay.wsp.in_flight, mb, lay.wsp.staleness, push, pull)
-    return batch / r.samples_per_s, busiest
+    N = lay.wsp.in_flight
+    if iterations is None:
+        r = wsp.simulate(vws, N, mb, lay.wsp.staleness, push, pull)
+        return batch / r.samples_per_s, busiest
+    warmup, timed = iterations
+    waves = -(-(warmup + timed) * per_vw // N)  # whole waves that hold the run's minibatches
+    r = wsp.simulate(vws, N, mb, lay.wsp.staleness, push, pull, waves=max(waves, 2))
+    return r.run_seconds(per_vw, warmup, timed), busiest

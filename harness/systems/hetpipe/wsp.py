@@ -34,6 +34,15 @@ class WSPResult:
     distance_at_resume: list[int]  # waves pushed by the resuming VW minus the fewest any VW has pushed
     pulled: np.ndarray  # (VWs, waves): when the pull at the gate after wave c completed (nan: none)
     admitted: np.ndarray  # (VWs, minibatches): when each minibatch entered the first stage
+    done: np.ndarray | None = None  # (VWs, minibatches): when each minibatch's backward left the first stage
+
+    def run_seconds(self, per_vw: int, warmup: int, timed: int) -> float:
+        """The mean seconds of a run's timed iterations (`per_vw` minibatches of every VW each, after `warmup`):
+        an iteration ends when each VW's last minibatch of it has left the first stage, the slowest VW's."""
+        ends = np.concatenate([np.zeros((self.done.shape[0], 1)), self.done[:, per_vw - 1::per_vw]], axis=1)
+        if ends.shape[1] < warmup + timed + 1:
+            raise ValueError(f"simulated {ends.shape[1] - 1} iterations, the run had {warmup + timed}")
+        return float(((ends[:, warmup + timed] - ends[:, warmup]) / timed).max())
 
     def records(self, in_flight: int) -> list["MinibatchRecord"]:
         """What a run records per minibatch (wsp.check_bounds reads it), of this simulation."""
@@ -121,6 +130,7 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
     resumed = np.full((V, waves), np.nan)
     pulled = np.full((V, waves), np.nan)
     admit_at = np.full((V, total), np.nan)
+    done = np.full((V, total), np.nan)
     completed = [0] * V
     admitted = [0] * V
     last_admit = [0.0] * V
@@ -160,6 +170,7 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
 
     def complete(v: int, p: int, t: float) -> None:
         completed[v] += 1
+        done[v, p] = t
         if (p + 1) % N == 0:
             c = p // N
             wave_done[v, c] = t
@@ -203,4 +214,5 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
     clock = push_done.max(0)  # global clock c+1: every VW has pushed wave c
     half = waves // 2
     per_wave = float((clock[-1] - clock[half - 1]) / (waves - half))
-    return WSPResult(per_wave, V * N * batch / per_wave, wave_done, push_done, resumed, distance, pulled, admit_at)
+    return WSPResult(per_wave, V * N * batch / per_wave, wave_done, push_done, resumed, distance, pulled, admit_at,
+                     done)

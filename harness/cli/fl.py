@@ -128,8 +128,6 @@ def _emulated(args, model, names) -> int:
     """One boot of the emulated cluster per alpha, every strategy's round in it; the manifest says running
     first, and failed (naming the process) or ok at the end. Without --compute-time-scale, a probe boot first
     runs each round undilated and the time dilation is chosen from what it cost the host."""
-    from dataclasses import replace
-
     from ..files import atomic_write_json
     from ..network import reaper
     from ..results import manifest, new_run_id, run_dir

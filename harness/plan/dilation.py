@@ -152,9 +152,14 @@ def advice(spec: RunSpec, host_bound: int, iterations: int) -> str:
     if not spec.compute.model:
         return what + ("add --compute-model (each phase takes its device's time, dilated as this host needs); "
                        "without it the ranks compute for real on the emulated cluster's one CPU")
-    return what + (f"leave --compute-time-scale unset for a chosen time dilation, or dilate further: "
-                   f"--compute-time-scale {scale * 10:g} --bandwidth-scale {bw / 10:.3g} (now {scale:g} and {bw:g})")
+    return what + further(scale, bw)
 
 
-__all__ = ["Dilation", "Probe", "TARGET_BUSY", "advice", "choose", "dilated", "modelled_seconds", "round_up",
-           "smallest_factor"]
+def further(scale: float, bandwidth_scale: float) -> str:
+    """What to change for a host-bound run at these scales: a chosen dilation, or ten times more."""
+    return (f"leave --compute-time-scale unset for a chosen time dilation, or dilate further: --compute-time-scale "
+            f"{scale * 10:g} --bandwidth-scale {bandwidth_scale / 10:.3g} (now {scale:g} and {bandwidth_scale:g})")
+
+
+__all__ = ["Dilation", "Probe", "TARGET_BUSY", "advice", "choose", "dilated", "further", "modelled_seconds",
+           "round_up", "smallest_factor"]

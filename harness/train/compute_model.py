@@ -71,10 +71,7 @@ class ComputePacer:
             self.total_overruns += 1
             self.late_s -= left
             return
-        while left > 0:  # sleep() may wake early on a signal; never end a phase short
-            time.sleep(left)
-            left = deadline - time.perf_counter()
-        self.late_s -= left  # woken late: the CPU was busy with others (network/headroom.py)
+        self.late_s -= _sleep_until(deadline)  # woken late: the CPU was busy with others (network/headroom.py)
 
     def hold(self, name: str, t0: float, share: float) -> None:
         """Inside phase `name` begun at `t0`: wait until `share` of its modelled time (and of the communication
@@ -82,11 +79,7 @@ class ComputePacer:
         be on the device. Late is no overrun: the phase's end (finish) decides that."""
         if self.cuda:
             torch.cuda.synchronize()
-        deadline = t0 + share * self.seconds[name] + self.excluded
-        left = deadline - time.perf_counter()
-        while left > 0:
-            time.sleep(left)
-            left = deadline - time.perf_counter()
+        _sleep_until(t0 + share * self.seconds[name] + self.excluded)
 
     def take(self) -> int:
         n, self.overruns, self.late_s = self.overruns, 0, 0.0
@@ -96,6 +89,16 @@ class ComputePacer:
         """The iteration's IterationStats fields (and reset): its overruns and its phases' lateness."""
         late = self.late_s
         return {"compute_overruns": self.take(), "compute_late_seconds": late}
+
+
+def _sleep_until(deadline: float) -> float:
+    """Sleep until `deadline` (perf_counter) and return how far before it we woke: 0 or less (sleep() may wake
+    early on a signal: never end a phase short)."""
+    left = deadline - time.perf_counter()
+    while left > 0:
+        time.sleep(left)
+        left = deadline - time.perf_counter()
+    return left
 
 
 class _NoPacer:

@@ -34,7 +34,7 @@ class WSPResult:
     distance_at_resume: list[int]  # waves pushed by the resuming VW minus the fewest any VW has pushed
     pulled: np.ndarray  # (VWs, waves): when the pull at the gate after wave c completed (nan: none)
     admitted: np.ndarray  # (VWs, minibatches): when each minibatch entered the first stage
-    done: np.ndarray | None = None  # (VWs, minibatches): when each minibatch's backward left the first stage
+    done: np.ndarray  # (VWs, minibatches): when each minibatch's backward left the first stage
 
     def run_seconds(self, per_vw: int, warmup: int, timed: int) -> float:
         """The mean seconds of a run's timed iterations (`per_vw` minibatches of every VW each, after `warmup`):

@@ -18,7 +18,7 @@ from pathlib import Path
 from ...files import atomic_write_json
 from ...network.headroom import GUEST_CPU, CpuMonitor, Headroom, host_bound, read_guest
 from ...network.plan import tcp_efficiency
-from ...plan.dilation import TARGET_BUSY, Dilation, Probe, smallest_factor
+from ...plan.dilation import TARGET_BUSY, Dilation, Probe, further, smallest_factor
 from ...scenario import Topology
 from ...train.launch import RankFailure
 from ...train.rank import PROGRESS_PREFIX
@@ -147,11 +147,9 @@ def probes_of(records: list[FLRecord], kernel: str) -> list[Probe]:
 
 def advice(host_bound_rounds: int, rounds: int, setting: EmuSetting) -> str:
     """One line for a run some of whose rounds were host-bound: what they measured and the flag to change."""
-    k, bw = setting.compute_time_scale, setting.bandwidth_scale
     return (f"host-bound: the emulated cluster's CPU was busy for most of {host_bound_rounds} of {rounds} rounds "
-            f"and delayed their layers, so their times measure the host, not the links; leave --compute-time-scale "
-            f"unset for a chosen time dilation, or dilate further: --compute-time-scale {k * 10:g} "
-            f"--bandwidth-scale {bw / 10:.3g} (now {k:g} and {bw:g})")
+            f"and delayed their layers, so their times measure the host, not the links; "
+            + further(setting.compute_time_scale, setting.bandwidth_scale))
 
 
 def fastest_rounds(records: list[FLRecord]) -> list[FLRecord]:
@@ -187,6 +185,7 @@ def measured_record(planned: st.Round, ranks: list[dict], *, fed: Federation, sc
     outran its modelled time or the paced phases of a worker woke late by LATE_SHARE of the round)."""
     W = fed.workers
     workers = ranks[:W]
+    overruns = sum(w["overruns"] for w in workers)
     dist_s = max(max(w["arrivals"]) for w in workers)
     fwd = max(w["forward_end"] for w in workers)
     end = max(w["end"] for w in workers)
@@ -201,8 +200,8 @@ def measured_record(planned: st.Round, ranks: list[dict], *, fed: Federation, sc
     return replace(rec, backend="emu", rack_bytes=rack_bytes, inter_rack_bytes=float(sent.get("inter", 0)),
                    allreduce_bytes=float(sent.get("allreduce", 0)), bandwidth_scale=setting.bandwidth_scale,
                    compute_time_scale=setting.compute_time_scale,
-                   overruns=int(sum(w["overruns"] for w in workers)),
+                   overruns=int(overruns),
                    server_wire_bytes=float(ranks[W].get("interface_tx_bytes") or 0),
                    cpu_busy=None if head is None else round(head.busy, 4),
-                   host_bound=host_bound(head, True, sum(w["overruns"] for w in workers),
+                   host_bound=host_bound(head, True, overruns,
                                          max(w.get("late_s", 0.0) for w in workers), end))

@@ -6,6 +6,7 @@ import itertools
 import json
 from dataclasses import asdict, replace
 
+import numpy as np
 import pytest
 
 from harness.compute.model import get_model
@@ -255,3 +256,18 @@ def test_compare_simulates_a_run_under_the_tcp_settings_its_manifest_recorded(sy
     assert linux > 1.05 * tuned
     with pytest.raises(HarnessError, match="records: transport: not the TCP settings of a run"):
         simulate_record({**rec, "transport": "[1]"})
+
+
+def test_an_emulated_runs_links_carry_tcp_payload_at_the_shaped_rate_times_its_share():
+    """HTB shapes whole frames: at MTU 1500 a 1514-byte frame carries 1448 bytes of TCP payload, so an emulated
+    run's transfers see 1448/1514 of each link's shaped rate; a run on other links gets the scenario's rate."""
+    from harness.compute.links import Links
+    from harness.sim.compare import run_model
+
+    rec = dict(scenario="5-worldwide", system="ours", backend="emu", devices=8, model="tiny", layers=4, batch=8,
+               micro_batch=1, bandwidth_scale=0.01, dtype="fp32", device_type="cpu", kernel="uml")
+    shaped = Links.from_topology(load_scenario("5", devices=8).scaled(0.01), "gloo", "per-pair").rate_Bps
+    off = tuple(np.array([(i, j) for i in range(8) for j in range(8) if i != j]).T)  # every ordered pair
+    emulated = run_model(rec).links(None).rate_Bps
+    assert emulated[off] == pytest.approx(shaped[off] * 1448 / 1514)
+    assert run_model({**rec, "backend": "local"}).links(None).rate_Bps[off] == pytest.approx(shaped[off])

@@ -47,15 +47,50 @@ BASELINE_WARNINGS = ("find_unused_parameters=True was specified", "broadcast_buf
 
 @pytest.mark.parametrize("system,layout", [("megatron", ["--tp", "1", "--pp", "4", "--dp", "2"]),
                                            ("deepspeed", ["--zero", "1", "--pp", "4", "--dp", "2"])])
-def test_baseline_prints_one_progress_line_per_iteration_and_no_known_warnings(tmp_path, capfd, system, layout):
-    """The ranks are forked: their stderr is fd 2, hence capfd. Every layout here wraps stages in DDP."""
-    args = ARGS[:-4] + ["--iters", "1", "--warmup", "1", "--system", system, *layout, "--results", str(tmp_path)]
+def test_baseline_prints_progress_a_trace_of_its_operations_and_no_known_warnings(tmp_path, capfd, system, layout):
+    """The ranks are forked: their stderr is fd 2, hence capfd. Every layout here wraps stages in DDP.
+
+    With `--debug trace=1` every rank prints when each forward, backward and all-reduce ran: on one
+    clock, so a micro-batch's forward on stage j ends before it begins on j + 1, its backward on j + 1
+    ends before it begins on j, and DDP's all-reduce runs inside the last backward, over the bytes of
+    the stage's gradients that the simulator charges (compute.stage_param_bytes)."""
+    args = ARGS[:-4] + ["--iters", "1", "--warmup", "1", "--system", system, *layout, "--results", str(tmp_path),
+                        "--debug", "trace=1"]
     assert main(args) == 0
     err = capfd.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.startswith("harness: iteration")]
     assert [ln.split(":")[1] for ln in lines] == [" iteration 1/2 (warm-up)", " iteration 2/2"]
     assert all(ln.endswith(" s on rank 0") for ln in lines)
     assert not [w for w in BASELINE_WARNINGS if w in err], err
+
+    from harness.compute import stage_param_bytes
+    from harness.compute.model import get_model
+
+    ops: dict[tuple, tuple[float, float]] = {}
+    reduced: dict[tuple, int] = {}
+    for ln in err.splitlines():
+        if ln.startswith("[trace] rank") and " it 1 " in ln:
+            f = ln.split()
+            stage, replica, op, k, begin, end = int(f[4]), int(f[6]), f[9], int(f[10]), float(f[11]), float(f[12])
+            assert (stage, replica, op, k) not in ops, ln
+            ops[stage, replica, op, k] = (begin, end)
+            if op == "AR":
+                reduced[stage, replica] = reduced.get((stage, replica), 0) + int(f[13])
+    pp, dp, micro = 4, 2, 4
+    assert {key[3] for key in ops if key[2] in "FB"} == set(range(micro))
+    split = [1, 1, 1, 1]
+    want = [int(b) for b in stage_param_bytes(get_model("tiny", 4), split, 4)]
+    assert reduced == {(j, r): want[j] for j in range(pp) for r in range(dp)}
+    for r in range(dp):
+        for k in range(micro):
+            for j in range(pp - 1):
+                assert ops[j, r, "F", k][1] <= ops[j + 1, r, "F", k][0]
+                assert ops[j + 1, r, "B", k][1] <= ops[j, r, "B", k][0]
+        for j in range(pp):
+            last = ops[j, r, "B", micro - 1]
+            for (js, rs, op, _), (begin, end) in ops.items():
+                if (js, rs, op) == (j, r, "AR"):
+                    assert last[0] <= begin and end <= last[1]
 
 
 def test_the_ddp_note_filter_keeps_everything_else_on_stderr(capfd):

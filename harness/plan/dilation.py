@@ -89,9 +89,11 @@ def modelled_seconds(spec: RunSpec, topo, factor: float, kernel: str = "uml") ->
     """The iteration's seconds as the compute model and the network model give them with compute `factor` times
     longer and every link `factor` times slower than `topo` (the run's scaled topology)."""
     from ..compute.links import Links
+    from ..network.plan import tcp_efficiency
 
     protocol = "gloo" if spec.run.device_type == "cpu" else "nccl"
-    links = Links.from_topology(topo.scaled(1 / factor) if factor != 1 else topo, protocol, "per-pair")
+    # an emulated link's TCP payload moves at its shaped rate times the payload share, as sim compare models it
+    links = Links.from_topology(topo.scaled(tcp_efficiency() / factor), protocol, "per-pair")
     if kernel == "uml":  # its retransmission timeouts are in 10 ms ticks, as sim compare models its runs
         links = replace(links, hz=UML_HZ)
     profiles = [replace(p, slowdown=p.slowdown * factor * spec.compute.time_scale) for p in spec.compute.devices]

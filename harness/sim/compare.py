@@ -32,6 +32,7 @@ from ..scenario import load_scenario, load_timeline
 from ..scenario.transport import KEYS as TRANSPORT_KEYS, Transport
 from ..compute.links import Links
 from ..compute.transport import UML_HZ
+from ..network.plan import tcp_efficiency
 from ..scenario.timeline import PredictedIteration, predict_iterations
 from .replan import move_seconds
 from .sweep import Simulator
@@ -216,7 +217,7 @@ class RunModel:
 
 def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> RunModel:
     """The simulator of the run a record describes (RunModel)."""
-    topo = _topology(rec).scaled(float(rec.get("bandwidth_scale") or 1.0))
+    topo = _topology(rec).scaled(float(rec.get("bandwidth_scale") or 1.0) * payload_share(rec.get("backend")))
     if rec.get("transport"):
         topo = replace(topo, transport=_transport(rec["transport"]))
     cfg = get_model(rec["model"], int(rec["layers"]))
@@ -252,6 +253,13 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> 
     def simulate(now, layout: Layout | None = None) -> tuple[float, float]:
         return entry.simulate_layout_fn()(links(now), sim.profiles, cfg, batch, layout or lay, mb, bpv, **run)
     return RunModel(sim.topo, lay, cfg, bpv, links, simulate)
+
+
+def payload_share(backend: str | None) -> float:
+    """The share of a link's rate that carries TCP's payload in a run on `backend`: an emulated link shapes
+    whole frames (HTB counts headers too: network/plan.tcp_efficiency, as `net verify` and the FL runs take
+    it); elsewhere the scenario's bandwidth is what the run's transfers get."""
+    return tcp_efficiency() if backend == "emu" else 1.0
 
 
 def _transport(text: str) -> Transport:

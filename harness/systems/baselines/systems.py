@@ -20,7 +20,7 @@ def _train(system: str, ctx: RankContext, spec: RunSpec) -> list[IterationStats]
         warmup=spec.run.warmup, want_state=ctx.collect_state, device=ctx.device, dtype=torch_dtype(spec),
         progress=ctx.rank == 0, data=m.data, out=ctx.iteration_log(), mark=ctx.mark, reached=ctx.reached,
         start=spec.resolved.start_iteration, resume=spec.run.resume, checkpoint_every=spec.run.checkpoint_every,
-        checkpoint_dir=spec.resolved.checkpoint_dir,
+        checkpoint_dir=spec.resolved.checkpoint_dir, trace=spec.debug.trace,
         # the compute model, if on: these runtimes keep activations (no recompute) and replicate the
         # embedding and head over the tensor-parallel group (parallelize.apply_tp)
         pace=(lambda stage: pacer_for(spec, stage, ctx.device_index, ctx.device, recompute=False,

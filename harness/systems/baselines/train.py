@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.parallel import DistributedDataParallel
 
 from ...layout import Layout
 from ...compute.model import GPTConfig
@@ -39,6 +40,7 @@ from ...train.reference import make_optimizer
 from ...train.stats import IterationStats
 from ...train import wire
 from . import checkpoints
+from .trace import OpTrace
 from .parallelize import (
     apply_ddp,
     apply_fsdp,
@@ -76,16 +78,18 @@ class BaselineRank:
     compute_seconds: float
     device: torch.device
     pacer: object = None  # the compute model's (compute_model.py); None: off
+    trace: OpTrace | None = None  # --debug trace=1
 
 
 def build_rank(
     layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, seed: int, lr: float,
-    device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, pace=None,
+    device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, pace=None, trace: bool = False,
 ) -> BaselineRank:
     """Create the device mesh (pp, dp, tp) of the layout and this rank's parallel model part.
 
     pace(stage) -> the compute model's pacer for this rank's stage (compute_model.pacer_for): its
     stage module is then held to the modelled times, and compute_seconds is the modelled time.
+    trace: print when each of the rank's operations ran (trace.py).
     Collective: every rank of the default group calls it with the same layout.
     """
     rank = dist.get_rank()
@@ -119,6 +123,11 @@ def build_rank(
         pace_stage_module(inner, pacer)
     stage_ranks = [int(r) for r in ranks[:, replica, shard]]
     ps = pipeline_stage(part, stage, layout.pp, mesh["pp"].get_group(), stage_ranks, device)
+    op_trace = OpTrace(rank, stage, replica) if trace else None
+    if op_trace is not None:
+        op_trace.wrap_stage(ps)
+        if isinstance(part, DistributedDataParallel):
+            op_trace.hook_ddp(part)
     schedule = pipeline_schedule(ps, n_local_mb, layout.schedule)
 
     params = [p for p in part.parameters() if p.requires_grad]
@@ -128,7 +137,8 @@ def build_rank(
         optimizer = make_optimizer(params, lr)
     if pacer is not None:
         pace_optimizer(optimizer, pacer)
-    return BaselineRank(layout, model, stage, replica, shard, schedule, optimizer, n_local_mb, compute, device, pacer)
+    return BaselineRank(layout, model, stage, replica, shard, schedule, optimizer, n_local_mb, compute, device, pacer,
+                        op_trace)
 
 
 def _calibrate(
@@ -190,6 +200,7 @@ def train_baseline(
     device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32, progress: bool = False,
     pace=None, data: str = "uniform", out: list | None = None, mark=None, reached=None,
     start: int = 0, resume: str | None = None, checkpoint_every: int | None = None, checkpoint_dir: str | None = None,
+    trace: bool = False,
 ) -> tuple[list[IterationStats], dict[str, torch.Tensor] | None]:
     """Run `warmup + iters` iterations on this rank; returns the timed ones (and, if asked, the
     rank's parameters under reference names, restricted to its own stage). With `progress`, one
@@ -197,8 +208,8 @@ def train_baseline(
     timed iterations are appended to (the rank's journal under the elastic agent); mark: RankContext.mark, told
     when the rank is ready to train; reached: RankContext.reached, told of the checkpoint's point. start: the
     iterations done (resumed from the checkpoint after them in `resume`); checkpoint_every: a checkpoint
-    (checkpoints.py) in `checkpoint_dir` every so many iterations."""
-    br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype, pace)
+    (checkpoints.py) in `checkpoint_dir` every so many iterations. trace: see build_rank."""
+    br = build_rank(layout, cfg, batch, micro_batch, seed, lr, device, dtype, pace, trace)
     named = [(n, p) for n, p in br.model.named_parameters() if _owned(br, n)]
     if start:
         checkpoints.load_into(resume, start, named, br.optimizer)
@@ -207,6 +218,8 @@ def train_baseline(
     out = [] if out is None else out
     steps = warmup + iters
     for it in range(start, steps):
+        if br.trace is not None:
+            br.trace.iteration = it
         try:
             timing = train_step(br, cfg, batch, it, seed, data)
         except RuntimeError as e:

@@ -1,7 +1,7 @@
 """How long one TCP connection takes to deliver a message: the transport model of the simulator.
 
-A link is a rate R (the shaped rate times TCP's payload share, network/plan.tcp_efficiency), a one-way
-delay a and a round trip r. The message of b bytes is sent in round trips (a fluid model of Linux's TCP
+A link is a rate R (TCP's payload rate: the scenario's bandwidth; on an emulated link, which shapes whole
+frames, sim/compare.payload_share of it), a one-way delay a and a round trip r. The message of b bytes is sent in round trips (a fluid model of Linux's TCP
 without loss, which the emulated links' netem queues, sized from the bandwidth-delay product, give):
 - a round sends min(cwnd, W) bytes, W = min(tcp_rmem max / 2, tcp_wmem max): Linux 6.1 advertises half
   of the receive buffer (tcp_adv_win_scale = 1) and keeps no more unacknowledged data than the send

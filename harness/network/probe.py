@@ -149,14 +149,23 @@ def _ping(dst_addr: str, pings: int) -> dict:
     with socket.create_connection((dst_addr, PORT), timeout=30) as s:
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.sendall(_header({"mode": "ping"}))
-        samples = []
+        samples, late = [], []
         for k in range(pings + 1):
             t = time.perf_counter()
             s.sendall(b"p")
             _recv_exact(s, 1)
             if k:  # the first one warms up (ARP, cwnd)
                 samples.append((time.perf_counter() - t) * 1e3)
-    return {"rtt_ms": statistics.median(samples), "rtt_samples_ms": samples}
+                late.append(_wake_late_ms())
+    return {"rtt_ms": statistics.median(samples), "rtt_samples_ms": samples, "wake_late_ms": late}
+
+
+def _wake_late_ms(sleep_s: float = 0.001) -> float:
+    """How late this kernel wakes a sleeper now: a loaded host runs the guest's timers late, and an RTT waits on
+    two of them (the netem delay each way), so a ping is late by about twice this."""
+    t = time.perf_counter()
+    time.sleep(sleep_s)
+    return (time.perf_counter() - t - sleep_s) * 1e3
 
 
 def _bulk(dst_addr: str, warmup_s: float, measure_s: float, rate_bps: float) -> dict:

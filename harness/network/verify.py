@@ -47,6 +47,7 @@ class PairResult:
     error: str = ""
     attempts: int = 1
     rtt_samples_ms: list = field(default_factory=list, repr=False)
+    wake_late_ms: list = field(default_factory=list, repr=False)  # probe._wake_late_ms beside each ping
 
     @property
     def rtt_err_ms(self) -> float | None:
@@ -79,7 +80,9 @@ class VerifyReport:
     def worst(self) -> dict:
         rtt = [abs(p.rtt_err_ms) for p in self.pairs if p.rtt_ms is not None]
         gp = [abs(p.goodput_err_pct) for p in self.pairs if p.goodput_err_pct is not None]
-        return {"rtt_abs_err_ms": max(rtt, default=None), "goodput_abs_err_pct": max(gp, default=None)}
+        late = sorted(x for p in self.pairs for x in p.wake_late_ms)
+        return {"rtt_abs_err_ms": max(rtt, default=None), "goodput_abs_err_pct": max(gp, default=None),
+                "wake_late_ms_median": late[len(late) // 2] if late else None}
 
     def to_json(self) -> dict:
         return {
@@ -115,6 +118,9 @@ class VerifyReport:
         lines.append(f"{self.passed}/{len(self.pairs)} pairs pass (kernel {self.kernel}, bandwidth scale "
                      f"{self.bandwidth_scale:g}, {self.duration_s:.1f} s); worst |RTT error| "
                      f"{_f(w['rtt_abs_err_ms'], 2)} ms, worst |goodput error| {_f(w['goodput_abs_err_pct'], 2)} %")
+        if w["wake_late_ms_median"] is not None:
+            lines.append(f"the guest woke its sleepers {w['wake_late_ms_median']:.2f} ms late (median beside the pings): "
+                         "a loaded host makes every RTT late by about twice that")
         return "\n".join(lines)
 
     def write(self, json_path: Path | None = None, csv_path: Path | None = None) -> None:
@@ -220,6 +226,7 @@ def verify(topo, *, pairs: str = "all", kernel: str = "auto",
             goodput_err_pct=None if gp is None else (gp - gpt) / gpt * 100, goodput_ok=goodput_ok(gp, gpt),
             error=r.get("error", ""), attempts=int(r.get("attempts", 1)),
             rtt_samples_ms=[round(x, 3) for x in r.get("rtt_samples_ms", [])],
+            wake_late_ms=[round(x, 3) for x in r.get("wake_late_ms", [])],
         ))
     return VerifyReport(scenario=topo.name, devices=n, bandwidth_scale=float(topo.bandwidth_scale), kernel=res.kernel,
                         pairs=results, duration_s=duration, tcp_efficiency=tcp_efficiency(plan.mtu),

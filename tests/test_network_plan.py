@@ -6,8 +6,8 @@ import math
 import pytest
 
 from harness.errors import HarnessError
-from harness.network.plan import (ETH_HEADER_BYTES, PlanError, build_plan, device_addresses, render_commands,
-                                  target_matrices, tcp_efficiency)
+from harness.network.plan import ETH_HEADER_BYTES, PlanError, build_plan, device_addresses, target_matrices, tcp_efficiency
+from harness.network.tree import render_commands
 from harness.network.verify import bulk_rounds, goodput_ok, rtt_ok, select_pairs, warmup_s
 from harness.scenario import load_scenario
 
@@ -222,3 +222,80 @@ def test_a_super_packet_takes_at_most_a_millisecond_of_the_slowest_link_on_its_i
     # a device with no shaped link keeps the kernel's default
     node = _plan(load_scenario("1", devices=8).subset([0, 1, 2, 3]))  # one node: NVLink only
     assert all(not dev.links and dev.gso_max_segs == 65535 for dev in node.devices)
+
+
+class _RecordingNetlink:
+    """Stands in for pyroute2's IPRoute: keeps every tc call apply.py makes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def tc(self, command, kind, **kw):
+        self.calls.append((command, kind, kw))
+
+
+def _read_tc(line: str) -> tuple[str, str, dict]:
+    """A rendered `tc` command as (pyroute2 command, kind, pyroute2's keyword arguments): parsed from the text,
+    independently of tree.py, in netlink's units (rates in bytes/s)."""
+    import socket
+
+    words = line.split()[line.split().index("tc"):]
+    obj, kind = words[1], next(k for k in ("htb", "netem", "u32") if k in words)
+    command = {"qdisc": "add", "class": "add-class", "filter": "add-filter"}[obj]
+
+    def handle(text):
+        major, _, minor = text.partition(":")
+        return int(major, 16) << 16 | int(minor or "0", 16)
+
+    def after(word, cast=int, strip=""):
+        return cast(words[words.index(word) + 1].removesuffix(strip)) if word in words else None
+
+    kw = {}
+    if "parent" in words:
+        kw["parent"] = handle(after("parent", str))
+    if obj == "class":
+        kw.update(handle=handle(after("classid", str)), rate=after("rate", strip="bit") // 8,
+                  ceil=after("ceil", strip="bit") // 8, burst=after("burst", strip="b"),
+                  cburst=after("cburst", strip="b"), mtu=after("mtu"))
+        if "quantum" in words:
+            kw["quantum"] = after("quantum")
+    elif kind == "htb":
+        kw.update(handle=handle(after("handle", str)), default=after("default"), r2q=after("r2q"))
+    elif kind == "netem":
+        delays = words[words.index("delay") + 1:words.index("delay") + 3]
+        kw.update(handle=handle(after("handle", str)), delay=int(delays[0].removesuffix("us")),
+                  jitter=int(delays[1].removesuffix("us")) if delays[1].endswith("us") else 0,
+                  loss=after("loss", float, "%") or 0.0, limit=after("limit"))
+    else:
+        addr = after("dst", str).removesuffix("/32")
+        kw.update(prio=after("prio"), protocol=0x0800, target=handle(after("flowid", str)),
+                  keys=["0x" + socket.inet_aton(addr).hex() + "/0xffffffff+16"])
+    return command, kind, kw
+
+
+def test_the_dry_run_prints_exactly_what_apply_sends_the_kernel():
+    """`--dry-run` and `net plan` print tree.render_commands; the cluster applies apply.apply_device: every
+    object, parent and value the same, the interface limit's class included (its burst and MTU were missing
+    from the printed commands when the tree was written twice)."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from harness.network.apply import apply_device, change_link
+
+    topo = load_scenario(NET4)
+    egress = np.array([np.inf, np.inf, np.inf, 0.5])  # device 3 has an interface limit
+    plan = _plan(replace(topo, egress_gbps=egress), scale=0.01)
+    for dev in plan.devices:
+        sent = _RecordingNetlink()
+        apply_device(sent, 7, dev, fresh=True)
+        printed = [_read_tc(c) for c in render_commands(replace(plan, devices=(dev,)))
+                   if not c.startswith(("#", "sysctl"))]
+        assert [(c, k, {"index": 7, **kw}) for c, k, kw in printed] == sent.calls
+        assert len(sent.calls) == 1 + (dev.egress_bps is not None) + 3 * len(dev.links)
+        link = replace(dev.links[0], delay_us=dev.links[0].delay_us + 1000, rate_bps=dev.links[0].rate_bps // 2)
+        changed = _RecordingNetlink()
+        change_link(changed, 7, dev, link)
+        now = [_read_tc(c) for c in render_commands(replace(plan, devices=(replace(dev, links=(link,)),)))
+               if f" 1:{link.class_minor:x} " in c]  # its class and its netem qdisc
+        assert [(c.replace("add", "change"), k, {"index": 7, **kw}) for c, k, kw in now] == changed.calls

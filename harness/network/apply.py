@@ -17,6 +17,7 @@ from pyroute2.netlink.rtnl.tcmsg import common as tc_common
 from ..errors import HarnessError
 from ..scenario.transport import SYSCTL_NAMES
 from .plan import EGRESS_CLASS_MINOR, DevicePlan, ShapedLink
+from .tree import TcOp, egress_ops, link_ops
 
 ENOENT, ENODEV, EINVAL = 2, 19, 22
 SYSCTL_DIR = "/proc/sys/net/ipv4"
@@ -42,59 +43,57 @@ def clear_device(ipr: IPRoute, idx: int) -> None:
             raise
 
 
+def _netlink_args(op: TcOp) -> dict:
+    """The keyword arguments pyroute2 takes for `op` (rates in bytes/s)."""
+    v = op.values
+    if op.kind == "htb" and op.obj == "qdisc":
+        return {"handle": op.handle, "default": v["default"], "r2q": v["r2q"]}
+    if op.obj == "class":
+        out = {"handle": op.handle, "parent": op.parent, "rate": v["rate_bps"] // 8, "ceil": v["ceil_bps"] // 8,
+               "burst": v["burst_bytes"], "cburst": v["cburst_bytes"], "mtu": v["mtu_bytes"]}
+        if "quantum_bytes" in v:
+            out["quantum"] = v["quantum_bytes"]
+        return out
+    if op.kind == "netem":
+        return {"handle": op.handle, "parent": op.parent, "delay": v["delay_us"], "jitter": v["jitter_us"],
+                "loss": v["loss_pct"], "limit": v["limit_packets"]}
+    return {"parent": op.parent, "prio": 1, "protocol": protocols.ETH_P_IP, "target": v["flowid"],
+            "keys": [_addr_key(v["dst_addr"])]}
+
+
+def send(ipr: IPRoute, idx: int, op: TcOp, *, change: bool = False) -> None:
+    """One operation of tree.py on interface `idx`: added, or changed in place."""
+    command = {"qdisc": "add", "class": "add-class", "filter": "add-filter"}[op.obj]
+    if change:
+        command = command.replace("add", "change")
+    ipr.tc(command, op.kind, index=idx, **_netlink_args(op))
+
+
 def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan, *, fresh: bool = False) -> None:
-    """Install `dev`'s egress tree on interface `idx` (replacing any tree there, unless the
+    """Install `dev`'s egress tree (tree.egress_ops) on interface `idx` (replacing any tree there, unless the
     caller just created the interface)."""
     if not fresh:
         clear_device(ipr, idx)
-    step = "htb root"
-    try:
-        ipr.tc("add", "htb", index=idx, handle=0x10000, default=0, r2q=10)
-        parent = 0x10000
-        if dev.egress_bps is not None:
-            parent = 0x10000 | EGRESS_CLASS_MINOR
-            step = f"htb class 1:{EGRESS_CLASS_MINOR:x} (interface limit)"
-            cap_Bps = dev.egress_bps // 8
-            burst = max(link.burst_bytes for link in dev.links)
-            ipr.tc("add-class", "htb", index=idx, handle=parent, parent=0x10000, rate=cap_Bps, ceil=cap_Bps,
-                   burst=burst, cburst=burst, mtu=2048)
-        for link in dev.links:
-            cls = 0x10000 | link.class_minor
-            step = f"htb class 1:{link.class_minor:x}"
-            ipr.tc("add-class", "htb", index=idx, handle=cls, parent=parent,
-                   rate=link.assured_bps // 8, ceil=link.rate_bps // 8, burst=link.burst_bytes,
-                   cburst=link.cburst_bytes, quantum=link.quantum_bytes, mtu=2048)
-            step = f"netem {link.netem_major:x}:"
-            ipr.tc("add", "netem", index=idx, handle=link.netem_major << 16, parent=cls,
-                   delay=link.delay_us, jitter=link.jitter_us, loss=link.loss_pct,
-                   limit=link.limit_packets)
-            step = f"u32 filter dst {link.dst_addr}"
-            ipr.tc("add-filter", "u32", index=idx, parent=0x10000, prio=1,
-                   protocol=protocols.ETH_P_IP, target=cls, keys=[_addr_key(link.dst_addr)])
-    except NetlinkError as e:
-        if step.startswith("netem") and e.code == ENOENT:  # the qdisc kind is unknown to this kernel
-            raise ShapingError(f"device {dev.index} ({dev.ifname}): {step}: this kernel ({platform.release()}) has "
-                               "no sch_netem (modprobe sch_netem, or run unshaped)") from None
-        raise ShapingError(f"device {dev.index} ({dev.ifname}): {step}: kernel said {e}") from None
+    for op in egress_ops(dev):
+        try:
+            send(ipr, idx, op)
+        except NetlinkError as e:
+            if op.kind == "netem" and e.code == ENOENT:  # the qdisc kind is unknown to this kernel
+                raise ShapingError(f"device {dev.index} ({dev.ifname}): {op.step}: this kernel ({platform.release()}) "
+                                   "has no sch_netem (modprobe sch_netem, or run unshaped)") from None
+            raise ShapingError(f"device {dev.index} ({dev.ifname}): {op.step}: kernel said {e}") from None
 
 
 def change_link(ipr: IPRoute, idx: int, dev: DevicePlan, link: ShapedLink) -> None:
     """Change one destination's HTB class and netem qdisc in place (`tc class change`, `tc qdisc change`):
     the packets queued in them stay queued and the link is never without its shaping, unlike a delete and
     re-create (a timeline's event during a run). `link` is the destination's new values (plan.shaped_link)."""
-    cls = 0x10000 | link.class_minor
-    parent = 0x10000 if dev.egress_bps is None else 0x10000 | EGRESS_CLASS_MINOR
-    step = f"htb class 1:{link.class_minor:x}"
-    try:
-        ipr.tc("change-class", "htb", index=idx, handle=cls, parent=parent,
-               rate=link.assured_bps // 8, ceil=link.rate_bps // 8, burst=link.burst_bytes,
-               cburst=link.cburst_bytes, quantum=link.quantum_bytes, mtu=2048)
-        step = f"netem {link.netem_major:x}:"
-        ipr.tc("change", "netem", index=idx, handle=link.netem_major << 16, parent=cls,
-               delay=link.delay_us, jitter=link.jitter_us, loss=link.loss_pct, limit=link.limit_packets)
-    except NetlinkError as e:
-        raise ShapingError(f"device {dev.index} ({dev.ifname}) -> {link.dst}: {step}: change refused: "
-                           f"kernel said {e}") from None
+    for op in link_ops(dev, link):
+        try:
+            send(ipr, idx, op, change=True)
+        except NetlinkError as e:
+            raise ShapingError(f"device {dev.index} ({dev.ifname}) -> {link.dst}: {op.step}: change refused: "
+                               f"kernel said {e}") from None
 
 
 def readback(ipr: IPRoute, idx: int) -> dict:

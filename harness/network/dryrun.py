@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 from . import registry
-from .plan import build_plan, device_addresses, namespace_commands, render_commands
+from .plan import build_plan, device_addresses, namespace_commands
+from .tree import render_commands
 
 
 def local_cluster_commands(topo, *, run_id: str | None = None) -> list[str]:

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from ..scenario.inventory import Inventory, InventoryError, load_inventory
 from . import registry
-from .plan import build_plan, device_addresses, namespace_commands, render_commands, transport_sysctls
+from .plan import build_plan, device_addresses, namespace_commands, transport_sysctls
+from .tree import render_commands
 
 NETNS_DIR = "/var/run/netns"
 

@@ -4,7 +4,7 @@ Pure (no kernel, no root). Every number carries its unit in its field name; ever
 number is derived from the scenario (burst from the rate, netem limit from the
 bandwidth-delay product), none is a fixed constant that silently caps a link.
 The same plan is applied through netlink (`apply.py`) or printed as `tc`/`ip`
-commands (`render_commands`) for people to read and paste.
+commands (`tree.render_commands`) for people to read and paste: tree.py writes the tree once for both.
 
 Layout on every device's interface: one class per destination, so peers never share a
 rate by accident, and the delay is one-way on the sender's egress, so RTT(d, d') =
@@ -279,10 +279,6 @@ def transport_sysctls(plan: NetworkPlan) -> dict[str, str]:
     return Transport(**plan.transport).sysctls()
 
 
-def _hex(v: int) -> str:
-    return format(v, "x")
-
-
 def namespace_commands(netns: str, ifname: str, link_add: str, addr: str, prefix_len: int) -> list[str]:
     """`ip` commands that give a device namespace its interface (created by `link_add`) and address."""
     return [
@@ -293,41 +289,3 @@ def namespace_commands(netns: str, ifname: str, link_add: str, addr: str, prefix
         f"ip -n {netns} link set {ifname} up",
         f"ip -n {netns} link set lo up",
     ]
-
-
-def render_commands(plan: NetworkPlan, netns: list[str] | None = None) -> list[str]:
-    """The `tc` commands equivalent to applying `plan` (one device's namespace each, if given)."""
-    out = []
-    for dev in plan.devices:
-        pre = f"ip netns exec {netns[dev.index]} " if netns else ""
-        out += [f"{pre}sysctl -qw net.ipv4.{k}='{v}'" for k, v in transport_sysctls(plan).items()]
-        ifn = dev.ifname
-        out.append(f"# device {dev.index} ({dev.addr}): {len(dev.links)} shaped destinations"
-                   + (f", unshaped: {list(dev.unshaped)}" if dev.unshaped else ""))
-        out.append(f"{pre}tc qdisc replace dev {ifn} root handle 1: htb default 0 r2q 10")
-        parent = "1:"
-        if dev.egress_bps is not None:
-            parent = f"1:{_hex(EGRESS_CLASS_MINOR)}"
-            out.append(f"{pre}tc class replace dev {ifn} parent 1: classid {parent} htb "
-                       f"rate {dev.egress_bps}bit ceil {dev.egress_bps}bit")
-        for link in dev.links:
-            out.append(
-                f"{pre}tc class replace dev {ifn} parent {parent} classid 1:{_hex(link.class_minor)} htb "
-                f"rate {link.assured_bps}bit ceil {link.rate_bps}bit burst {link.burst_bytes}b "
-                f"cburst {link.cburst_bytes}b quantum {link.quantum_bytes}"
-            )
-            netem = f"delay {link.delay_us}us"
-            if link.jitter_us:
-                netem += f" {link.jitter_us}us"
-            if link.loss_pct:
-                netem += f" loss {link.loss_pct:g}%"
-            out.append(
-                f"{pre}tc qdisc replace dev {ifn} parent 1:{_hex(link.class_minor)} "
-                f"handle {_hex(link.netem_major)}: netem {netem} limit {link.limit_packets}"
-            )
-            out.append(
-                f"{pre}tc filter replace dev {ifn} parent 1: protocol ip prio 1 "
-                f"handle 800::{_hex(link.class_minor)} u32 "
-                f"match ip dst {link.dst_addr}/32 flowid 1:{_hex(link.class_minor)}"
-            )
-    return out

@@ -17,7 +17,7 @@ from pyroute2.netlink.rtnl.tcmsg import common as tc_common
 from ..errors import HarnessError
 from ..scenario.transport import SYSCTL_NAMES
 from .plan import EGRESS_CLASS_MINOR, DevicePlan, ShapedLink
-from .tree import TcOp, egress_ops, link_ops
+from .tree import ROOT, TcOp, egress_ops, link_ops
 
 ENOENT, ENODEV, EINVAL = 2, 19, 22
 SYSCTL_DIR = "/proc/sys/net/ipv4"
@@ -37,7 +37,7 @@ def _addr_key(addr: str) -> str:
 
 def clear_device(ipr: IPRoute, idx: int) -> None:
     try:
-        ipr.tc("del", index=idx, handle=0x10000, parent=0xFFFFFFFF)
+        ipr.tc("del", index=idx, handle=ROOT, parent=0xFFFFFFFF)
     except NetlinkError as e:
         if e.code not in (ENOENT, EINVAL, ENODEV):
             raise
@@ -61,7 +61,7 @@ def _netlink_args(op: TcOp) -> dict:
             "keys": [_addr_key(v["dst_addr"])]}
 
 
-def send(ipr: IPRoute, idx: int, op: TcOp, *, change: bool = False) -> None:
+def _send(ipr: IPRoute, idx: int, op: TcOp, *, change: bool = False) -> None:
     """One operation of tree.py on interface `idx`: added, or changed in place."""
     command = {"qdisc": "add", "class": "add-class", "filter": "add-filter"}[op.obj]
     if change:
@@ -76,7 +76,7 @@ def apply_device(ipr: IPRoute, idx: int, dev: DevicePlan, *, fresh: bool = False
         clear_device(ipr, idx)
     for op in egress_ops(dev):
         try:
-            send(ipr, idx, op)
+            _send(ipr, idx, op)
         except NetlinkError as e:
             if op.kind == "netem" and e.code == ENOENT:  # the qdisc kind is unknown to this kernel
                 raise ShapingError(f"device {dev.index} ({dev.ifname}): {op.step}: this kernel ({platform.release()}) "
@@ -90,7 +90,7 @@ def change_link(ipr: IPRoute, idx: int, dev: DevicePlan, link: ShapedLink) -> No
     re-create (a timeline's event during a run). `link` is the destination's new values (plan.shaped_link)."""
     for op in link_ops(dev, link):
         try:
-            send(ipr, idx, op, change=True)
+            _send(ipr, idx, op, change=True)
         except NetlinkError as e:
             raise ShapingError(f"device {dev.index} ({dev.ifname}) -> {link.dst}: {op.step}: change refused: "
                                f"kernel said {e}") from None
@@ -122,7 +122,7 @@ def readback(ipr: IPRoute, idx: int) -> dict:
             "cburst_bytes": round(_ticks_to_us(parms["cbuffer"]) * ceil / 1e6),
             "quantum_bytes": parms["quantum"],
         })
-    for m in ipr.get_filters(index=idx, parent=0x10000):
+    for m in ipr.get_filters(index=idx, parent=ROOT):
         opts = m.get_attr("TCA_OPTIONS")
         if m.get_attr("TCA_KIND") != "u32" or opts is None:
             continue

@@ -38,7 +38,7 @@ def _htb_class(handle: int, parent: int, *, rate_bps: int, ceil_bps: int, burst_
     return TcOp("class", "htb", handle, parent, values, step)
 
 
-def parent_of_links(dev: DevicePlan) -> int:
+def _parent_of_links(dev: DevicePlan) -> int:
     """The class every destination's class hangs from: the interface's limit, or the root."""
     return ROOT if dev.egress_bps is None else ROOT | EGRESS_CLASS_MINOR
 
@@ -47,7 +47,7 @@ def link_ops(dev: DevicePlan, link: ShapedLink) -> list[TcOp]:
     """One destination's class and its netem qdisc (what a timeline's change changes in place)."""
     cls = ROOT | link.class_minor
     return [
-        _htb_class(cls, parent_of_links(dev), rate_bps=link.assured_bps, ceil_bps=link.rate_bps,
+        _htb_class(cls, _parent_of_links(dev), rate_bps=link.assured_bps, ceil_bps=link.rate_bps,
                    burst_bytes=link.burst_bytes, cburst_bytes=link.cburst_bytes, quantum_bytes=link.quantum_bytes,
                    step=f"htb class 1:{link.class_minor:x}"),
         TcOp("qdisc", "netem", link.netem_major << 16, cls,

@@ -16,6 +16,7 @@ import io
 import json
 import math
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -80,9 +81,9 @@ class VerifyReport:
     def worst(self) -> dict:
         rtt = [abs(p.rtt_err_ms) for p in self.pairs if p.rtt_ms is not None]
         gp = [abs(p.goodput_err_pct) for p in self.pairs if p.goodput_err_pct is not None]
-        late = sorted(x for p in self.pairs for x in p.wake_late_ms)
+        late = [x for p in self.pairs for x in p.wake_late_ms]
         return {"rtt_abs_err_ms": max(rtt, default=None), "goodput_abs_err_pct": max(gp, default=None),
-                "wake_late_ms_median": late[len(late) // 2] if late else None}
+                "wake_late_ms_median": statistics.median(late) if late else None}
 
     def to_json(self) -> dict:
         return {

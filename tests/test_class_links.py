@@ -110,7 +110,7 @@ def test_a_plan_at_ten_thousand_devices_builds_no_device_matrix():
 @pytest.mark.parametrize("name,devices,nic", [("worldwide-1k", 128, "shared"), ("hetero-regional", None, "shared"),
                                               ("2", None, "per-pair"), ("1", 8, "shared")])
 def test_links_held_by_region_are_the_per_device_links(name, devices, nic):
-    from harness.compute.links import Links
+    from harness.netmodel.links import Links
 
     topo = load_scenario(name, devices)
     held, dense = Links.from_topology(topo, "gloo", nic), Links.per_device(topo, "gloo", nic)
@@ -123,7 +123,7 @@ def test_links_held_by_region_are_the_per_device_links(name, devices, nic):
 
 
 def test_pair_state_beyond_its_dense_size_keeps_only_the_pairs_set(monkeypatch):
-    from harness.compute.links import PairState
+    from harness.netmodel.links import PairState
 
     rng = np.random.default_rng(0)
     dense = PairState(50, -np.inf)

@@ -7,8 +7,8 @@ import pytest
 
 from harness import compute
 from harness import layout as layouts
-from harness.compute import links as network
-from harness.compute.links import Links
+from harness.netmodel import collectives
+from harness.netmodel.links import Links
 from harness.compute.model import get_model
 from harness.compute.profiles import device_profiles
 from harness.plan import systems as registry
@@ -33,7 +33,7 @@ def test_dissemination_barrier_by_hand():
     # round 1: r waits for r - 1; round 2: for r - 2, as of its round-1 time
     t1 = [max(arrive[r], arrive[(r - 1) % 4] + d((r - 1) % 4, r)) for r in range(4)]
     t2 = [max(t1[r], t1[(r - 2) % 4] + d((r - 2) % 4, r)) for r in range(4)]
-    assert network.dissemination_barrier(links, ranks, arrive) == pytest.approx(t2, abs=1e-12)
+    assert collectives.dissemination_barrier(links, ranks, arrive) == pytest.approx(t2, abs=1e-12)
     # nobody leaves before the last arrival; everyone else leaves when word of it has reached them
     assert min(t2) == arrive.max() == t2[1] and sorted(t2)[1] > arrive.max()
 
@@ -42,8 +42,8 @@ def test_sharded_ps_phases_are_the_grouped_exchange_split_in_two():
     topo = make_topology(np.array([[0, 5, 40], [5, 0, 20], [40, 20, 0]], dtype=float), np.full((3, 3), 2.0))
     links = Links.from_topology(topo)
     start = np.array([[0.1, 0.3, 0.2]])
-    scatter, gather = network.sharded_ps_phases(links, [[0, 1, 2]], 3e6, start=start)
-    assert gather == pytest.approx(network.sharded_ps(links, [[0, 1, 2]], 3e6, start=start), rel=1e-12)
+    scatter, gather = collectives.sharded_ps_phases(links, [[0, 1, 2]], 3e6, start=start)
+    assert gather == pytest.approx(collectives.sharded_ps(links, [[0, 1, 2]], 3e6, start=start), rel=1e-12)
     # the scatter begins when the whole group is in it, and ends after the farthest pair's delay and a shard
     shard_s = links.serialization_s(np.array([0]), np.array([2]), 1e6)[0]
     assert scatter[0] == pytest.approx(np.full(3, 0.3 + 0.040 + shard_s), rel=1e-9)
@@ -60,7 +60,7 @@ def test_data_parallel_pair_closed_form():
     r = dtfm.simulate_dtfm(links, prof, CFG, batch, lay([[0], [1]]))
     fwd, bwd = compute.stage_compute(CFG, [8], 1, prof, np.array([0]), lm_head=False)
     params = dtfm.stage_params(CFG, [8])
-    scatter, gather = network.sharded_ps_phases(links, [[0, 1]], params[0] * 2)
+    scatter, gather = collectives.sharded_ps_phases(links, [[0, 1]], params[0] * 2)
     opt = dtfm.offload_seconds(params)[0]
     want = 3 * 64 * (fwd[0] + bwd[0]) + 3 * 0.020 + gather[0, 0] + opt + 0.020
     assert r.config["steps"] == 3 and r.seconds == pytest.approx(want, rel=1e-9)

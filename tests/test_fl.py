@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from harness.workloads.fl.federation import FLError, emulated_topology, federation, load_federation, load_topology
-from harness.workloads.fl.flows import SERVER, Transfer, arrivals, fair_rates, forward_end
+from harness.workloads.fl.flows import SERVER, Transfer, arrivals, forward_end
 from harness.workloads.fl.grouping import bell, bound, exact_groups, greedy_groups, largest, partitions
 from harness.workloads.fl.models import BYTES_PER_PARAM, Base, Branch, BranchyModel, Layer, check, get_branchy
 from harness.workloads.fl.strategies import STRATEGIES, owl_transfers, run, sized_branches
@@ -144,15 +144,6 @@ def test_bad_federation_scenarios(tmp_path):
 
 
 # ----------------------------------------------------------------------------- flows
-def test_fair_rates_textbook_cases():
-    # resources: 0 server uplink (10), 1 and 2 two receivers (cap 10 and 3)
-    caps = np.array([10.0, 10.0, 3.0])
-    r = fair_rates(np.array([0, 0]), np.array([1, 2]), np.array([np.inf, np.inf]), caps)
-    assert r.tolist() == [7.0, 3.0]  # the capped receiver frees the uplink for the other flow
-    r = fair_rates(np.array([0, 0, 0]), np.array([1, 1, 2]), np.array([np.inf, 1.0, np.inf]), caps)
-    assert r.tolist() == [6.0, 1.0, 3.0]
-
-
 def test_a_single_transfer_takes_its_delays_and_its_bytes_at_the_pair_rate():
     fed = load_federation("owl-testbed", devices=4)
     nbytes = 1e8

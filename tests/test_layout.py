@@ -159,7 +159,7 @@ def test_pipelines_that_differ_are_checked_with_one_line_errors(replicas, messag
 
 def test_a_layout_whose_pipelines_differ_is_refused_where_a_uniform_mesh_is_needed():
     from harness.systems.ours import sim as simsys
-    from harness.compute.links import Links
+    from harness.netmodel.links import Links
     from harness.compute.profiles import device_profiles
     from harness.scenario import load_scenario
 

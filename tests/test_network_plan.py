@@ -6,7 +6,8 @@ import math
 import pytest
 
 from harness.errors import HarnessError
-from harness.network.plan import ETH_HEADER_BYTES, PlanError, build_plan, device_addresses, target_matrices, tcp_efficiency
+from harness.netmodel.tcp import frame_bytes, tcp_efficiency
+from harness.network.plan import PlanError, build_plan, device_addresses, target_matrices
 from harness.network.tree import render_commands
 from harness.network.verify import bulk_rounds, goodput_ok, rtt_ok, select_pairs, warmup_s
 from harness.scenario import load_scenario
@@ -40,7 +41,7 @@ def test_burst_cburst_and_limit_are_derived_not_constant():
     topo = load_scenario("5", devices=8)
     plan = _plan(topo, scale=0.01)
     links = [link for dev in plan.devices for link in dev.links]
-    frame = plan.mtu + ETH_HEADER_BYTES
+    frame = frame_bytes(plan.mtu)
     for link in links:
         assert link.burst_bytes == link.cburst_bytes >= 2 * frame
         bdp_packets = link.rate_bps / 8 * 2 * link.delay_us / 1e6 / frame
@@ -212,7 +213,7 @@ def test_a_super_packet_takes_at_most_a_millisecond_of_the_slowest_link_on_its_i
     (its small bucket would otherwise pass a message's tail at the veth's speed), a fast one keeps large
     ones (one frame per packet costs UML's CPU its throughput)."""
     topo = load_scenario(NET4)
-    frame = 1500 + ETH_HEADER_BYTES
+    frame = frame_bytes(1500)
     for scale, at_least in ((0.01, 1), (1.0, 16)):
         plan = _plan(topo, scale=scale)
         for dev in plan.devices:

@@ -42,7 +42,7 @@ def test_sim_prints_every_system_and_writes_records_and_json(cli, tmp_path):
 
 def test_linux_default_tcp_settings_slow_every_system_down_on_the_world_wide_case(cli, tmp_path):
     """Case 5 states tuned TCP (windows that cover its links); `--transport linux` puts Linux's 3 MiB window on
-    130-470 ms round trips: every message of more than a window pays round trips (compute/transport.py)."""
+    130-470 ms round trips: every message of more than a window pays round trips (netmodel/tcp.py)."""
     best = {}
     for t in ("scenario", "linux"):
         rc, out, err = cli("sim", "--scenario", "5", "--devices", "8", "--system", "megatron", "--model", "gpt3-xl",
@@ -261,7 +261,7 @@ def test_compare_simulates_a_run_under_the_tcp_settings_its_manifest_recorded(sy
 def test_an_emulated_runs_links_carry_tcp_payload_at_the_shaped_rate_times_its_share():
     """HTB shapes whole frames: at MTU 1500 a 1514-byte frame carries 1448 bytes of TCP payload, so an emulated
     run's transfers see 1448/1514 of each link's shaped rate; a run on other links gets the scenario's rate."""
-    from harness.compute.links import Links
+    from harness.netmodel.links import Links
     from harness.sim.compare import run_model
 
     rec = dict(scenario="5-worldwide", system="ours", backend="emu", devices=8, model="tiny", layers=4, batch=8,

@@ -6,8 +6,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from harness.compute import links as network
-from harness.compute.links import Links
+from harness.netmodel import collectives
+from harness.netmodel.fair_share import max_min_fair
+from harness.netmodel.links import Links
 from tests.conftest import make_topology, random_topology
 
 
@@ -18,7 +19,7 @@ def uniform(n, delay_ms, gbps):
 def test_ring_allreduce_uniform_ring_matches_closed_form():
     n, delay_ms, gbps, nbytes = 6, 7.0, 3.0, 60e6
     links = Links.from_topology(uniform(n, delay_ms, gbps))
-    end = network.ring_allreduce(links, np.arange(n)[None, :], nbytes)
+    end = collectives.ring_allreduce(links, np.arange(n)[None, :], nbytes)
     alpha, rate = delay_ms / 1e3, gbps * 1e9 / 8
     expected = 2 * (n - 1) * (alpha + nbytes / n / rate)
     np.testing.assert_allclose(end, expected, rtol=1e-12)
@@ -27,7 +28,7 @@ def test_ring_allreduce_uniform_ring_matches_closed_form():
 def test_gloo_ring_waits_for_the_receivers_ready_notice_every_step():
     n, delay_ms, gbps, nbytes = 5, 10.0, 2.0, 20e6
     links = Links.from_topology(uniform(n, delay_ms, gbps), "gloo")
-    end = network.ring_allreduce(links, np.arange(n)[None, :], nbytes)
+    end = collectives.ring_allreduce(links, np.arange(n)[None, :], nbytes)
     alpha, rate = delay_ms / 1e3, gbps * 1e9 / 8
     np.testing.assert_allclose(end, 2 * (n - 1) * (2 * alpha + nbytes / n / rate), rtol=1e-12)
 
@@ -37,9 +38,9 @@ def test_preposted_receives_pay_no_ready_notice_and_per_pair_links_do_not_share(
     g = np.arange(4)[None, :]
     gloo, nccl = Links.from_topology(topo, "gloo", "per-pair"), Links.from_topology(topo, "nccl", "per-pair")
     for mode in ("grouped", "rounds"):
-        waits = network.sharded_ps(gloo, g, 8e6, mode=mode)
-        posted = network.sharded_ps(gloo, g, 8e6, mode=mode, preposted=True)
-        np.testing.assert_allclose(posted, network.sharded_ps(nccl, g, 8e6, mode=mode), rtol=1e-12)
+        waits = collectives.sharded_ps(gloo, g, 8e6, mode=mode)
+        posted = collectives.sharded_ps(gloo, g, 8e6, mode=mode, preposted=True)
+        np.testing.assert_allclose(posted, collectives.sharded_ps(nccl, g, 8e6, mode=mode), rtol=1e-12)
         assert (posted < waits).all()
     # one device sending to three: a shared NIC splits its rate, per-pair shaping (the emulator) does not
     src, dst = np.zeros(3, dtype=int), np.array([1, 2, 3])
@@ -54,10 +55,10 @@ def test_preposted_receives_pay_no_ready_notice_and_per_pair_links_do_not_share(
 def test_ring_allgather_is_half_an_allreduce_and_respects_start_times():
     links = Links.from_topology(uniform(4, 2.0, 10.0))
     g = np.array([[0, 1, 2, 3]])
-    ag = network.ring_allgather(links, g, 8e6)
-    ar = network.ring_allreduce(links, g, 8e6)
+    ag = collectives.ring_allgather(links, g, 8e6)
+    ar = collectives.ring_allreduce(links, g, 8e6)
     np.testing.assert_allclose(2 * ag, ar)
-    late = network.ring_allgather(links, g, 8e6, start=np.array([[0.0, 0.0, 5.0, 0.0]]))
+    late = collectives.ring_allgather(links, g, 8e6, start=np.array([[0.0, 0.0, 5.0, 0.0]]))
     assert late.min() >= 5.0  # everyone waits, transitively, for the late device's chunks
     assert late.max() > ag.max() + 5.0 - 1e-9
 
@@ -66,7 +67,7 @@ def test_ring_is_bounded_by_its_slowest_link():
     bw = np.full((4, 4), 10.0)
     bw[2, 3] = 1.0  # one slow hop in the ring 0->1->2->3->0
     links = Links.from_topology(make_topology(np.zeros((4, 4)), bw))
-    end = network.ring_allreduce(links, np.arange(4)[None, :], 40e6).max()
+    end = collectives.ring_allreduce(links, np.arange(4)[None, :], 40e6).max()
     assert end == pytest.approx(2 * 3 * (10e6 / (1e9 / 8)), rel=1e-12)
 
 
@@ -84,10 +85,26 @@ def test_fair_rates_share_a_senders_link():
     np.testing.assert_allclose(r, [10, 10, 10, 2])
 
 
+def test_max_min_fair_textbook_cases():
+    # resources: 0 server uplink (10), 1 and 2 two receivers (cap 10 and 3)
+    caps = np.array([10.0, 10.0, 3.0])
+    r = max_min_fair([np.array([0, 0]), np.array([1, 2])], caps)
+    assert r.tolist() == [7.0, 3.0]  # the capped receiver frees the uplink for the other flow
+    r = max_min_fair([np.array([0, 0, 0]), np.array([1, 1, 2])], caps, np.array([np.inf, 1.0, np.inf]))
+    assert r.tolist() == [6.0, 1.0, 3.0]
+    assert max_min_fair([np.array([0])], np.array([np.inf])).tolist() == [np.inf]  # nothing limits it
+
+
+def test_fair_rates_two_transfers_on_one_pair_share_it_and_a_device_to_itself_is_free():
+    links = Links.from_topology(uniform(3, 1.0, 8.0), nic="per-pair")
+    r = links.fair_rates(np.array([0, 0, 1, 2]), np.array([1, 1, 2, 2])) * 8 / 1e9
+    np.testing.assert_allclose(r, [4, 4, 8, np.inf])
+
+
 def test_sharded_ps_rounds_closed_form_on_uniform_group():
     n, delay_ms, gbps, nbytes = 5, 4.0, 2.0, 50e6
     links = Links.from_topology(uniform(n, delay_ms, gbps))
-    end = network.sharded_ps(links, np.arange(n)[None, :], nbytes, mode="rounds")
+    end = collectives.sharded_ps(links, np.arange(n)[None, :], nbytes, mode="rounds")
     per_msg = delay_ms / 1e3 + nbytes / n / (gbps * 1e9 / 8)
     np.testing.assert_allclose(end, 2 * (n - 1) * per_msg, rtol=1e-12)
 
@@ -97,8 +114,8 @@ def test_sharded_ps_grouped_is_bounded_by_egress_and_never_slower_than_rounds():
     topo = random_topology(n, 3)
     links = Links.from_topology(topo)
     g = np.arange(n)[None, :]
-    grouped = network.sharded_ps(links, g, nbytes, mode="grouped").max()
-    rounds = network.sharded_ps(links, g, nbytes, mode="rounds").max()
+    grouped = collectives.sharded_ps(links, g, nbytes, mode="grouped").max()
+    rounds = collectives.sharded_ps(links, g, nbytes, mode="rounds").max()
     assert grouped <= rounds
     # at least: every device pushes its D-1 shards through its own egress, twice
     egress_bound = 2 * ((n - 1) * nbytes / n / links.egress_Bps).max()
@@ -107,7 +124,7 @@ def test_sharded_ps_grouped_is_bounded_by_egress_and_never_slower_than_rounds():
 
 def test_linux_default_buffers_send_one_window_per_round_trip_on_a_long_fat_ring():
     """Linux's defaults cap the window at 3 MiB (half of tcp_rmem's 6 MiB): on 8 Gbit/s x 100 ms links a ring
-    step of two windows takes a round trip more than its bytes at the rate (compute/transport.py)."""
+    step of two windows takes a round trip more than its bytes at the rate (netmodel/tcp.py)."""
     from harness.scenario.transport import LINUX
 
     n, delay_ms, gbps = 4, 50.0, 8.0
@@ -118,8 +135,8 @@ def test_linux_default_buffers_send_one_window_per_round_trip_on_a_long_fat_ring
     linux = Links.from_topology(make_topology(np.full((n, n), delay_ms), np.full((n, n), gbps), transport=in_use))
     alpha, rate = delay_ms / 1e3, gbps * 1e9 / 8
     ring = np.arange(n)[None, :]
-    np.testing.assert_allclose(network.ring_allreduce(tuned, ring, nbytes), 2 * (n - 1) * (alpha + 2 * W / rate))
-    np.testing.assert_allclose(network.ring_allreduce(linux, ring, nbytes),
+    np.testing.assert_allclose(collectives.ring_allreduce(tuned, ring, nbytes), 2 * (n - 1) * (alpha + 2 * W / rate))
+    np.testing.assert_allclose(collectives.ring_allreduce(linux, ring, nbytes),
                                2 * (n - 1) * (alpha + 2 * alpha + W / rate), rtol=1e-12)
     assert linux.transport.rmem_max_bytes == 6291456 and tuned.transport.rmem_max_bytes > 6291456
 
@@ -138,9 +155,9 @@ def test_slow_start_after_idle_costs_the_first_ring_step_its_round_trips():
     alpha, rate, iw = delay_ms / 1e3, gbps * 1e9 / 8, 10 * 1448
     in_use_step = 2 * alpha + W / rate + alpha
     first_step = 8 * 2 * alpha + (2 * W - 255 * iw) / rate + alpha
-    np.testing.assert_allclose(network.ring_allreduce(linux, np.arange(n)[None, :], nbytes),
+    np.testing.assert_allclose(collectives.ring_allreduce(linux, np.arange(n)[None, :], nbytes),
                                first_step + (2 * (n - 1) - 1) * in_use_step, rtol=1e-12)
     # the sharded PS's two exchanges: the scatter from the initial window, the gather right after on grown ones
     shard = 2 * W
-    ps = network.sharded_ps(linux, np.arange(n)[None, :], n * shard)
+    ps = collectives.sharded_ps(linux, np.arange(n)[None, :], n * shard)
     np.testing.assert_allclose(ps, first_step + in_use_step, rtol=1e-12)

@@ -100,7 +100,7 @@ def test_slow_start_after_idle_in_the_pipeline_engine(compute_s, second_ser):
     """Linux's slow start after idle: a hop's connection starts the iteration silent, so the first 100 kB
     activation goes from the initial window (14,480, 28,960, 57,920 B: 3 rounds of RTT 0.2 s at 1 MB/s);
     the second keeps the grown window unless its sender was silent for longer than the RTO."""
-    from harness.compute.links import Links
+    from harness.netmodel.links import Links
     from harness.scenario.transport import LINUX
     from tests.conftest import make_topology
 

@@ -14,7 +14,7 @@ from harness.scenario import load_scenario
 from harness import compute
 from harness.systems.baselines import sim as baselines
 from harness.systems.ours import sim as ours_sim
-from harness.compute.links import Links
+from harness.netmodel.links import Links
 from harness.sim.sweep import PAPER_RUNTIME
 from tests.conftest import make_topology, random_topology
 

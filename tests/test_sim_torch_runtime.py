@@ -8,10 +8,10 @@ from harness import layout as layouts
 from harness.compute.model import GPTConfig, even_split, get_model, stage_params
 from harness.compute.profiles import device_profiles
 from harness import compute
-from harness.compute import links as network
+from harness.netmodel import collectives
 from harness.sim import pipeline
 from harness.sim import torch_runtime
-from harness.compute.links import Links
+from harness.netmodel.links import Links
 from tests.conftest import make_topology
 
 TINY = get_model("tiny", 4)
@@ -107,6 +107,6 @@ def test_ddp_reduce_inside_the_last_backward_serialises_the_stages():
     lay = layouts.with_rank_order(layouts.in_rank_order(1, P, R, cfg.layers), dev.ravel())
     seconds, _, det = torch_runtime.simulate(links, prof, cfg, 8, lay, bytes_per_value=4)
     grads = compute.stage_param_bytes(cfg, lay.layers_per_stage, 4)
-    per_stage = [float(network.ring_allreduce(links, dev[j][None, :], grads[j]).max()) for j in range(P)]
+    per_stage = [float(collectives.ring_allreduce(links, dev[j][None, :], grads[j]).max()) for j in range(P)]
     assert seconds >= sum(per_stage)
     assert det["pipeline_seconds"] < seconds <= det["pipeline_seconds"] + det["optimizer_seconds"]  # then the step

@@ -1,4 +1,4 @@
-"""The simulator's transport model (harness/compute/transport.py): its physics on paths where the answer is
+"""The simulator's transport model (harness/netmodel/tcp.py): its physics on paths where the answer is
 known in closed form, and its predictions against transfer curves measured in the emulated cluster
 (tests/data/transfer-curves/: `harness net verify --scenario 5 --devices 8 --pairs sample --transfer-curves
 DIR` at bandwidth scale 1, with the scenario's tuned TCP settings and with `--transport linux`)."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.compute.transport import INITIAL_WINDOW_SEGMENTS, TcpPath
+from harness.netmodel.tcp import INITIAL_WINDOW_SEGMENTS, TcpPath
 from harness.report.transfer import modelled_seconds, side_by_side
 from harness.scenario.transport import LINUX, Transport
 

@@ -25,7 +25,7 @@ class StageModel:
                  recompute: bool = True, profiles=None):
         from .. import compute as work
         from ..compute.profiles import device_profiles
-        from ..compute.links import Links
+        from ..netmodel.links import Links
         from ..scenario.class_links import by_region
 
         profs = profiles if profiles is not None else device_profiles(topo, dtype=dtype)

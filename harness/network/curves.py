@@ -20,7 +20,8 @@ from pathlib import Path
 
 from ..errors import HarnessError
 from ..files import atomic_write_json, atomic_write_text
-from .plan import build_plan, device_addresses, target_matrices, tcp_efficiency
+from ..netmodel.tcp import tcp_efficiency
+from .plan import build_plan, device_addresses, target_matrices
 from .verify import run_probe, select_pairs
 
 #: message sizes (bytes): a pipeline's activation at tiny scale up to a 1.3B model's gradient shard

@@ -30,15 +30,12 @@ from dataclasses import asdict, dataclass, field, replace
 import numpy as np
 
 from ..errors import HarnessError
+from ..netmodel.tcp import MTU, frame_bytes, tcp_efficiency
 from ..scenario.transport import LINUX, Transport
 from ..units import bits_to_bytes, gbps_to_bits_per_s, ms_to_us
 
 #: Links with zero delay at or above this rate are inside a node (NVLink, PCIe): not shaped.
 UNSHAPED_MIN_GBPS = 100.0
-#: Ethernet header counted by HTB on a veth/NIC (skb->len; no preamble/FCS on a virtual link).
-ETH_HEADER_BYTES = 14
-#: IPv4 (20) + TCP (20) + TCP timestamp option (12, on by default in Linux).
-TCP_IP_HEADER_BYTES = 52
 #: HTB burst = the bytes the rate sends in this many seconds (at least two full frames): enough
 #: that a late timer (UML's clock) does not lose tokens, small next to any RTT we emulate.
 BURST_SECONDS = 0.02
@@ -115,19 +112,10 @@ class NetworkPlan:
         return asdict(self)
 
 
-def tcp_efficiency(mtu: int = 1500) -> float:
-    """TCP payload per byte HTB counts: MSS / frame = (MTU - 52) / (MTU + 14).
-
-    1448/1514 = 0.9564 at MTU 1500 (IPv4, TCP timestamps on). HTB on a veth counts
-    skb->len, the L2 frame without preamble/FCS/inter-frame gap, so those are not in it.
-    """
-    return (mtu - TCP_IP_HEADER_BYTES) / (mtu + ETH_HEADER_BYTES)
-
-
-def htb_burst_bytes(rate_bps: float, mtu: int = 1500) -> int:
+def htb_burst_bytes(rate_bps: float, mtu: int = MTU) -> int:
     """The bucket of a shaped link: what its rate sends in BURST_SECONDS, at least two frames. After an idle
-    moment that many bytes pass at once (the simulator's transport model counts them: compute/transport.py)."""
-    return max(2 * (mtu + ETH_HEADER_BYTES), math.ceil(bits_to_bytes(rate_bps) * BURST_SECONDS))
+    moment that many bytes pass at once (the simulator's transport model counts them: netmodel/tcp.py)."""
+    return max(2 * frame_bytes(mtu), math.ceil(bits_to_bytes(rate_bps) * BURST_SECONDS))
 
 
 def device_addresses(n: int, subnet: str = "10.213.0.0/16") -> tuple[list[str], int]:
@@ -150,7 +138,7 @@ def build_plan(
     ifnames: list[str],
     *,
     prefix_len: int = 16,
-    mtu: int = 1500,
+    mtu: int = MTU,
     jitter_ms: float = 0.0,
     loss_pct: float = 0.0,
     unshaped_min_gbps: float = UNSHAPED_MIN_GBPS,
@@ -166,7 +154,7 @@ def build_plan(
         raise PlanError(f"jitter_ms/loss_pct: must be >= 0 and loss <= 100 (got {jitter_ms}, {loss_pct})")
     if n > 0xFF00:
         raise PlanError(f"devices: at most {0xFF00} (got {n})")
-    frame = mtu + ETH_HEADER_BYTES
+    frame = frame_bytes(mtu)
     egress = _egress_bps(topo, frame)
     devices = []
     for d in range(n):
@@ -207,7 +195,7 @@ def shaped_link(dst: int, dst_addr: str, delay_ms: float, gbps: float, jitter_ms
     """The egress class and netem of one destination at these link values: the one place where Gbps becomes
     the bit/s HTB is given, and where burst, quantum and the netem limit follow from the rate and delay
     (build_plan at the start, a timeline's change during the run)."""
-    frame = mtu + ETH_HEADER_BYTES
+    frame = frame_bytes(mtu)
     rate_bps = int(round(gbps_to_bits_per_s(gbps)))
     if rate_bps < 8 * frame:
         raise PlanError(f"{what} = {rate_bps} bit/s: below one {frame}-byte frame per second")

@@ -36,7 +36,8 @@ from ..scenario.preemption import DeviceEvent, device_events
 from ..scenario.timeline import LinkChange, LinkState
 from . import netns as harness_netns
 from .apply import change_link, compare, readback
-from .plan import ETH_HEADER_BYTES, UNSHAPED_MIN_GBPS, DevicePlan, NetworkPlan, ShapedLink, shaped_link, under_egress
+from ..netmodel.tcp import frame_bytes
+from .plan import UNSHAPED_MIN_GBPS, DevicePlan, NetworkPlan, ShapedLink, shaped_link, under_egress
 
 CLOCKS = ("command", "marks")
 POLL_S = 0.01
@@ -298,7 +299,7 @@ class TimelineController:
         return out, pos + len(whole)
 
     def _apply(self, change: LinkChange, state: LinkState, run: int, iteration: int | None, zero: float) -> None:
-        frame = self.plan.mtu + ETH_HEADER_BYTES
+        frame = frame_bytes(self.plan.mtu)
         touched: dict[int, list[ShapedLink]] = {}
         for r, s in state.apply(change):
             for d, e in self._pairs(r, s):

@@ -4,9 +4,8 @@ For each ordered pair (src, dst), inside the emulated cluster (probe.py):
   RTT: median TCP 1-byte ping-pong. Target = A[src][dst] + A[dst][src].
        Pass: |measured - target| <= 0.5 ms + 3 % of target.
   goodput: one bulk TCP stream, counted at the receiver after slow start.
-       Target = rate x TCP payload/wire efficiency = B[src][dst] x scale x (MTU-52)/(MTU+14)
-       (1448/1514 = 0.956 at MTU 1500: IPv4+TCP+timestamps 52 B per packet, Ethernet
-       header 14 B counted by HTB). Pass: within +-5 % of target.
+       Target = rate x TCP's payload share of the frames HTB counts = B[src][dst] x scale x 0.956
+       at MTU 1500 (harness/netmodel/tcp.py: tcp_efficiency). Pass: within +-5 % of target.
 Pairs the scenario leaves unshaped (node-internal, see plan.py) are not verified.
 """
 from __future__ import annotations
@@ -14,7 +13,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import shutil
 import statistics
 import sys
@@ -26,7 +24,8 @@ from pathlib import Path
 from ..errors import HarnessError
 from ..files import atomic_write_json, atomic_write_text
 from .emulate import run_emulated
-from .plan import build_plan, device_addresses, target_matrices, tcp_efficiency
+from ..netmodel.tcp import frame_bytes, slow_start_rounds, tcp_efficiency
+from .plan import build_plan, device_addresses, target_matrices
 
 RTT_TOL_MS = 0.5
 RTT_TOL_REL = 0.03
@@ -173,8 +172,7 @@ def warmup_s(rate_bps: float, rtt_ms: float, mtu: int) -> float:
     """Time for slow start (cwnd 10 -> BDP, doubling per RTT), its overshoot and recovery
     (five more RTTs) and a margin."""
     rtt = max(rtt_ms, 0.1) / 1e3
-    bdp_packets = rate_bps * rtt / 8 / (mtu + 14)
-    return (math.log2(max(bdp_packets, 10) / 10) + 5) * rtt + 0.5
+    return (slow_start_rounds(rate_bps * rtt / 8, frame_bytes(mtu)) + 5) * rtt + 0.5
 
 
 def run_probe(topo, spec: dict, what: str, *, kernel: str, timeout_s: float, stream=None):

@@ -29,7 +29,7 @@ from ..files import atomic_write_json, atomic_write_text
 from ..scenario.timeline import LinkState
 from ..units import gbps_to_bits_per_s
 from .emulate import run_emulated
-from .plan import tcp_efficiency
+from ..netmodel.tcp import tcp_efficiency
 from .timeline_probe import BIN_S
 
 RATE_TOL = 0.10

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from . import systems as registry
 from ..compute import BYTES_PER_VALUE
-from ..compute.transport import UML_HZ
+from ..netmodel.tcp import UML_HZ
 from .request import RunRequest, RunSpec
 
 #: The undilated CPU seconds of an iteration over its dilated modelled seconds that a chosen dilation aims at
@@ -88,8 +88,8 @@ class Dilation:
 def modelled_seconds(spec: RunSpec, topo, factor: float, kernel: str = "uml") -> float:
     """The iteration's seconds as the compute model and the network model give them with compute `factor` times
     longer and every link `factor` times slower than `topo` (the run's scaled topology)."""
-    from ..compute.links import Links
-    from ..network.plan import tcp_efficiency
+    from ..netmodel.links import Links
+    from ..netmodel.tcp import tcp_efficiency
 
     protocol = "gloo" if spec.run.device_type == "cpu" else "nccl"
     # an emulated link's TCP payload moves at its shaped rate times the payload share, as sim compare models it

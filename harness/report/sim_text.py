@@ -87,7 +87,7 @@ MODEL_TEXT = """\
   (peak x efficiency).
 - Links: delay + bytes / rate on the scenario's directed pair, under the scenario's TCP settings (window, slow
   start after idle); transfers sharing a sender's egress or a receiver's ingress (capacity = the device's
-  fastest link) share it max-min fairly (harness/compute/links.py).
+  fastest link) share it max-min fairly (harness/netmodel/links.py).
 - Ours (the paper's, dtfm: harness/systems/dtfm/sim.py, from DS3Lab/DT-FM's source): a gloo barrier of all
   ranks; per gradient-accumulation step of 64 micro-batches of 1 sample, all forwards through the pipeline
   (receive, compute, send on separate streams), a barrier, all backwards; after a stage's last backward the

@@ -1,5 +1,5 @@
 """Transfer curves (`net verify --transfer-curves`): measured points beside the transport model's prediction
-of each (compute/transport.py) with the error, and one plot per idle time (time against size per link class,
+of each (netmodel/tcp.py) with the error, and one plot per idle time (time against size per link class,
 log-log)."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 
 import numpy as np
 
-from ..compute.transport import HOST_HZ, UML_HZ, TcpPath
+from ..netmodel.tcp import HOST_HZ, UML_HZ, TcpPath
 from ..files import atomic_write_text
 from ..plots.figures import save_figure
 from ..scenario.transport import Transport

@@ -13,7 +13,7 @@ net.ipv4.tcp_allowed_congestion_control, so one is set only where a scenario nam
 at most 256 MiB), room for the window to fill any of its links (what the harness did before
 `transport:` existed). The network layer applies the settings inside every device's namespace
 (harness/network/apply.py); the simulator's transport model reads the same values
-(harness/compute/transport.py).
+(harness/netmodel/tcp.py).
 """
 from __future__ import annotations
 

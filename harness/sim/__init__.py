@@ -2,7 +2,7 @@
 (FLOPs, bytes and seconds of the work: harness/compute/).
 
 What every system's model shares is here; the models are with their systems (harness/systems/<name>/sim.py,
-the baselines' in harness/systems/baselines/sim.py). The links and collectives: harness/compute/links.py.
+the baselines' in harness/systems/baselines/sim.py). The links and collectives: harness/netmodel/links.py.
 
 pipeline.py  event timeline of GPipe / 1F1B stages, overlapped or blocking point-to-point
 systems.py   a model's result and error, the layer check, every device's optimizer step

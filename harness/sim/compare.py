@@ -6,7 +6,7 @@ clock the iterations add up to the run's wall time, so the mean is its throughpu
 runner.merge_stats).
 The simulator runs the same scenario (scaled to the record's devices), model,
 batch, layout, wire precision and library (the run manifest's dtype and device:
-CPU runs use gloo, GPU runs NCCL; network.PROTOCOLS): ours uses the
+CPU runs use gloo, GPU runs NCCL; netmodel.links.PROTOCOLS): ours uses the
 pipelines the run recorded in `config`, baselines their grid point and rank
 order. Compute speed comes from the device profile: calibrate it from the same
 records first (`harness sim calibrate`), since emulated devices are CPU processes.
@@ -30,9 +30,9 @@ from ..compute.profiles import OP_CLASSES, ComputeProfile, device_profiles
 from ..results import read_records
 from ..scenario import load_scenario, load_timeline
 from ..scenario.transport import KEYS as TRANSPORT_KEYS, Transport
-from ..compute.links import Links
-from ..compute.transport import UML_HZ
-from ..network.plan import tcp_efficiency
+from ..netmodel.links import Links
+from ..netmodel.tcp import UML_HZ
+from ..netmodel.tcp import tcp_efficiency
 from ..scenario.timeline import PredictedIteration, predict_iterations
 from .replan import move_seconds
 from .sweep import Simulator
@@ -231,7 +231,7 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> 
     entry = registry.get(system)
     conf = _config(rec)
     d_pp = int(conf.get("pp", conf.get("d_pp", rec.get("d_pp") or 1)))
-    # the emulator shapes every pair on its own (network.Links, nic="per-pair"); real clusters share NICs
+    # the emulator shapes every pair on its own (netmodel.links.Links, nic="per-pair"); real clusters share NICs
     nic = "per-pair" if rec.get("backend") == "emu" else "shared"
     scale = rec.get("compute_time_scale")
     # a compute-model run computes at its devices' profiles (the scenario's GPUs at the run's precision,
@@ -257,7 +257,7 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> 
 
 def payload_share(backend: str | None) -> float:
     """The share of a link's rate that carries TCP's payload in a run on `backend`: an emulated link shapes
-    whole frames (HTB counts headers too: network/plan.tcp_efficiency, as `net verify` and the FL runs take
+    whole frames (HTB counts headers too: netmodel/tcp.tcp_efficiency, as `net verify` and the FL runs take
     it); elsewhere the scenario's bandwidth is what the run's transfers get."""
     return tcp_efficiency() if backend == "emu" else 1.0
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..compute.links import Connections, Links
+from ..netmodel.links import Connections, Links
 from ..layout import schedule_order
 
 
@@ -44,7 +44,7 @@ class StageTimes:
     bwd_delay: np.ndarray
     # with both: every hop's message of `message_bytes` goes through the connection of its device pair
     # (stages: (P, R) devices), so one after a silence longer than the RTO restarts slow start
-    # (compute/links.Connections); else every hop takes its *_ser, a connection in use
+    # (netmodel/links.Connections); else every hop takes its *_ser, a connection in use
     links: Links | None = None
     stages_devices: np.ndarray | None = None
     message_bytes: float = 0.0

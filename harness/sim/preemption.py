@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from ..compute import PAPER_BYTES
-from ..compute.links import Links
+from ..netmodel.links import Links
 from ..compute.model import GPTConfig
 from ..plan import systems as registry
 from ..plan.survivors import layout_on

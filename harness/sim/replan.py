@@ -19,7 +19,7 @@ import numpy as np
 
 from ..compute import PAPER_BYTES, training_bytes_per_param
 from ..compute.model import GPTConfig
-from ..compute.transport import INITIAL_WINDOW_SEGMENTS
+from ..netmodel.tcp import INITIAL_WINDOW_SEGMENTS
 from ..layout import Layout
 from ..layout.holdings import holdings, sources_of
 from ..plan import systems as registry
@@ -70,7 +70,7 @@ def move_seconds(old: Layout, new: Layout, cfg: GPTConfig, links, bytes_per_valu
                  ) -> tuple[float, float]:
     """(seconds, bytes) to move what `new` places where `old` did not have it, over `links`: the slowest
     device's messages, all at once, each on a connection that has not carried data yet (the pair may never
-    have talked: a TCP handshake, then slow start from the initial window; harness/compute/transport.py)
+    have talked: a TCP handshake, then slow start from the initial window; harness/netmodel/tcp.py)
     after the library's ready notice."""
     return transfer_seconds(holdings(old), holdings(new), cfg, links, bytes_per_value)
 

@@ -30,7 +30,7 @@ from ..results import IterationRecord
 from ..scenario import Topology
 from ..scenario.transport import Transport
 from .. import compute as work
-from ..compute.links import PROTOCOLS, Links
+from ..netmodel.links import PROTOCOLS, Links
 from ..scheduler import DEFAULT_BUDGET
 from .systems import SimError, SimResult
 

@@ -3,7 +3,7 @@ device's optimizer step. The models themselves live with their systems (harness/
 the baselines' in harness/systems/baselines/sim.py): one simulated iteration per system, from links,
 device profiles, a model config and a Layout. Every device runs its optimizer step over the parameters
 it updates (compute.optimizer_seconds: its 1/T share, and 1/D of that under ZeRO); all collectives are
-rings in rank order (harness/compute/links.py).
+rings in rank order (harness/netmodel/links.py).
 """
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..compute.links import Links
+from ..netmodel.links import Links
 from ..scenario.timeline import PredictedIteration, predict_iterations
 from .systems import SimError
 

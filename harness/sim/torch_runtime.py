@@ -7,7 +7,7 @@ for measured baseline records instead of the paper-scale model (harness/systems/
 
 - Every point-to-point transfer is posted only when the schedule reaches it and gloo's
   send is a rendezvous: data leaves once the receiver's ready notice has arrived (one
-  one-way delay after the receive was posted, network.PROTOCOLS). Each stage waits on
+  one-way delay after the receive was posted, PROTOCOLS). Each stage waits on
   its posted work exactly where the schedule code waits: receives before computing,
   a forward send fused with the next backward's receive in 1F1B, the previous send
   before posting the next (torch/distributed/pipelining/schedules.py).
@@ -23,7 +23,7 @@ Every rank's optimizer step (over its stage, or its ZeRO-1 shard of it) follows 
 gradient all-reduce and precedes the broadcasts.
 
 A send completes when its last byte has left (departure + bytes / rate, or more under the scenario's
-TCP settings: compute/links.Connections, one per device pair through the iteration, so that a message
+TCP settings: netmodel/links.Connections, one per device pair through the iteration, so that a message
 after a silence longer than the RTO restarts slow start); it arrives one delay later. Transfers on one
 ordered pair go out one after another.
 """
@@ -36,8 +36,8 @@ import numpy as np
 from ..layout import Layout
 from ..compute.model import GPTConfig
 from .. import compute as work
-from ..compute import links as network
-from ..compute.links import Connections, Links
+from ..netmodel import collectives
+from ..netmodel.links import Connections, Links
 from .systems import SimError, check_layers, optimizer_step
 
 #: ProcessGroupGloo's worker threads (torch's default Options: 2): collectives in flight per process.
@@ -268,7 +268,7 @@ def simulate(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout,
                             if j not in reduce_end:
                                 if np.isnan(reduce_at[j]).any():
                                     break
-                                reduce_end[j] = network.ring_allreduce(links, dev[j][None, :], grads[j],
+                                reduce_end[j] = collectives.ring_allreduce(links, dev[j][None, :], grads[j],
                                                                        start=reduce_at[j][None, :], conns=conns)[0]
                             t[j, r] = reduce_end[j][r]
                     ptr[j, r] += 1

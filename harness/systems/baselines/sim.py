@@ -26,8 +26,8 @@ import numpy as np
 
 from ... import compute as work
 from ... import layout as layouts
-from ...compute import links as network
-from ...compute.links import Links
+from ...netmodel import collectives
+from ...netmodel.links import Links
 from ...compute.model import GPTConfig
 from ...layout import Layout
 from ...sim import pipeline, torch_runtime
@@ -52,8 +52,8 @@ def pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_batc
     layers = np.asarray(layout.layers_per_stage)
     if tp > 1:
         groups = dev.reshape(pp * dp, tp)
-        ar = network.ring_allreduce(links, groups, act).max(1).reshape(pp, dp)
-        ag = network.ring_allgather(links, groups, act).max(1).reshape(pp, dp)
+        ar = collectives.ring_allreduce(links, groups, act).max(1).reshape(pp, dp)
+        ag = collectives.ring_allgather(links, groups, act).max(1).reshape(pp, dp)
         n_f = 2 * layers.astype(float)
         n_b = 4 * layers.astype(float)  # recomputed forward (2) + backward (2)
         n_f[0] += 1  # vocab-parallel embedding output
@@ -64,8 +64,8 @@ def pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_batc
         ag = np.zeros((pp, dp))
     if pp > 1:
         src, dst = dev[:-1], dev[1:]  # (pp-1, dp, tp)
-        fser, fdel = network.step_times(links, src, dst, act / tp)
-        bser, bdel = network.step_times(links, dst, src, act / tp)
+        fser, fdel = collectives.step_times(links, src, dst, act / tp)
+        bser, bdel = collectives.step_times(links, dst, src, act / tp)
         # blocking runtime: only delivery time matters (after the receiver's ready notice, if the
         # library waits for one); the receiving stage all-gathers the slices
         h = links.protocol.p2p_handshake
@@ -96,7 +96,7 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     for j in range(pp):
         groups = dev[j].T  # (tp, dp): one data-parallel ring per tensor rank
         start = np.broadcast_to(tl.finish[j][None, :], groups.shape)
-        end[j] = network.ring_allreduce(links, groups, grads[j], start=start).T
+        end[j] = collectives.ring_allreduce(links, groups, grads[j], start=start).T
     end += opt
     finish = tl.finish[:, :, None]
     return SimResult("megatron", {"tp": tp, "pp": pp, "dp": dp}, float(end.max()), float((compute + opt).max()),
@@ -116,8 +116,8 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     end = np.empty((pp, dp))
     for j in range(pp):
         g = dev[j, :, 0][None, :]
-        t = network.ring_allreduce(links, g, grads[j], start=tl.finish[j][None, :]) + opt[j][None, :]
-        end[j] = network.ring_allgather(links, g, grads[j], start=t)[0]  # updated fp16 parameters
+        t = collectives.ring_allreduce(links, g, grads[j], start=tl.finish[j][None, :]) + opt[j][None, :]
+        end[j] = collectives.ring_allgather(links, g, grads[j], start=t)[0]  # updated fp16 parameters
     return SimResult("deepspeed", {"zero": 1, "pp": pp, "dp": dp}, float(end.max()),
                      float((compute[:, :, 0] + opt).max()),
                      pp_comm_seconds=float((tl.fwd_span + tl.bwd_span).max(1).sum()) if pp > 1 else 0.0,
@@ -185,7 +185,7 @@ def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, layout: L
 
     def gather(params: int) -> float:  # reduce-scatter moves the same bytes as all-gather
         if params not in ring_s:
-            ring_s[params] = float(network.ring_allgather(links, ring, params * bytes_per_value).max())
+            ring_s[params] = float(collectives.ring_allgather(links, ring, params * bytes_per_value).max())
         return ring_s[params]
 
     trace = zero3_trace(cfg)

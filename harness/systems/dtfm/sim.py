@@ -4,7 +4,7 @@
 overlapping the next iteration); dtfm is what the paper measured. One iteration of DT-FM's `sgd_iter`
 (pipeline_parallel/dist_gpipe_pipeline_async.py), per rank:
 
-1. `dist.barrier()` of all ranks (gloo: a dissemination barrier, compute/links.dissemination_barrier);
+1. `dist.barrier()` of all ranks (gloo: a dissemination barrier, netmodel/links.dissemination_barrier);
 2. per gradient-accumulation step: the forwards of all its micro-batches through the pipeline (receive,
    compute and send on their own CUDA streams, so a stage computes while it sends), a barrier of all
    ranks, then all the backwards (activation checkpointing: each recomputes its forward);
@@ -27,8 +27,8 @@ import numpy as np
 
 from ... import compute as work
 from ... import layout as layouts
-from ...compute import links as network
-from ...compute.links import Links
+from ...netmodel import collectives
+from ...netmodel.links import Links
 from ...compute.model import GPTConfig
 from ...compute.profiles import ComputeProfile
 from ...layout import RANDOM_SEEDS, Layout
@@ -127,8 +127,8 @@ def simulate_dtfm(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     fwd, bwd = work.stage_compute(cfg, split, micro_batch, profiles, pipelines, recompute=True, lm_head=False)
     act = work.activation_bytes(cfg, micro_batch, bytes_per_value)
     S = pipelines.T  # (P, R)
-    fser, fdel = network.step_times(links, S[:-1], S[1:], act)
-    bser, bdel = network.step_times(links, S[1:], S[:-1], act)
+    fser, fdel = collectives.step_times(links, S[:-1], S[1:], act)
+    bser, bdel = collectives.step_times(links, S[1:], S[:-1], act)
     times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel, links, S, act)
     params = stage_params(cfg, split)
     ranks = pipelines.reshape(-1)
@@ -136,7 +136,7 @@ def simulate_dtfm(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
 
     def barrier(arrive_ps: np.ndarray) -> np.ndarray:  # (P, R) in, (P, R) out
         arrive = arrive_ps.T.reshape(-1)
-        leave = network.dissemination_barrier(links, ranks, arrive)
+        leave = collectives.dissemination_barrier(links, ranks, arrive)
         spans.append(Span("barrier", sum(s.kind == "barrier" for s in spans), float(arrive.min()),
                           float(leave.max())))
         return leave.reshape(R, P).T
@@ -154,7 +154,7 @@ def simulate_dtfm(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     opt = offload_seconds(params)
     end = np.empty_like(t)
     for j in range(P):
-        scatter, gather = network.sharded_ps_phases(links, S[j][None, :], grads[j], start=t[j][None, :])
+        scatter, gather = collectives.sharded_ps_phases(links, S[j][None, :], grads[j], start=t[j][None, :])
         spans += [Span("scatter", j, float(t[j].max()), float(scatter.max())),
                   Span("gather", j, float(scatter.max()), float(gather.max())),
                   Span("optimizer", j, float(gather.max()), float(gather.max() + opt[j]))]

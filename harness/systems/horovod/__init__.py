@@ -18,8 +18,8 @@ from ...sim.cnn import BYTES_PER_VALUE, DTYPE, GIB, CNNCandidate, CNNOptions, CN
 from ...compute.profiles import device_profiles
 from ...plan.systems import System, register
 from ...scenario import Topology
-from ...compute import links as network
-from ...compute.links import Links
+from ...netmodel import collectives
+from ...netmodel.links import Links
 
 
 @dataclass
@@ -49,7 +49,7 @@ def simulate(topo: Topology, model: CNNModel, batch: int, gpus: str | None = Non
     fwd = max(model.fwd_flop * batch / profs[d].flops_per_s("transformer") for d in fits)
     grads = model.params * BYTES_PER_VALUE
     ring = np.asarray(fits)[None, :]
-    allreduce = float(network.ring_allreduce(Links.from_topology(topo), ring, grads).max()) if len(fits) > 1 else 0.0
+    allreduce = float(collectives.ring_allreduce(Links.from_topology(topo), ring, grads).max()) if len(fits) > 1 else 0.0
     seconds = fwd + max(2 * fwd, allreduce)
     nodes = len({topo.device_region[d] for d in fits})
     n = len(fits)

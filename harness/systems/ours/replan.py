@@ -35,7 +35,7 @@ from ...layout.holdings import item_from_key, item_key, item_of
 from ...plan.layouts import resolve_layout, run_topology
 from ...plan.request import LayoutRequest, RunRequest, RunSpec
 from ...scenario.timeline import LinkState
-from ...compute.links import Links
+from ...netmodel.links import Links
 from ...sim.replan import REPLAN_LEAD, move_seconds, move_sources
 from ...train.rank import progress
 from .layout import placement_cost

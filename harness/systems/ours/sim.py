@@ -15,8 +15,8 @@ from ... import compute as work
 from ... import layout as layouts
 from ...allocation import StageModel, allocate_if_it_fits, keeps_even_split
 from ...compute import PAPER_DTYPE
-from ...compute import links as network
-from ...compute.links import Links
+from ...netmodel import collectives
+from ...netmodel.links import Links
 from ...compute.model import GPTConfig, stage_params
 from ...compute.profiles import ComputeProfile
 from ...layout import RANDOM_SEEDS, Layout
@@ -34,7 +34,7 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
                   bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
     """The layout's pipelines (D_DP, D_PP), its schedule (gpipe, the paper, or 1f1b), dp_sync (sharded-ps,
     the paper, or allreduce: ring) and recompute, as the trainer runs them. dp_bytes overrides the
-    per-stage gradient bytes; ps_mode "grouped" or "rounds" (network.sharded_ps)."""
+    per-stage gradient bytes; ps_mode "grouped" or "rounds" (collectives.sharded_ps)."""
     pipelines = layout.array()[:, :, 0].T  # (D_DP, D_PP); a layout whose pipelines differ: one-line LayoutError
     R, P = pipelines.shape
     check_layers(cfg, P)
@@ -47,8 +47,8 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
                     for row in pipelines])  # (R, P)
     act = work.activation_bytes(cfg, micro_batch, bytes_per_value)
     S = pipelines.T  # (P, R)
-    fser, fdel = network.step_times(links, S[:-1], S[1:], act)
-    bser, bdel = network.step_times(links, S[1:], S[:-1], act)
+    fser, fdel = collectives.step_times(links, S[:-1], S[1:], act)
+    bser, bdel = collectives.step_times(links, S[1:], S[:-1], act)
     times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel, links, S, act)
     grads = (work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) if dp_bytes is None
              else np.asarray(dp_bytes, dtype=float))
@@ -62,10 +62,10 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
         for j in range(P):
             if dp_sync == "sharded-ps":
                 # the runtime posts every receive of the iteration up front (harness/systems/ours/dp_sync.py)
-                end[j] = network.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :],
+                end[j] = collectives.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :],
                                             mode=ps_mode, preposted=True)[0]
             elif dp_sync == "allreduce":
-                end[j] = network.ring_allreduce(links, S[j][None, :], grads[j], start=tl.finish[j][None, :])[0]
+                end[j] = collectives.ring_allreduce(links, S[j][None, :], grads[j], start=tl.finish[j][None, :])[0]
             else:
                 raise SimError(f"dp_sync: unknown {dp_sync!r} (known: sharded-ps, allreduce)")
         end += opt.T  # then every device's optimizer step over its stage

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ...files import atomic_write_json
 from ...network.headroom import GUEST_CPU, CpuMonitor, Headroom, host_bound, read_guest
-from ...network.plan import tcp_efficiency
+from ...netmodel.tcp import tcp_efficiency
 from ...plan.dilation import TARGET_BUSY, Dilation, Probe, further, smallest_factor
 from ...scenario import Topology
 from ...train.launch import RankFailure

@@ -4,7 +4,7 @@ Racks are the scenario's regions. Inside a rack workers talk at B_intra, across 
 B_inter = alpha * B_intra, and the server reaches a worker at B_inter (it is outside every rack,
 eq. 13) through its own uplink (the scenario's `server.uplink_gbps`, else B_inter). A worker's
 network interface carries at most its fastest link (B_intra) in each direction, as in
-harness/compute/links.py. `--alpha` replaces B_inter (and a defaulted uplink) by alpha * B_intra.
+harness/netmodel/links.py. `--alpha` replaces B_inter (and a defaulted uplink) by alpha * B_intra.
 Scaling down keeps the rack shape: it keeps whole racks, the same share of every scenario entry.
 
 The emulated cluster (`harness fl --backend emu`) runs this federation as a topology of its own
@@ -54,7 +54,7 @@ class Federation:
 
     def scaled(self, bandwidth_scale: float, compute_time_scale: float, payload_share: float = 1.0) -> "Federation":
         """The federation as the emulated cluster runs it: every bandwidth x bandwidth_scale, of which the
-        parameters get `payload_share` (the rest is the frames' headers: network/plan.tcp_efficiency), every
+        parameters get `payload_share` (the rest is the frames' headers: netmodel/tcp.tcp_efficiency), every
         computation compute_time_scale times longer, and the workers' interfaces unlimited beyond their
         pairs (per-pair shaping; the server's uplink stays one shared limit)."""
         s, c = bandwidth_scale * payload_share, compute_time_scale

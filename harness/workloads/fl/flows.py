@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...netmodel.fair_share import max_min_fair
 from .federation import Federation
 from .models import BYTES_PER_PARAM, BranchyModel
 
@@ -72,27 +73,6 @@ def _pair(fed: Federation, rack: np.ndarray, src: np.ndarray, dst: np.ndarray) -
     rate = np.where(server, fed.inter_Bps, np.where(same, fed.intra_Bps, fed.inter_Bps))
     delay = np.where(server, fed.server_delay_s, np.where(same, fed.intra_delay_s, fed.inter_delay_s))
     return rate, delay
-
-
-def fair_rates(src_res: np.ndarray, dst_res: np.ndarray, flow_cap: np.ndarray, res_cap: np.ndarray) -> np.ndarray:
-    """Max-min fair rates: every flow crosses two resources (src_res, dst_res) and its own cap (progressive filling)."""
-    n = len(flow_cap)
-    rate = np.zeros(n)
-    active = np.ones(n, dtype=bool)
-    left = res_cap.astype(float).copy()
-    R = len(res_cap)
-    while active.any():
-        count = (np.bincount(src_res[active], minlength=R) + np.bincount(dst_res[active], minlength=R))
-        share = np.where(count > 0, left / np.maximum(count, 1), np.inf)
-        fs = np.minimum(np.minimum(share[src_res], share[dst_res]), flow_cap)
-        m = fs[active].min()
-        freeze = active & (fs <= m * (1 + 1e-9))
-        rate[freeze] = m
-        left -= (np.bincount(src_res[freeze], weights=rate[freeze], minlength=R)
-                 + np.bincount(dst_res[freeze], weights=rate[freeze], minlength=R))
-        left = np.maximum(left, 0.0)
-        active &= ~freeze
-    return rate
 
 
 def arrivals(fed: Federation, transfers: list[Transfer]) -> np.ndarray:
@@ -146,7 +126,7 @@ def arrivals(fed: Federation, transfers: list[Transfer]) -> np.ndarray:
     while pending.any() or active.any():
         if changed and active.any():
             idx = np.flatnonzero(active)
-            rate[idx] = fair_rates(src_res[idx], dst_res[idx], cap[idx], res_cap)
+            rate[idx] = max_min_fair([src_res[idx], dst_res[idx]], res_cap, cap[idx])
         t_start = start[pending].min() if pending.any() else np.inf
         idx = np.flatnonzero(active)
         ends = now + left[idx] / rate[idx] if len(idx) else np.zeros(0)

@@ -1,7 +1,14 @@
-"""How long one TCP connection takes to deliver a message: the transport model of the simulator.
+"""TCP as every part of the harness counts it: a segment's headers (the payload share of a shaped link's
+bytes, net verify's goodput target, the emulated runs' rates), slow start, and how long one connection
+takes to deliver a message (the simulator's transport model).
 
+Headers. HTB on a veth counts skb->len: the Ethernet frame without preamble, FCS or gap. A full frame of
+MTU 1500 carries MSS = MTU - 52 = 1448 payload bytes (IPv4 20, TCP 20, timestamps 12: on in Linux) in
+MTU + 14 bytes, so a shaped rate R delivers 1448/1514 = 0.956 R of payload (`tcp_efficiency`).
+
+Messages. 
 A link is a rate R (TCP's payload rate: the scenario's bandwidth; on an emulated link, which shapes whole
-frames, sim/compare.payload_share of it), a one-way delay a and a round trip r. The message of b bytes is sent in round trips (a fluid model of Linux's TCP
+frames, tcp_efficiency of it), a one-way delay a and a round trip r. The message of b bytes is sent in round trips (a fluid model of Linux's TCP
 without loss, which the emulated links' netem queues, sized from the bandwidth-delay product, give):
 - a round sends min(cwnd, W) bytes, W = min(tcp_rmem max / 2, tcp_wmem max): Linux 6.1 advertises half
   of the receive buffer (tcp_adv_win_scale = 1) and keeps no more unacknowledged data than the send
@@ -22,10 +29,17 @@ broadcasts, so one call prices every pair, size and idle time.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
+#: Ethernet header counted by HTB on a veth/NIC (skb->len; no preamble/FCS on a virtual link).
+ETH_HEADER_BYTES = 14
+#: IPv4 (20) + TCP (20) + TCP timestamp option (12, on by default in Linux).
+TCP_IP_HEADER_BYTES = 52
+#: the Ethernet MTU every emulated link and every modelled path has
+MTU = 1500
 #: RFC 6928 / Linux TCP_INIT_CWND, segments
 INITIAL_WINDOW_SEGMENTS = 10
 #: Linux TCP_RTO_MIN: the RTT variance term of the RTO never goes below it
@@ -37,6 +51,26 @@ HOST_HZ = 250
 MAX_ROUNDS = 100_000
 
 
+def mss(mtu: int = MTU) -> int:
+    """A full segment's payload."""
+    return mtu - TCP_IP_HEADER_BYTES
+
+
+def frame_bytes(mtu: int = MTU) -> int:
+    """A full segment's frame, as HTB counts it."""
+    return mtu + ETH_HEADER_BYTES
+
+
+def tcp_efficiency(mtu: int = MTU) -> float:
+    """TCP payload per byte HTB counts: MSS / frame = (MTU - 52) / (MTU + 14), 0.9564 at MTU 1500."""
+    return mss(mtu) / frame_bytes(mtu)
+
+
+def slow_start_rounds(window_bytes: float, segment_bytes: float) -> float:
+    """Round trips slow start takes from the initial window to `window_bytes` (doubling every round trip)."""
+    return math.log2(max(window_bytes / segment_bytes, INITIAL_WINDOW_SEGMENTS) / INITIAL_WINDOW_SEGMENTS)
+
+
 @dataclass(frozen=True)
 class TcpPath:
     """One connection's path: payload rate (bytes/s), one-way delay and round trip (s), the ceiling of the
@@ -46,17 +80,17 @@ class TcpPath:
     delay_s: np.ndarray
     rtt_s: np.ndarray
     window_bytes: float
-    mss_bytes: int = 1448
+    mss_bytes: int = MTU - TCP_IP_HEADER_BYTES
     slow_start_after_idle: bool = True
     bucket_bytes: np.ndarray | float = 0.0
     hz: int = HOST_HZ
 
     @classmethod
-    def of(cls, rate_Bps, delay_s, rtt_s, transport, mtu: int = 1500, bucket_bytes=0.0, hz: int = HOST_HZ) -> "TcpPath":
+    def of(cls, rate_Bps, delay_s, rtt_s, transport, mtu: int = MTU, bucket_bytes=0.0, hz: int = HOST_HZ) -> "TcpPath":
         """`transport`: resolved settings (harness/scenario/transport.py: no `auto` left)."""
         window = min(int(transport.rmem_max_bytes) / 2, int(transport.wmem_max_bytes))
         return cls(np.asarray(rate_Bps, dtype=float), np.asarray(delay_s, dtype=float), np.asarray(rtt_s, dtype=float),
-                   float(window), mtu - 52, bool(transport.slow_start_after_idle), bucket_bytes, hz)
+                   float(window), mss(mtu), bool(transport.slow_start_after_idle), bucket_bytes, hz)
 
     def rto_s(self) -> np.ndarray:
         return np.ceil((self.rtt_s + RTO_MIN_S) * self.hz - 1e-9) / self.hz

@@ -1,0 +1,156 @@
+"""Collectives as their point-to-point steps over the links (netmodel/links.py), the algorithms NCCL uses
+for these sizes and the paper's own for ours:
+- ring all-reduce = reduce-scatter + all-gather, 2(D-1) steps of bytes/D;
+  ring all-gather / reduce-scatter alone: D-1 steps; ring in rank order.
+  A device starts step k once it has sent step k-1 and received the chunk of step
+  k-1 from its predecessor (it needs it to reduce or forward).
+- sharded parameter server (ours, Yuan et al. sec. 3.2): every device sends shard i
+  of its gradient to device i, sums what it receives, and sends the sum back to all.
+  `sharded_ps(mode="grouped")`: each exchange is one grouped all-to-all (all sends
+  and receives posted in one NCCL group, as the paper's runtime does) that starts
+  when the whole group is ready; it lasts as long as its busiest resource: the
+  slowest pair (delay + shard / rate) or a device's egress/ingress carrying its
+  D-1 shards (the makespan bound of a fluid schedule, exact when one resource
+  dominates). `mode="rounds"`: D-1 rounds of a shifted all-to-all; in
+  round k device p sends bytes/D to p+k and receives from p-k, each exchange a
+  rendezvous (it starts when both ends reached the round, and the send completes
+  when the receiver has the data, as a blocking NCCL send/recv pair).
+- gloo's dissemination barrier.
+Every function is vectorised over concurrent groups: arrays (G, D) of device ids.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .links import Connections, Links
+
+
+def step_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
+    """(serialisation seconds, delay seconds) of concurrent transfers of nbytes each, at their fair shares."""
+    rate = links.fair_rates(src, dst).reshape(src.shape)
+    return links.serialization_s(src, dst, nbytes, rate), links.delay_s[src, dst]
+
+
+def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start=None,
+         conns: Connections | None = None) -> np.ndarray:
+    """Finish time of every device after `steps` ring steps of chunk_bytes (groups: (G, D) in ring order);
+    `conns`: the connections' state so far (default: silent since the previous iteration)."""
+    groups = np.atleast_2d(np.asarray(groups, dtype=int))
+    G, D = groups.shape
+    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    if D == 1 or steps == 0 or chunk_bytes <= 0:
+        return ready
+    succ = np.roll(groups, -1, axis=1)
+    rate = links.fair_rates(groups, succ).reshape(groups.shape)
+    ser, delay = links.serialization_s(groups, succ, chunk_bytes, rate), links.delay_s[groups, succ]
+    conns = Connections(links) if conns is None else conns
+    notice = links.protocol.step_handshake * links.delay_s[succ, groups]  # receiver's ready notice
+    for _ in range(steps):
+        begin = np.maximum(ready, np.roll(ready, -1, axis=1) + notice) if notice.any() else ready
+        if conns.idle_matters:  # the first steps run on windows restarted after the iteration's silence
+            ser = conns.send(groups, succ, chunk_bytes, begin, rate)
+        sent = begin + ser
+        arrive = np.roll(sent + delay, 1, axis=1)  # position p receives from p-1
+        ready = np.maximum(sent, arrive)
+    return ready
+
+
+def ring_allreduce(links: Links, groups, nbytes: float, start=None, conns: Connections | None = None) -> np.ndarray:
+    groups = np.atleast_2d(groups)
+    D = groups.shape[1]
+    return ring(links, groups, nbytes / D, 2 * (D - 1), start, conns)
+
+
+def ring_allgather(links: Links, groups, nbytes: float, start=None, conns: Connections | None = None) -> np.ndarray:
+    """All-gather (or reduce-scatter, the same traffic) of a tensor of nbytes in total."""
+    groups = np.atleast_2d(groups)
+    D = groups.shape[1]
+    return ring(links, groups, nbytes / D, D - 1, start, conns)
+
+
+def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "grouped",
+               preposted: bool = False) -> np.ndarray:
+    """Finish times of the sharded parameter-server exchange of nbytes per device (groups: (G, D)).
+
+    preposted: every receive was posted before the exchange (ours' runtime posts an iteration's
+    receives up front), so no transfer waits for a ready notice whatever the protocol."""
+    groups = np.atleast_2d(np.asarray(groups, dtype=int))
+    G, D = groups.shape
+    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    if D == 1 or nbytes <= 0:
+        return ready
+    shard = nbytes / D
+    handshake = 0 if preposted else links.protocol.step_handshake
+    if mode == "grouped":
+        return sharded_ps_phases(links, groups, nbytes, ready, preposted)[1]
+    if mode != "rounds":
+        raise ValueError(f"unknown sharded-PS mode {mode!r}")
+    pos = np.arange(D)
+    conns = Connections(links)
+    for _phase in range(2):  # scatter gradient shards, then gather the aggregated shards
+        for k in range(1, D):
+            to = (pos + k) % D
+            rate = links.fair_rates(groups, groups[:, to]).reshape(groups.shape)
+            delay = links.delay_s[groups, groups[:, to]]
+            notice = handshake * links.delay_s[groups[:, to], groups]
+            begin = np.maximum(ready, ready[:, to] + notice)  # rendezvous with the receiver
+            ser = conns.send(groups, groups[:, to], shard, begin, rate)
+            arrive = begin + ser + delay  # at device `to`; the send completes on delivery
+            recv_end = np.empty_like(arrive)
+            recv_end[:, to] = arrive
+            ready = np.maximum(arrive, recv_end)
+    return ready
+
+
+def sharded_ps_phases(links: Links, groups, nbytes: float, start=None,
+                      preposted: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """(end of the scatter, end of the gather) of every device's grouped sharded parameter server (G, D),
+    each phase one all-to-all of every pair at once that starts when the whole group is in it (a
+    library's grouped send/receive calls: NCCL's groupStart/groupEnd); preposted as sharded_ps."""
+    groups = np.atleast_2d(np.asarray(groups, dtype=int))
+    G, D = groups.shape
+    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    if D == 1 or nbytes <= 0:
+        return ready, ready
+    scatter, gather = _grouped_all_to_all(links, groups, nbytes / D, ready, exchanges=2,
+                                          handshake=0 if preposted else links.protocol.step_handshake)
+    return scatter, gather
+
+
+def dissemination_barrier(links: Links, ranks, arrive) -> np.ndarray:
+    """When each rank leaves gloo's barrier (gloo/barrier.cc: the dissemination barrier of Hensgen, Finkel and
+    Manber 1988), entered at `arrive` by ranks whose devices are `ranks` in rank order: in round k = 1, 2, 4,
+    ... < N, rank r sends an empty message to r + k and waits for the one from r - k (mod N)."""
+    ranks = np.asarray(ranks, dtype=int)
+    t = np.asarray(arrive, dtype=float).copy()
+    n, k = len(ranks), 1
+    while k < n:
+        src = (np.arange(n) - k) % n
+        t = np.maximum(t, t[src] + links.delay_s[ranks[src], ranks])
+        k <<= 1
+    return t
+
+
+def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: float, ready: np.ndarray, exchanges: int,
+                        handshake: int) -> list[np.ndarray]:
+    """Every device's finish time (G, D) after each exchange."""
+    G, D = groups.shape
+    src = np.repeat(groups[:, :, None], D, axis=2)  # (G, D, D): src[g, p, q] = groups[g, p]
+    dst = np.repeat(groups[:, None, :], D, axis=1)
+    off = ~np.eye(D, dtype=bool)[None].repeat(G, 0)
+    notice = handshake * links.delay_s[dst, src]
+    out_load = (D - 1) * shard / links.egress_Bps[groups]  # (G, D)
+    in_load = (D - 1) * shard / links.ingress_Bps[groups]
+    min_delay = np.where(off, links.delay_s[src, dst], np.inf)
+    busiest = np.maximum(out_load + min_delay.min(2), in_load + min_delay.min(1)).max(1)
+    conns = Connections(links)
+    ser = links.serialization_s(src, dst, shard)  # on connections in use
+    t = ready.max(1)
+    ends = []
+    for _ in range(exchanges):  # every ordered pair carries a shard in each: scatter, then gather back
+        if conns.idle_matters:  # the scatter's windows restarted after the iteration's silence
+            ser = conns.send(src, dst, shard, t[:, None, None] + notice)
+        pair = np.where(off, notice + links.delay_s[src, dst] + ser, 0.0).max((1, 2))
+        t = t + np.maximum(pair, busiest)
+        ends.append(np.repeat(t[:, None], D, axis=1))
+    return ends

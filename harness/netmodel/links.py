@@ -1,0 +1,201 @@
+"""The links between devices: every ordered pair's delay and TCP payload rate, each device's interface,
+and the protocol a library speaks over them. Collectives built on them: netmodel/collectives.py.
+
+Link model. A transfer of b bytes from d to e takes delay_ms[d][e] (one way) plus
+its serialisation: b / rate when the connection's window covers the path, more when the scenario's TCP
+settings leave it smaller (the window sends one window per round trip: netmodel/tcp.py, on a
+connection in use). The rate is the max-min fair share (netmodel/fair_share.py) of three capacities the
+transfer crosses: the pair path d->e (bandwidth_gbps[d][e]), the sender's egress and the
+receiver's ingress. A device's egress (ingress) capacity is its fastest outgoing
+(incoming) pair: its network interface can at least do that, and nothing in a
+scenario says more (`nic="shared"`, the paper-scale model). So transfers that
+share a sender's or receiver's link share its bandwidth; a pattern in which every
+device sends to one peer and receives from one (a ring step, a pipeline hop) runs
+every pair at its own rate. The emulated cluster shapes every destination in its
+own HTB class with rate = ceil and no common parent (harness/network/plan.py), so
+there pairs never share (`nic="per-pair"`: egress and ingress unlimited).
+
+Protocols. Before data flows, a library may wait for the receiver's "ready" notice,
+one more one-way delay (receiver -> sender). NCCL posts receive buffers ahead
+through its proxy FIFO, so in steady state neither a point-to-point message nor a
+ring step waits for one (`nccl`: 0, 0). Gloo's unbound-buffer send/recv is a
+rendezvous: the receiver notifies it is ready, then the sender sends, for blocking
+point-to-point and for every ring step (`gloo`: 1, 1); the emulated cluster runs gloo.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..scenario import Topology
+from ..scenario.class_links import held_by_region, representatives
+from ..scenario.transport import LINUX, Transport
+from ..units import gbps_to_bytes_per_s, ms_to_s
+from .fair_share import max_min_fair
+from .tcp import HOST_HZ, TcpPath
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """Extra one-way delays (the receiver's ready notice) a library pays before data flows."""
+
+    name: str
+    p2p_handshake: int  # per blocking point-to-point message
+    step_handshake: int  # per ring step / all-to-all exchange
+
+
+PROTOCOLS = {"nccl": Protocol("nccl", 0, 0), "gloo": Protocol("gloo", 1, 1)}
+
+
+@dataclass(frozen=True)
+class Links:
+    """Delay (s) and rate (bytes/s) of every ordered device pair, per-device link capacities, and the protocol."""
+
+    delay_s: np.ndarray
+    rate_Bps: np.ndarray  # diagonal inf
+    egress_Bps: np.ndarray
+    ingress_Bps: np.ndarray
+    protocol: Protocol = PROTOCOLS["nccl"]
+    transport: Transport = LINUX  # resolved TCP settings (netmodel/tcp.py)
+    hz: int = HOST_HZ  # the senders' kernel clock (their retransmission timeouts are in its ticks)
+
+    def path(self, src, dst, rate_Bps=None) -> TcpPath:
+        """The TCP path of each pair src[k] -> dst[k], at the pair's rate or `rate_Bps` (its fair share)."""
+        src, dst = np.asarray(src), np.asarray(dst)
+        rate = self.rate_Bps[src, dst] if rate_Bps is None else np.asarray(rate_Bps, dtype=float)
+        delay = self.delay_s[src, dst]
+        return TcpPath.of(rate, delay, delay + self.delay_s[dst, src], self.transport, hz=self.hz)
+
+    def serialization_s(self, src, dst, nbytes, rate_Bps=None) -> np.ndarray:
+        """Seconds a message of nbytes on each pair src[k] -> dst[k] takes beyond the one-way delay, at the
+        pair's rate (or `rate_Bps`, its fair share): a connection in use, under the scenario's TCP settings."""
+        path = self.path(src, dst, rate_Bps)
+        return np.maximum(path.message_seconds(nbytes) - path.delay_s, 0.0)
+
+    @classmethod
+    def from_topology(cls, topo: Topology, protocol: Protocol | str = "nccl", nic: str = "shared") -> "Links":
+        """The links of `topo`: held by region (ClassLinks, no N x N matrix) where they are the regions',
+        computed on two devices of every region, whose pairs, fastest links and largest round trip are
+        the whole's; else per device."""
+        if topo.region_links is None:
+            return cls.per_device(topo, protocol, nic)
+        devices, first, _ = representatives(topo)
+        few = cls.per_device(topo.subset(devices), protocol, nic)
+        region = np.asarray(topo.device_region)
+        return replace(few, delay_s=held_by_region(topo, few.delay_s), rate_Bps=held_by_region(topo, few.rate_Bps),
+                       egress_Bps=few.egress_Bps[first][region], ingress_Bps=few.ingress_Bps[first][region])
+
+    @classmethod
+    def per_device(cls, topo: Topology, protocol: Protocol | str = "nccl", nic: str = "shared") -> "Links":
+        """The links of `topo` as N x N matrices."""
+        rate = gbps_to_bytes_per_s(np.asarray(topo.bandwidth_gbps, dtype=float))
+        rate = rate.copy()
+        np.fill_diagonal(rate, np.inf)
+        off = rate.copy()
+        np.fill_diagonal(off, 0.0)
+        n = rate.shape[0]
+        if nic == "shared":
+            egress = off.max(1) if n > 1 else np.full(n, np.inf)
+            ingress = off.max(0) if n > 1 else np.full(n, np.inf)
+        elif nic == "per-pair":
+            egress = ingress = np.full(n, np.inf)
+        else:
+            raise ValueError(f"unknown nic model {nic!r} (known: shared, per-pair)")
+        delay = ms_to_s(np.asarray(topo.delay_ms, dtype=float))
+        delay = delay.copy()
+        np.fill_diagonal(delay, 0.0)
+        if isinstance(protocol, str):
+            if protocol not in PROTOCOLS:
+                raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
+            protocol = PROTOCOLS[protocol]
+        finite = np.where(np.isinf(rate), 0.0, rate)
+        bdp = float((finite * (delay + delay.T)).max(initial=0.0))  # the largest round trip's, as the plan sizes `auto`
+        transport = topo.transport.resolved(bdp)
+        return cls(delay, rate, egress, ingress, protocol, transport)
+
+    def fair_rates(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Max-min fair rate of every concurrent transfer src[k] -> dst[k] (bytes/s)."""
+        src = np.asarray(src).ravel()
+        dst = np.asarray(dst).ravel()
+        pair = self.rate_Bps[src, dst]
+        local = src == dst
+        if len(np.unique(src[~local])) == (~local).sum() and len(np.unique(dst[~local])) == (~local).sum():
+            # A permutation: no resource carries two transfers.
+            return np.where(local, np.inf, np.minimum(pair, np.minimum(self.egress_Bps[src], self.ingress_Bps[dst])))
+        rate = np.full(len(src), np.inf)
+        s, d = src[~local], dst[~local]
+        # resources: the pairs in use, then the senders' egress, then the receivers' ingress
+        pairs, pair_of = np.unique(s * (max(s.max(), d.max()) + 1) + d, return_inverse=True)
+        senders, sender_of = np.unique(s, return_inverse=True)
+        receivers, receiver_of = np.unique(d, return_inverse=True)
+        first = np.zeros(len(pairs), dtype=int)
+        first[pair_of[::-1]] = np.arange(len(s))[::-1]
+        capacity = np.concatenate([pair[~local][first], self.egress_Bps[senders], self.ingress_Bps[receivers]])
+        rate[~local] = max_min_fair([pair_of, len(pairs) + sender_of, len(pairs) + len(senders) + receiver_of],
+                                    capacity)
+        return rate
+
+
+class Connections:
+    """Every ordered pair's TCP connection through one exchange or iteration: when its sender last sent and
+    the window it holds, so that a message after a silence longer than the retransmission timeout restarts
+    slow start (the scenario's `slow_start_after_idle`), and a connection that carried only small messages
+    keeps a small window. Each connection begins long silent, as the previous iteration left it: a
+    pipeline's and a data-parallel group's connections carry nothing for most of an iteration. With slow
+    start after idle off a connection's window never shrinks, and every message takes what
+    `Links.serialization_s` says."""
+
+    def __init__(self, links: Links):
+        n = links.rate_Bps.shape[0]
+        self.links = links
+        self.last_sent = PairState(n, -np.inf)  # when each sender's last byte left
+        self.cwnd = PairState(n, np.inf)  # inf: full (twice the window)
+
+    @property
+    def idle_matters(self) -> bool:
+        return bool(self.links.transport.slow_start_after_idle)
+
+    def send(self, src, dst, nbytes, depart, rate_Bps=None) -> np.ndarray:
+        """Seconds beyond the one-way delay of messages src[k] -> dst[k] whose first byte leaves at
+        depart[k] (concurrent: distinct pairs); the connections remember them."""
+        src, dst = np.asarray(src), np.asarray(dst)
+        depart = np.broadcast_to(np.asarray(depart, dtype=float), np.broadcast(src, dst).shape)
+        if not self.idle_matters:
+            ser = self.links.serialization_s(src, dst, nbytes, rate_Bps)
+        else:
+            path = self.links.path(src, dst, rate_Bps)
+            start = path.restarted(np.minimum(self.cwnd[src, dst], path.full_cwnd()),
+                                   depart - self.last_sent[src, dst])
+            seconds, self.cwnd[src, dst] = path.transfer(nbytes, start)
+            ser = np.maximum(seconds - path.delay_s, 0.0)
+        self.last_sent[src, dst] = depart + ser
+        return ser
+
+
+class PairState:
+    """A value per ordered device pair, `fill` until set, indexed [src, dst] (arrays or scalars): an N x N
+    array up to DENSE_PAIRS pairs, beyond (10,240 devices: 839 MB an array) only the pairs that were set."""
+
+    DENSE_PAIRS = 1 << 24  # 4,096 devices
+
+    def __init__(self, n: int, fill: float):
+        self.n, self.fill = n, fill
+        self.dense = np.full((n, n), fill) if n * n <= self.DENSE_PAIRS else None
+        self.sparse: dict[int, float] = {}
+
+    def __getitem__(self, key):
+        if self.dense is not None:
+            return self.dense[key]
+        src, dst = np.broadcast_arrays(*(np.asarray(k) for k in key))
+        flat = (src * self.n + dst).ravel().tolist()
+        out = np.array([self.sparse.get(k, self.fill) for k in flat], dtype=float).reshape(src.shape)
+        return out if out.ndim else float(out)
+
+    def __setitem__(self, key, value):
+        if self.dense is not None:
+            self.dense[key] = value
+            return
+        src, dst = np.broadcast_arrays(*(np.asarray(k) for k in key))
+        values = np.broadcast_to(np.asarray(value, dtype=float), src.shape).ravel().tolist()
+        self.sparse.update(zip((src * self.n + dst).ravel().tolist(), values))

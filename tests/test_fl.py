@@ -84,11 +84,30 @@ def test_the_emulated_federation_puts_the_server_behind_its_uplink():
     assert emu.bandwidth_gbps[4, 0] == emu.bandwidth_gbps[0, 4] == pytest.approx(0.02)
     assert (emu.delay_ms[0, 1], emu.delay_ms[1, 2], emu.delay_ms[4, 3]) == pytest.approx((0.025, 0.05, 0.05))
     # only the server's interface has a limit: its uplink (here alpha x B_intra too), scaled with every link
-    assert list(emu.egress_gbps[:4]) == [np.inf] * 4 and emu.egress_gbps[4] == pytest.approx(0.02)
+    assert list(emu.interface_gbps[:4]) == [np.inf] * 4 and emu.interface_gbps[4] == pytest.approx(0.02)
     # what the simulator predicts for such a run: the same rates, compute slowed, the workers' interfaces per pair
     sc = fed.scaled(0.01, 100.0)
-    assert sc.uplink_Bps == pytest.approx(0.02e9 / 8) and sc.worker_nic_Bps == np.inf
+    assert sc.uplink_Bps == pytest.approx(0.02e9 / 8) and sc.worker_egress_Bps == sc.worker_ingress_Bps == np.inf
     assert sc.flops_per_s[0] == pytest.approx(fed.flops_per_s[0] / 100)
+
+
+def test_a_scenarios_interface_limit_holds_the_workers_interfaces_in_the_model_and_the_emulated_cluster():
+    from dataclasses import replace
+
+    topo = load_topology("owl-testbed", 4)
+    capped = replace(topo, interface_gbps=np.full(4, 0.5))  # below B_intra (10 Gbps): it binds
+    fed = federation(capped, 0.2)
+    assert fed.worker_egress_Bps == fed.worker_ingress_Bps == pytest.approx(0.5e9 / 8)
+    assert federation(topo, 0.2).worker_egress_Bps == fed.intra_Bps  # none: the fastest link
+    emu = emulated_topology(capped, fed).scaled(0.01)
+    assert list(emu.interface_gbps[:4]) == pytest.approx([0.005] * 4) and emu.interface_gbps[4] == pytest.approx(0.02)
+    sc = fed.scaled(0.01, 100.0)  # what the emulated cluster shapes: what a worker sends, not what it receives
+    assert sc.worker_egress_Bps == pytest.approx(0.005e9 / 8) and sc.worker_ingress_Bps == np.inf
+    with pytest.raises(FLError, match="interface_gbps: a federation needs one value"):
+        federation(replace(topo, interface_gbps=np.array([0.5, 0.5, 1.0, 1.0])))
+    # a worker that relays to its rack sends through its interface: a binding limit slows the round
+    model = get_branchy("tiny")
+    assert run("owl", model, fed, 8).distribution_seconds > run("owl", model, federation(topo, 0.2), 8).distribution_seconds
 
 
 def test_strategies_by_list_and_the_records_bytes_by_where_they_go():

@@ -156,6 +156,22 @@ def test_figure4_direction_ed_local_leads_and_beats_horovod(evaluation, name):
     assert row["ed-local"] > row["horovod"]
 
 
+def test_a_gpus_interface_limit_bounds_its_parameter_server_sync(testbed):
+    from dataclasses import replace
+
+    from harness.systems.hetpipe.planning import sync_seconds
+
+    traffic = np.zeros((testbed.n, len(testbed.regions)))
+    traffic[0, 1] = 1e9  # device 0 pushes 1 GB to node 1's shard
+    free = sync_seconds(testbed, traffic)
+    cap = np.full(testbed.n, np.inf)
+    cap[0] = 0.8  # Gbps: one GPU's interface, slower than its node's link
+    limited = sync_seconds(replace(testbed, interface_gbps=cap), traffic)
+    delay = float(np.asarray(testbed.delay_ms).max()) / 1e3
+    assert limited == pytest.approx(1e9 / (0.8e9 / 8) + delay) and limited > free
+    assert sync_seconds(replace(testbed, interface_gbps=np.full(testbed.n, 1e4)), traffic) == free
+
+
 def test_np_is_limited_by_its_smallest_memory_vw(testbed):
     m = cnn.get_cnn("resnet152")
     p = hp.plan(testbed, m, 32, "np")

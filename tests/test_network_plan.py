@@ -174,7 +174,7 @@ def test_an_interface_limit_is_a_parent_class_that_its_destinations_share():
 
     topo = load_scenario(NET4)
     egress = np.array([np.inf, np.inf, np.inf, 0.5])  # Gbps: device 3's interface
-    plan = _plan(replace(topo, egress_gbps=egress), scale=0.01)
+    plan = _plan(replace(topo, interface_gbps=egress), scale=0.01)
     dev = plan.devices[3]
     assert dev.egress_bps == 5_000_000 and [d.egress_bps for d in plan.devices[:3]] == [None] * 3
     for link in dev.links:
@@ -184,8 +184,28 @@ def test_an_interface_limit_is_a_parent_class_that_its_destinations_share():
     cmds = "\n".join(render_commands(plan))
     assert "parent 1: classid 1:fffe htb rate 5000000bit ceil 5000000bit" in cmds
     assert cmds.count("parent 1:fffe classid") == 3
-    with pytest.raises(PlanError, match=r"egress_gbps\[3\]: must be at least one"):
-        _plan(replace(topo, egress_gbps=np.array([np.inf, np.inf, np.inf, 1e-9])))
+    with pytest.raises(PlanError, match=r"interface_gbps of device 3 \(region .*\) x bandwidth_scale 1: must be at least one"):
+        _plan(replace(topo, interface_gbps=np.array([np.inf, np.inf, np.inf, 1e-9])))
+
+
+def test_a_regions_interface_gbps_is_shaped_as_the_parent_class_of_its_devices(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("""
+name: t
+device: {gpu: X, peak_tflops: 1, memory_gb: 1}
+regions:
+  - {name: A, devices: 2, interface_gbps: 1.5}
+  - {name: B, devices: 2}
+intra_region: {delay_ms: 1, bandwidth_gbps: 10}
+inter_region: {delay_ms: 20, bandwidth_gbps: 2}
+""")
+    plan = _plan(load_scenario(str(p)), scale=0.01)
+    assert [d.egress_bps for d in plan.devices] == [15_000_000, 15_000_000, None, None]
+    for dev in plan.devices[:2]:  # three destinations share 15 Mbit/s, each up to its pair's rate
+        assert [lk.rate_bps for lk in dev.links] == [15_000_000] * 3
+        assert [lk.assured_bps for lk in dev.links] == [5_000_000] * 3
+    cmds = "\n".join(render_commands(plan))
+    assert cmds.count("classid 1:fffe htb rate 15000000bit ceil 15000000bit") == 2
 
 
 def test_the_plan_carries_the_scenarios_tcp_settings_with_auto_buffers_sized_from_its_links():
@@ -286,7 +306,7 @@ def test_the_dry_run_prints_exactly_what_apply_sends_the_kernel():
 
     topo = load_scenario(NET4)
     egress = np.array([np.inf, np.inf, np.inf, 0.5])  # device 3 has an interface limit
-    plan = _plan(replace(topo, egress_gbps=egress), scale=0.01)
+    plan = _plan(replace(topo, interface_gbps=egress), scale=0.01)
     for dev in plan.devices:
         sent = _RecordingNetlink()
         apply_device(sent, 7, dev, fresh=True)

@@ -106,6 +106,9 @@ def test_a_small_valid_file_gives_asymmetric_device_matrices(tmp_path):
     ("name: t\n", "name: t\ntransport: {wmem_max_bytes: big}\n", "transport.wmem_max_bytes", "big"),
     ("name: t\n", "name: t\ntransport: {initcwnd: 20}\n", "transport.initcwnd", "unknown key"),
     ("name: t\n", "name: t\ntransport: cubic\n", "transport", "cubic"),
+    ("name: t\n", "name: t\ninterface_gbps: 0\n", "interface_gbps", "0"),
+    ("{name: B, devices: 2}", "{name: B, devices: 2, interface_gbps: fast}", "regions[1].interface_gbps", "fast"),
+    ("{name: B, devices: 2}", "{name: B, devices: 2, interface_gbps: -1}", "regions[1].interface_gbps", "-1"),
 ])
 def test_bad_input_names_file_field_and_value(tmp_path, old, new, field, value):
     assert old in GOOD
@@ -114,6 +117,15 @@ def test_bad_input_names_file_field_and_value(tmp_path, old, new, field, value):
         load_scenario(str(p))
     msg = str(e.value)
     assert str(p) in msg and field in msg and value in msg and "\n" not in msg
+
+
+def test_interface_gbps_is_per_region_with_a_file_wide_default_and_scales_with_the_links(tmp_path):
+    assert load_scenario(str(write(tmp_path, GOOD))).interface_gbps is None  # no limit beyond the pairs
+    t = load_scenario(str(write(tmp_path, GOOD.replace("name: t\n", "name: t\ninterface_gbps: 4\n", 1).replace(
+        "{name: B, devices: 2}", "{name: B, devices: 2, interface_gbps: 0.5}", 1))))
+    assert t.interface_gbps.tolist() == [4, 4, 0.5, 0.5]  # A takes the file's, B its own
+    assert t.scaled(0.01).interface_gbps.tolist() == pytest.approx([0.04, 0.04, 0.005, 0.005])
+    assert t.subset([3, 0]).interface_gbps.tolist() == [0.5, 4]
 
 
 def test_transport_defaults_to_linux_and_a_file_overrides_what_it_names(tmp_path):

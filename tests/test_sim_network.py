@@ -101,6 +101,44 @@ def test_fair_rates_two_transfers_on_one_pair_share_it_and_a_device_to_itself_is
     np.testing.assert_allclose(r, [4, 4, 8, np.inf])
 
 
+def test_an_interface_limit_is_shared_by_every_flow_of_its_device_in_both_nic_models():
+    topo = replace(uniform(4, 1.0, 8.0), interface_gbps=np.array([6.0, np.inf, np.inf, np.inf]))
+    src, dst = np.zeros(3, dtype=int), np.array([1, 2, 3])
+    for nic in ("shared", "per-pair"):
+        links = Links.from_topology(topo, nic=nic)
+        np.testing.assert_allclose(links.fair_rates(src, dst) * 8 / 1e9, [2, 2, 2])  # 6 Gbps in three
+        np.testing.assert_allclose(links.fair_rates(src[:1], dst[:1]) * 8 / 1e9, [6])  # one flow: the limit
+    # receiving: a real interface limits it too; the emulated cluster shapes only what a device sends
+    into0 = (np.array([1, 2, 3]), np.zeros(3, dtype=int))
+    np.testing.assert_allclose(Links.from_topology(topo).fair_rates(*into0) * 8 / 1e9, [2, 2, 2])
+    np.testing.assert_allclose(Links.from_topology(topo, nic="per-pair").fair_rates(*into0) * 8 / 1e9, [8, 8, 8])
+    # a limit above every pair changes nothing
+    loose = replace(topo, interface_gbps=np.full(4, 100.0))
+    for nic in ("shared", "per-pair"):
+        np.testing.assert_allclose(Links.from_topology(loose, nic=nic).fair_rates(src, dst),
+                                   Links.from_topology(uniform(4, 1.0, 8.0), nic=nic).fair_rates(src, dst))
+
+
+def test_links_held_by_region_honour_each_regions_interface(tmp_path):
+    from harness.scenario import load_scenario
+    p = tmp_path / "s.yaml"
+    p.write_text("""
+name: t
+device: {gpu: X, peak_tflops: 1, memory_gb: 1}
+regions:
+  - {name: A, devices: 3, interface_gbps: 1.5}
+  - {name: B, devices: 3}
+intra_region: {delay_ms: 1, bandwidth_gbps: 10}
+inter_region: {delay_ms: 20, bandwidth_gbps: 2}
+""")
+    topo = load_scenario(str(p))
+    by_region, dense = Links.from_topology(topo), Links.per_device(topo)
+    np.testing.assert_allclose(by_region.egress_Bps, dense.egress_Bps)
+    np.testing.assert_allclose(dense.egress_Bps * 8 / 1e9, [1.5] * 3 + [10] * 3)
+    src, dst = np.zeros(3, dtype=int), np.array([3, 4, 5])  # device 0 (A) to three of B
+    np.testing.assert_allclose(by_region.fair_rates(src, dst) * 8 / 1e9, [0.5] * 3)
+
+
 def test_sharded_ps_rounds_closed_form_on_uniform_group():
     n, delay_ms, gbps, nbytes = 5, 4.0, 2.0, 50e6
     links = Links.from_topology(uniform(n, delay_ms, gbps))

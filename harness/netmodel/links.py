@@ -6,14 +6,14 @@ its serialisation: b / rate when the connection's window covers the path, more w
 settings leave it smaller (the window sends one window per round trip: netmodel/tcp.py, on a
 connection in use). The rate is the max-min fair share (netmodel/fair_share.py) of three capacities the
 transfer crosses: the pair path d->e (bandwidth_gbps[d][e]), the sender's egress and the
-receiver's ingress. A device's egress (ingress) capacity is its fastest outgoing
-(incoming) pair: its network interface can at least do that, and nothing in a
-scenario says more (`nic="shared"`, the paper-scale model). So transfers that
-share a sender's or receiver's link share its bandwidth; a pattern in which every
-device sends to one peer and receives from one (a ring step, a pipeline hop) runs
-every pair at its own rate. The emulated cluster shapes every destination in its
-own HTB class with rate = ceil and no common parent (harness/network/plan.py), so
-there pairs never share (`nic="per-pair"`: egress and ingress unlimited).
+receiver's ingress. Real interfaces (`nic="shared"`, the paper-scale model): a device's egress (ingress)
+capacity is its fastest outgoing (incoming) pair, or the scenario's `interface_gbps` of its region where
+that is less (Topology.interface_gbps). So transfers that share a sender's or receiver's interface share
+its bandwidth; a pattern in which every device sends to one peer and receives from one (a ring step, a
+pipeline hop) runs every pair at its own rate. The emulated cluster (`nic="per-pair"`) shapes every
+destination in its own HTB class, under one parent class at `interface_gbps` where the scenario sets one
+(harness/network/plan.py): its egress is that limit (else unlimited) and its ingress unlimited, since
+nothing shapes a device's receiving side.
 
 Protocols. Before data flows, a library may wait for the receiver's "ready" notice,
 one more one-way delay (receiver -> sender). NCCL posts receive buffers ahead
@@ -95,11 +95,13 @@ class Links:
         off = rate.copy()
         np.fill_diagonal(off, 0.0)
         n = rate.shape[0]
+        interface = (np.full(n, np.inf) if topo.interface_gbps is None
+                     else gbps_to_bytes_per_s(np.asarray(topo.interface_gbps, dtype=float)))
         if nic == "shared":
-            egress = off.max(1) if n > 1 else np.full(n, np.inf)
-            ingress = off.max(0) if n > 1 else np.full(n, np.inf)
+            egress = np.minimum(off.max(1), interface) if n > 1 else interface
+            ingress = np.minimum(off.max(0), interface) if n > 1 else interface
         elif nic == "per-pair":
-            egress = ingress = np.full(n, np.inf)
+            egress, ingress = interface, np.full(n, np.inf)
         else:
             raise ValueError(f"unknown nic model {nic!r} (known: shared, per-pair)")
         delay = ms_to_s(np.asarray(topo.delay_ms, dtype=float))

@@ -16,7 +16,8 @@ A[d][d'] + A[d'][d] and asymmetric scenarios are exact:
     u32 filter: ip dst <addr of dst>/32 -> 1:<dst+1>
 Pairs the scenario leaves unshaped (no delay and a node-internal bandwidth such as
 NVLink, >= `unshaped_min_gbps`) get no class: they stay at full speed.
-A device whose interface has a limit of its own (Topology.egress_gbps: an FL server's uplink) gets
+A device whose interface has a limit of its own (the scenario's `interface_gbps` of its region, or an FL
+server's uplink: Topology.interface_gbps) gets
 one parent class 1:fffe at that rate above its destinations' classes; each destination is then
 assured an equal share of it (HTB `rate`) and may borrow up to its pair's rate (`ceil`), so
 concurrent transfers share the interface max-min fairly, and one alone runs at its pair's rate.
@@ -155,7 +156,7 @@ def build_plan(
     if n > 0xFF00:
         raise PlanError(f"devices: at most {0xFF00} (got {n})")
     frame = frame_bytes(mtu)
-    egress = _egress_bps(topo, frame)
+    egress = _interface_bps(topo, frame)
     devices = []
     for d in range(n):
         links, unshaped = [], []
@@ -229,9 +230,9 @@ def _largest_bdp_bytes(devices: list[DevicePlan]) -> float:
                 for dev in devices for lk in dev.links), default=0.0)
 
 
-def _egress_bps(topo, frame: int) -> list[int | None]:
+def _interface_bps(topo, frame: int) -> list[int | None]:
     """Each device's interface limit in bit/s (None: none), checked like a pair's rate."""
-    caps = getattr(topo, "egress_gbps", None)
+    caps = getattr(topo, "interface_gbps", None)
     if caps is None:
         return [None] * topo.n
     out = []
@@ -241,8 +242,9 @@ def _egress_bps(topo, frame: int) -> list[int | None]:
             continue
         rate = int(round(gbps_to_bits_per_s(gbps))) if gbps > 0 else 0
         if not (math.isfinite(gbps) and rate >= 8 * frame):
-            raise PlanError(f"{topo.source}: egress_gbps[{d}]: must be at least one {frame}-byte frame per second "
-                            f"or inf (got {gbps})")
+            raise PlanError(f"{topo.source}: interface_gbps of device {d} (region {topo.region_of(d).name}) x "
+                            f"bandwidth_scale {topo.bandwidth_scale:g}: must be at least one {frame}-byte frame per "
+                            f"second or inf (got {gbps:g} Gbps)")
         out.append(rate)
     return out
 

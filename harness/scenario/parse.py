@@ -16,9 +16,10 @@ from .timeline import parse_timeline, region_names
 from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology, check_fits
 
 
-_TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "server", "transport", "timeline"}
+_TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "interface_gbps", "server",
+             "transport", "timeline"}
 _SERVER_KEYS = {"delay_ms", "uplink_gbps"}
-_REGION_KEYS = {"name", "devices", "count", "intra_region", "device"}
+_REGION_KEYS = {"name", "devices", "count", "intra_region", "interface_gbps", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
 _MATRIX_KEYS = {"order", "delay_ms", "bandwidth_gbps"}
 _PROFILE_KEYS = {"gpu", "peak_tflops", "peak_tflops_fp32", "memory_gb", "memory_bandwidth_gbs", "slowdown"}
@@ -132,7 +133,10 @@ def parse_scenario(doc, path: Path) -> Topology:
         _profile(path, "device", default_profile, None)  # its errors name the top-level field
     default_intra = _link(path, "intra_region", doc["intra_region"]) if "intra_region" in doc else None
 
+    default_interface = (_number(path, "interface_gbps", doc["interface_gbps"], positive=True)
+                         if "interface_gbps" in doc else math.inf)
     regions: list[Region] = []
+    interfaces: list[float] = []
     if not isinstance(doc["regions"], list) or not doc["regions"]:
         _fail(path, "regions", "must be a non-empty list", doc["regions"])
     for k, r in enumerate(doc["regions"]):
@@ -159,6 +163,9 @@ def parse_scenario(doc, path: Path) -> Topology:
         profiles = ([replace(profile, slowdown=x) for x in _slowdowns(path, f"{f}.device.slowdown", slow, count)]
                     if isinstance(slow, dict) else [profile] * count)
         regions.extend(Region(nm, n, intra, prof, group=str(r["name"])) for nm, prof in zip(names, profiles))
+        interface = (_number(path, f"{f}.interface_gbps", r["interface_gbps"], positive=True)
+                     if "interface_gbps" in r else default_interface)
+        interfaces += [interface] * (n * count)
     seen = set()
     for r in regions:
         if r.name in seen:
@@ -180,6 +187,7 @@ def parse_scenario(doc, path: Path) -> Topology:
         region_delay_ms=inter_delay,
         region_bandwidth_gbps=inter_bw,
         server=server,
+        interface_gbps=None if all(math.isinf(x) for x in interfaces) else np.array(interfaces),
         transport=parse_transport(path, doc["transport"]) if "transport" in doc else LINUX,
         timeline=(parse_timeline(doc["timeline"], path, region_names(regions))
                   if "timeline" in doc else None),

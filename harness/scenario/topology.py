@@ -107,9 +107,10 @@ class Topology:
     region_bandwidth_gbps: np.ndarray  # already multiplied by bandwidth_scale
     bandwidth_scale: float = 1.0  # the factor applied to the scenario file's bandwidths (scaled())
     server: Server | None = None  # only scenarios of the FL workload have one
-    # per device, the most its interface sends in all (Gbps, scaled like bandwidth_gbps); None or inf:
-    # no limit beyond each pair's own rate (an FL server's uplink is one: workloads/fl/federation.py)
-    egress_gbps: np.ndarray | None = None
+    # per device, the most its network interface carries each way, all its flows together (Gbps, scaled like
+    # bandwidth_gbps): the scenario's `interface_gbps` of its region, or an FL server's uplink
+    # (workloads/fl/federation.py); None or inf: no limit beyond each pair's own rate
+    interface_gbps: np.ndarray | None = None
     transport: Transport = LINUX  # every device's TCP settings (transport.py)
     # device x device links where they are not the regions' (with_device_links); None: the regions'
     device_delay_ms: np.ndarray | None = None
@@ -169,10 +170,10 @@ class Topology:
             raise ScenarioError(f"{self.source}: bandwidth_scale: must be a finite number > 0 (got {s!r})")
         if s == 1.0:
             return self
-        egress = None if self.egress_gbps is None else self.egress_gbps * s
+        egress = None if self.interface_gbps is None else self.interface_gbps * s
         device_bw = None if self.device_bandwidth_gbps is None else self.device_bandwidth_gbps * s
         return replace(self, region_bandwidth_gbps=self.region_bandwidth_gbps * s,
-                       bandwidth_scale=self.bandwidth_scale * s, egress_gbps=egress, device_bandwidth_gbps=device_bw)
+                       bandwidth_scale=self.bandwidth_scale * s, interface_gbps=egress, device_bandwidth_gbps=device_bw)
 
     def region_of(self, device: int) -> Region:
         return self.regions[self.device_region[device]]
@@ -231,7 +232,7 @@ class Topology:
             region_bandwidth_gbps=self.region_bandwidth_gbps[keep].copy(),
             bandwidth_scale=self.bandwidth_scale,
             server=self.server,
-            egress_gbps=None if self.egress_gbps is None else self.egress_gbps[idx].copy(),
+            interface_gbps=None if self.interface_gbps is None else self.interface_gbps[idx].copy(),
             transport=self.transport,
             device_delay_ms=None if self.device_delay_ms is None else self.device_delay_ms[by_device].copy(),
             device_bandwidth_gbps=(None if self.device_bandwidth_gbps is None

@@ -228,7 +228,8 @@ def _stage_of(vw: VirtualWorker, layer: int) -> int:
 
 def sync_seconds(topo: Topology, traffic: np.ndarray) -> float:
     """One push (or pull) of every VW at once: the busiest of each node's network link (bytes leaving
-    or entering it for other nodes) and each GPU's PCIe link to its host, plus a delay."""
+    or entering it for other nodes), each GPU's PCIe link to its host and each GPU's own interface where
+    the scenario limits it (interface_gbps), plus a delay."""
     region = np.asarray(topo.device_region)
     bw = gbps_to_bytes_per_s(np.asarray(topo.bandwidth_gbps, dtype=float))
     R = len(topo.regions)
@@ -244,6 +245,8 @@ def sync_seconds(topo: Topology, traffic: np.ndarray) -> float:
         peers = np.flatnonzero((region == region[d]) & (np.arange(topo.n) != d))
         if len(peers) and traffic[d].sum():
             t = max(t, traffic[d].sum() / bw[d, peers].max())
+    if topo.interface_gbps is not None:
+        t = max(t, float((traffic.sum(1) / gbps_to_bytes_per_s(np.asarray(topo.interface_gbps, dtype=float))).max()))
     return t + ms_to_s(float(np.asarray(topo.delay_ms).max()))
 
 

@@ -3,15 +3,15 @@
 Racks are the scenario's regions. Inside a rack workers talk at B_intra, across racks at
 B_inter = alpha * B_intra, and the server reaches a worker at B_inter (it is outside every rack,
 eq. 13) through its own uplink (the scenario's `server.uplink_gbps`, else B_inter). A worker's
-network interface carries at most its fastest link (B_intra) in each direction, as in
-harness/netmodel/links.py. `--alpha` replaces B_inter (and a defaulted uplink) by alpha * B_intra.
+network interface carries at most its fastest link (B_intra) in each direction, or the scenario's
+`interface_gbps` where that is less, as in harness/netmodel/links.py. `--alpha` replaces B_inter (and a defaulted uplink) by alpha * B_intra.
 Scaling down keeps the rack shape: it keeps whole racks, the same share of every scenario entry.
 
 The emulated cluster (`harness fl --backend emu`) runs this federation as a topology of its own
 (`emulated_topology`): the workers, then the server as one more device in a region of its own,
-whose interface is limited to the uplink (Topology.egress_gbps); the workers' interfaces are not
-limited beyond their pairs (the emulated cluster's per-pair shaping), which `scaled` says to the
-simulator when it predicts such a run.
+whose interface is limited to the uplink (Topology.interface_gbps); the workers' interfaces send at most
+the scenario's `interface_gbps` and receive unlimited beyond their pairs (the emulated cluster's per-pair
+shaping), which `scaled` says to the simulator when it predicts such a run.
 """
 from __future__ import annotations
 
@@ -46,21 +46,29 @@ class Federation:
     server_delay_s: float
     flops_per_s: tuple[float, ...]  # what every worker achieves (fp32 peak x efficiency)
     gpu: str
-    nic_Bps: float | None = None  # a worker's interface, each direction; None: its fastest link (B_intra)
+    interface_Bps: float = math.inf  # a worker's interface limit (the scenario's interface_gbps), each direction
+    per_pair: bool = False  # the emulated cluster: pairs shaped alone, an interface limits what it sends only
 
     @property
-    def worker_nic_Bps(self) -> float:
-        return self.intra_Bps if self.nic_Bps is None else self.nic_Bps
+    def worker_egress_Bps(self) -> float:
+        """What a worker's interface sends in all: its fastest link (B_intra) or the scenario's limit."""
+        return self.interface_Bps if self.per_pair else min(self.intra_Bps, self.interface_Bps)
+
+    @property
+    def worker_ingress_Bps(self) -> float:
+        """What it receives in all: the same, except where nothing shapes a receiving side (emulated)."""
+        return math.inf if self.per_pair else min(self.intra_Bps, self.interface_Bps)
 
     def scaled(self, bandwidth_scale: float, compute_time_scale: float, payload_share: float = 1.0) -> "Federation":
         """The federation as the emulated cluster runs it: every bandwidth x bandwidth_scale, of which the
         parameters get `payload_share` (the rest is the frames' headers: netmodel/tcp.tcp_efficiency), every
-        computation compute_time_scale times longer, and the workers' interfaces unlimited beyond their
-        pairs (per-pair shaping; the server's uplink stays one shared limit)."""
+        computation compute_time_scale times longer, and the workers' interfaces limited as the emulated
+        cluster shapes them: what each sends under the scenario's interface_gbps (one HTB parent class) where
+        it sets one, else unlimited beyond their pairs; the server's uplink stays one shared limit."""
         s, c = bandwidth_scale * payload_share, compute_time_scale
         return replace(self, intra_Bps=self.intra_Bps * s, inter_Bps=self.inter_Bps * s,
                        uplink_Bps=self.uplink_Bps * s, flops_per_s=tuple(f / c for f in self.flops_per_s),
-                       nic_Bps=math.inf)
+                       interface_Bps=self.interface_Bps * s, per_pair=True)
 
     @property
     def workers(self) -> int:
@@ -116,6 +124,8 @@ def federation(topo: Topology, alpha: float | None = None) -> Federation:
         inter = alpha * intra
     uplink = topo.server.uplink_gbps if topo.server.uplink_gbps is not None else inter
     profs = device_profiles(topo, dtype=DTYPE)
+    interface = (math.inf if topo.interface_gbps is None
+                 else _uniform(topo, np.asarray(topo.interface_gbps, dtype=float), "interface_gbps"))
     return Federation(
         name=topo.name, source=topo.source, racks=tuple(r.devices for r in topo.regions),
         intra_Bps=gbps_to_bytes_per_s(intra), inter_Bps=gbps_to_bytes_per_s(inter),
@@ -123,6 +133,7 @@ def federation(topo: Topology, alpha: float | None = None) -> Federation:
         intra_delay_s=ms_to_s(intra_delay), inter_delay_s=ms_to_s(inter_delay),
         server_delay_s=ms_to_s(topo.server.delay_ms),
         flops_per_s=tuple(p.flops_per_s("transformer") for p in profs), gpu=topo.profiles[0].gpu,
+        interface_Bps=gbps_to_bytes_per_s(interface),
     )
 
 
@@ -175,11 +186,11 @@ def emulated_topology(topo: Topology, fed: Federation) -> Topology:
     delay[R, :] = delay[:, R] = s_to_ms(fed.server_delay_s)
     bw = np.full((R + 1, R + 1), bytes_per_s_to_gbps(fed.inter_Bps))
     np.fill_diagonal(bw[:R, :R], bytes_per_s_to_gbps(fed.intra_Bps))
-    egress = np.full(W + 1, np.inf)
-    egress[W] = bytes_per_s_to_gbps(fed.uplink_Bps)
+    interface = np.full(W + 1, bytes_per_s_to_gbps(fed.interface_Bps))
+    interface[W] = bytes_per_s_to_gbps(fed.uplink_Bps)
     host = Region("server", 1, Link(s_to_ms(fed.server_delay_s), bytes_per_s_to_gbps(fed.inter_Bps)),
                   topo.regions[0].profile)
     return Topology(name=topo.name, description=topo.description, source=topo.source,
                     regions=topo.regions + (host,), device_region=tuple(topo.device_region) + (len(topo.regions),),
                     region_delay_ms=delay, region_bandwidth_gbps=bw, bandwidth_scale=topo.bandwidth_scale,
-                    server=topo.server, egress_gbps=egress)
+                    server=topo.server, interface_gbps=interface)

@@ -5,8 +5,8 @@ starts when the transfers it waits for have arrived (the previous one in the rec
 a relay, the one that brought the layers to its source: constraint 9), plus the request's one-way
 delay; its bytes then flow at the max-min fair rate over the resources it crosses (the server's
 uplink or the sending worker's interface, the receiving worker's interface, and the pair's own
-bandwidth), and the last byte lands one delay later. (A worker's interface is B_intra each way, or
-unlimited where the emulated cluster shapes pairs only: Federation.scaled.) A worker has two lanes, each pulling one
+bandwidth), and the last byte lands one delay later. (A worker's interface: Federation.worker_egress_Bps and
+worker_ingress_Bps.) A worker has two lanes, each pulling one
 transfer at a time: one from the server and one from its peers (Fig. 4(c): a worker receives from
 the server and from a peer at once). Rates are recomputed at every start and end (progressive
 filling), so concurrent transfers share exactly as a fluid network would.
@@ -85,7 +85,7 @@ def arrivals(fed: Federation, transfers: list[Transfer]) -> np.ndarray:
     nbytes = np.array([t.nbytes for t in transfers], dtype=float)
     cap, delay = _pair(fed, rack, src, dst) if T else (np.zeros(0), np.zeros(0))
     # resources: 0 the server's uplink, 1..W workers' egress, W+1..2W workers' ingress
-    res_cap = np.concatenate([[fed.uplink_Bps], np.full(W, fed.worker_nic_Bps), np.full(W, fed.worker_nic_Bps)])
+    res_cap = np.concatenate([[fed.uplink_Bps], np.full(W, fed.worker_egress_Bps), np.full(W, fed.worker_ingress_Bps)])
     src_res = np.where(src == SERVER, 0, src + 1)
     dst_res = W + 1 + dst
     deps: list[list[int]] = [[] for _ in range(T)]

@@ -189,16 +189,9 @@ def test_an_interface_limit_is_a_parent_class_that_its_destinations_share():
 
 
 def test_a_regions_interface_gbps_is_shaped_as_the_parent_class_of_its_devices(tmp_path):
-    p = tmp_path / "s.yaml"
-    p.write_text("""
-name: t
-device: {gpu: X, peak_tflops: 1, memory_gb: 1}
-regions:
-  - {name: A, devices: 2, interface_gbps: 1.5}
-  - {name: B, devices: 2}
-intra_region: {delay_ms: 1, bandwidth_gbps: 10}
-inter_region: {delay_ms: 20, bandwidth_gbps: 2}
-""")
+    from tests.test_scenario import GOOD, write
+
+    p = write(tmp_path, GOOD.replace("{name: A, devices: 2}", "{name: A, devices: 2, interface_gbps: 1.5}"))
     plan = _plan(load_scenario(str(p)), scale=0.01)
     assert [d.egress_bps for d in plan.devices] == [15_000_000, 15_000_000, None, None]
     for dev in plan.devices[:2]:  # three destinations share 15 Mbit/s, each up to its pair's rate

@@ -121,22 +121,15 @@ def test_an_interface_limit_is_shared_by_every_flow_of_its_device_in_both_nic_mo
 
 def test_links_held_by_region_honour_each_regions_interface(tmp_path):
     from harness.scenario import load_scenario
-    p = tmp_path / "s.yaml"
-    p.write_text("""
-name: t
-device: {gpu: X, peak_tflops: 1, memory_gb: 1}
-regions:
-  - {name: A, devices: 3, interface_gbps: 1.5}
-  - {name: B, devices: 3}
-intra_region: {delay_ms: 1, bandwidth_gbps: 10}
-inter_region: {delay_ms: 20, bandwidth_gbps: 2}
-""")
+    from tests.test_scenario import GOOD, write
+
+    p = write(tmp_path, GOOD.replace("{name: A, devices: 2}", "{name: A, devices: 2, interface_gbps: 0.5}"))
     topo = load_scenario(str(p))
     by_region, dense = Links.from_topology(topo), Links.per_device(topo)
     np.testing.assert_allclose(by_region.egress_Bps, dense.egress_Bps)
-    np.testing.assert_allclose(dense.egress_Bps * 8 / 1e9, [1.5] * 3 + [10] * 3)
-    src, dst = np.zeros(3, dtype=int), np.array([3, 4, 5])  # device 0 (A) to three of B
-    np.testing.assert_allclose(by_region.fair_rates(src, dst) * 8 / 1e9, [0.5] * 3)
+    np.testing.assert_allclose(dense.egress_Bps * 8 / 1e9, [0.5, 0.5, 10, 10])
+    src, dst = np.zeros(3, dtype=int), np.array([1, 2, 3])  # device 0 (A) to its neighbour and both of B
+    np.testing.assert_allclose(by_region.fair_rates(src, dst) * 8 / 1e9, [0.5 / 3] * 3)
 
 
 def test_sharded_ps_rounds_closed_form_on_uniform_group():

@@ -1,10 +1,10 @@
-"""The launcher's log of a shared cluster boot, cut per run at cluster_worker's marks (train/emulated.py)."""
+"""The launcher's log of a shared cluster boot, cut per run at emulated_guest's marks (train/emulated.py)."""
 from __future__ import annotations
 
 import io
 import threading
 
-from harness.train.cluster_worker import BEGIN_MARK, END_MARK
+from harness.train.emulated_guest import BEGIN_MARK, END_MARK
 from harness.train.emulated import _MarkedLog
 
 

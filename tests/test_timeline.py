@@ -7,7 +7,8 @@ import pytest
 
 from harness.errors import HarnessError
 from harness.scenario import SCENARIO_DIR, ScenarioError, load_scenario, load_timeline
-from harness.scenario.timeline import DOWN_GBPS, LinkState, predict_iterations
+from harness.scenario.timeline import DOWN_GBPS, LinkState
+from harness.sim.timeline import predict_iterations
 
 TIMELINES = SCENARIO_DIR / "timelines"
 

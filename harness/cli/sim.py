@@ -13,6 +13,7 @@ from ..plan.arg_types import flag_dest
 from . import sim_timeline
 from .sim_compare import cmd_compare, profile_overrides, read_input
 from ..allocation import ALLOCATORS
+from ..plan.flags import add_system_options, given_options
 from . import (add_alias, add_results_argument, add_transport_argument, input_file, input_path, name_list,
                non_negative_int, nonempty, output_dir, output_file, positive_float, positive_int, scenario_name,
                transport_of, with_transport)
@@ -68,6 +69,7 @@ def register(sub) -> None:
                         "predict an emulated run at its own scale")
     p.add_argument("--system", default="all", metavar="SYSTEM",
                    help=f"all (default) or one of: {', '.join(systems.names(simulated=True))}")
+    add_system_options(p)
     p.add_argument("--model", default="gpt3-xl", help="model config (default gpt3-xl), or a CNN for hetpipe and "
                    f"horovod: {', '.join(workloads.get('cnn').models)}; a flag the model's workload does not take "
                    "is refused")
@@ -197,10 +199,13 @@ def cmd_sim_gpt(args) -> int:
                                f"not {cfg.name}; give --model with one of them")
         if s not in known:
             raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(known)})")
+    options = given_options(args)
+    if args.system != "all":
+        systems.get(args.system).resolve_options(options)  # an option it does not take: one line
     n = topo.n
     d_pp, planned = sim_degrees(topo, cfg, args)
-    sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch,  # a plan's blocks: by the planner's allocator
-                    **_sim_kwargs(args, None if planned is None else MEMORY_AWARE_ALLOCATOR))
+    sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, options=options,  # a plan's blocks: by the
+                    **_sim_kwargs(args, None if planned is None else MEMORY_AWARE_ALLOCATOR))  # planner's allocator
     if planned is not None:
         sim.prime(cfg, args.batch, planned.assignment.to_json())
     if any(systems.get(s).scheduled for s in which):  # ours' batch must split before its schedule is searched

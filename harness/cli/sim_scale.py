@@ -43,7 +43,7 @@ def no_layout(system: str, devices: int, args) -> str:
 
 
 def sim_degrees(topo, cfg, args):
-    """(D_PP of ours, the planner's Plan or None): --d-pp when given; at the paper's sizes the rule `harness run`
+    """(D_PP of ours, the planner's DegreesPlan or None): --d-pp when given; at the paper's sizes the rule `harness run`
     uses (8 x 8 for 64 devices); at scale the planner's degrees within memory (harness/scheduler/degrees.py)."""
     from ..layout import default_pipeline_degrees
     from ..scheduler.lumped import LUMPED_FROM

@@ -166,6 +166,19 @@ def inventory_network(inv: Inventory, *, scenario: str | None = None, devices: i
                           mode=mode or "shaped")
 
 
+def add_system_options(p: argparse.ArgumentParser) -> None:
+    """Every registered system's own options (plan/systems.py: Option) as flags, each saying whose it is."""
+    for o, owners in systems.options().values():
+        default = "" if o.default is None else f" (default {o.default})"
+        p.add_argument(o.flag, dest=o.dest, type=o.type, default=None, help=f"{', '.join(owners)}: {o.help}{default}")
+
+
+def given_options(args) -> dict:
+    """The systems' options given as flags: name -> value."""
+    return {name: getattr(args, o.dest) for name, (o, _) in systems.options().items()
+            if getattr(args, o.dest, None) is not None}
+
+
 def request_from_args(args, layout):
     """The typed run request (harness/plan/request.py) of the flags shared by run and tune."""
 
@@ -181,7 +194,8 @@ def request_from_args(args, layout):
                        checkpoint_every=getattr(args, "checkpoint_every", None),
                        keepalive_s=getattr(args, "keepalive", None) or default_keepalive(args.system),
                        last_call_s=LAST_CALL_S if getattr(args, "last_call", None) is None else args.last_call,
-                       resume=None if getattr(args, "resume", None) is None else str(Path(args.resume).resolve())),
+                       resume=None if getattr(args, "resume", None) is None else str(Path(args.resume).resolve()),
+                       options=systems.get(args.system).resolve_options(given_options(args))),
         compute=ComputeSection(model=args.compute_model,
                                time_scale=1.0 if args.compute_time_scale is None else args.compute_time_scale,
                                dilate=(args.compute_model and args.compute_time_scale is None
@@ -266,6 +280,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                                                               "run ahead of the slowest (default 0)")
     p.add_argument("--in-flight", type=positive_int, help="hetpipe: N_m, minibatches in flight per virtual worker "
                                                           "(default: the fastest that fits)")
+    add_system_options(p)
     p.add_argument("--timeout", type=positive_float, default=None,
                    help="seconds before the run is failed (default 600; a dilated run's from its expected time)")
     p.add_argument("--inventory", type=input_file,

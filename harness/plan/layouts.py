@@ -39,13 +39,13 @@ class Placement:
 
 
 @dataclass(frozen=True)
-class Plan:
+class RunPlan:
     spec: RunSpec
     topo: Topology  # scaled by the run's bandwidth_scale
     placement: Placement | None  # ours only
 
 
-def plan_run(req: RunRequest) -> Plan:
+def plan_run(req: RunRequest) -> RunPlan:
     """Validate the request and build the spec every rank receives."""
     entry = registry.get(req.run.system)  # unknown system: one line, now
     if entry.train is None:
@@ -70,7 +70,7 @@ def plan_run(req: RunRequest) -> Plan:
         compute = replace(compute, devices=tuple(device_profiles(topo, dtype=req.model.dtype)))
     spec = RunSpec(network=req.network, model=req.model, layout=layout, run=req.run, resolved=resolved,
                    compute=compute, debug=req.debug, replan=replan)
-    return Plan(spec, topo, placement)
+    return RunPlan(spec, topo, placement)
 
 
 def check_fault(req: RunRequest, layout: Layout, entry: registry.System) -> None:

@@ -183,9 +183,13 @@ class RunSection:
     # KEEPALIVE_MISSED keep-alives missed; fewer devices than the run's wait this long for more
     keepalive_s: float = KEEPALIVE_S
     last_call_s: float = LAST_CALL_S
+    # the system's own options (its registry entry's `options`), every one of them: name -> value
+    options: dict = field(default_factory=dict)
 
     def __post_init__(self):
         _positive("run.iters", self.iters)
+        if not isinstance(self.options, dict) or not all(isinstance(k, str) for k in self.options):
+            raise ConfigError(f"run.options: must be a mapping of option names (got {self.options!r})")
         _positive("run.keepalive_s", self.keepalive_s, float)
         if isinstance(self.last_call_s, bool) or not isinstance(self.last_call_s, (int, float)) or self.last_call_s < 0:
             raise ConfigError(f"run.last_call_s: must be a number >= 0 (got {self.last_call_s!r})")

@@ -12,7 +12,7 @@ torchtitan's train-spec idea: a `System` bundles
   gpt: `(Simulator, GPTConfig, batch) -> list[Candidate]`, its layouts; the candidates' `config` is
   how its simulated records describe them (default: the layout its rule picks on the scenario,
   simulated by the runtime the layout names, `sweep.candidates_of_rule`); cnn: `(Topology,
-  CNNModel, minibatch, CNNOptions) -> list[CNNCandidate]` (harness/systems/hetpipe/sim.py);
+  LayerProfile, minibatch, CNNOptions) -> list[CNNCandidate]` (harness/systems/hetpipe/sim.py);
 - `simulate_layout`: `(Links, profiles, cfg, batch, Layout, micro_batch, bytes_per_value) ->
   (seconds, busiest compute seconds)`, the model `sim compare` holds a measured run against;
 - `run_length`: its simulate_layout also takes `iterations=(warm-up, timed)`, a measured run's length, because
@@ -38,7 +38,11 @@ torchtitan's train-spec idea: a `System` bundles
   debug section's fault may hit (`--debug fault_iteration=K fault_phase=P`);
 - `report_role`: the role it fills in the paper's evaluation (`sim report`) in place of the system whose
   paper_role it is: a model of the paper's own runtime (dtfm). The report compares roles; which system
-  fills a role is this registry's call.
+  fills a role is this registry's call;
+- `options`: its own knobs (`Option`: name, type, help, default), from which `harness run` and `harness sim`
+  build their flags and --help, and which reach its code as one mapping: the run request's and every rank's
+  `run.options`, its layout rule's `req.run.options`, its simulate_layout's `options=`. A new system with
+  new knobs is its package and its line in harness/systems/__init__.py, nothing else.
 
 Functions may be given as "module:function" and are imported on first use, so `harness run
 --system ours` never imports the baselines' torch.distributed modules and this module imports
@@ -47,6 +51,7 @@ registered by their packages in harness/systems/ (`registered()` imports them at
 """
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
 from typing import Callable, Union
@@ -54,6 +59,26 @@ from typing import Callable, Union
 from ..errors import HarnessError
 
 Ref = Union[Callable, str]  # a function, or "module:function" imported when first used
+
+
+@dataclass(frozen=True)
+class Option:
+    """One knob of a system: `--<name with dashes>` on `harness run` and `harness sim`, `type` turns its text
+    into the value (argparse's type: a bad one is a one-line error naming the flag), `default` when not given."""
+
+    name: str  # a Python identifier: the key in run.options
+    type: Callable[[str], object]
+    help: str
+    default: object = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        """Its attribute on argparse's namespace: apart from every other flag's."""
+        return f"option__{self.name}"
 
 # The `harness run` flags that set LayoutRequest fields: flag -> field.
 LAYOUT_FLAGS = {
@@ -84,7 +109,7 @@ class System:
     flags: tuple[str, ...] = ()
     defaults: dict = field(default_factory=dict)  # LayoutRequest fields filled in when unset
     simulate: dict = field(default_factory=dict)  # workload -> Ref
-    simulate_layout: Ref = "harness.systems.baselines.sim:simulate_runtime_of_layout"
+    simulate_layout: Ref | None = None  # None: no simulator model (`harness sim` and `sim compare` say so)
     run_length: bool = False
     record_layout: Ref = "harness.systems.baselines.sim:legacy_mesh_layout"
     tune_grid: Ref | None = None
@@ -103,6 +128,7 @@ class System:
     checkpoints: bool = False  # its runtime writes checkpoints and resumes from them (--checkpoint-every, --resume)
     # the points of an iteration its runtime marks (RankContext.reached), where a debug fault_iteration may hit
     fault_phases: tuple[str, ...] = ()
+    options: tuple[Option, ...] = ()  # its own knobs (Option), the flags built from them
 
     def __post_init__(self):
         unknown = [f for f in self.flags if f not in LAYOUT_FLAGS]
@@ -117,6 +143,22 @@ class System:
         fields_ = [LAYOUT_FLAGS[f] for f in self.flags]
         if len(set(fields_)) != len(fields_):
             raise HarnessError(f"system {self.name}: two of its flags set the same layout field ({self.flags})")
+        for o in self.options:
+            if not o.name.isidentifier() or o.flag in LAYOUT_FLAGS:
+                raise HarnessError(f"system {self.name}: option {o.name!r}: must be an identifier whose flag "
+                                   f"{o.flag} is not a layout flag")
+        if len({o.name for o in self.options}) != len(self.options):
+            raise HarnessError(f"system {self.name}: two options of one name")
+
+    def resolve_options(self, given: dict) -> dict:
+        """Its options' values: `given` (name -> value, as typed) over their defaults; an option it does not have is a
+        one-line error naming the flag."""
+        mine = {o.name: o for o in self.options}
+        for name in given:
+            if name not in mine:
+                raise HarnessError(f"--{name.replace('_', '-')}: not an option of --system {self.name} (its own: "
+                                   f"{', '.join(o.flag for o in self.options) or 'none'})")
+        return {name: given.get(name, o.default) for name, o in mine.items()}
 
     def train_fn(self) -> Callable:
         return _resolve(self.train)
@@ -133,8 +175,14 @@ class System:
         return workload in self.simulate or (workload == LAYOUT_WORKLOAD and self.layout_rule is not None
                                              and self.sweep_by_rule)
 
-    def simulate_layout_fn(self) -> Callable:
-        return _resolve(self.simulate_layout)
+    def simulate_layout_fn(self, options: dict | None = None) -> Callable:
+        """Its simulate_layout, given its options (`options`: those set, over their defaults); a system without a
+        model is a one-line error, not another system's model."""
+        fn = _resolve(self.simulate_layout)
+        if fn is None:
+            raise HarnessError(f"--system {self.name}: no simulator model (its registry entry gives no "
+                               "simulate_layout), so nothing predicts its runs")
+        return functools.partial(fn, options=self.resolve_options(options or {})) if self.options else fn
 
     def record_layout_fn(self) -> Callable:
         return _resolve(self.record_layout)
@@ -245,6 +293,19 @@ def report_systems() -> dict[str, str]:
 def gate_runs(kind: str) -> dict[str, tuple[str, ...]]:
     """system -> the `harness run` flags of its `kind` run in the regression gate ("wire" or "measured")."""
     return {s.name: s.gate_runs[kind] for s in registered().values() if kind in s.gate_runs}
+
+
+def options() -> dict[str, tuple[Option, list[str]]]:
+    """Every registered system's options by name: (the option, the systems that take it). Two systems may
+    share an option of one name only with the same type and default."""
+    out: dict[str, tuple[Option, list[str]]] = {}
+    for s in registered().values():
+        for o in s.options:
+            if o.name in out and (out[o.name][0].type, out[o.name][0].default) != (o.type, o.default):
+                raise HarnessError(f"system {s.name}: option {o.name!r}: another system has it with another type "
+                                   "or default")
+            out.setdefault(o.name, (o, []))[1].append(s.name)
+    return out
 
 
 def help_text() -> str:

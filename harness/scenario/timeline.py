@@ -13,7 +13,7 @@ or wraps around (`at_end: hold | wrap`; the period is the last row's time plus t
 Everything that follows a timeline reads it the same way: `LinkState` holds every region pair's link as it
 is now and applies changes, `Timeline.cursor()` hands out the changes due at a time or an iteration, in
 order. The emulated cluster applies them live (network/timeline_control.py), the simulator predicts each
-iteration from them (`predict_iterations`).
+iteration from them (sim/timeline.py: `predict_iterations`).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import io
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 
@@ -212,64 +212,6 @@ class LinkState:
         Topology: the simulator does not model them)."""
         bw = np.where(self.down, DOWN_GBPS, self.bandwidth_gbps)
         return replace(topo, region_delay_ms=self.delay_ms.copy(), region_bandwidth_gbps=bw)
-
-
-# --------------------------------------------------------------------------------------------- prediction
-@dataclass(frozen=True)
-class PredictedIteration:
-    iteration: int
-    start_s: float
-    seconds: float  # with pause_s
-    changes: int  # changes applied while it ran (or at its start)
-    pause_s: float = 0.0  # before it began: a re-plan and its weights' moves (at_boundary)
-
-
-#: an iteration longer than this with no change left to come never ends (a link cut for good)
-NEVER_S = 1e6
-
-
-def predict_iterations(timeline: Timeline, topo, iterations: int, seconds_at: Callable[[object], float],
-                       at_boundary: Callable[[object, int, bool], float | None] | None = None
-                       ) -> list[PredictedIteration]:
-    """Each iteration's start and length from t = 0, as the links change under it. `seconds_at(topology)`
-    gives an iteration's length on fixed links (the simulator). An iteration that a change falls inside runs
-    as a fluid: the share of it done so far stays done, the rest goes at the new links' pace (a cut link:
-    no progress until it is back). Time and iteration events apply at iteration boundaries.
-    `at_boundary(topology, iteration, changed)`, at every boundary (`changed`: the first after changes): None,
-    or the seconds a re-plan takes before the iteration starts (what `seconds_at` gives may then change)."""
-    state, cursor, cache, plan = LinkState.initial(topo), timeline.cursor(), {}, 0
-
-    def seconds() -> float:
-        k = (state.key(), plan)
-        if k not in cache:
-            cache[k] = float(seconds_at(state.topology(topo)))
-        return cache[k]
-
-    out, t, pending = [], 0.0, False
-    for it in range(iterations):
-        applied = [state.apply(c) for c in cursor.due(t, it)]
-        start, done, pause = t, 0.0, 0.0
-        if at_boundary is not None:
-            paused = at_boundary(state.topology(topo), it, pending or bool(applied))
-            pending = False
-            if paused is not None:
-                plan, pause, t = plan + 1, paused, t + paused
-        while True:
-            T, nxt = seconds(), cursor.next_at_s()
-            finish = t + (1.0 - done) * T
-            if nxt is None or nxt >= finish:
-                if T > NEVER_S and nxt is None:
-                    raise HarnessError(f"{timeline.source}: iteration {it} never ends: a link it crosses is cut "
-                                       "and no later event brings it back")
-                t = finish
-                break
-            done += (nxt - t) / T
-            t = nxt
-            during = [state.apply(c) for c in cursor.due(t)]
-            applied += during
-            pending = pending or bool(during)
-        out.append(PredictedIteration(it, start, t - start, len(applied), pause))
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ parsing

@@ -131,7 +131,7 @@ def degree_options(topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int 
 
 
 @dataclass
-class Plan:
+class DegreesPlan:
     """The planner's answer: the assignment of the degrees it chose, every option it weighed, and the
     modelled iteration of each one it searched (in search order)."""
 
@@ -147,7 +147,7 @@ class Plan:
 
 def plan(topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int = 1, dtype: str = "fp16",
          scheduler: str = "ga", seed: int = 0, budget: int | None = None, recompute: bool | None = None,
-         allocator: str | None = None, on_search=None) -> Plan:
+         allocator: str | None = None, on_search=None) -> DegreesPlan:
     """Choose the degrees and search their assignment (module docstring). `on_search(option)` returns the
     progress callback of that option's search (or None)."""
     from . import DEFAULT_BUDGET, schedule
@@ -171,4 +171,4 @@ def plan(topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int = 1, dtype
         searched.append((o, found[1], found[0]))
         if best is None or (found[0], -found[1]) > (best[0], -best[1]):
             best = found
-    return Plan(best[2], best[3], options, searched)
+    return DegreesPlan(best[2], best[3], options, searched)

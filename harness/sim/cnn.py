@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from .. import compute as work
 from ..errors import HarnessError
 from ..scenario import Topology
-from ..workloads.cnn import CNNModel
+from ..workloads.layers import LayerProfile
 
 DTYPE = "fp32"  # TensorFlow 1.12's training, as HetPipe's evaluation
 BYTES_PER_VALUE = work.BYTES_PER_VALUE[DTYPE]
@@ -75,7 +75,7 @@ def select_gpus(topo: Topology, spec: str | None) -> list[int]:
     return devices
 
 
-def record(c: CNNCandidate, *, run_id: str, topo: Topology, model: CNNModel, batch: int) -> dict:
+def record(c: CNNCandidate, *, run_id: str, topo: Topology, model: LayerProfile, batch: int) -> dict:
     return {"run_id": run_id, "scenario": topo.name, "system": c.system, "backend": "sim", "model": model.name,
             "minibatch": batch, "devices": c.devices, "config": c.config, "seconds": c.seconds,
             "samples_per_s": c.samples_per_s, "samples": c.minibatches * batch, "cross_node_bytes": c.cross_node_bytes,

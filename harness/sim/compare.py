@@ -33,7 +33,7 @@ from ..scenario.transport import KEYS as TRANSPORT_KEYS, Transport
 from ..netmodel.links import Links
 from ..netmodel.tcp import UML_HZ
 from ..netmodel.tcp import tcp_efficiency
-from ..scenario.timeline import PredictedIteration, predict_iterations
+from .timeline import PredictedIteration, predict_iterations
 from .replan import move_seconds
 from .sweep import Simulator
 
@@ -137,6 +137,8 @@ def load_measured(path: Path, notes: list[str] | None = None) -> list[dict]:
                 r.setdefault("transport", json.dumps(doc["transport"], sort_keys=True))
             r.setdefault("warmup", section("run").get("warmup"))  # the run's length (a model may depend on it)
             r.setdefault("iters", section("run").get("iters"))
+            if section("run").get("options"):  # the system's own options, as the run had them
+                r.setdefault("options", json.dumps(section("run")["options"], sort_keys=True))
             if section("compute").get("model"):  # a compute-model run: its devices' times are the table's
                 r.setdefault("compute_time_scale", float(section("compute").get("time_scale", 1.0)))
             out.append(r)
@@ -249,9 +251,10 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> 
     # a model whose iterations differ over a run (registry run_length) simulates this run's length
     run = {"iterations": (int(rec["warmup"]), int(rec["iters"]))} if (
         entry.run_length and rec.get("warmup") not in (None, "") and rec.get("iters") not in (None, "")) else {}
+    model = entry.simulate_layout_fn(json.loads(rec.get("options") or "{}"))  # its own options (load_measured)
 
     def simulate(now, layout: Layout | None = None) -> tuple[float, float]:
-        return entry.simulate_layout_fn()(links(now), sim.profiles, cfg, batch, layout or lay, mb, bpv, **run)
+        return model(links(now), sim.profiles, cfg, batch, layout or lay, mb, bpv, **run)
     return RunModel(sim.topo, lay, cfg, bpv, links, simulate)
 
 

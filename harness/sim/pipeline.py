@@ -60,7 +60,7 @@ def task_order(schedule: str, P: int, M: int, j: int) -> list[tuple[str, int]]:
 
 
 @dataclass(frozen=True)
-class Timeline:
+class PipelineTimes:
     """finish: (P, R) end of each stage's last task; fwd_span/bwd_span: (P-1, R) time from the
     first send to the last arrival on each link (activations j -> j+1, gradients j+1 -> j)."""
 
@@ -72,7 +72,7 @@ class Timeline:
 PHASES = ("FB", "F", "B")  # the tasks a run simulates: all, the forwards alone, the backwards alone
 
 
-def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None, phase: str = "FB") -> Timeline:
+def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None, phase: str = "FB") -> PipelineTimes:
     """The exact event timeline of one iteration; `phase` "F" or "B": only its forwards, or only its
     backwards with every forward done before `start` (a runtime with a barrier between them: dtfm)."""
     if phase not in PHASES:
@@ -150,11 +150,11 @@ def simulate(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
         if not progressed:
             raise RuntimeError("pipeline schedule deadlocked")  # a bug, never a user error
     span = lambda first, last: np.where(np.isfinite(first), last - first, 0.0)  # noqa: E731  (0: sent nothing)
-    return Timeline(free, span(first_f, last_f), span(first_b, last_b))
+    return PipelineTimes(free, span(first_f, last_f), span(first_b, last_b))
 
 
 def timeline(times: StageTimes, M: int, schedule: str, overlap: bool, start=None,
-             exact_up_to: int | None = None, phase: str = "FB") -> Timeline:
+             exact_up_to: int | None = None, phase: str = "FB") -> PipelineTimes:
     """The iteration's timeline; extrapolated linearly in M for long iterations."""
     P = times.stages
     a = 3 * P + 2
@@ -166,5 +166,5 @@ def timeline(times: StageTimes, M: int, schedule: str, overlap: bool, start=None
     ta = simulate(times, a, schedule, overlap, start, phase)
     tb = simulate(times, b, schedule, overlap, start, phase)
     k = (M - b) / (b - a)
-    return Timeline(*(y + k * (y - x) for x, y in ((ta.finish, tb.finish), (ta.fwd_span, tb.fwd_span),
+    return PipelineTimes(*(y + k * (y - x) for x, y in ((ta.finish, tb.finish), (ta.fwd_span, tb.fwd_span),
                                                      (ta.bwd_span, tb.bwd_span))))

@@ -23,7 +23,7 @@ from ..netmodel.tcp import INITIAL_WINDOW_SEGMENTS
 from ..layout import Layout
 from ..layout.holdings import holdings, sources_of
 from ..plan import systems as registry
-from ..scenario.timeline import PredictedIteration, predict_iterations
+from .timeline import PredictedIteration, predict_iterations
 from .systems import SimError
 from .timeline import timeline_links
 

@@ -72,13 +72,14 @@ class Simulator:
                  cache_dir: Path | None = None, ps_mode: str = "grouped",
                  placements: tuple[str, ...] = PLACEMENTS, micro_batch: int = 1, protocol: str = "nccl",
                  nic: str = "shared", profiles: list[ComputeProfile] | None = None, allocator: str | None = None,
-                 transport: Transport | None = None):
+                 transport: Transport | None = None, options: dict | None = None):
         if topo.n % d_pp:
             raise SimError(f"--d-pp: {d_pp} does not divide the {topo.n} devices of {topo.name}")
         self._options = dict(profile_overrides=profile_overrides, d_pp=d_pp, scheduler=scheduler,
                              schedule_seed=schedule_seed, budget=budget, cache_dir=cache_dir, ps_mode=ps_mode,
                              placements=placements, micro_batch=micro_batch, protocol=protocol, nic=nic,
-                             profiles=profiles, allocator=allocator, transport=transport)
+                             profiles=profiles, allocator=allocator, transport=transport, options=options)
+        self.options = dict(options or {})  # systems' own options as given (name -> value): options_of
         for p in placements:
             if p not in PLACEMENTS:
                 raise SimError(f"--placement: unknown placement {p!r} (known: {', '.join(PLACEMENTS)})")
@@ -108,6 +109,11 @@ class Simulator:
         self._fingerprint = hashlib.sha1(
             b"".join(np.ascontiguousarray(m).tobytes() for m in links) + _scheduler_source_digest()
         ).hexdigest()[:12]
+
+    def options_of(self, entry) -> dict:
+        """The options of system `entry` (registry): those given that it takes, over its defaults."""
+        mine = {o.name for o in entry.options}
+        return entry.resolve_options({k: v for k, v in self.options.items() if k in mine})
 
     def on_links_of(self, topo: Topology) -> "Simulator":
         """This simulator, every option the same, on `topo`'s links (the same devices: a timeline's links as
@@ -245,15 +251,16 @@ def candidates_of_rule(sim: Simulator, entry, cfg: GPTConfig, batch: int) -> lis
     from ..plan.request import ModelSection, NetworkSection, RunRequest, RunSection
     from ..plan.layouts import resolve_layout
 
+    options = sim.options_of(entry)
     req = RunRequest(network=NetworkSection(scenario=sim.topo.name, mode="none"),
                      model=ModelSection(name=cfg.name, layers=cfg.layers, batch=batch, micro_batch=sim.micro_batch),
-                     run=RunSection(system=entry.name))
+                     run=RunSection(system=entry.name, options=options))
     lay, _ = resolve_layout(req, sim.topo)
-    seconds, compute = entry.simulate_layout_fn()(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch,
-                                                  work.PAPER_BYTES)
+    model = entry.simulate_layout_fn(options)
+    seconds, compute = model(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, work.PAPER_BYTES)
     return [Candidate(entry.name, lay.to_json(), seconds, compute, (), layout=lay,
-                      resimulate=lambda links: entry.simulate_layout_fn()(links, sim.profiles, cfg, batch, lay,
-                                                                          sim.micro_batch, work.PAPER_BYTES)[0])]
+                      resimulate=lambda links: model(links, sim.profiles, cfg, batch, lay, sim.micro_batch,
+                                                     work.PAPER_BYTES)[0])]
 
 
 def schedule_job(args: tuple, progress=None) -> dict:

@@ -1,8 +1,8 @@
 """Per-iteration times under a timeline: a simulated layout on the links as they are at each moment.
 
-The simulator predicts one iteration on fixed links; under a timeline (scenario/timeline.py) each iteration
-runs on the links in force while it runs (`predict_iterations`: a change inside an iteration applies to the
-rest of it). What is re-simulated on the changed links is the candidate's own model on its own layouts
+The simulator predicts one iteration on fixed links; under a timeline (scenario/timeline.py: the events, as
+data) each iteration runs on the links in force while it runs (`predict_iterations`: a change inside an
+iteration applies to the rest of it). Devices that leave and come back: sim/preemption.py. What is re-simulated on the changed links is the candidate's own model on its own layouts
 (Candidate.resimulate), so on the scenario's links an iteration takes exactly what `harness sim` prints.
 Not modelled: jitter and loss (netem's; the simulator has no model of either: a timeline that changes them
 is predicted as if it did not), TCP's recovery after a cut (its retransmission timer backs off while a link
@@ -10,11 +10,70 @@ is down, so the first transfer after it comes back can wait up to the outage aga
 """
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
+from ..errors import HarnessError
 from ..netmodel.links import Links
-from ..scenario.timeline import PredictedIteration, predict_iterations
+from ..scenario.timeline import LinkState, Timeline
 from .systems import SimError
+
+
+@dataclass(frozen=True)
+class PredictedIteration:
+    iteration: int
+    start_s: float
+    seconds: float  # with pause_s
+    changes: int  # changes applied while it ran (or at its start)
+    pause_s: float = 0.0  # before it began: a re-plan and its weights' moves (at_boundary)
+
+
+#: an iteration longer than this with no change left to come never ends (a link cut for good)
+NEVER_S = 1e6
+
+
+def predict_iterations(timeline: Timeline, topo, iterations: int, seconds_at: Callable[[object], float],
+                       at_boundary: Callable[[object, int, bool], float | None] | None = None
+                       ) -> list[PredictedIteration]:
+    """Each iteration's start and length from t = 0, as the links change under it. `seconds_at(topology)`
+    gives an iteration's length on fixed links (the simulator). An iteration that a change falls inside runs
+    as a fluid: the share of it done so far stays done, the rest goes at the new links' pace (a cut link:
+    no progress until it is back). Time and iteration events apply at iteration boundaries.
+    `at_boundary(topology, iteration, changed)`, at every boundary (`changed`: the first after changes): None,
+    or the seconds a re-plan takes before the iteration starts (what `seconds_at` gives may then change)."""
+    state, cursor, cache, plan = LinkState.initial(topo), timeline.cursor(), {}, 0
+
+    def seconds() -> float:
+        k = (state.key(), plan)
+        if k not in cache:
+            cache[k] = float(seconds_at(state.topology(topo)))
+        return cache[k]
+
+    out, t, pending = [], 0.0, False
+    for it in range(iterations):
+        applied = [state.apply(c) for c in cursor.due(t, it)]
+        start, done, pause = t, 0.0, 0.0
+        if at_boundary is not None:
+            paused = at_boundary(state.topology(topo), it, pending or bool(applied))
+            pending = False
+            if paused is not None:
+                plan, pause, t = plan + 1, paused, t + paused
+        while True:
+            T, nxt = seconds(), cursor.next_at_s()
+            finish = t + (1.0 - done) * T
+            if nxt is None or nxt >= finish:
+                if T > NEVER_S and nxt is None:
+                    raise HarnessError(f"{timeline.source}: iteration {it} never ends: a link it crosses is cut "
+                                       "and no later event brings it back")
+                t = finish
+                break
+            done += (nxt - t) / T
+            t = nxt
+            during = [state.apply(c) for c in cursor.due(t)]
+            applied += during
+            pending = pending or bool(during)
+        out.append(PredictedIteration(it, start, t - start, len(applied), pause))
+    return out
 
 
 def timeline_links(sim, topo_now) -> Links:

@@ -1,7 +1,7 @@
 """Run training specs inside the emulated cluster (network/emulate.py) and read the ranks back.
 
 The host writes the specs to a work directory the cluster can see (hostfs under UML),
-starts `harness.train.cluster_worker` once in launcher mode, and reads its JSON
+starts `harness.train.emulated_guest` once in launcher mode, and reads its JSON
 outcome per run. Several runs on one topology share one boot of the cluster, one set of
 imports and one warm-up (`record_in_one_boot`): each run is still its own fork of fresh
 ranks, with its own manifest, records and log, written as soon as the run ends. Every
@@ -20,7 +20,7 @@ from ..errors import HarnessError
 from .launch import RankFailure
 from ..files import atomic_write_json, atomic_write_text
 from ..scenario import Topology
-from .cluster_worker import BEGIN_MARK, END_MARK
+from .emulated_guest import BEGIN_MARK, END_MARK
 from ..plan.request import RunSpec
 from .rank import PROGRESS_PREFIX
 from .stats import IterationStats
@@ -124,7 +124,7 @@ class _Boot:
         env = {**os.environ, "OMP_NUM_THREADS": str(self.specs[0].run.threads),
                "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
         env.pop("HARNESS_CLUSTER", None)
-        cmd = [sys.executable, "-m", "harness.train.cluster_worker",
+        cmd = [sys.executable, "-m", "harness.train.emulated_guest",
                *(str(p) for pair in self.pairs for p in pair)]
         try:
             self.res = run_emulated(topo, cmd, mode="launcher", kernel=self.specs[0].network.kernel,
@@ -173,7 +173,7 @@ class _Boot:
 
 class _MarkedLog:
     """The launcher's output as run_emulated's log tailer streams it: kept whole, cut per run at
-    cluster_worker's marks, and the ranks' progress lines passed on to `out`."""
+    emulated_guest's marks, and the ranks' progress lines passed on to `out`."""
 
     def __init__(self, out):
         self.out, self.lines, self.cond = out, [], threading.Condition()

@@ -27,7 +27,7 @@ from ..results import IterationRecord, manifest, run_dir, write_minibatches, wri
 from ..scenario import Topology
 from ..plan.request import RunRequest, RunSpec
 from ..plan import systems as registry
-from ..plan.layouts import Plan, plan_run
+from ..plan.layouts import RunPlan, plan_run
 from ..plan.dilation import advice
 from ..network.headroom import HOST_BOUND_BUSY, LATE_SHARE, host_bound
 from .gpt import loss_floor
@@ -134,7 +134,7 @@ def _launcher(work: Path):
     return launch
 
 
-def _guarded(plans: list[Plan]):
+def _guarded(plans: list[RunPlan]):
     """The command's reaper (network/reaper.py), registered before any manifest or directory exists:
     if this process is killed, the runs' manifests still `running` fail and the work directory goes."""
     from ..network.reaper import guarded
@@ -187,7 +187,7 @@ class _TermWatch:
         self._w.close()
 
 
-def with_checkpoints(plan: Plan) -> Plan:
+def with_checkpoints(plan: RunPlan) -> RunPlan:
     """--checkpoint-every: where the ranks write (the run directory's checkpoints/); --resume: the iteration
     of the last complete checkpoint there, which the run goes on from. One line for what cannot be."""
     from . import checkpoint
@@ -298,7 +298,7 @@ def replan_summary(rows: list[dict]) -> list[dict]:
     return out
 
 
-def record_run(plan: Plan, launch, shared: dict | None = None) -> Path:
+def record_run(plan: RunPlan, launch, shared: dict | None = None) -> Path:
     """Write the manifest (running), call `launch(spec, topo, out) -> (kernel, per-rank stats,
     extra manifest fields)`, then the records and the final manifest; `failed` + reason on any error.
     `shared`: manifest fields of every state (e.g. the runs it shared a cluster boot with)."""

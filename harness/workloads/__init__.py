@@ -30,7 +30,7 @@ class Workload:
     name: str
     summary: str
     models: tuple[str, ...]
-    load: Callable[[str], object]  # model name -> its model (GPTConfig, CNNModel, BranchyModel)
+    load: Callable[[str], object]  # model name -> its model (GPTConfig, LayerProfile, BranchyModel)
     layer_profile: type | None  # the layer type of its models (None: GPT's blocks come from its config)
     record_kind: str  # what its runs write
     sim_flags: dict = field(default_factory=dict)  # `harness sim` flag -> its default for this workload

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from ..compute import conv_flop
 from ..errors import HarnessError
-from .layers import Layer
+from .layers import Layer, LayerProfile
 
 IMAGE = (3, 224, 224)  # ImageNet crops, channels first
 CLASSES = 1000
@@ -32,19 +32,7 @@ class CNNError(HarnessError, ValueError):
     """Unknown CNN model; str() is one line."""
 
 
-@dataclass(frozen=True)
-class CNNModel:
-    name: str
-    layers: tuple[Layer, ...]
-    input_values: int = IMAGE[0] * IMAGE[1] * IMAGE[2]
-
-    @property
-    def params(self) -> int:
-        return sum(l.params for l in self.layers)
-
-    @property
-    def fwd_flop(self) -> float:
-        return sum(l.fwd_flop for l in self.layers)
+IMAGE_VALUES = IMAGE[0] * IMAGE[1] * IMAGE[2]
 
 
 def _conv(cin: int, cout: int, k: int, h_out: int, bias: bool) -> tuple[int, float]:
@@ -58,7 +46,7 @@ VGG19_CONFIG = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 5
                 512, 512, 512, 512, "M")  # configuration E: 3x3 convolutions (padding 1), "M" 2x2 max-pool
 
 
-def vgg19() -> CNNModel:
+def vgg19() -> LayerProfile:
     layers, c, h = [], IMAGE[0], IMAGE[1]
     for k, v in enumerate(VGG19_CONFIG):
         if v == "M":
@@ -73,14 +61,14 @@ def vgg19() -> CNNModel:
         last = fout == CLASSES
         layers.append(Layer(f"fc{k}", fin * fout + fout, 2.0 * fin * fout, fout,
                             fout if last else 2 * fout))  # ReLU's output and dropout's mask
-    return CNNModel("vgg19", tuple(layers))
+    return LayerProfile("vgg19", tuple(layers), IMAGE_VALUES)
 
 
 # ----------------------------------------------------------------------------- ResNet-152
 RESNET152_BLOCKS = (3, 8, 36, 3)
 
 
-def resnet152() -> CNNModel:
+def resnet152() -> LayerProfile:
     h = IMAGE[1] // 2  # 7x7 stride-2 stem convolution: 112 x 112
     p, f = _conv(IMAGE[0], 64, 7, h, bias=False)
     stem_kept = 2 * 64 * h * h  # conv output (BatchNorm's input), ReLU output
@@ -107,7 +95,7 @@ def resnet152() -> CNNModel:
             layers.append(Layer(f"block{stage + 1}.{b}", params, flop, cout * h_out * h_out, kept))
             cin, h = cout, h_out
     layers.append(Layer("head", cin * CLASSES + CLASSES, 2.0 * cin * CLASSES, CLASSES, cin + CLASSES))
-    return CNNModel("resnet152", tuple(layers))
+    return LayerProfile("resnet152", tuple(layers), IMAGE_VALUES)
 
 
 CNN_MODELS = {"vgg19": vgg19, "resnet152": resnet152}
@@ -117,7 +105,7 @@ def is_cnn(name: str) -> bool:
     return name in CNN_MODELS
 
 
-def get_cnn(name: str) -> CNNModel:
+def get_cnn(name: str) -> LayerProfile:
     if name not in CNN_MODELS:
         raise CNNError(f"--model: unknown CNN {name!r} (known: {', '.join(CNN_MODELS)})")
     return CNN_MODELS[name]()

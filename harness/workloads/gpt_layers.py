@@ -11,12 +11,11 @@ from __future__ import annotations
 
 from ..compute import block_activation_bytes, block_fwd_flop, head_fwd_flop
 from ..compute.model import GPTConfig
-from .cnn import CNNModel
-from .layers import Layer
+from .layers import Layer, LayerProfile
 
 
-def gpt_layer_profile(cfg: GPTConfig) -> CNNModel:
-    """The blocks of `cfg` as layers (a CNNModel: HetPipe's planner reads any layer profile)."""
+def gpt_layer_profile(cfg: GPTConfig) -> LayerProfile:
+    """The blocks of `cfg` as layers (HetPipe's planner reads any layer profile)."""
     act = cfg.seq * cfg.hidden
     kept = int(block_activation_bytes(cfg, 1, bytes_per_value=2, recompute=False) / 2)
     layers = []
@@ -28,4 +27,4 @@ def gpt_layer_profile(cfg: GPTConfig) -> CNNModel:
             params += cfg.head_params
             flop += head_fwd_flop(cfg, 1)
         layers.append(Layer(f"block{i}", params, flop, out_values=act, kept_values=kept))
-    return CNNModel(cfg.name, tuple(layers), input_values=cfg.seq)
+    return LayerProfile(cfg.name, tuple(layers), input_values=cfg.seq)

@@ -36,7 +36,7 @@ from ...sim.systems import SimError, SimResult, check_layers, optimizer_step
 
 # --------------------------------------------------------------------------- Megatron
 def pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_batch: int, bytes_per_value: int):
-    """Timeline of Megatron's / DeepSpeed's 1F1B engine on the layout's mesh (pp, dp, tp)."""
+    """PipelineTimes of Megatron's / DeepSpeed's 1F1B engine on the layout's mesh (pp, dp, tp)."""
     dev = layout.array()
     pp, dp, tp = dev.shape
     check_layers(cfg, pp)

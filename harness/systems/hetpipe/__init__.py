@@ -27,7 +27,7 @@ is what `sim compare` holds such a run against.
 """
 from __future__ import annotations
 
-from .planning import (PLACEMENTS, Costs, Plan, VirtualWorker, best_order, cut_bytes, max_in_flight,  # noqa: F401
+from .planning import (PLACEMENTS, Costs, HetPipePlan, VirtualWorker, best_order, cut_bytes, max_in_flight,  # noqa: F401
                        partition, plan, ps_traffic, sync_seconds, virtual_workers)
 from .policies import POLICIES, Policy, group  # noqa: F401
 from .setting import BYTES_PER_VALUE, DTYPE, GIB, MAX_NM, PARAM_BYTES, HetPipeError  # noqa: F401

@@ -13,7 +13,7 @@ from ...allocation import AllocationError, Problem, allocate
 from ...compute.profiles import device_profiles
 from ...scenario import Topology
 from ...units import gbps_to_bytes_per_s, ms_to_s
-from ...workloads.cnn import CNNModel
+from ...workloads.layers import LayerProfile
 from ...sim.cnn import nodes_of, select_gpus
 from .policies import group
 from .setting import BYTES_PER_VALUE, DTYPE, GIB, MAX_NM, PARAM_BYTES, HetPipeError
@@ -45,7 +45,7 @@ class VirtualWorker:
 class Costs:
     """Per-layer seconds on every device and transfer times on every device pair, for one model and batch."""
 
-    model: CNNModel
+    model: LayerProfile
     batch: int
     flop: np.ndarray  # (layers,) forward FLOPs of a minibatch (the backward: twice)
     flops_per_s: np.ndarray  # (devices,) what each device achieves
@@ -54,7 +54,7 @@ class Costs:
     rate: np.ndarray  # (devices, devices) bytes/s, inter-node pairs divided by the VWs sharing the node pair
 
     @classmethod
-    def of(cls, topo: Topology, model: CNNModel, batch: int, vws: list[list[int]], profiles=None) -> "Costs":
+    def of(cls, topo: Topology, model: LayerProfile, batch: int, vws: list[list[int]], profiles=None) -> "Costs":
         profs = profiles if profiles is not None else device_profiles(topo, dtype=DTYPE)
         flop = np.array([l.fwd_flop for l in model.layers]) * batch
         # the dense-GEMM efficiency of harness/compute/profiles.py stands for cuDNN's convolutions (no CNN measurement)
@@ -183,7 +183,7 @@ def max_in_flight(topo: Topology, costs: Costs, devices: list[int], limit: int =
 
 
 # ----------------------------------------------------------------------------- the parameter server
-def ps_traffic(topo: Topology, model: CNNModel, vws: list[VirtualWorker], placement: str) -> np.ndarray:
+def ps_traffic(topo: Topology, model: LayerProfile, vws: list[VirtualWorker], placement: str) -> np.ndarray:
     """Bytes every device sends to each node's parameter-server shard per wave (its stages' aggregated
     update; the pull brings the same back): (devices, regions).
 
@@ -201,12 +201,12 @@ def ps_traffic(topo: Topology, model: CNNModel, vws: list[VirtualWorker], placem
     return out
 
 
-def _round_robin_owners(topo: Topology, model: CNNModel, vws: list[VirtualWorker]) -> list[int]:
+def _round_robin_owners(topo: Topology, model: LayerProfile, vws: list[VirtualWorker]) -> list[int]:
     used = sorted({topo.device_region[d] for vw in vws for d in vw.devices})
     return [used[l % len(used)] for l in range(len(model.layers))]
 
 
-def _local_owners(topo: Topology, model: CNNModel, vws: list[VirtualWorker]) -> list[int]:
+def _local_owners(topo: Topology, model: LayerProfile, vws: list[VirtualWorker]) -> list[int]:
     owner = []
     for l in range(len(model.layers)):
         homes = {topo.device_region[vw.devices[_stage_of(vw, l)]] for vw in vws}
@@ -250,14 +250,14 @@ def sync_seconds(topo: Topology, traffic: np.ndarray) -> float:
     return t + ms_to_s(float(np.asarray(topo.delay_ms).max()))
 
 
-def cut_bytes(topo: Topology, model: CNNModel, vw: VirtualWorker, batch: int) -> float:
+def cut_bytes(topo: Topology, model: LayerProfile, vw: VirtualWorker, batch: int) -> float:
     """Bytes of one minibatch's activations crossing between nodes in `vw` (the gradients come back alike)."""
     region = topo.device_region
     return float(sum(model.layers[vw.stages[k][1] - 1].out_values * batch * BYTES_PER_VALUE
                      for k in range(len(vw.devices) - 1) if region[vw.devices[k]] != region[vw.devices[k + 1]]))
 
 
-def cross_node_bytes(topo: Topology, model: CNNModel, vws: list[VirtualWorker], traffic: np.ndarray,
+def cross_node_bytes(topo: Topology, model: LayerProfile, vws: list[VirtualWorker], traffic: np.ndarray,
                      batch: int, in_flight: int) -> float:
     """Bytes crossing between nodes per wave: activations and gradients between stages on different
     nodes for the wave's N_m minibatches of every VW, and the parameter-server push and pull."""
@@ -269,7 +269,7 @@ def cross_node_bytes(topo: Topology, model: CNNModel, vws: list[VirtualWorker], 
 
 # ----------------------------------------------------------------------------- the whole plan
 @dataclass
-class Plan:
+class HetPipePlan:
     """HetPipe on a set of GPUs: its VWs, N_m, the parameter server's sync time and the simulated run."""
 
     policy: str
@@ -320,9 +320,9 @@ def virtual_workers(topo: Topology, costs: Costs, groups: list[list[int]], in_fl
     return out
 
 
-def plan(topo: Topology, model: CNNModel, batch: int, policy: str, placement: str = "default", staleness: int = 0,
+def plan(topo: Topology, model: LayerProfile, batch: int, policy: str, placement: str = "default", staleness: int = 0,
          gpus: str | None = None, in_flight: int | None = None, progress=None, profiles=None,
-         most_in_flight: int = MAX_NM) -> Plan:
+         most_in_flight: int = MAX_NM) -> HetPipePlan:
     """HetPipe's plan and its simulated throughput; N_m the fastest up to Max_m (and `most_in_flight`) unless
     given. profiles: every device's ComputeProfile at fp32 (default: the scenario's, harness/compute/profiles.py)."""
     from . import wsp
@@ -351,7 +351,7 @@ def plan(topo: Topology, model: CNNModel, batch: int, policy: str, placement: st
         sync = sync_seconds(topo, traffic)
         result = wsp.simulate(vws, n, batch, staleness, sync, sync)
         if best is None or result.samples_per_s > best.result.samples_per_s * (1 + 1e-9):
-            best = Plan(policy, placement, staleness, n, 0, devices, vws, sync,
+            best = HetPipePlan(policy, placement, staleness, n, 0, devices, vws, sync,
                         cross_node_bytes(topo, model, vws, traffic, batch, n), result)
         if progress:
             progress(n)

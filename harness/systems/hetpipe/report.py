@@ -50,7 +50,7 @@ class HetPipeSweep:
     table4: dict[str, dict[str, dict[str, Entry]]] = field(default_factory=dict)
 
 
-def _hetpipe_entry(topo: Topology, model, p: hp.Plan, batch: int) -> Entry:
+def _hetpipe_entry(topo: Topology, model, p: hp.HetPipePlan, batch: int) -> Entry:
     return Entry(p.result.samples_per_s, p.samples_per_wave, p.cross_node_bytes / (p.samples_per_wave * batch),
                  hp.cut_bytes(topo, model, p.vws[0], batch))
 

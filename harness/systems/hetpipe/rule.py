@@ -24,7 +24,7 @@ from .setting import HetPipeError
 class WSPPlan:
     """What the manifest says of a HetPipe run's plan (its `placement` entry)."""
 
-    plan: planning.Plan
+    plan: planning.HetPipePlan
     ps_nodes: tuple[str, ...]  # per block: the node of its shard
 
     def to_json(self, layout: Layout) -> dict:

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 from ...scenario import Topology
 from ...sim.cnn import CNNCandidate, CNNOptions
-from ...workloads.cnn import CNNModel
+from ...workloads.layers import LayerProfile
 from . import planning as hp
 from .policies import POLICIES
 
 
-def candidates_hetpipe(topo: Topology, model: CNNModel, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
+def candidates_hetpipe(topo: Topology, model: LayerProfile, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
     out = []
     explicit = bool(opts.placements)
     for policy in opts.policies or POLICIES:
@@ -23,7 +23,7 @@ def candidates_hetpipe(topo: Topology, model: CNNModel, batch: int, opts: CNNOpt
     return out
 
 
-def _of_plan(system: str, p: hp.Plan, gpus: str | None) -> CNNCandidate:
+def _of_plan(system: str, p: hp.HetPipePlan, gpus: str | None) -> CNNCandidate:
     r = p.result
     config = {"policy": p.policy, "placement": p.placement, "N_m": p.in_flight, "D": p.staleness,
               "max_N_m": p.max_in_flight, "gpus": gpus or "all", "vws": [list(vw.devices) for vw in p.vws],

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...workloads.cnn import CNNModel
+from ...workloads.layers import LayerProfile
 from ...compute import training_bytes_per_param
 from ...sim.cnn import BYTES_PER_VALUE, DTYPE, GIB, CNNCandidate, CNNOptions, CNNSimError, select_gpus
 from ...compute.profiles import device_profiles
@@ -32,13 +32,13 @@ class HorovodResult:
     cross_node_bytes: float  # per iteration
 
 
-def model_bytes(model: CNNModel, batch: int) -> float:
+def model_bytes(model: LayerProfile, batch: int) -> float:
     """Memory a GPU needs to train the whole model on one minibatch (fp32, SGD with momentum)."""
     kept = sum(l.kept_values for l in model.layers) * batch * BYTES_PER_VALUE
     return model.params * training_bytes_per_param(BYTES_PER_VALUE) + kept
 
 
-def simulate(topo: Topology, model: CNNModel, batch: int, gpus: str | None = None, profiles=None) -> HorovodResult:
+def simulate(topo: Topology, model: LayerProfile, batch: int, gpus: str | None = None, profiles=None) -> HorovodResult:
     devices = select_gpus(topo, gpus)
     need = model_bytes(model, batch)
     fits = [d for d in devices if topo.profiles[d].memory_gb * GIB >= need]
@@ -57,7 +57,7 @@ def simulate(topo: Topology, model: CNNModel, batch: int, gpus: str | None = Non
     return HorovodResult(fits, [d for d in devices if d not in fits], seconds, n * batch / seconds, allreduce, cross)
 
 
-def candidates_horovod(topo: Topology, model: CNNModel, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
+def candidates_horovod(topo: Topology, model: LayerProfile, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
     r = simulate(topo, model, batch, opts.gpus, opts.profiles)
     config = {"gpus": opts.gpus or "all", "devices": r.devices, "left_out": r.left_out}
     return [CNNCandidate("horovod", config, r.seconds, r.samples_per_s, len(r.devices), r.cross_node_bytes,
@@ -75,5 +75,6 @@ register(System(
     "horovod", "synchronous data parallel with a ring all-reduce over every device, HetPipe's baseline (the "
     "simulator also runs it on --model vgg19|resnet152)",
     train="harness.systems.baselines.systems:train_horovod", checkpoints=True, fault_phases=("checkpoint",), layout_rule=horovod_layout,
+    simulate_layout="harness.systems.baselines.sim:simulate_runtime_of_layout",
     sweep_by_rule=False, simulate={"cnn": candidates_horovod}, style=("#8c564b", "P"),
 ))

@@ -23,6 +23,7 @@ def megatron_layout(req: RunRequest, topo: Topology) -> tuple[Layout, None]:
 register(System(
     "megatron", "tensor x pipeline x data parallel in Megatron-LM's rank order (--tp/--pp/--dp)",
     train="harness.systems.baselines.systems:train_megatron", checkpoints=True, fault_phases=("checkpoint",), layout_rule=megatron_layout,
+    simulate_layout="harness.systems.baselines.sim:simulate_runtime_of_layout",
     flags=BASELINE_FLAGS, defaults={"schedule": "1f1b"}, simulate={"gpt": "harness.systems.megatron.sim:candidates_megatron"},
     tune_grid="harness.layout:megatron_grid", paper_role="megatron", sources="harness.systems.baselines.sources:MEGATRON", style=("#1f77b4", "^"),
     # measured: its rank-order layout without tensor parallelism (TP all-reduces across continents would take

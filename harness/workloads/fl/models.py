@@ -23,23 +23,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...compute import BYTES_PER_VALUE, conv_flop
-from ..layers import Layer
+from ..layers import Layer, LayerSums
 from .federation import FLError
 
 BYTES_PER_PARAM = BYTES_PER_VALUE["fp32"]  # OWL distributes fp32 parameters
 
 
 @dataclass(frozen=True)
-class Branch:
+class Branch(LayerSums):
     layers: tuple[Layer, ...]
-
-    @property
-    def params(self) -> int:
-        return sum(l.params for l in self.layers)
-
-    @property
-    def fwd_flop(self) -> float:
-        return sum(l.fwd_flop for l in self.layers)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Launcher-mode program inside the emulated cluster: `python -m harness.train.cluster_worker SPEC OUT [SPEC OUT ...]`.
+"""Launcher-mode program inside the emulated cluster: `python -m harness.train.emulated_guest SPEC OUT [SPEC OUT ...]`.
 
 Runs once per boot of the cluster (inside user-mode Linux or the host kernel) with
 HARNESS_CLUSTER naming the cluster description, for one run or several in turn. It
@@ -162,5 +162,5 @@ def _mark(prefix: str, k: int) -> None:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if not args or len(args) % 2:
-        sys.exit("usage: python -m harness.train.cluster_worker SPEC OUT [SPEC OUT ...]")
+        sys.exit("usage: python -m harness.train.emulated_guest SPEC OUT [SPEC OUT ...]")
     sys.exit(main(list(zip(args[::2], args[1::2]))))

@@ -113,6 +113,29 @@ def test_without_events_every_iteration_is_the_plans(tmp_path, topo, sim):
     assert len({i.seconds for i in p.iterations}) == 1
 
 
+def test_links_that_change_and_devices_that_leave_are_predicted_in_one_loop(tmp_path, topo, sim):
+    def slowed(at):  # every link at a quarter of its rate from `at` on
+        return f"{{at_s: {at}, from: '*', to: '*', bandwidth_factor: 0.25}}"
+
+    T = predict(sim, timeline(tmp_path, topo, "events: [{at_s: 1e9, preempt: 1}]"), "megatron", 6).iterations[0].seconds
+    T_slow = predict(sim, timeline(tmp_path, topo, f"events: [{slowed(0)}, {{at_s: 1e9, preempt: 1}}]"), "megatron",
+                     6).iterations[0].seconds
+    assert T_slow > 1.5 * T
+    # a change halfway through iteration 3: the half done stays done, the rest goes at the slow links' pace
+    p = predict(sim, timeline(tmp_path, topo, f"events: [{slowed(3.5 * T)}, {{at_s: 1e9, preempt: 1}}]"),
+                "megatron", iterations=12)
+    assert [i.seconds for i in p.iterations[:3]] == pytest.approx([T] * 3, rel=1e-9)
+    assert p.iterations[3].seconds == pytest.approx(0.5 * T + 0.5 * T_slow, rel=1e-9)
+    assert [i.seconds for i in p.iterations[4:]] == pytest.approx([T_slow] * 8, rel=1e-9)
+    # and with a device that leaves after the change: its restart, then iterations at the slow links' pace
+    both = predict(sim, timeline(tmp_path, topo, f"events: [{slowed(3.5 * T)}, {{at_s: {p.iterations[6].start_s + 1e-3}, "
+                                                 "preempt: 3}]"), "megatron", iterations=12)
+    (r,) = both.recoveries
+    assert r.kind == "restart" and r.lost_iterations == 7  # no checkpoint: iterations 0-5 and the one in flight
+    assert [i.iteration for i in both.iterations] == list(range(12)) and both.iterations[0].start_s > r.at_s
+    assert both.total_s == pytest.approx(both.accounted_s()) and both.total_s > p.total_s
+
+
 def test_ours_replans_on_the_survivors_and_loses_only_the_iteration_in_flight(tmp_path, topo, sim):
     base = predict(sim, timeline(tmp_path, topo, "events: [{at_s: 1e9, preempt: 1}]"), "ours", checkpoint_every=5)
     T = base.iterations[0].seconds

@@ -1,5 +1,7 @@
 """Devices that leave and come back, predicted: the time to N iterations of a system under a timeline's device
-events (scenario/preemption.py), with each recovery's cost from the same models as the rest of the simulator.
+events (scenario/preemption.py), with each recovery's cost from the same models as the rest of the simulator;
+the same timeline's link events change the links under it as they do in sim/timeline.py (an iteration a change
+falls inside runs as a fluid), so a timeline with both is one prediction, as the emulator runs it.
 
 A system recovers as its registry entry says (plan.systems.System.recovery):
 - "replan" (ours): the survivors learn of a lost device within DETECT_S (ours' heartbeat), run the scheduler on the
@@ -26,6 +28,7 @@ writes what it holds beside the gradient (values, master copy, momentum) at `sto
 from __future__ import annotations
 
 import functools
+import math
 import subprocess
 import sys
 import time
@@ -39,8 +42,10 @@ from ..plan.survivors import layout_on
 from ..scenario.preemption import (HEARTBEAT_S, KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S, DeviceEvent,
                                    device_events)
 from ..layout.holdings import holdings
+from ..scenario.timeline import LinkState
 from .replan import item_bytes, transfer_seconds
 from .systems import SimError
+from .timeline import NEVER_S, timeline_links
 
 #: ours' failure detector: a heartbeat every HEARTBEAT_S, a device gone after KEEPALIVE_MISSED missed
 DETECT_S = HEARTBEAT_S * KEEPALIVE_MISSED
@@ -130,9 +135,10 @@ class SpotPrediction:
 @dataclass(frozen=True)
 class _Plan:
     devices: tuple[int, ...]  # the run's device ids, in the subset's order
-    seconds: float  # an iteration
+    seconds: float  # an iteration on the scenario's links
     search_s: float
     held: dict  # run's device id -> what it holds (layout/holdings.holdings)
+    layout: object = None  # its Layout, to simulate it again on links that changed
 
 
 class _Planner:
@@ -144,6 +150,7 @@ class _Planner:
         self.sim, self.entry, self.cfg, self.batch = sim, registry.get(system), cfg, batch
         self.layout = layout or LayoutRequest()
         self.cache: dict[frozenset, _Plan | None] = {}
+        self.seconds_cache: dict[tuple, float] = {}
         self.why = ""  # the rule's last refusal
 
     def plan(self, devices, held: dict | None = None) -> _Plan | None:
@@ -171,12 +178,54 @@ class _Planner:
         if found is None:
             return None
         devices, lay = list(found.devices), found.layout
-        links = replace(Links.from_topology(topo.subset(devices), sim.links.protocol, sim.nic), hz=sim.links.hz)
-        profiles = [sim.profiles[d] for d in devices]
-        seconds = self.entry.simulate_layout_fn()(links, profiles, self.cfg, self.batch, lay, sim.micro_batch,
-                                                  PAPER_BYTES)[0]
         held = {devices[k]: items for k, items in holdings(lay).items()}
-        return _Plan(tuple(devices), float(seconds), found.search_s, held)
+        plan = _Plan(tuple(devices), 0.0, found.search_s, held, lay)
+        return replace(plan, seconds=self._simulate(plan, topo))
+
+    def _simulate(self, plan: _Plan, topo) -> float:
+        sim, devices = self.sim, list(plan.devices)
+        links = timeline_links(sim, topo.subset(devices))
+        profiles = [sim.profiles[d] for d in devices]
+        return float(self.entry.simulate_layout_fn()(links, profiles, self.cfg, self.batch, plan.layout,
+                                                     sim.micro_batch, PAPER_BYTES)[0])
+
+    def seconds(self, plan: _Plan, links: "_ChangingLinks") -> float:
+        """An iteration of `plan` on the links as they are now (the scenario's when nothing changed them)."""
+        if not links.changed:
+            return plan.seconds
+        key = (plan.devices, id(plan.layout), links.state.key())
+        if key not in self.seconds_cache:
+            self.seconds_cache[key] = self._simulate(plan, links.topology())
+        return self.seconds_cache[key]
+
+
+class _ChangingLinks:
+    """The links under a timeline's link events (scenario/timeline.py: LinkState and its cursor), as the
+    predictor's clock passes them."""
+
+    def __init__(self, timeline, topo):
+        self.topo, self.changes = topo, bool(timeline.events or timeline.trace)
+        self.state = LinkState.initial(topo) if self.changes else None
+        self.cursor = timeline.cursor()
+        self.changed = False
+
+    def advance(self, t: float, iteration: int | None = None) -> int:
+        """Apply the changes due by time t (and at iteration `iteration`'s boundary); how many."""
+        due = self.cursor.due(t, iteration) if self.changes else []
+        for c in due:
+            self.state.apply(c)
+        self.changed = self.changed or bool(due)
+        return len(due)
+
+    def next_at_s(self) -> float:
+        at = self.cursor.next_at_s() if self.changes else None
+        return math.inf if at is None else at
+
+    def topology(self):
+        return self.state.topology(self.topo) if self.changed else self.topo
+
+    def links(self, sim) -> Links:
+        return timeline_links(sim, self.topology()) if self.changed else sim.links
 
 
 def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:
@@ -188,17 +237,17 @@ def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:
 def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterations: int,
                  model: RecoveryModel = RecoveryModel(), layout=None) -> SpotPrediction:
     """`iterations` useful iterations of `system` on the simulator's scenario under `timeline`'s device events
-    (its links as the scenario has them), from t = 0; see the module docstring. `layout`: a LayoutRequest
+    and link events, from t = 0; see the module docstring. An iteration that a link change falls inside runs
+    as a fluid (as sim/timeline.predict_iterations): the share done so far stays done, the rest goes at the
+    new links' pace; a recovery's moves and re-mesh go over the links in force. `layout`: a LayoutRequest
     of options for the system's layout rule (e.g. DeepSpeed's zero)."""
-    if timeline.events or timeline.trace:
-        raise SimError(f"{timeline.source}: the simulator predicts devices that leave, or links that change, so far "
-                       "not both in one timeline")
     recovery = "restart" if model.restart_all else registry.get(system).recovery
     planner, N = _Planner(sim, system, cfg, batch, layout), iterations
     horizon = _horizon(planner, N, model)
     timed, by_iteration = device_events(timeline, sim.topo, horizon)
     events = list(timed)
     storage_Bps = model.storage_gbps * 1e9
+    net = _ChangingLinks(timeline, sim.topo)
     out = SpotPrediction(system)
     up, ready_at = set(range(sim.topo.n)), {d: 0.0 for d in range(sim.topo.n)}
     plan = planner.plan(up)
@@ -243,8 +292,9 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
         new = planner.plan(survivors, had)
         if new is None or not _all_held(had, new.held):  # ours' launcher starts every rank again
             return restart(at, f"{why}; no copy of some stage survives", flight_s, detect, rendezvous=False)
-        moved_s = transfer_seconds(had, new.held, cfg, sim.links)[0] if new.held != had else 0.0
-        remesh = 2.0 * 2.0 * max(float(sim.links.delay_s[new.devices[0], d]) for d in new.devices)
+        links = net.links(sim)
+        moved_s = transfer_seconds(had, new.held, cfg, links)[0] if new.held != had else 0.0
+        remesh = 2.0 * 2.0 * max(float(links.delay_s[new.devices[0], d]) for d in new.devices)
         start = model.start()  # ours' runtime starts its processes again (train/snapshots.py)
         searched = model.search(new)
         t = at + detect + searched + start + moved_s + remesh
@@ -254,6 +304,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
         plan, considered = new, frozenset(survivors)
 
     while done < N:
+        net.advance(t, done)
         due = pop(t)
         for e in [e for e in by_iteration if e.at_iteration <= done]:  # iteration events: at this boundary
             by_iteration.remove(e)
@@ -282,7 +333,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
                 survivors = {d for d in up if ready_at[d] <= t} - {e.device for e in warned}
                 new = planner.plan(survivors, plan.held)
                 if new is not None and _all_held(plan.held, new.held):
-                    cost = model.search(new) + transfer_seconds(plan.held, new.held, cfg, sim.links)[0]
+                    cost = model.search(new) + transfer_seconds(plan.held, new.held, cfg, net.links(sim))[0]
                     if t + cost <= min(e.at_s for e in warned):
                         replan(t, warned[0].describe() + " (on notice)", 0.0, "graceful", 0.0,
                                without=frozenset(e.device for e in warned))
@@ -295,9 +346,10 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
                 continue
             new = planner.plan(ready, plan.held)
             considered = ready
-            if new is not None and new.seconds < plan.seconds:
-                cost = model.search(new) + transfer_seconds(plan.held, new.held, cfg, sim.links)[0]
-                if (plan.seconds - new.seconds) * (N - done) > cost:
+            now, then = planner.seconds(plan, net), None if new is None else planner.seconds(new, net)
+            if new is not None and then < now:
+                cost = model.search(new) + transfer_seconds(plan.held, new.held, cfg, net.links(sim))[0]
+                if (now - then) * (N - done) > cost:
                     replan(t, f"device(s) {sorted(set(new.devices) - set(plan.devices))} back", 0.0, "join", 0.0)
                     continue
             if new is not None:
@@ -307,15 +359,29 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
             write = max(_state_bytes(plan.held, cfg).values()) / storage_Bps
             t += write
             out.checkpoints, out.checkpoint_s, last_ckpt = out.checkpoints + 1, out.checkpoint_s + write, done
-        # one iteration, unless a device of the plan leaves during it
-        end = t + plan.seconds
-        hit = next((e for e in events if e.at_s < end and e.kind == "preempt" and e.device in plan.devices), None)
+        # one iteration, unless a device of the plan leaves during it; a link change inside it applies to the rest
+        begin, share, hit = t, 0.0, None
+        while True:
+            T = planner.seconds(plan, net)
+            end, change = t + (1.0 - share) * T, net.next_at_s()
+            hit = next((e for e in events if e.at_s < min(end, change) and e.kind == "preempt"
+                        and e.device in plan.devices), None)
+            if hit is not None or change >= end:
+                break
+            if T > NEVER_S and math.isinf(change):
+                raise SimError(f"{timeline.source}: iteration {done} never ends: a link it crosses is cut and no "
+                               "later event brings it back")
+            share, t = share + (change - t) / T, change
+            net.advance(t)
         if hit is None:
-            out.iterations.append(SpotIteration(done, t, plan.seconds, len(plan.devices)))
+            if T > NEVER_S:
+                raise SimError(f"{timeline.source}: iteration {done} never ends: a link it crosses is cut and no "
+                               "later event brings it back")
+            out.iterations.append(SpotIteration(done, begin, T if share == 0.0 else end - begin, len(plan.devices)))
             pop(end)
             t, done = end, done + 1
             continue
-        flight = hit.at_s - t
+        t, flight = begin, hit.at_s - begin
         pop(hit.at_s)
         if recovery == "replan":
             replan(hit.at_s, hit.describe(), flight, "replan", model.detect_s)

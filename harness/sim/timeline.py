@@ -2,7 +2,8 @@
 
 The simulator predicts one iteration on fixed links; under a timeline (scenario/timeline.py: the events, as
 data) each iteration runs on the links in force while it runs (`predict_iterations`: a change inside an
-iteration applies to the rest of it). Devices that leave and come back: sim/preemption.py. What is re-simulated on the changed links is the candidate's own model on its own layouts
+iteration applies to the rest of it). A timeline whose devices also leave and come back: sim/preemption.py,
+whose loop runs its link events the same way. What is re-simulated on the changed links is the candidate's own model on its own layouts
 (Candidate.resimulate), so on the scenario's links an iteration takes exactly what `harness sim` prints.
 Not modelled: jitter and loss (netem's; the simulator has no model of either: a timeline that changes them
 is predicted as if it did not), TCP's recovery after a cut (its retransmission timer backs off while a link

@@ -28,7 +28,6 @@ writes what it holds beside the gradient (values, master copy, momentum) at `sto
 from __future__ import annotations
 
 import functools
-import math
 import subprocess
 import sys
 import time
@@ -42,10 +41,9 @@ from ..plan.survivors import layout_on
 from ..scenario.preemption import (HEARTBEAT_S, KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S, DeviceEvent,
                                    device_events)
 from ..layout.holdings import holdings
-from ..scenario.timeline import LinkState
 from .replan import item_bytes, transfer_seconds
 from .systems import SimError
-from .timeline import NEVER_S, timeline_links
+from .timeline import ChangingLinks, fluid_iteration, timeline_links
 
 #: ours' failure detector: a heartbeat every HEARTBEAT_S, a device gone after KEEPALIVE_MISSED missed
 DETECT_S = HEARTBEAT_S * KEEPALIVE_MISSED
@@ -189,7 +187,7 @@ class _Planner:
         return float(self.entry.simulate_layout_fn()(links, profiles, self.cfg, self.batch, plan.layout,
                                                      sim.micro_batch, PAPER_BYTES)[0])
 
-    def seconds(self, plan: _Plan, links: "_ChangingLinks") -> float:
+    def seconds(self, plan: _Plan, links: ChangingLinks) -> float:
         """An iteration of `plan` on the links as they are now (the scenario's when nothing changed them)."""
         if not links.changed:
             return plan.seconds
@@ -197,35 +195,6 @@ class _Planner:
         if key not in self.seconds_cache:
             self.seconds_cache[key] = self._simulate(plan, links.topology())
         return self.seconds_cache[key]
-
-
-class _ChangingLinks:
-    """The links under a timeline's link events (scenario/timeline.py: LinkState and its cursor), as the
-    predictor's clock passes them."""
-
-    def __init__(self, timeline, topo):
-        self.topo, self.changes = topo, bool(timeline.events or timeline.trace)
-        self.state = LinkState.initial(topo) if self.changes else None
-        self.cursor = timeline.cursor()
-        self.changed = False
-
-    def advance(self, t: float, iteration: int | None = None) -> int:
-        """Apply the changes due by time t (and at iteration `iteration`'s boundary); how many."""
-        due = self.cursor.due(t, iteration) if self.changes else []
-        for c in due:
-            self.state.apply(c)
-        self.changed = self.changed or bool(due)
-        return len(due)
-
-    def next_at_s(self) -> float:
-        at = self.cursor.next_at_s() if self.changes else None
-        return math.inf if at is None else at
-
-    def topology(self):
-        return self.state.topology(self.topo) if self.changed else self.topo
-
-    def links(self, sim) -> Links:
-        return timeline_links(sim, self.topology()) if self.changed else sim.links
 
 
 def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:
@@ -247,7 +216,7 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
     timed, by_iteration = device_events(timeline, sim.topo, horizon)
     events = list(timed)
     storage_Bps = model.storage_gbps * 1e9
-    net = _ChangingLinks(timeline, sim.topo)
+    net = ChangingLinks(timeline, sim.topo)
     out = SpotPrediction(system)
     up, ready_at = set(range(sim.topo.n)), {d: 0.0 for d in range(sim.topo.n)}
     plan = planner.plan(up)
@@ -360,28 +329,17 @@ def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterati
             t += write
             out.checkpoints, out.checkpoint_s, last_ckpt = out.checkpoints + 1, out.checkpoint_s + write, done
         # one iteration, unless a device of the plan leaves during it; a link change inside it applies to the rest
-        begin, share, hit = t, 0.0, None
-        while True:
-            T = planner.seconds(plan, net)
-            end, change = t + (1.0 - share) * T, net.next_at_s()
-            hit = next((e for e in events if e.at_s < min(end, change) and e.kind == "preempt"
-                        and e.device in plan.devices), None)
-            if hit is not None or change >= end:
-                break
-            if T > NEVER_S and math.isinf(change):
-                raise SimError(f"{timeline.source}: iteration {done} never ends: a link it crosses is cut and no "
-                               "later event brings it back")
-            share, t = share + (change - t) / T, change
-            net.advance(t)
+        begin = t
+        end, T, changed, hit = fluid_iteration(
+            t, net, lambda: planner.seconds(plan, net), timeline.source, done,
+            lambda until: next((e for e in events if e.at_s < until and e.kind == "preempt"
+                                and e.device in plan.devices), None))
         if hit is None:
-            if T > NEVER_S:
-                raise SimError(f"{timeline.source}: iteration {done} never ends: a link it crosses is cut and no "
-                               "later event brings it back")
-            out.iterations.append(SpotIteration(done, begin, T if share == 0.0 else end - begin, len(plan.devices)))
+            out.iterations.append(SpotIteration(done, begin, end - begin if changed else T, len(plan.devices)))
             pop(end)
             t, done = end, done + 1
             continue
-        t, flight = begin, hit.at_s - begin
+        flight = hit.at_s - begin
         pop(hit.at_s)
         if recovery == "replan":
             replan(hit.at_s, hit.describe(), flight, "replan", model.detect_s)

@@ -11,6 +11,7 @@ is down, so the first transfer after it comes back can wait up to the outage aga
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Callable
 
@@ -42,39 +43,83 @@ def predict_iterations(timeline: Timeline, topo, iterations: int, seconds_at: Ca
     no progress until it is back). Time and iteration events apply at iteration boundaries.
     `at_boundary(topology, iteration, changed)`, at every boundary (`changed`: the first after changes): None,
     or the seconds a re-plan takes before the iteration starts (what `seconds_at` gives may then change)."""
-    state, cursor, cache, plan = LinkState.initial(topo), timeline.cursor(), {}, 0
+    net, cache, plan = ChangingLinks(timeline, topo), {}, 0
 
     def seconds() -> float:
-        k = (state.key(), plan)
+        k = (net.key(), plan)
         if k not in cache:
-            cache[k] = float(seconds_at(state.topology(topo)))
+            cache[k] = float(seconds_at(net.topology()))
         return cache[k]
 
     out, t, pending = [], 0.0, False
     for it in range(iterations):
-        applied = [state.apply(c) for c in cursor.due(t, it)]
-        start, done, pause = t, 0.0, 0.0
+        applied = net.advance(t, it)
+        start, pause = t, 0.0
         if at_boundary is not None:
-            paused = at_boundary(state.topology(topo), it, pending or bool(applied))
+            paused = at_boundary(net.topology(), it, pending or bool(applied))
             pending = False
             if paused is not None:
                 plan, pause, t = plan + 1, paused, t + paused
-        while True:
-            T, nxt = seconds(), cursor.next_at_s()
-            finish = t + (1.0 - done) * T
-            if nxt is None or nxt >= finish:
-                if T > NEVER_S and nxt is None:
-                    raise HarnessError(f"{timeline.source}: iteration {it} never ends: a link it crosses is cut "
-                                       "and no later event brings it back")
-                t = finish
-                break
-            done += (nxt - t) / T
-            t = nxt
-            during = [state.apply(c) for c in cursor.due(t)]
-            applied += during
-            pending = pending or bool(during)
-        out.append(PredictedIteration(it, start, t - start, len(applied), pause))
+        t, _, during, _ = fluid_iteration(t, net, seconds, timeline.source, it)
+        pending = pending or bool(during)
+        out.append(PredictedIteration(it, start, t - start, applied + during, pause))
     return out
+
+
+class ChangingLinks:
+    """The links under a timeline's link events as a predictor's clock passes them (scenario/timeline.py's
+    LinkState and cursor): the scenario's own until the first change."""
+
+    def __init__(self, timeline: Timeline, topo):
+        self.topo, self.events = topo, bool(timeline.events or timeline.trace)
+        self.state = LinkState.initial(topo) if self.events else None
+        self.cursor = timeline.cursor()
+        self.changed = False
+
+    def advance(self, t: float, iteration: int | None = None) -> int:
+        """Apply the changes due by time t (and by iteration `iteration`'s boundary); how many there were."""
+        due = self.cursor.due(t, iteration) if self.events else []
+        for c in due:
+            self.state.apply(c)
+        self.changed = self.changed or bool(due)
+        return len(due)
+
+    def next_at_s(self) -> float:
+        at = self.cursor.next_at_s() if self.events else None
+        return math.inf if at is None else at
+
+    def topology(self):
+        return self.state.topology(self.topo) if self.changed else self.topo
+
+    def key(self) -> bytes:
+        return self.state.key() if self.changed else b""
+
+    def links(self, sim) -> Links:
+        """The links now, as `sim` (a Simulator of the same scenario) models them."""
+        return timeline_links(sim, self.topology()) if self.changed else sim.links
+
+
+def fluid_iteration(t: float, net: ChangingLinks, seconds: Callable[[], float], where: str, iteration: int,
+                    stop: Callable[[float], object] | None = None) -> tuple[float, float, int, object]:
+    """One iteration from `t` as a fluid over the link changes due while it runs: the share done so far stays
+    done, the rest goes at the new links' pace (a cut link: no progress until it is back). `seconds()`: an
+    iteration on the links as they are now; `stop(until)`: the first event before `until` that ends it early (a
+    device of its plan leaving; None: none). Returns (when it ended or was stopped, its pace then, the changes
+    applied during it, the event that stopped it or None)."""
+    share, during = 0.0, 0
+    while True:
+        T = seconds()
+        end, change = t + (1.0 - share) * T, net.next_at_s()
+        hit = stop(min(end, change)) if stop is not None else None
+        if hit is not None:
+            return hit.at_s, T, during, hit
+        if change >= end:
+            if T > NEVER_S and math.isinf(change):
+                raise HarnessError(f"{where}: iteration {iteration} never ends: a link it crosses is cut and no "
+                                   "later event brings it back")
+            return end, T, during, None
+        share, t = share + (change - t) / T, change
+        during += net.advance(t)
 
 
 def timeline_links(sim, topo_now) -> Links:

@@ -131,9 +131,9 @@ class Links:
         pairs, pair_of = np.unique(s * (max(s.max(), d.max()) + 1) + d, return_inverse=True)
         senders, sender_of = np.unique(s, return_inverse=True)
         receivers, receiver_of = np.unique(d, return_inverse=True)
-        first = np.zeros(len(pairs), dtype=int)
-        first[pair_of[::-1]] = np.arange(len(s))[::-1]
-        capacity = np.concatenate([pair[~local][first], self.egress_Bps[senders], self.ingress_Bps[receivers]])
+        pair_cap = np.empty(len(pairs))
+        pair_cap[pair_of] = pair[~local]  # every transfer of a pair has its rate
+        capacity = np.concatenate([pair_cap, self.egress_Bps[senders], self.ingress_Bps[receivers]])
         rate[~local] = max_min_fair([pair_of, len(pairs) + sender_of, len(pairs) + len(senders) + receiver_of],
                                     capacity)
         return rate

@@ -191,7 +191,7 @@ class _Planner:
         """An iteration of `plan` on the links as they are now (the scenario's when nothing changed them)."""
         if not links.changed:
             return plan.seconds
-        key = (plan.devices, id(plan.layout), links.state.key())
+        key = (plan.devices, id(plan.layout), links.key())
         if key not in self.seconds_cache:
             self.seconds_cache[key] = self._simulate(plan, links.topology())
         return self.seconds_cache[key]

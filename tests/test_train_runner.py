@@ -78,13 +78,14 @@ def test_raising_rank_fails_run_naming_it():
 
 def test_the_rank_that_raised_first_is_named_first_however_the_ends_were_seen(tmp_path):
     """A busy machine may show a peer's end (the closed connection) before the raising rank's: the report
-    still names the earliest exception; a rank killed by a signal, seen first, stays first."""
+    still names the earliest exception; a rank killed by a signal is the cause wherever it was seen."""
     from harness.train.launch import _cause
 
     (tmp_path / "rank0.err").write_text("2000\nRuntimeError: Connection closed by peer")
     (tmp_path / "rank1.err").write_text("1000\nValueError: boom on purpose")
     assert _cause([0, 1], [], tmp_path) == 1 and _cause([0], [1], tmp_path) == 1
     assert _cause([2, 0], [1], tmp_path) == 2  # rank 2: no exception of its own (killed)
+    assert _cause([0, 2], [1], tmp_path) == 2  # its peer's exception seen first: the kill is still the cause
     (tmp_path / "rank0.err").write_text("500\nValueError: first")
     assert _cause([1], [0], tmp_path) == 0
 

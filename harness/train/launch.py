@@ -79,12 +79,14 @@ def _error(rank: int, outdir: Path) -> tuple[int, str] | None:
 
 
 def _cause(failed: list[int], others: list[int], outdir: Path) -> int:
-    """The rank to name first: the first seen to fail, unless it raised and another rank raised earlier
-    (two ranks' ends can be seen in one wait, in any order: the peer of a raising rank fails on the
-    closed connection a moment after it). A rank killed by a signal has no time: seen first, it stays."""
-    first = failed[0]
-    if _error(first, outdir) is None:
-        return first
+    """The rank to name first. A rank that ended without raising (killed by a signal we did not send,
+    or exited with a status) is a cause, not a consequence: a peer's exception closes connections, it
+    kills nothing; the first seen of those. Otherwise the earliest exception (two ranks' ends can be
+    seen in one wait, in any order: the peer of a raising rank fails on the closed connection a moment
+    after it, and a busy machine may show the peer's end first)."""
+    unraised = [r for r in failed if _error(r, outdir) is None]
+    if unraised:
+        return unraised[0]
     raised = [(e[0], r) for r in failed + others if (e := _error(r, outdir)) is not None]
     return min(raised)[1]
 
@@ -139,6 +141,9 @@ def fork_ranks(
             # Peers usually fail a moment later (connection reset); give the cause time to
             # be recorded so the report names it first.
             time.sleep(0.2)
+            # every end seen before we signal anyone is the ranks' own (a killed rank's may show after
+            # its peer's exception)
+            failed += [r for r, p in enumerate(procs) if r not in failed and p.exitcode not in (None, 0)]
     finally:
         stop_children(procs, grace_s)
     try:

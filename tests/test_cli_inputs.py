@@ -171,6 +171,8 @@ def bad_values(action: argparse.Action, files: dict[str, str], text: list[str]) 
         return [*text, files["missing"], files["binary"], files["dir"]]
     if t is None or t is F.nonempty:
         return text
+    if getattr(t, "__qualname__", "").startswith("one_of."):  # arg_types.one_of(...)
+        return ["bogus", ""]
     if t is rank_order_text:
         return ["bogus", "-1", "", "1.5"]
     if t is F.name_list:

@@ -1,10 +1,13 @@
 """`harness hetpipe plan`: HetPipe's virtual workers, their partitions and memory, and the modelled throughput."""
 from __future__ import annotations
 
-import argparse
 
+from ..plan import systems
+from ..plan.flags import add_alias, add_system_options, given_options
 from ..workloads.cnn import CNN_MODELS
-from . import non_negative_int, nonempty, output_file, positive_int, scenario_name
+from . import nonempty, output_file, positive_int, scenario_name
+
+SYSTEM = "hetpipe"  # the system whose options `hetpipe plan` takes
 
 
 def register(sub) -> None:
@@ -14,18 +17,13 @@ def register(sub) -> None:
         "plan", help="print HetPipe's virtual workers, layers per GPU, memory and modelled throughput",
         description="Group the scenario's GPUs into virtual workers by a resource allocation policy (Park et al. "
                     "2020, Sec. 8.1), partition the model over each (the optimal allocator, within memory), pick "
-                    "N_m and simulate Wave Synchronous Parallel through the parameter server.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                    "N_m and simulate Wave Synchronous Parallel through the parameter server.")
     plan.add_argument("--scenario", required=True, type=scenario_name, help="case name or path to a .yaml file (e.g. hetpipe-testbed)")
-    plan.add_argument("--policy", required=True, type=nonempty, help="np, ed, hd, or VWs as device ids '0,4,8,12;1,5,9,13;...'")
-    plan.add_argument("--model", default="vgg19", choices=list(CNN_MODELS))
-    plan.add_argument("--placement", default="default", choices=["default", "local"],
-                      help="parameter-server shards: round-robin over the nodes, or each stage's on its node")
+    plan.add_argument("--model", default="vgg19", choices=list(CNN_MODELS), help="default vgg19")
     plan.add_argument("--gpus", type=nonempty, help="nodes used, e.g. V4, VR8, VRQ12, VRQG16 (default: every GPU)")
-    plan.add_argument("--staleness", type=non_negative_int, default=0, metavar="D", help="WSP's clock distance threshold")
-    plan.add_argument("--batch", type=positive_int, default=32, help="minibatch per virtual worker")
-    plan.add_argument("--in-flight", type=positive_int, metavar="N_M", help="minibatches in flight per VW "
-                      "(default: the fastest up to Max_m)")
+    plan.add_argument("--batch", type=positive_int, default=32, help="minibatch per virtual worker (default 32)")
+    add_system_options(plan, systems.get(SYSTEM))
+    add_alias(plan, "--placement", "--ps-placement")
     plan.add_argument("--json", type=output_file, help="also write the plan as JSON")
     plan.set_defaults(func=cmd_plan)
 
@@ -47,8 +45,9 @@ def cmd_plan(args) -> int:
 
     topo = load_scenario(args.scenario)
     model = get_cnn(args.model)
+    o = systems.get(SYSTEM).resolve_options(given_options(args))
     with tqdm(desc="N_m", unit="value", file=sys.stderr, leave=False) as bar:
-        p = hp.plan(topo, model, args.batch, args.policy, args.placement, args.staleness, args.gpus, args.in_flight,
+        p = hp.plan(topo, model, args.batch, o["policy"], o["ps_placement"], o["staleness"], args.gpus, o["in_flight"],
                     progress=lambda n: bar.update(1))
     r = p.result
     print(f"{topo.name}: {model.name}, {len(p.devices)} GPUs, policy {p.policy}, placement {p.placement}, "

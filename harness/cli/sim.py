@@ -40,9 +40,7 @@ def _common(p: argparse.ArgumentParser, defaults: dict) -> None:
                         "(the order the paper's cost model sums); default grouped")
     p.add_argument("--placement", type=name_list,
                    help="GPT baselines' placements to try, comma-separated: default (rank order), random (seeds "
-                        "2022-2024, averaged); default both. HetPipe (CNN models): the parameter server's, default "
-                        "(shards round-robin over the nodes) or local (each stage's shard on its node; policy ed); "
-                        "default both where the policy allows")
+                        "2022-2024, averaged); default both (HetPipe's parameter server: --ps-placement)")
     p.add_argument("--no-cache", action="store_true", default=d("--no-cache"),
                    help="do not read or write results/sim/schedules/")
     p.add_argument("--protocol", choices=["nccl", "gloo"], default=d("--protocol"),
@@ -82,14 +80,8 @@ def register(sub) -> None:
     p.add_argument("--json", type=output_file, help="write every simulated layout as a JSON list of records with `best`")
     sim_timeline.add_arguments(p)
     h = p.add_argument_group("HetPipe and Horovod (CNN models)")
-    h.add_argument("--policy", type=nonempty, help="HetPipe's resource allocation: np, ed, hd, or VWs as device ids "
-                   "'0,4,8,12;1,5,9,13;...' (default: np, ed and hd)")
     h.add_argument("--gpus", type=nonempty, help="the nodes used, as letters of the scenario's one-letter regions and the GPU "
                    "count, e.g. V4, VR8, VRQ12, VRQG16 (default: every GPU)")
-    h.add_argument("--staleness", type=non_negative_int, metavar="D",
-                   help="WSP's clock distance threshold D (default 0, BSP-like)")
-    h.add_argument("--in-flight", type=positive_int, metavar="N_M",
-                   help="minibatches in flight per virtual worker (default: the fastest up to Max_m)")
     p.add_argument("--out", type=output_dir, help="run directory for records.csv (default RESULTS/<scenario>/<run-id>)")
     add_results_argument(p)
     _common(p, {})
@@ -147,16 +139,15 @@ def _sim_kwargs(args, allocator: str | None = None) -> dict:
     from ..results import results_root
     from ..scheduler import SCHEDULERS
     from ..sim.sweep import PLACEMENTS as GPT_PLACEMENTS
-    from ..systems.hetpipe import PLACEMENTS as PS_PLACEMENTS
 
     # checked here too: `sim report --hetpipe-only` never builds the Simulator that checks them
     if args.scheduler not in SCHEDULERS:
         raise HarnessError(f"--scheduler: unknown scheduler {args.scheduler!r} (known: {', '.join(SCHEDULERS)})")
     placements = args.placement or GPT_PLACEMENTS
-    bad = [p for p in placements if p not in (*GPT_PLACEMENTS, *PS_PLACEMENTS)]
+    bad = [p for p in placements if p not in GPT_PLACEMENTS]
     if bad:
-        raise HarnessError(f"--placement: unknown placement {bad[0]!r} (GPT baselines: {', '.join(GPT_PLACEMENTS)}; "
-                           f"HetPipe: {', '.join(PS_PLACEMENTS)})")
+        raise HarnessError(f"--placement: unknown placement {bad[0]!r} (the GPT baselines': "
+                           f"{', '.join(GPT_PLACEMENTS)}; HetPipe's parameter server: --ps-placement)")
     return {"profile_overrides": profile_overrides(args), "budget": args.budget or DEFAULT_BUDGET, "schedule_seed": args.seed,
             "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol,
             "allocator": args.allocator or allocator,
@@ -175,6 +166,20 @@ def cmd_sim(args) -> int:
     for flag, value in workload.take_flags(args.model, given).items():
         setattr(args, flag_dest(flag), value)
     return RUNNERS[workload.name](args)
+
+
+def _options_of(which, args) -> dict:
+    """The systems' options given, each taken by a system simulated here (one line naming the flag otherwise)."""
+    options = given_options(args)
+    if args.system != "all":
+        systems.get(args.system).resolve_options(options)  # an option it does not take: one line naming its own
+    for name in options:
+        owners = systems.options()[name][1]
+        if not set(owners) & set(which):
+            flag = systems.options()[name][0].flag
+            raise HarnessError(f"{flag}: an option of {', '.join(owners)}, not of the systems `harness sim` runs on "
+                               f"--model {args.model} here ({', '.join(which)})")
+    return options
 
 
 def cmd_sim_gpt(args) -> int:
@@ -199,9 +204,7 @@ def cmd_sim_gpt(args) -> int:
                                f"not {cfg.name}; give --model with one of them")
         if s not in known:
             raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(known)})")
-    options = given_options(args)
-    if args.system != "all":
-        systems.get(args.system).resolve_options(options)  # an option it does not take: one line
+    options = _options_of(which, args)
     n = topo.n
     d_pp, planned = sim_degrees(topo, cfg, args)
     sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, options=options,  # a plan's blocks: by the
@@ -263,15 +266,15 @@ def cmd_sim_cnn(args) -> int:
     for s in which:
         if s not in known:
             raise HarnessError(f"--system: {s!r} does not train {args.model} (known for CNN models: all, {', '.join(known)})")
-    if args.staleness < 0:
-        raise HarnessError(f"--staleness: must be >= 0 (got {args.staleness})")
+    if args.placement:
+        raise HarnessError("--placement: the GPT baselines' placements; HetPipe's parameter server: --ps-placement")
+    options = _options_of(which, args)
     topo = with_transport(load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale), args)
     model = get_cnn(args.model)
     from ..compute.profiles import device_profiles
 
-    opts = CNNOptions(profiles=device_profiles(topo, profile_overrides(args), dtype=DTYPE),policies=(args.policy,) if args.policy else (),
-                      placements=args.placement or (),
-                      staleness=args.staleness, gpus=args.gpus, in_flight=args.in_flight)
+    opts = CNNOptions(gpus=args.gpus, profiles=device_profiles(topo, profile_overrides(args), dtype=DTYPE),
+                      options=options)
     batch = args.batch  # HetPipe's minibatch by default (Sec. 8.1: 32)
     cands = []
     from tqdm import tqdm
@@ -283,7 +286,7 @@ def cmd_sim_cnn(args) -> int:
         cands += got
     run_id = new_run_id("sim")
     records = [record(c, run_id=run_id, topo=topo, model=model, batch=batch) for c in cands]
-    print(f"{topo.name}: {model.name} ({model.params / 1e6:.1f}M parameters), minibatch {batch}, D={args.staleness}")
+    print(f"{topo.name}: {model.name} ({model.params / 1e6:.1f}M parameters), minibatch {batch}")
     print(f"{'system':<9} {'config':<22} {'GPUs':>4} {'N_m':>4} {'s/wave':>8} {'samples/s':>10} {'MB across nodes/sample':>23}")
     for c, r in zip(cands, records):
         conf = c.config

@@ -61,6 +61,16 @@ def nonempty(text: str) -> str:
     return text
 
 
+def one_of(*names: str):
+    """An argparse type: one of `names` (as `choices=`, for a type that travels without its parser: a system's
+    Option)."""
+    def parse(text: str) -> str:
+        if text not in names:
+            raise argparse.ArgumentTypeError(f"must be one of {', '.join(names)} (got {text!r})")
+        return text
+    return parse
+
+
 def name_list(text: str) -> tuple[str, ...]:
     """argparse type: names, comma-separated, none empty."""
     names = tuple(x.strip() for x in text.split(","))

@@ -166,11 +166,13 @@ def inventory_network(inv: Inventory, *, scenario: str | None = None, devices: i
                           mode=mode or "shaped")
 
 
-def add_system_options(p: argparse.ArgumentParser) -> None:
-    """Every registered system's own options (plan/systems.py: Option) as flags, each saying whose it is."""
-    for o, owners in systems.options().values():
+def add_system_options(p: argparse.ArgumentParser, only: systems.System | None = None) -> None:
+    """Every registered system's own options (plan/systems.py: Option) as flags, each saying whose it is (`only`:
+    that system's, for a command of its own). Their default is None, so that given_options sees what was typed."""
+    mine = {o.name: (o, [only.name]) for o in only.options} if only else systems.options()
+    for o, owners in mine.values():
         default = "" if o.default is None else f" (default {o.default})"
-        p.add_argument(o.flag, dest=o.dest, type=o.type, default=None, help=f"{', '.join(owners)}: {o.help}{default}")
+        p.add_argument(o.flag, dest=o.dest, type=o.type, default=None, metavar=o.name.upper(), help=f"{', '.join(owners)}: {o.help}{default}")
 
 
 def given_options(args) -> dict:
@@ -272,15 +274,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "devices); the manifest records each re-plan and its cost")
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
                    help="ours: recompute activations per block in backward (default: on for cuda)")
-    p.add_argument("--policy", type=nonempty, help="hetpipe: how GPUs form virtual workers: np | ed | hd | an "
-                                                   "explicit grouping '0,1;2,3' (default ed; see harness sim --help)")
-    p.add_argument("--placement", type=nonempty, help="hetpipe: where the parameter-server shards live: default "
-                                                      "(round-robin over the nodes) | local (by stage; VWs alike)")
-    p.add_argument("--staleness", type=non_negative_int, help="hetpipe: D, the most waves a virtual worker may "
-                                                              "run ahead of the slowest (default 0)")
-    p.add_argument("--in-flight", type=positive_int, help="hetpipe: N_m, minibatches in flight per virtual worker "
-                                                          "(default: the fastest that fits)")
     add_system_options(p)
+    add_alias(p, "--placement", "--ps-placement")  # hetpipe's, before it was an option of its own
     p.add_argument("--timeout", type=positive_float, default=None,
                    help="seconds before the run is failed (default 600; a dilated run's from its expected time)")
     p.add_argument("--inventory", type=input_file,

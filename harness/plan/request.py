@@ -97,11 +97,6 @@ class LayoutRequest:
     allocator: str | None = None  # ours: each stage's blocks (harness/allocation/); None: even
     explicit: Layout | None = None  # a full layout (e.g. a grid point of `harness tune`)
     replan: bool | None = None  # ours under a timeline: the scheduler runs again when the links change (--replan)
-    # hetpipe (harness/systems/hetpipe/): its virtual workers, parameter-server shards and Wave Synchronous Parallel
-    policy: str | None = None  # np | ed | hd | an explicit grouping "0,1;2,3"
-    ps_placement: str | None = None  # default | local (--placement)
-    staleness: int | None = None  # D, the clock distance bound
-    in_flight: int | None = None  # N_m, minibatches in flight per virtual worker (None: the fastest that fits)
 
     def __post_init__(self):
         for name in ("tp", "pp", "dp"):
@@ -113,11 +108,6 @@ class LayoutRequest:
             _one_of("layout.schedule", self.schedule, SCHEDULES)
         _one_of("layout.dp_sync", self.dp_sync, DP_SYNCS)
         _positive("layout.budget", self.budget)
-        if self.in_flight is not None:
-            _positive("layout.in_flight", self.in_flight)
-        if self.staleness is not None and (isinstance(self.staleness, bool) or not isinstance(self.staleness, int)
-                                           or self.staleness < 0):
-            raise ConfigError(f"layout.staleness: must be an integer >= 0 (got {self.staleness!r})")
         if self.allocator is not None:
             from ..allocation import ALLOCATORS
 

@@ -85,7 +85,7 @@ LAYOUT_FLAGS = {
     "--d-pp": "pp", "--d-dp": "dp", "--tp": "tp", "--pp": "pp", "--dp": "dp", "--zero": "zero",
     "--scheduler": "scheduler", "--rank-order": "seed", "--schedule": "schedule", "--dp-sync": "dp_sync",
     "--recompute": "recompute", "--budget": "budget", "--allocator": "allocator",
-    "--replan": "replan", "--policy": "policy", "--placement": "ps_placement", "--staleness": "staleness", "--in-flight": "in_flight",
+    "--replan": "replan",
 }
 BASELINE_FLAGS = ("--tp", "--pp", "--dp", "--rank-order", "--schedule")
 PAPER_ROLES = ("ours", "ours-random", "megatron", "deepspeed")  # Yuan et al. 2022, sec. 4

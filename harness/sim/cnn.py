@@ -27,12 +27,11 @@ class CNNSimError(HarnessError, ValueError):
 
 @dataclass
 class CNNOptions:
-    policies: tuple[str, ...] = ()  # HetPipe's policies (np, ed, hd or a grouping); () = np, ed, hd
-    placements: tuple[str, ...] = ()  # () = default for every policy, and local where the policy allows it (ed)
-    staleness: int = 0
-    gpus: str | None = None
-    in_flight: int | None = None
+    gpus: str | None = None  # the nodes used (select_gpus); None: every GPU
     profiles: list | None = None  # every device's ComputeProfile at fp32 (None: the scenario's defaults)
+    # the systems' own options given (plan/systems.Option: name -> value); a system reads its own, and where one
+    # is not given, its default or a sweep of its values (HetPipe: every policy)
+    options: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -86,7 +86,7 @@ register(Workload(
 register(Workload(
     "cnn", "HetPipe's CNNs as layer profiles (VGG-19, ResNet-152)", tuple(CNN_MODELS), get_cnn, Layer,
     "candidate records (records.json)",
-    sim_flags={"--batch": 32, "--policy": None, "--gpus": None, "--staleness": 0, "--in-flight": None},
+    sim_flags={"--batch": 32, "--gpus": None},
 ))
 register(Workload(
     "fl", "OWL's branchy models, distributed to racks of FL workers", tuple(BRANCHY_MODELS), get_branchy, Layer,

@@ -32,15 +32,29 @@ from .planning import (PLACEMENTS, Costs, HetPipePlan, VirtualWorker, best_order
 from .policies import POLICIES, Policy, group  # noqa: F401
 from .setting import BYTES_PER_VALUE, DTYPE, GIB, MAX_NM, PARAM_BYTES, HetPipeError  # noqa: F401
 from ...sim.cnn import nodes_of, select_gpus  # noqa: F401
-from ...plan.systems import System, register
+from ...plan.arg_types import non_negative_int, nonempty, one_of, positive_int
+from ...plan.systems import Option, System, register
+
+#: HetPipe's own knobs: `harness run --system hetpipe`, `harness sim` of the CNNs and `harness hetpipe plan` take them
+#: (`harness sim` tries every policy and placement the policy allows when those are not given)
+OPTIONS = (
+    Option("policy", nonempty, "how GPUs form virtual workers: np | ed | hd | a grouping of device ids "
+           "'0,4,8,12;1,5,9,13' (harness sim: np, ed and hd unless given)", default="ed"),
+    Option("ps_placement", one_of(*PLACEMENTS), "where the parameter-server shards live: default (round-robin over "
+           "the nodes) | local (each stage's on its node; VWs alike) (harness sim: both where the policy allows, "
+           "unless given)", default="default"),
+    Option("staleness", non_negative_int, "D, the most waves a virtual worker may run ahead of the slowest (0: "
+           "BSP-like)", default=0),
+    Option("in_flight", positive_int, "N_m, minibatches in flight per virtual worker (default: the fastest that "
+           "fits, up to Max_m)"),
+)
 
 register(System(
     "hetpipe", "HetPipe: virtual workers (pipelines over heterogeneous GPUs), data parallel under Wave Synchronous "
-    "Parallel through a sharded parameter server (--policy, --placement, --staleness, --in-flight; the simulator "
+    "Parallel through a sharded parameter server (--policy, --ps-placement, --staleness, --in-flight; the simulator "
     "also runs it on --model vgg19|resnet152)",
     train="harness.systems.hetpipe.runtime:train_hetpipe", layout_rule="harness.systems.hetpipe.rule:place_hetpipe",
-    flags=("--policy", "--placement", "--staleness", "--in-flight"),
-    defaults={"policy": "ed", "ps_placement": "default", "staleness": 0},
+    options=OPTIONS,
     simulate_layout="harness.systems.hetpipe.sim:simulate_wsp_layout", run_length=True,
     sweep_by_rule=False, simulate={"cnn": "harness.systems.hetpipe.sim:candidates_hetpipe"}, style=("#9467bd", "D"),
     report_section="harness.systems.hetpipe.report:SECTION",

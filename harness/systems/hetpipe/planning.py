@@ -191,7 +191,7 @@ def ps_traffic(topo: Topology, model: LayerProfile, vws: list[VirtualWorker], pl
     local: every layer's shard on the node of the GPUs that hold it, which needs every VW to hold
     each layer on one node (ED, where VWs are identical)."""
     if placement not in PLACEMENTS:
-        raise HetPipeError(f"--placement: unknown {placement!r} (known: {', '.join(PLACEMENTS)})")
+        raise HetPipeError(f"--ps-placement: unknown {placement!r} (known: {', '.join(PLACEMENTS)})")
     owner = PLACEMENTS[placement](topo, model, vws)
     out = np.zeros((topo.n, len(topo.regions)))
     for vw in vws:
@@ -211,7 +211,7 @@ def _local_owners(topo: Topology, model: LayerProfile, vws: list[VirtualWorker])
     for l in range(len(model.layers)):
         homes = {topo.device_region[vw.devices[_stage_of(vw, l)]] for vw in vws}
         if len(homes) > 1:
-            raise HetPipeError(f"--placement local: layer {model.layers[l].name} is on nodes "
+            raise HetPipeError(f"--ps-placement local: layer {model.layers[l].name} is on nodes "
                                f"{', '.join(sorted(topo.regions[h].name for h in homes))} in different virtual "
                                "workers; local placement needs every VW to hold a layer on one node (policy ed)")
         owner.append(homes.pop())
@@ -328,7 +328,7 @@ def plan(topo: Topology, model: LayerProfile, batch: int, policy: str, placement
     from . import wsp
 
     if placement not in PLACEMENTS:
-        raise HetPipeError(f"--placement: unknown {placement!r} (known: {', '.join(PLACEMENTS)})")
+        raise HetPipeError(f"--ps-placement: unknown {placement!r} (known: {', '.join(PLACEMENTS)})")
     if staleness < 0:
         raise HetPipeError(f"--staleness: must be >= 0 (got {staleness})")
     devices = select_gpus(topo, gpus)

@@ -38,13 +38,13 @@ class WSPPlan:
 
 
 def place_hetpipe(req: RunRequest, topo: Topology) -> tuple[Layout, WSPPlan]:
-    want, m, cfg = req.layout, req.model, req.model.cfg
+    want, m, cfg = req.run.options, req.model, req.model.cfg  # its options, every one (hetpipe.OPTIONS)
     try:
         profile = gpt_layer_profile(cfg)
-        groups_n = len(planning.group(topo, list(range(topo.n)), want.policy))
+        groups_n = len(planning.group(topo, list(range(topo.n)), want["policy"]))
         per_vw = micro_batches(m.batch, m.micro_batch, groups_n, what="virtual workers")
-        p = planning.plan(topo, profile, m.micro_batch, want.policy, want.ps_placement, want.staleness,
-                          in_flight=want.in_flight, profiles=device_profiles(topo, dtype=m.dtype),
+        p = planning.plan(topo, profile, m.micro_batch, want["policy"], want["ps_placement"], want["staleness"],
+                          in_flight=want["in_flight"], profiles=device_profiles(topo, dtype=m.dtype),
                           most_in_flight=per_vw)
         owners = planning.PLACEMENTS[p.placement](topo, profile, p.vws)
     except BatchError as e:

@@ -9,14 +9,20 @@ from .policies import POLICIES
 
 
 def candidates_hetpipe(topo: Topology, model: LayerProfile, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
+    """One candidate per policy (the one given, else np, ed and hd) and parameter-server placement (the one given,
+    else default and, where the policy's VWs are alike, local)."""
+    from . import OPTIONS
+
+    given = opts.options
+    defaults = {o.name: o.default for o in OPTIONS}
     out = []
-    explicit = bool(opts.placements)
-    for policy in opts.policies or POLICIES:
-        for placement in opts.placements or hp.PLACEMENTS:
-            if not explicit and placement == "local" and not (policy in POLICIES and POLICIES[policy].identical_vws):
+    for policy in [given["policy"]] if "policy" in given else POLICIES:
+        for placement in [given["ps_placement"]] if "ps_placement" in given else hp.PLACEMENTS:
+            if "ps_placement" not in given and placement == "local" and not (
+                    policy in POLICIES and POLICIES[policy].identical_vws):
                 continue
-            p = hp.plan(topo, model, batch, policy, placement, opts.staleness, opts.gpus, opts.in_flight,
-                        profiles=opts.profiles)
+            p = hp.plan(topo, model, batch, policy, placement, given.get("staleness", defaults["staleness"]),
+                        opts.gpus, given.get("in_flight", defaults["in_flight"]), profiles=opts.profiles)
             out.append(_of_plan("hetpipe", p, opts.gpus))
             if progress:
                 progress(f"{policy}-{placement}")
@@ -36,7 +42,7 @@ def _of_plan(system: str, p: hp.HetPipePlan, gpus: str | None) -> CNNCandidate:
 
 
 def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int,
-                        iterations: tuple[int, int] | None = None) -> tuple[float, float]:
+                        iterations: tuple[int, int] | None = None, options: dict | None = None) -> tuple[float, float]:
     """The model `sim compare` holds a real HetPipe run against (runtime.py): (seconds per iteration of
     `batch` samples, the busiest device's compute in it). Every VW of the layout with its stages' forward,
     backward and local update on its devices (the compute model's times, harness/compute/), its
@@ -44,7 +50,8 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
     wave's push and pull: each stage sends its blocks' fp32 update to their shards at once, the slowest
     shard's transfer is the push, and a pull is a request and the weights back (wsp.simulate).
     `iterations` (warm-up, timed) of a measured run: its own length, whose timed iterations' mean is the figure
-    (a run of D + 1 waves or fewer never reaches WSP's gate, and pulls nothing); None: the steady state."""
+    (a run of D + 1 waves or fewer never reaches WSP's gate, and pulls nothing); None: the steady state.
+    `options`: HetPipe's (hetpipe.OPTIONS); what they decided is in the layout's wsp section, read from there."""
     import numpy as np
 
     from ...compute import activation_bytes, rank_phase_seconds

@@ -1,7 +1,8 @@
 """Devices that leave and come back, predicted: the time to N iterations of a system under a timeline's device
 events (scenario/preemption.py), with each recovery's cost from the same models as the rest of the simulator;
-the same timeline's link events change the links under it as they do in sim/timeline.py (an iteration a change
-falls inside runs as a fluid), so a timeline with both is one prediction, as the emulator runs it.
+the same timeline's link events change the links under it: `predict_spot` is sim/timeline.py's one loop of runs
+that change (`predict_run`) with this module's recoveries (an iteration a change falls inside runs as a fluid), so
+a timeline with both is one prediction, as the emulator runs it.
 
 A system recovers as its registry entry says (plan.systems.System.recovery):
 - "replan" (ours): the survivors learn of a lost device within DETECT_S (ours' heartbeat), run the scheduler on the
@@ -43,7 +44,7 @@ from ..scenario.preemption import (HEARTBEAT_S, KEEPALIVE_MISSED, KEEPALIVE_S, L
 from ..layout.holdings import holdings
 from .replan import item_bytes, transfer_seconds
 from .systems import SimError
-from .timeline import ChangingLinks, fluid_iteration, timeline_links
+from .timeline import AGAIN, ChangingLinks, Disruptions, PredictedIteration, RunState, predict_run, timeline_links
 
 #: ours' failure detector: a heartbeat every HEARTBEAT_S, a device gone after KEEPALIVE_MISSED missed
 DETECT_S = HEARTBEAT_S * KEEPALIVE_MISSED
@@ -82,14 +83,6 @@ class RecoveryModel:
 
 
 @dataclass(frozen=True)
-class SpotIteration:
-    iteration: int  # the useful iteration it completed (0-based)
-    start_s: float
-    seconds: float
-    devices: int  # devices it ran on
-
-
-@dataclass(frozen=True)
 class Recovery:
     at_s: float  # the event (or the boundary a re-plan was taken at)
     event: str
@@ -111,7 +104,7 @@ class Recovery:
 @dataclass
 class SpotPrediction:
     system: str
-    iterations: list[SpotIteration] = field(default_factory=list)
+    iterations: list[PredictedIteration] = field(default_factory=list)
     recoveries: list[Recovery] = field(default_factory=list)
     checkpoints: int = 0
     checkpoint_s: float = 0.0
@@ -206,147 +199,166 @@ def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:
 def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterations: int,
                  model: RecoveryModel = RecoveryModel(), layout=None) -> SpotPrediction:
     """`iterations` useful iterations of `system` on the simulator's scenario under `timeline`'s device events
-    and link events, from t = 0; see the module docstring. An iteration that a link change falls inside runs
-    as a fluid (as sim/timeline.predict_iterations): the share done so far stays done, the rest goes at the
-    new links' pace; a recovery's moves and re-mesh go over the links in force. `layout`: a LayoutRequest
-    of options for the system's layout rule (e.g. DeepSpeed's zero)."""
-    recovery = "restart" if model.restart_all else registry.get(system).recovery
-    planner, N = _Planner(sim, system, cfg, batch, layout), iterations
-    horizon = _horizon(planner, N, model)
-    timed, by_iteration = device_events(timeline, sim.topo, horizon)
-    events = list(timed)
-    storage_Bps = model.storage_gbps * 1e9
-    net = ChangingLinks(timeline, sim.topo)
-    out = SpotPrediction(system)
-    up, ready_at = set(range(sim.topo.n)), {d: 0.0 for d in range(sim.topo.n)}
-    plan = planner.plan(up)
-    if plan is None or len(plan.devices) < sim.topo.n:
-        raise SimError(f"{system}: no layout on the {sim.topo.n} devices of {sim.topo.name}: {planner.why}")
-    t, done, last_ckpt, considered = 0.0, 0, 0, frozenset(plan.devices)
+    and link events, from t = 0: the one loop of runs that change (sim/timeline.predict_run) with this module's
+    recoveries; see the module docstring. An iteration that a link change falls inside runs as a fluid: the share
+    done so far stays done, the rest goes at the new links' pace; a recovery's moves and re-mesh go over the links
+    in force. `layout`: a LayoutRequest of options for the system's layout rule (e.g. DeepSpeed's zero)."""
+    recoveries = _Recoveries(sim, system, cfg, batch, timeline, iterations, model, layout)
+    run = predict_run(timeline, sim.topo, iterations, recoveries)
+    out = recoveries.out
+    out.iterations, out.total_s = run.iterations, run.t
+    return out
 
-    def pop(until: float) -> list[DeviceEvent]:
-        due = [e for e in events if e.at_s <= until]
-        del events[:len(due)]
+
+class _Recoveries(Disruptions):
+    """Devices that leave and come back, and how the system recovers (module docstring): the plan in force, the
+    devices up, the events to come, the last checkpoint; what it cost goes to `out`."""
+
+    def __init__(self, sim, system: str, cfg: GPTConfig, batch: int, timeline, iterations: int,
+                 model: RecoveryModel, layout):
+        self.sim, self.cfg, self.model, self.N, self.source = sim, cfg, model, iterations, timeline.source
+        self.recovery = "restart" if model.restart_all else registry.get(system).recovery
+        self.planner = _Planner(sim, system, cfg, batch, layout)
+        timed, self.by_iteration = device_events(timeline, sim.topo, _horizon(self.planner, iterations, model))
+        self.events = list(timed)
+        self.storage_Bps = model.storage_gbps * 1e9
+        self.out = SpotPrediction(system)
+        self.up, self.ready_at = set(range(sim.topo.n)), {d: 0.0 for d in range(sim.topo.n)}
+        self.plan = self.planner.plan(self.up)
+        if self.plan is None or len(self.plan.devices) < sim.topo.n:
+            raise SimError(f"{system}: no layout on the {sim.topo.n} devices of {sim.topo.name}: {self.planner.why}")
+        self.last_ckpt, self.considered = 0, frozenset(self.plan.devices)
+
+    @property
+    def devices(self) -> int:
+        return len(self.plan.devices)
+
+    def pop(self, until: float) -> list[DeviceEvent]:
+        due = [e for e in self.events if e.at_s <= until]
+        del self.events[:len(due)]
         for e in due:
-            _apply(e, up, ready_at, model)
+            _apply(e, self.up, self.ready_at, self.model)
         return due
 
-    def ckpt_load_s(p: _Plan) -> float:
-        return max(_state_bytes(p.held, cfg).values()) / storage_Bps
-
-    def restart(at: float, why: str, flight_s: float, detect: float, rendezvous: bool) -> None:
+    def restart(self, run: RunState, at: float, why: str, flight_s: float, detect: float, rendezvous: bool) -> None:
         """From the last checkpoint on the devices there after `detect`; `rendezvous`: torchrun's, whose last
         call waits while nodes are missing."""
-        nonlocal t, done, plan, considered
-        pop(at + detect)
-        ready = {d for d in up if ready_at[d] <= at + detect}
-        new = planner.plan(ready)
-        wait = model.torchrun_last_call_s if rendezvous and len(up) < sim.topo.n else 0.0
-        lost = done - last_ckpt
-        t = at + detect + wait + model.start()
-        if new is not None and last_ckpt > 0:
-            t += ckpt_load_s(new)
-        out.recoveries.append(Recovery(at, why, "restart", detect_s=detect, restart_s=t - at - detect,
-                                       lost_iterations=lost + int(flight_s > 0),
-                                       lost_s=flight_s + sum(i.seconds for i in out.iterations[last_ckpt:done]),
-                                       devices_after=0 if new is None else len(new.devices)))
-        del out.iterations[last_ckpt:]
-        done, plan, considered = last_ckpt, new, frozenset(ready)
+        model = self.model
+        self.pop(at + detect)
+        ready = {d for d in self.up if self.ready_at[d] <= at + detect}
+        new = self.planner.plan(ready)
+        wait = model.torchrun_last_call_s if rendezvous and len(self.up) < self.sim.topo.n else 0.0
+        lost = len(run.iterations) - self.last_ckpt
+        run.t = at + detect + wait + model.start()
+        if new is not None and self.last_ckpt > 0:
+            run.t += max(_state_bytes(new.held, self.cfg).values()) / self.storage_Bps
+        self.out.recoveries.append(Recovery(
+            at, why, "restart", detect_s=detect, restart_s=run.t - at - detect, lost_iterations=lost + int(flight_s > 0),
+            lost_s=flight_s + sum(i.seconds for i in run.iterations[self.last_ckpt:]),
+            devices_after=0 if new is None else len(new.devices)))
+        del run.iterations[self.last_ckpt:]
+        self.plan, self.considered = new, frozenset(ready)
 
-    def replan(at: float, why: str, flight_s: float, kind: str, detect: float, without=frozenset()) -> None:
-        nonlocal t, plan, considered
-        pop(at + detect)
-        survivors = {d for d in up if ready_at[d] <= at + detect} - without
-        had = {d: items for d, items in plan.held.items() if d in up}
-        new = planner.plan(survivors, had)
+    def replan(self, run: RunState, at: float, why: str, flight_s: float, kind: str, detect: float,
+               without=frozenset()) -> None:
+        self.pop(at + detect)
+        survivors = {d for d in self.up if self.ready_at[d] <= at + detect} - without
+        had = {d: items for d, items in self.plan.held.items() if d in self.up}
+        new = self.planner.plan(survivors, had)
         if new is None or not _all_held(had, new.held):  # ours' launcher starts every rank again
-            return restart(at, f"{why}; no copy of some stage survives", flight_s, detect, rendezvous=False)
-        links = net.links(sim)
-        moved_s = transfer_seconds(had, new.held, cfg, links)[0] if new.held != had else 0.0
+            return self.restart(run, at, f"{why}; no copy of some stage survives", flight_s, detect, rendezvous=False)
+        links = run.net.links(self.sim)
+        moved_s = transfer_seconds(had, new.held, self.cfg, links)[0] if new.held != had else 0.0
         remesh = 2.0 * 2.0 * max(float(links.delay_s[new.devices[0], d]) for d in new.devices)
-        start = model.start()  # ours' runtime starts its processes again (train/snapshots.py)
-        searched = model.search(new)
-        t = at + detect + searched + start + moved_s + remesh
-        out.recoveries.append(Recovery(at, why, kind, detect_s=detect, replan_s=searched, transfer_s=moved_s,
-                                       remesh_s=remesh, restart_s=start, lost_iterations=int(flight_s > 0),
-                                       lost_s=flight_s, devices_after=len(new.devices)))
-        plan, considered = new, frozenset(survivors)
+        start = self.model.start()  # ours' runtime starts its processes again (train/snapshots.py)
+        searched = self.model.search(new)
+        run.t = at + detect + searched + start + moved_s + remesh
+        self.out.recoveries.append(Recovery(at, why, kind, detect_s=detect, replan_s=searched, transfer_s=moved_s,
+                                            remesh_s=remesh, restart_s=start, lost_iterations=int(flight_s > 0),
+                                            lost_s=flight_s, devices_after=len(new.devices)))
+        self.plan, self.considered = new, frozenset(survivors)
 
-    while done < N:
-        net.advance(t, done)
-        due = pop(t)
-        for e in [e for e in by_iteration if e.at_iteration <= done]:  # iteration events: at this boundary
-            by_iteration.remove(e)
-            _apply(e, up, ready_at, model, at=t)
+    def boundary(self, run: RunState, changed: bool) -> float | str:
+        """Device events due, a recovery, a warned device leaving or a device back joining (AGAIN), else a
+        declined search and a checkpoint (run.t moves) before the iteration."""
+        model, t, done, out = self.model, run.t, len(run.iterations), self.out
+        due = self.pop(t)
+        for e in [e for e in self.by_iteration if e.at_iteration <= done]:  # iteration events: at this boundary
+            self.by_iteration.remove(e)
+            _apply(e, self.up, self.ready_at, model, at=t)
             due.append(e)
-        if plan is None:  # no layout on the devices left: wait for one to come back
-            if not events:
-                raise SimError(f"{system}: no device left to train on and none comes back ({timeline.source})")
-            out.idle_s += events[0].at_s - t
-            t = events[0].at_s
-            pop(t)
-            restart(t, "devices back", 0.0, 0.0, rendezvous=recovery == "restart")
-            continue
+        if self.plan is None:  # no layout on the devices left: wait for one to come back
+            if not self.events:
+                raise SimError(f"{out.system}: no device left to train on and none comes back ({self.source})")
+            out.idle_s += self.events[0].at_s - t
+            run.t = self.events[0].at_s
+            self.pop(run.t)
+            self.restart(run, run.t, "devices back", 0.0, 0.0, rendezvous=self.recovery == "restart")
+            return AGAIN
+        plan = self.plan
         lost = [e for e in due if e.kind == "preempt" and e.device in plan.devices]
         if lost:
-            if recovery == "replan":
-                replan(t, lost[0].describe(), 0.0, "replan", model.detect_s)
+            if self.recovery == "replan":
+                self.replan(run, t, lost[0].describe(), 0.0, "replan", model.detect_s)
             else:
-                restart(t, lost[0].describe(), 0.0, model.torchrun_detect_s, rendezvous=True)
-            continue
+                self.restart(run, t, lost[0].describe(), 0.0, model.torchrun_detect_s, rendezvous=True)
+            return AGAIN
         # at a boundary: a warned device leaves the plan now (replan systems), a device back joins
-        if recovery == "replan":
-            warned = [e for e in events if e.kind == "preempt" and e.device in plan.devices
+        if self.recovery == "replan":
+            warned = [e for e in self.events if e.kind == "preempt" and e.device in plan.devices
                       and e.at_s - e.notice_s <= t < e.at_s]
             if warned:
-                survivors = {d for d in up if ready_at[d] <= t} - {e.device for e in warned}
-                new = planner.plan(survivors, plan.held)
+                survivors = {d for d in self.up if self.ready_at[d] <= t} - {e.device for e in warned}
+                new = self.planner.plan(survivors, plan.held)
                 if new is not None and _all_held(plan.held, new.held):
-                    cost = model.search(new) + transfer_seconds(plan.held, new.held, cfg, net.links(sim))[0]
+                    cost = model.search(new) + transfer_seconds(plan.held, new.held, self.cfg, run.net.links(self.sim))[0]
                     if t + cost <= min(e.at_s for e in warned):
-                        replan(t, warned[0].describe() + " (on notice)", 0.0, "graceful", 0.0,
-                               without=frozenset(e.device for e in warned))
-                        continue
-        leaving = {e.device for e in events if e.kind == "preempt" and e.at_s - e.notice_s <= t}
-        ready = frozenset(d for d in up if ready_at[d] <= t and d not in leaving)
-        if ready - considered:
-            if recovery == "restart":
-                restart(t, f"device(s) {sorted(ready - considered)} back", 0.0, 0.0, rendezvous=True)
-                continue
-            new = planner.plan(ready, plan.held)
-            considered = ready
-            now, then = planner.seconds(plan, net), None if new is None else planner.seconds(new, net)
+                        self.replan(run, t, warned[0].describe() + " (on notice)", 0.0, "graceful", 0.0,
+                                    without=frozenset(e.device for e in warned))
+                        return AGAIN
+        leaving = {e.device for e in self.events if e.kind == "preempt" and e.at_s - e.notice_s <= t}
+        ready = frozenset(d for d in self.up if self.ready_at[d] <= t and d not in leaving)
+        if ready - self.considered:
+            if self.recovery == "restart":
+                self.restart(run, t, f"device(s) {sorted(ready - self.considered)} back", 0.0, 0.0, rendezvous=True)
+                return AGAIN
+            new = self.planner.plan(ready, plan.held)
+            self.considered = ready
+            now = self.planner.seconds(plan, run.net)
+            then = None if new is None else self.planner.seconds(new, run.net)
             if new is not None and then < now:
-                cost = model.search(new) + transfer_seconds(plan.held, new.held, cfg, net.links(sim))[0]
-                if (now - then) * (N - done) > cost:
-                    replan(t, f"device(s) {sorted(set(new.devices) - set(plan.devices))} back", 0.0, "join", 0.0)
-                    continue
+                cost = model.search(new) + transfer_seconds(plan.held, new.held, self.cfg, run.net.links(self.sim))[0]
+                if (now - then) * (self.N - done) > cost:
+                    self.replan(run, t, f"device(s) {sorted(set(new.devices) - set(plan.devices))} back", 0.0, "join",
+                                0.0)
+                    return AGAIN
             if new is not None:
                 searched = model.search(new)
-                t, out.declined_search_s = t + searched, out.declined_search_s + searched
-        if model.checkpoint_every and done > last_ckpt and done % model.checkpoint_every == 0:
-            write = max(_state_bytes(plan.held, cfg).values()) / storage_Bps
-            t += write
-            out.checkpoints, out.checkpoint_s, last_ckpt = out.checkpoints + 1, out.checkpoint_s + write, done
-        # one iteration, unless a device of the plan leaves during it; a link change inside it applies to the rest
-        begin = t
-        end, T, changed, hit = fluid_iteration(
-            t, net, lambda: planner.seconds(plan, net), timeline.source, done,
-            lambda until: next((e for e in events if e.at_s < until and e.kind == "preempt"
-                                and e.device in plan.devices), None))
-        if hit is None:
-            out.iterations.append(SpotIteration(done, begin, end - begin if changed else T, len(plan.devices)))
-            pop(end)
-            t, done = end, done + 1
-            continue
+                run.t, out.declined_search_s = run.t + searched, out.declined_search_s + searched
+        if model.checkpoint_every and done > self.last_ckpt and done % model.checkpoint_every == 0:
+            write = max(_state_bytes(plan.held, self.cfg).values()) / self.storage_Bps
+            run.t += write
+            out.checkpoints, out.checkpoint_s, self.last_ckpt = out.checkpoints + 1, out.checkpoint_s + write, done
+        return 0.0
+
+    def seconds(self, run: RunState) -> float:
+        return self.planner.seconds(self.plan, run.net)
+
+    def stop(self, until: float):
+        """A device of the plan leaving before `until`."""
+        return next((e for e in self.events if e.at_s < until and e.kind == "preempt"
+                     and e.device in self.plan.devices), None)
+
+    def interrupted(self, run: RunState, hit, begin: float) -> None:
         flight = hit.at_s - begin
-        pop(hit.at_s)
-        if recovery == "replan":
-            replan(hit.at_s, hit.describe(), flight, "replan", model.detect_s)
+        self.pop(hit.at_s)
+        if self.recovery == "replan":
+            self.replan(run, hit.at_s, hit.describe(), flight, "replan", self.model.detect_s)
         else:
-            restart(hit.at_s, hit.describe(), flight, model.torchrun_detect_s, rendezvous=True)
-    out.total_s = t
-    return out
+            self.restart(run, hit.at_s, hit.describe(), flight, self.model.torchrun_detect_s, rendezvous=True)
+
+    def completed(self, run: RunState, end: float) -> None:
+        self.pop(end)
 
 
 def _apply(e: DeviceEvent, up: set, ready_at: dict, model: RecoveryModel, at: float | None = None) -> None:

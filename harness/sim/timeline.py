@@ -1,9 +1,10 @@
 """Per-iteration times under a timeline: a simulated layout on the links as they are at each moment.
 
 The simulator predicts one iteration on fixed links; under a timeline (scenario/timeline.py: the events, as
-data) each iteration runs on the links in force while it runs (`predict_iterations`: a change inside an
-iteration applies to the rest of it). A timeline whose devices also leave and come back: sim/preemption.py,
-whose loop runs its link events the same way. What is re-simulated on the changed links is the candidate's own model on its own layouts
+data) each iteration runs on the links in force while it runs (a change inside an iteration applies to the rest
+of it). One loop predicts every run that changes (`predict_run`): its link events, and what a `Disruptions`
+adds: devices that leave and come back (sim/preemption.py's recoveries), a re-plan when the links change
+(sim/replan.py, through `predict_iterations`). What is re-simulated on the changed links is the candidate's own model on its own layouts
 (Candidate.resimulate), so on the scenario's links an iteration takes exactly what `harness sim` prints.
 Not modelled: jitter and loss (netem's; the simulator has no model of either: a timeline that changes them
 is predicted as if it did not), TCP's recovery after a cut (its retransmission timer backs off while a link
@@ -12,7 +13,7 @@ is down, so the first transfer after it comes back can wait up to the outage aga
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..errors import HarnessError
@@ -23,47 +24,120 @@ from .systems import SimError
 
 @dataclass(frozen=True)
 class PredictedIteration:
-    iteration: int
+    iteration: int  # the useful iteration it completed (0-based)
     start_s: float
     seconds: float  # with pause_s
-    changes: int  # changes applied while it ran (or at its start)
-    pause_s: float = 0.0  # before it began: a re-plan and its weights' moves (at_boundary)
+    changes: int = 0  # link changes applied while it ran (or at its start)
+    pause_s: float = 0.0  # before it began, counted in it: a re-plan's search and its weights' moves
+    devices: int = 0  # devices it ran on
 
 
 #: an iteration longer than this with no change left to come never ends (a link cut for good)
 NEVER_S = 1e6
+#: what Disruptions.boundary returns when it changed the run (a recovery): the loop looks at the boundary again
+AGAIN = "again"
+
+
+@dataclass
+class RunState:
+    """A predicted run as it goes: its clock, the links in force and the useful iterations done so far (a
+    restart from a checkpoint takes the later ones back)."""
+
+    net: "ChangingLinks"
+    t: float = 0.0
+    iterations: list[PredictedIteration] = field(default_factory=list)
+
+
+class Disruptions:
+    """What happens to a run besides its links changing, asked by `predict_run` at every iteration boundary and
+    during every iteration. This base: nothing (one plan on every device); sim/preemption.py's recoveries are
+    devices that leave and come back."""
+
+    devices = 0  # of the plan in force
+
+    def boundary(self, run: RunState, changed: bool) -> float | str:
+        """Before the next iteration (`changed`: links changed since the last one began): the seconds of a pause
+        counted in it (run.t already moved past it), or AGAIN after changing the run."""
+        return 0.0
+
+    def seconds(self, run: RunState) -> float:
+        """An iteration of the plan in force on the links as they are now."""
+        raise NotImplementedError
+
+    def stop(self, until: float):
+        """The first event before `until` that ends the iteration in flight (it has .at_s), or None."""
+        return None
+
+    def interrupted(self, run: RunState, hit, begin: float) -> None:
+        """The iteration begun at `begin` was stopped by `hit` (from `stop`): recover."""
+        raise NotImplementedError
+
+    def completed(self, run: RunState, end: float) -> None:
+        """An iteration ended at `end`."""
+
+
+def predict_run(timeline: Timeline, topo, iterations: int, disruptions: Disruptions) -> RunState:
+    """The one predictor of a run that changes: `iterations` useful iterations from t = 0 under the timeline's link
+    events and whatever `disruptions` adds (devices that leave: sim/preemption.predict_spot; a re-plan when the
+    links change: sim/replan.py through predict_iterations). At each boundary the links due change, then
+    `disruptions.boundary`; each iteration runs as a fluid over the changes due while it runs (fluid_iteration),
+    stopped early by `disruptions.stop`."""
+    run = RunState(ChangingLinks(timeline, topo))
+    pending, seen = False, 0
+    while len(run.iterations) < iterations:
+        done = len(run.iterations)
+        applied = run.net.advance(run.t, done)
+        seen += applied
+        pause = disruptions.boundary(run, pending or bool(applied))
+        if pause == AGAIN:
+            continue
+        begin = run.t
+        end, T, during, hit = fluid_iteration(run.t, run.net, lambda: disruptions.seconds(run), timeline.source,
+                                              done, disruptions.stop)
+        if hit is not None:
+            disruptions.interrupted(run, hit, begin)
+            pending, seen = True, seen + during
+            continue
+        run.iterations.append(PredictedIteration(done, begin - pause, pause + (end - begin if during else T),
+                                                 seen + during, pause, disruptions.devices))
+        disruptions.completed(run, end)
+        run.t, pending, seen = end, bool(during), 0
+    return run
+
+
+class _Replans(Disruptions):
+    """No device leaves; a hook may pause the run at a boundary and change what an iteration takes."""
+
+    def __init__(self, topo, seconds_at, at_boundary):
+        self.seconds_at, self.at_boundary, self.devices = seconds_at, at_boundary, topo.n
+        self.cache, self.plan = {}, 0
+
+    def boundary(self, run: RunState, changed: bool) -> float:
+        paused = None if self.at_boundary is None else self.at_boundary(run.net.topology(), len(run.iterations),
+                                                                        changed)
+        if paused is None:
+            return 0.0
+        self.plan += 1
+        run.t += paused
+        return paused
+
+    def seconds(self, run: RunState) -> float:
+        k = (run.net.key(), self.plan)
+        if k not in self.cache:
+            self.cache[k] = float(self.seconds_at(run.net.topology()))
+        return self.cache[k]
 
 
 def predict_iterations(timeline: Timeline, topo, iterations: int, seconds_at: Callable[[object], float],
                        at_boundary: Callable[[object, int, bool], float | None] | None = None
                        ) -> list[PredictedIteration]:
-    """Each iteration's start and length from t = 0, as the links change under it. `seconds_at(topology)`
-    gives an iteration's length on fixed links (the simulator). An iteration that a change falls inside runs
-    as a fluid: the share of it done so far stays done, the rest goes at the new links' pace (a cut link:
-    no progress until it is back). Time and iteration events apply at iteration boundaries.
+    """Each iteration's start and length from t = 0, as the links change under it (predict_run, no device
+    leaving). `seconds_at(topology)` gives an iteration's length on fixed links (the simulator). An iteration that a
+    change falls inside runs as a fluid: the share of it done so far stays done, the rest goes at the new links'
+    pace (a cut link: no progress until it is back). Time and iteration events apply at iteration boundaries.
     `at_boundary(topology, iteration, changed)`, at every boundary (`changed`: the first after changes): None,
     or the seconds a re-plan takes before the iteration starts (what `seconds_at` gives may then change)."""
-    net, cache, plan = ChangingLinks(timeline, topo), {}, 0
-
-    def seconds() -> float:
-        k = (net.key(), plan)
-        if k not in cache:
-            cache[k] = float(seconds_at(net.topology()))
-        return cache[k]
-
-    out, t, pending = [], 0.0, False
-    for it in range(iterations):
-        applied = net.advance(t, it)
-        start, pause = t, 0.0
-        if at_boundary is not None:
-            paused = at_boundary(net.topology(), it, pending or bool(applied))
-            pending = False
-            if paused is not None:
-                plan, pause, t = plan + 1, paused, t + paused
-        t, _, during, _ = fluid_iteration(t, net, seconds, timeline.source, it)
-        pending = pending or bool(during)
-        out.append(PredictedIteration(it, start, t - start, applied + during, pause))
-    return out
+    return predict_run(timeline, topo, iterations, _Replans(topo, seconds_at, at_boundary)).iterations
 
 
 class ChangingLinks:

@@ -9,6 +9,7 @@ import pytest
 from harness.plan.flags import run_request
 from tests.conftest import assert_same_json
 
+from harness.errors import HarnessError
 from harness.layout import LayoutError
 from harness.plan.request import ConfigError, LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
 from harness.plan.layouts import plan_run
@@ -92,3 +93,29 @@ def test_make_scenario_5_runs_plan_the_layouts_they_planned_before(i):
     got = {"cmd": want["cmd"], "layout": plan.spec.layout.to_json(),
            "placement": None if plan.placement is None else plan.placement.to_json(plan.spec.layout)}
     assert_same_json(json.loads(json.dumps(got)), want, " ".join(want["cmd"]))
+
+
+def test_a_run_asked_by_its_sections_takes_the_defaults_that_follow_and_refuses_in_one_line():
+    """plan/asked.request_of: what `harness run`, the regression gate and a script build a run request with."""
+    from harness.plan.asked import request_of
+    from harness.scenario.preemption import HEARTBEAT_S, KEEPALIVE_S
+
+    ours = request_of({"network": {"scenario": "5"}, "compute": {"model": True}})
+    assert ours.run.system == "ours" and ours.run.keepalive_s == HEARTBEAT_S and ours.run.timeout_auto
+    assert ours.compute.dilate and ours.model.dtype == "fp32"  # emulated with the compute model, no scale: probed
+    het = request_of({"network": {"scenario": "hetpipe-testbed", "mode": "none"}, "compute": {"model": True},
+                      "run": {"system": "hetpipe", "device_type": "cuda", "timeout_s": 30.0,
+                              "options": {"staleness": 2}}})
+    assert het.run.options == {"policy": "ed", "ps_placement": "default", "staleness": 2, "in_flight": None}
+    assert het.run.keepalive_s == KEEPALIVE_S and not het.run.timeout_auto and not het.compute.dilate
+    assert het.model.dtype == "bf16"
+    for asked, msg in [({"model": {}}, "run request: network.scenario: missing"),
+                       ({"network": {"scenario": "5"}, "runs": {}}, "run request: unknown section 'runs'"),
+                       ({"network": {"scenario": "5"}, "run": {"iter": 2}}, "run request: run.iter: unknown field"),
+                       ({"network": {"scenario": "5"}, "layout": {"tp": 2}},
+                        "layout.tp: not a layout field --system ours takes"),
+                       ({"network": {"scenario": "5"}, "run": {"options": {"staleness": 1}}},
+                        "--staleness: not an option of --system ours")]:
+        with pytest.raises(HarnessError) as e:
+            request_of(asked)
+        assert str(e.value).startswith(msg) and "\n" not in str(e.value), (asked, str(e.value))

@@ -160,10 +160,10 @@ def test_measured_figures_from_repeated_runs_and_a_planted_delay_is_caught(tmp_p
     """The measured suite's machinery on loopback (no shaping): one sample per run, the ratios of
     ours to ours-random and to the simulator; a planted send delay moves ours' seconds beyond its noise."""
     scenario = write(tmp_path, FOUR)
-    argv = ("--network", "none", "--scenario", str(scenario), "--model", "tiny", "--layers", "4",
-            "--batch", "8", "--iters", "2", "--warmup", "1")
-    systems = {"ours": ("--system", "ours"), "ours-random": ("--system", "ours-random", "--seed", "2022")}
-    base = regress.measured_figures(tmp_path / "a", argv=argv, systems=systems, repeats=3)
+    asked = {"network": {"mode": "none", "scenario": str(scenario)}, "model": {"name": "tiny", "layers": 4, "batch": 8},
+             "run": {"iters": 2, "warmup": 1}}
+    systems = {"ours": {}, "ours-random": {"model": {"seed": 2022}}}
+    base = regress.measured_figures(tmp_path / "a", asked=asked, systems=systems, repeats=3)
     names = {f.name: f for f in base}
     assert set(names) >= {"emulated/ours/seconds", "emulated/ours/measured-over-sim",
                           "emulated/ours/measured-over-comm-bound", "emulated/ours-random/seconds",
@@ -176,7 +176,7 @@ def test_measured_figures_from_repeated_runs_and_a_planted_delay_is_caught(tmp_p
     noise = regress.noise_threshold(seconds, Figure(seconds.name, 0.0, seconds.unit, samples=(0.0,)))  # vs 1 run
     delay = max(0.25, 1.5 * seconds.value * (1 + noise) / 8)
     assert delay < 2.5, f"the baseline's runs spread too much to plant a delay: {seconds.samples}"
-    slow = regress.measured_figures(tmp_path / "b", debug=(f"send_delay_s={delay}",), argv=argv,
+    slow = regress.measured_figures(tmp_path / "b", debug=(f"send_delay_s={delay}",), asked=asked,
                                     systems={"ours": systems["ours"]}, repeats=1)
     row = {r.figure: r for r in regress.compare({f.name: f for f in base}, slow)}["emulated/ours/seconds"]
     assert row.now >= 8 * delay > seconds.value
@@ -187,17 +187,44 @@ def test_bytes_on_the_wire_are_exact_figures_and_more_micro_batches_regress_them
     """Counted in short loopback runs: the same per rank in every iteration (so exact); a change that
     sends more (here twice the batch: twice the activations) is a regression of the busiest rank's bytes."""
     scenario = write(tmp_path, FOUR)
-    argv = ("--scenario", str(scenario), "--model", "tiny", "--layers", "4", "--batch", "8", "--d-pp", "2")
-    monkeypatch.setitem(regress.WIRE_SYSTEMS, "ours", ("--system", "ours"))
+    asked = {"network": {"scenario": str(scenario)}, "model": {"name": "tiny", "layers": 4, "batch": 8},
+             "layout": {"pp": 2}}
+    monkeypatch.setitem(regress.WIRE_SYSTEMS, "ours", {})
     suite = Suite(wire=("ours",))
-    base = regress.wire_figures(tmp_path / "a", suite=suite, argv=argv)
+    base = regress.wire_figures(tmp_path / "a", suite=suite, asked=asked)
     assert [f.name for f in base] == ["wire/ours/busiest-rank", "wire/ours/mean-rank"]
     assert all(f.kind == "exact" and f.value > 0 for f in base)
-    again = regress.wire_figures(tmp_path / "b", suite=suite, argv=argv)
+    again = regress.wire_figures(tmp_path / "b", suite=suite, asked=asked)
     assert [r.verdict for r in regress.compare({f.name: f for f in base}, again)] == ["ok", "ok"]
-    more = regress.wire_figures(tmp_path / "c", suite=suite, argv=(*argv, "--batch", "16"))
+    more = regress.wire_figures(tmp_path / "c", suite=suite, asked=regress.merged(asked, {"model": {"batch": 16}}))
     rows = regress.compare({f.name: f for f in base}, more)
     assert [r.verdict for r in rows] == ["regressed", "regressed"]
-    uncounted = regress.emulated_run((*argv, "--network", "none", "--iters", "1"), tmp_path / "d")
+    uncounted = regress.emulated_run(regress.merged(asked, {"network": {"mode": "none"}, "run": {"iters": 1}}),
+                                     tmp_path / "d")
     with pytest.raises(RegressError, match="no bytes on the wire counted"):
         regress.wire_bytes(uncounted)
+
+
+def test_the_gates_runs_are_the_requests_harness_run_makes_of_the_same_flags(tmp_path):
+    """Gate runs are requests as asked (plan/asked.py), not argv the library parses: each is exactly what `harness
+    run` makes of the flags it stands for (the defaults that follow from other fields are decided in one place)."""
+    from harness.plan.flags import run_request
+
+    case5 = ["--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8",
+             "--micro-batch", "1", "--results", str(tmp_path)]
+    wire = {"ours": [], "megatron": ["--tp", "2", "--pp", "2", "--dp", "2"],
+            "deepspeed": ["--pp", "2", "--dp", "4", "--zero", "1"]}
+    assert set(regress.WIRE_SYSTEMS) == set(wire)
+    for name, flags in wire.items():
+        asked = regress._of(name, regress.EMULATED, regress.WIRE_SYSTEMS[name], regress.WIRE_RUN)
+        assert regress._request(asked, tmp_path, ("count_wire=1",)) == run_request(
+            [*case5, "--bandwidth-scale", "0.01", "--system", name, *flags, "--network", "none", "--iters", "2",
+             "--warmup", "1", "--debug", "count_wire=1"])
+    measured = {"ours": [], "ours-random": ["--seed", "2022"],
+                "megatron": ["--tp", "1", "--pp", "4", "--dp", "2", "--warmup", "1", "--iters", "2"]}
+    assert set(regress.MEASURED_SYSTEMS) == set(measured)
+    for name, flags in measured.items():
+        req = regress._request(regress._of(name, regress.MEASURED, regress.MEASURED_SYSTEMS[name]), tmp_path, ())
+        assert req == run_request([*case5, "--bandwidth-scale", "0.0025", "--compute-model", "--compute-time-scale",
+                                   "4", "--iters", "2", "--warmup", "1", "--system", name, *flags])
+        assert not req.compute.dilate and req.run.timeout_auto  # a fixed dilation; the timeout from it

@@ -23,8 +23,8 @@ from ..scenario.transport import PRESETS
 from .arg_types import (flag_dest, input_dir, input_file, non_negative_float, non_negative_int, nonempty, output_dir, positive_float, positive_int,
                         scenario_name)
 from . import systems
-from .request import (ComputeSection, DebugSection, LayoutRequest, ModelSection, NetworkSection, RunRequest,
-                      RunSection)
+from .asked import request_of
+from .request import DebugSection, LayoutRequest, NetworkSection, RunRequest
 
 
 class _DeprecatedAlias(argparse.Action):
@@ -182,29 +182,24 @@ def given_options(args) -> dict:
 
 
 def request_from_args(args, layout):
-    """The typed run request (harness/plan/request.py) of the flags shared by run and tune."""
-
-    return RunRequest(
-        model=ModelSection(name=args.model, layers=args.layers, batch=args.batch, micro_batch=args.micro_batch,
-                           dtype=args.dtype or ("bf16" if args.device == "cuda" else "fp32"), lr=args.lr,
-                           seed=args.seed, data=args.data),
-        layout=layout,
-        network=network_from_args(args),
-        run=RunSection(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
-                       timeout_s=600.0 if args.timeout is None else args.timeout, timeout_auto=args.timeout is None,
-                       results_root=str(args.results) if args.results else None,
-                       checkpoint_every=getattr(args, "checkpoint_every", None),
-                       keepalive_s=getattr(args, "keepalive", None) or default_keepalive(args.system),
-                       last_call_s=LAST_CALL_S if getattr(args, "last_call", None) is None else args.last_call,
-                       resume=None if getattr(args, "resume", None) is None else str(Path(args.resume).resolve()),
-                       options=systems.get(args.system).resolve_options(given_options(args))),
-        compute=ComputeSection(model=args.compute_model,
-                               time_scale=1.0 if args.compute_time_scale is None else args.compute_time_scale,
-                               dilate=(args.compute_model and args.compute_time_scale is None
-                                       and (args.network or "emulated") == "emulated"
-                                       and not getattr(args, "inventory", None))),
-        debug=DebugSection.parse(args.debug),
-    )
+    """The typed run request (harness/plan/request.py) of the flags shared by run and tune: each flag given is its
+    section's field; plan/asked.request_of decides the rest."""
+    given = lambda **kw: {k: v for k, v in kw.items() if v is not None}  # noqa: E731
+    debug = DebugSection.parse(args.debug)
+    return request_of({
+        "model": given(name=args.model, layers=args.layers, batch=args.batch, micro_batch=args.micro_batch,
+                       dtype=args.dtype, lr=args.lr, seed=args.seed, data=args.data),
+        "layout": layout,
+        "network": network_from_args(args),
+        "run": given(system=args.system, iters=args.iters, warmup=args.warmup, device_type=args.device,
+                     timeout_s=args.timeout, results_root=str(args.results) if args.results else None,
+                     checkpoint_every=getattr(args, "checkpoint_every", None),
+                     keepalive_s=getattr(args, "keepalive", None), last_call_s=getattr(args, "last_call", None),
+                     resume=None if getattr(args, "resume", None) is None else str(Path(args.resume).resolve()),
+                     options=given_options(args)),
+        "compute": given(model=args.compute_model, time_scale=args.compute_time_scale),
+        "debug": debug,
+    })
 
 
 #: Flags every run of one `harness run --each ...` shares: they make the cluster.
@@ -216,11 +211,6 @@ def add_transport_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument("--transport", choices=("scenario", *PRESETS), default="scenario",
                    help="TCP settings: the scenario's (default), Linux's defaults (linux), or tuned (buffers from the "
                         "links' bandwidth-delay product, no slow start after idle)")
-
-
-def default_keepalive(system: str) -> float:
-    """A system that re-plans detects a lost device with its own heartbeat; the others with torchrun's."""
-    return HEARTBEAT_S if systems.get(system).recovery == "replan" else KEEPALIVE_S
 
 
 def add_agent_arguments(p) -> None:

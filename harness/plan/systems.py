@@ -27,9 +27,9 @@ torchtitan's train-spec idea: a `System` bundles
   layout names is not its model there; `sim compare` still holds its runs against `simulate_layout`);
 - `report_section`: its own section of `harness sim report` (a ReportSection: its sweep, files and
   markdown), beside the paper's evaluation the roles fill;
-- `gate_runs`: what it contributes to the regression gate (harness/regress/): "wire" -> the `harness run`
-  flags of the short loopback run whose bytes on the wire are exact figures, "measured" -> those of its
-  emulated runs (noisy figures);
+- `gate_runs`: what it contributes to the regression gate (harness/regress/): "wire" -> its short loopback run
+  whose bytes on the wire are exact figures, "measured" -> its emulated runs (noisy figures), each the run's
+  sections as asked over the gate's own (plan/asked.py: {"layout": {"tp": 2}}; {}: the gate's run as it is);
 - `sources`: (setting, how it is modelled, where that comes from) of its paper-scale configuration, the
   table `harness sim report` prints (a tuple, or "module:NAME" of one);
 - `paper_role`: the role it fills among the harness's runnable systems: ours, ours-random (ours without
@@ -119,7 +119,7 @@ class System:
     report_role: str | None = None
     sources: Ref | tuple = ()
     style: tuple[str, str] | None = None
-    gate_runs: dict = field(default_factory=dict)  # "wire" | "measured" -> `harness run` flags
+    gate_runs: dict = field(default_factory=dict)  # "wire" | "measured" -> its run's sections as asked
     report_section: Ref | None = None  # a ReportSection
     sweep_by_rule: bool = True  # `harness sim` of the GPT runs its layout rule (False: its runs are compared only)
     # when a device leaves: "replan" (the survivors re-plan and go on: ours) or "restart" (from the last
@@ -290,8 +290,8 @@ def report_systems() -> dict[str, str]:
     return out
 
 
-def gate_runs(kind: str) -> dict[str, tuple[str, ...]]:
-    """system -> the `harness run` flags of its `kind` run in the regression gate ("wire" or "measured")."""
+def gate_runs(kind: str) -> dict[str, dict]:
+    """system -> its `kind` run in the regression gate ("wire" or "measured"), as asked (plan/asked.py)."""
     return {s.name: s.gate_runs[kind] for s in registered().values() if kind in s.gate_runs}
 
 

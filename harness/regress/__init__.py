@@ -20,6 +20,7 @@ from pathlib import Path
 from ..files import read_text
 from ..errors import HarnessError
 from ..plan import systems as registry
+from ..plan.asked import describe, merged
 
 BASELINE = Path(__file__).resolve().parents[2] / "tests" / "regress" / "baseline.json"
 EXACT_RTOL = 1e-9  # float rounding across BLAS builds; anything larger is a changed figure
@@ -49,7 +50,7 @@ class Figure:
 # the count depends on the layout and the model, not on the links, so CI needs no emulated cluster.
 # Each system's run is its registry entry's (gate_runs["wire"]).
 WIRE_SYSTEMS = registry.gate_runs("wire")
-WIRE_RUN = ("--network", "none", "--iters", "2", "--warmup", "1")  # the warm-up takes the set-up's bytes
+WIRE_RUN = {"network": {"mode": "none"}, "run": {"iters": 2, "warmup": 1}}  # the warm-up takes the set-up's bytes
 
 
 @dataclass(frozen=True)
@@ -105,13 +106,14 @@ def exact_figures(suite: Suite | None = None, progress=None) -> list[Figure]:
 
 # make scenario-5's runs: tiny GPT over case 5 at 1/100 of the paper's bandwidth (communication dominates as in
 # the paper); ours against the paper's ablation (its seeded placement)
-_CASE_5 = ("--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8", "--micro-batch", "1")
-EMULATED = (*_CASE_5, "--bandwidth-scale", "0.01")  # the wire runs' (WIRE_RUN: on loopback, iterations)
+# (runs as asked, section by section: plan/asked.py)
+_CASE_5 = {"network": {"scenario": "5", "devices": 8}, "model": {"name": "tiny", "layers": 4, "batch": 8, "micro_batch": 1}}
+EMULATED = merged(_CASE_5, {"network": {"bandwidth_scale": 0.01}})  # the wire runs' (WIRE_RUN: on loopback, iterations)
 #: The measured runs' time dilation (plan/dilation.py), fixed: a probe's choice differs between hosts and runs,
 #: and a baseline compares only with runs at its scales (make scenario-5's probe chose 4.2 here: 14-18 % busy).
 DILATION = 4
-MEASURED = (*_CASE_5, "--bandwidth-scale", f"{0.01 / DILATION:g}", "--compute-model", "--compute-time-scale",
-            str(DILATION), "--iters", "2", "--warmup", "1")
+MEASURED = merged(_CASE_5, {"network": {"bandwidth_scale": 0.01 / DILATION},
+                            "compute": {"model": True, "time_scale": float(DILATION)}, "run": {"iters": 2, "warmup": 1}})
 
 
 def wire_bytes(run: Path) -> list[int]:
@@ -128,7 +130,7 @@ def wire_bytes(run: Path) -> list[int]:
 
 
 def wire_figures(out_root: Path, debug: tuple[str, ...] = (), suite: Suite | None = None,
-                 argv: tuple[str, ...] = EMULATED, progress=None) -> list[Figure]:
+                 asked: dict = EMULATED, progress=None) -> list[Figure]:
     """Bytes on the wire per rank per iteration of the suite's systems (ours, one Megatron and one
     DeepSpeed layout): the busiest rank's and the mean over ranks (exact: a runtime that sends more
     moved them)."""
@@ -136,7 +138,7 @@ def wire_figures(out_root: Path, debug: tuple[str, ...] = (), suite: Suite | Non
     for name in (suite or SUITE).wire:
         if progress:
             progress(f"bytes on the wire: {name}")
-        run = emulated_run((*argv, *WIRE_SYSTEMS[name], *WIRE_RUN), out_root, (*debug, "count_wire=1"))
+        run = emulated_run(_of(name, asked, WIRE_SYSTEMS[name], WIRE_RUN), out_root, (*debug, "count_wire=1"))
         per_rank = wire_bytes(run)
         out.append(Figure(f"wire/{name}/busiest-rank", float(max(per_rank)), "B/iter"))
         out.append(Figure(f"wire/{name}/mean-rank", sum(per_rank) / len(per_rank), "B/iter"))
@@ -153,32 +155,38 @@ REPEATS = 3  # runs of each system in a gate run
 BASELINE_REPEATS = 5  # and in a baseline: its spread is the noise, and more runs narrow Student's t
 
 
-def emulated_run(argv: tuple[str, ...], out_root: Path, debug: tuple[str, ...] = ()) -> Path:
-    """One `harness run` with `argv` (and --debug options) under `out_root`; its run directory."""
+def _of(system: str, *asked: dict) -> dict:
+    """`system`'s run: the descriptions merged (plan/asked.merged), then its name."""
+    return merged(*asked, {"run": {"system": system}})
+
+
+def emulated_run(asked: dict, out_root: Path, debug: tuple[str, ...] = ()) -> Path:
+    """One `harness run` of the run `asked` (plan/asked.py; and debug options KEY=VALUE) under `out_root`; its
+    run directory."""
     from ..train.experiment import execute
 
-    return execute(_request(argv, out_root, debug))
+    return execute(_request(asked, out_root, debug))
 
 
-def emulated_runs(argvs: list[tuple[str, ...]], out_root: Path, debug: tuple[str, ...] = ()) -> list[Path]:
-    """`harness run` of each argv in turn (one network: emulated, one boot of the cluster, as
+def emulated_runs(runs: list[dict], out_root: Path, debug: tuple[str, ...] = ()) -> list[Path]:
+    """`harness run` of each run asked in turn (one network: emulated, one boot of the cluster, as
     `harness run --each`); their run directories. A failed run fails the gate, in one line."""
     from ..train.experiment import execute_many
 
-    results = execute_many([_request(argv, out_root, debug) for argv in argvs])
-    bad = [(argv, r) for argv, r in zip(argvs, results) if not isinstance(r, Path)]
+    results = execute_many([_request(asked, out_root, debug) for asked in runs])
+    bad = [(asked, r) for asked, r in zip(runs, results) if not isinstance(r, Path)]
     if bad:
-        argv, why = bad[0]
-        raise RegressError(f"regress: {len(bad)} of {len(argvs)} emulated runs did not finish; "
-                           f"first: {' '.join(argv)}: {why or 'not started'}")
+        asked, why = bad[0]
+        raise RegressError(f"regress: {len(bad)} of {len(runs)} emulated runs did not finish; "
+                           f"first: {describe(asked)}: {why or 'not started'}")
     return results
 
 
-def _request(argv: tuple[str, ...], out_root: Path, debug: tuple[str, ...]):
-    from ..plan.flags import run_request
+def _request(asked: dict, out_root: Path, debug: tuple[str, ...]):
+    from ..plan.asked import request_of
+    from ..plan.request import DebugSection
 
-    flags = [x for d in debug for x in ("--debug", d)]
-    return run_request([*argv, "--results", str(out_root), *flags])
+    return request_of(merged(asked, {"run": {"results_root": str(out_root)}, "debug": asdict(DebugSection.parse(list(debug)))}))
 
 
 def run_figures(run: Path) -> dict[str, float]:
@@ -202,7 +210,7 @@ def run_figures(run: Path) -> dict[str, float]:
 
 
 def measured_figures(out_root: Path, debug: tuple[str, ...] = (), repeats: int = REPEATS,
-                     argv: tuple[str, ...] = MEASURED, systems: dict | None = None, progress=None) -> list[Figure]:
+                     asked: dict = MEASURED, systems: dict | None = None, progress=None) -> list[Figure]:
     """The noisy figures, one sample per run: each system's absolute seconds (compared on the same kind of
     machine only), measured / simulated and measured / bound, and ours / ours-random, which the machine's
     speed cancels out of. Runs alternate between the systems so that a slow spell hits both."""
@@ -212,7 +220,7 @@ def measured_figures(out_root: Path, debug: tuple[str, ...] = (), repeats: int =
     order = [name for _ in range(repeats) for name in systems]
     if progress:
         progress(f"emulated: {repeats} x {', '.join(systems)} in one boot of the cluster")
-    runs = emulated_runs([(*argv, *systems[name]) for name in order], out_root, debug)
+    runs = emulated_runs([_of(name, asked, systems[name]) for name in order], out_root, debug)
     per: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
     for name, run in zip(order, runs):
         per[name].append(run_figures(run))

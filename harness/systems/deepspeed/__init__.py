@@ -33,5 +33,5 @@ register(System(
     flags=BASELINE_FLAGS[1:] + ("--zero",), defaults={"schedule": "1f1b"},
     simulate={"gpt": "harness.systems.deepspeed.sim:candidates_deepspeed"}, record_layout="harness.systems.baselines.sim:legacy_zero3_layout",
     tune_grid="harness.layout:deepspeed_grid", paper_role="deepspeed", sources="harness.systems.baselines.sources:DEEPSPEED", style=("#2ca02c", "v"),
-    gate_runs={"wire": ("--system", "deepspeed", "--pp", "2", "--dp", "4", "--zero", "1")},
+    gate_runs={"wire": {"layout": {"pp": 2, "dp": 4, "zero": 1}}},
 ))

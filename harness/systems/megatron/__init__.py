@@ -28,7 +28,6 @@ register(System(
     tune_grid="harness.layout:megatron_grid", paper_role="megatron", sources="harness.systems.baselines.sources:MEGATRON", style=("#1f77b4", "^"),
     # measured: its rank-order layout without tensor parallelism (TP all-reduces across continents would take
     # minutes an iteration); 11 s an iteration here, so one warm-up and two timed iterations
-    gate_runs={"wire": ("--system", "megatron", "--tp", "2", "--pp", "2", "--dp", "2"),
-               "measured": ("--system", "megatron", "--tp", "1", "--pp", "4", "--dp", "2", "--warmup", "1",
-                            "--iters", "2")},
+    gate_runs={"wire": {"layout": {"tp": 2, "pp": 2, "dp": 2}},
+               "measured": {"layout": {"tp": 1, "pp": 4, "dp": 2}, "run": {"warmup": 1, "iters": 2}}},
 ))

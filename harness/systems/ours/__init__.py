@@ -16,7 +16,7 @@ register(System(
     simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_ours_layout",
     compute_observed=True, scheduled=True, paper_role="ours", style=("#d62728", "o"), recovery="replan",
     checkpoints=True, fault_phases=FAULT_PHASES,
-    gate_runs={"wire": ("--system", "ours"), "measured": ("--system", "ours")},
+    gate_runs={"wire": {}, "measured": {}},
 ))
 register(System(
     "ours-random", "ours' runtime on the seeded random assignment (the paper's ablation; --seed)",
@@ -27,5 +27,5 @@ register(System(
     simulate_layout="harness.systems.ours.sim:simulate_ours_layout", record_layout="harness.systems.ours.sim:legacy_random_layout",
     compute_observed=True, paper_role="ours-random", style=("#ff9896", "s"), checkpoints=True,
     fault_phases=FAULT_PHASES,
-    gate_runs={"measured": ("--system", "ours-random", "--seed", "2022")},
+    gate_runs={"measured": {"model": {"seed": 2022}}},
 ))

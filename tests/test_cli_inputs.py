@@ -22,7 +22,7 @@ import pytest
 
 from harness.cli import build_parser, main
 from harness.plan import arg_types as F
-from harness.plan.flags import rank_order_text
+from harness.cli.run_flags import rank_order_text
 
 DATA = Path(__file__).parent / "data"
 INVENTORY = DATA / "cluster-2node.yaml"

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.cli import main
+from harness.cli.cluster import job_request
 from harness.train.cluster_batch import sbatch_script
 from harness.scenario.inventory import InventoryError, load_inventory
 from harness.network.node import device_names, rank_network, this_rank_network
@@ -140,7 +141,8 @@ FAKES = {
 def _fake_job(tmp_path, **env):
     """(the job's argv, its environment with the fakes first on PATH, the fakes' call log)."""
     script = tmp_path / "job.sbatch"
-    script.write_text(sbatch_script(load_inventory(INV), RUN_ARGS))
+    inv = load_inventory(INV)
+    script.write_text(sbatch_script(inv, RUN_ARGS, job_request(inv, RUN_ARGS, shaped=True)))
     bindir = tmp_path / "bin"
     bindir.mkdir()
     for name, body in FAKES.items():

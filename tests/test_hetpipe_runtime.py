@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.cli import main
-from harness.plan.flags import run_request
+from harness.cli.run_flags import run_request
 from harness.plan.layouts import plan_run
 from harness.results import read_minibatches, read_records
 from harness.systems.hetpipe import wsp

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plan.flags import run_request
+from harness.cli.run_flags import run_request
 from tests.conftest import assert_same_json
 
 from harness.errors import HarnessError

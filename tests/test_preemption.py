@@ -350,7 +350,7 @@ def test_calibrate_and_compare_leave_out_an_elastic_runs_iterations_on_fewer_dev
     not the run's scenario at its devices. They are left out, and said; the others are held as before."""
     import json
 
-    from harness.plan.flags import run_request
+    from harness.cli.run_flags import run_request
     from harness.plan.layouts import plan_run
     from harness.results import IterationRecord, write_records
     from harness.sim.compare import load_measured

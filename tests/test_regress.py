@@ -208,7 +208,7 @@ def test_bytes_on_the_wire_are_exact_figures_and_more_micro_batches_regress_them
 def test_the_gates_runs_are_the_requests_harness_run_makes_of_the_same_flags(tmp_path):
     """Gate runs are requests as asked (plan/asked.py), not argv the library parses: each is exactly what `harness
     run` makes of the flags it stands for (the defaults that follow from other fields are decided in one place)."""
-    from harness.plan.flags import run_request
+    from harness.cli.run_flags import run_request
 
     case5 = ["--scenario", "5", "--devices", "8", "--model", "tiny", "--layers", "4", "--batch", "8",
              "--micro-batch", "1", "--results", str(tmp_path)]

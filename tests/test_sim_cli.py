@@ -239,7 +239,7 @@ def test_compare_simulates_a_run_under_the_tcp_settings_its_manifest_recorded(sy
     sharded PS, rings and first activations of an iteration): sim compare simulates it so, and the scenario's
     tuned settings for a run that recorded them."""
     from harness.errors import HarnessError
-    from harness.plan.flags import run_request
+    from harness.cli.run_flags import run_request
     from harness.plan.layouts import plan_run
     from harness.scenario.transport import LINUX, PRESETS
     from harness.sim.compare import simulate_record

@@ -77,7 +77,7 @@ def test_sim_refuses_a_timeline_for_a_cnn_and_a_bad_file_in_one_line(cli, tmp_pa
 def test_compare_holds_a_run_under_a_timeline_iteration_by_iteration(cli, tmp_path):
     """A measured run (fabricated here: 1 s an iteration) whose manifest names a timeline: sim compare predicts
     every iteration under it, the mean row from those predictions, and writes the per-iteration CSV and figure."""
-    from harness.plan.flags import run_request
+    from harness.cli.run_flags import run_request
     from harness.plan.layouts import plan_run
     from harness.results import IterationRecord, write_records
     from harness.sim.compare import simulate_record
@@ -182,7 +182,7 @@ def test_compare_predicts_a_replanned_run_on_the_plans_it_had(tmp_path):
     """A --replan run's manifest says when rank 0 searched and which plan ran from which iteration: the
     iteration after a search pays it, a new plan's first iteration pays its moves, and from there on the
     iterations are the new plan's."""
-    from harness.plan.flags import run_request
+    from harness.cli.run_flags import run_request
     from harness.plan.layouts import plan_run
     from harness.results import IterationRecord, write_records
     from harness.sim.compare import load_measured, predict_run, replanned, run_model

@@ -21,7 +21,7 @@ from ..errors import HarnessError
 from ..plan.arg_types import (byte_sizes, fractions, input_dir, input_file, input_path, name_list,  # noqa: F401
                               non_negative_int, nonempty, output_dir, output_file, positive_float, positive_int,
                               scenario_name, seconds_list)
-from ..plan.flags import add_alias, add_results_argument, add_transport_argument  # noqa: F401
+from .run_flags import add_alias, add_results_argument, add_transport_argument  # noqa: F401
 from ..scenario.transport import PRESETS, with_preset
 
 

@@ -26,14 +26,27 @@ def register(sub) -> None:
     s.set_defaults(func=cmd_sbatch)
 
 
+def job_request(inv, run_args: list[str], *, shaped: bool):
+    """The RunRequest every rank of the job makes of its `harness run` arguments; a bad flag is one line."""
+    from ..train.cluster_batch import SbatchError, script_args
+    from .run_flags import FlagError, run_request
+
+    try:
+        return run_request(script_args(inv, run_args, shaped=shaped))
+    except FlagError as e:
+        raise SbatchError(f"harness run arguments: {e}") from None
+
+
 def cmd_sbatch(args) -> int:
-    from ..train.cluster_batch import sbatch_script
+    from ..train.cluster_batch import check_args, sbatch_script
     from ..scenario.inventory import load_inventory
     from ..files import atomic_write_text
 
     inv = load_inventory(args.inventory.resolve())
-    text = sbatch_script(inv, args.run_args, partition=args.partition, time=args.time,
-                         shaping=not args.no_shaping)
+    shaped = not args.no_shaping
+    check_args(args.run_args, args.partition, args.time)  # what the script sets, before the arguments are parsed
+    req = job_request(inv, args.run_args, shaped=shaped)
+    text = sbatch_script(inv, args.run_args, req, partition=args.partition, time=args.time, shaping=shaped)
     if args.script is None:
         print(text, end="")
     else:

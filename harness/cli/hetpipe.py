@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 from ..plan import systems
-from ..plan.flags import add_alias, add_system_options, given_options
+from .run_flags import add_alias, add_system_options, given_options
 from ..workloads.cnn import CNN_MODELS
 from . import nonempty, output_file, positive_int, scenario_name
 

@@ -57,6 +57,7 @@ def _default(name: str) -> Path:
 def _regress(args) -> int:
     from .. import regress
     from ..plan.request import DebugSection
+    from ..regress.history import append_history
 
     DebugSection.parse(args.debug)  # a bad option is one line now, not after the exact figures
     keep: dict = {}
@@ -86,7 +87,7 @@ def _regress(args) -> int:
     print(regress.format_table(rows))
     failed = [r for r in rows if r.fails]
     history = args.history or _default("history.jsonl")
-    regress.append_history(history, figures, bool(failed))
+    append_history(history, figures, bool(failed))
     if failed:
         print(f"regress: {len(failed)} of {len(rows)} figures failed ({', '.join(r.figure for r in failed)}); "
               "if the change is intended, renew the baseline with `harness regress --update-baseline`",
@@ -97,9 +98,9 @@ def _regress(args) -> int:
 
 
 def _history(args) -> int:
-    from .. import regress
+    from ..regress.history import plot_history, read_history
 
-    history = regress.read_history(args.history_file or _default("history.jsonl"))
-    out = regress.plot_history(history, args.png or _default("history.png"))
+    history = read_history(args.history_file or _default("history.jsonl"))
+    out = plot_history(history, args.png or _default("history.png"))
     print(f"wrote {out} ({len(history)} runs)")
     return 0

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from ..plan import systems
 from ..plan.arg_types import nonempty
-from ..plan.flags import add_run_arguments, each_requests, layout_request, request_from_args
+from .run_flags import add_run_arguments, each_requests, layout_request, request_from_args
 
 
 def register(sub) -> None:

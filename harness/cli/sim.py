@@ -13,7 +13,7 @@ from ..plan.arg_types import flag_dest
 from . import sim_timeline
 from .sim_compare import cmd_compare, profile_overrides, read_input
 from ..allocation import ALLOCATORS
-from ..plan.flags import add_system_options, given_options
+from .run_flags import add_system_options, given_options
 from . import (add_alias, add_results_argument, add_transport_argument, input_file, input_path, name_list,
                non_negative_int, nonempty, output_dir, output_file, positive_float, positive_int, scenario_name,
                transport_of, with_transport)

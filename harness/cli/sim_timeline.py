@@ -8,7 +8,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..plan import systems
-from ..plan.flags import add_agent_arguments
+from .run_flags import add_agent_arguments
 from ..scenario.preemption import KEEPALIVE_MISSED
 from ..plan.arg_types import input_file, non_negative_float, non_negative_int, nonempty, positive_float, positive_int
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from . import non_negative_int, positive_float, positive_int
 from ..plan import systems
-from ..plan.flags import add_training_arguments, rank_order, rank_order_text, request_from_args
+from .run_flags import add_training_arguments, rank_order, rank_order_text, request_from_args
 
 
 def register(sub) -> None:

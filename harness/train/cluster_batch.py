@@ -14,9 +14,9 @@ and waits KillWait seconds before SIGKILL; the step's TERM trap clears at once, 
 torchrun (rank 0 writes a `failed` manifest at SIGTERM, train/experiment.py). `--no-shaping` leaves out 1 and
 3 and runs the ranks on the nodes' own network (`--network none`; no root needed).
 
-The run arguments are checked here as `harness run` checks them (the inventory is the one
-source of scenario, device count and bandwidth scale), so a mismatch fails before the
-job is queued. `--device` decides the request: `--gpus-per-node` only for cuda; always
+The run arguments are checked as `harness run` checks them (the inventory is the one
+source of scenario, device count and bandwidth scale): the CLI parses them into the request the
+ranks will make, planned here, so a mismatch fails before the job is queued. `--device` decides the request: `--gpus-per-node` only for cuda; always
 one CPU per rank (`--cpus-per-task`, passed to srun too: since Slurm 22.05 srun does not
 inherit it), else every rank of a node shares one core.
 
@@ -44,7 +44,7 @@ class SbatchError(HarnessError, ValueError):
     """A bad `harness cluster sbatch` argument (one line naming it)."""
 
 
-def _check_args(run_args: list[str], partition: str | None, time: str | None) -> None:
+def check_args(run_args: list[str], partition: str | None, time: str | None) -> None:
     if not run_args:
         raise SbatchError("harness run arguments: missing (give them after `--`, e.g. -- --system ours)")
     for flag in ("--inventory", "--network"):
@@ -57,19 +57,19 @@ def _check_args(run_args: list[str], partition: str | None, time: str | None) ->
         raise SbatchError(f"--time: not a Slurm time such as 01:30:00 or 2-00:00:00 (got {time!r})")
 
 
-def run_request(inv: Inventory, run_args: list[str], *, shaped: bool):
-    """The RunRequest the job's ranks will build from `run_args`, planned as `harness run` plans it: every
-    check (flags, system, model, layout against the devices, batch, scheduler, the inventory's
-    scenario/devices/bandwidth scale) now, in one line."""
-    from ..plan.flags import FlagError, run_request as request_of
+def script_args(inv: Inventory, run_args: list[str], *, shaped: bool) -> list[str]:
+    """What each rank of the job runs `harness run` with: the arguments given, then the script's own."""
+    return [*run_args, "--inventory", str(inv.path), "--network", "shaped" if shaped else "none"]
+
+
+def check_request(req, run_args: list[str]):
+    """`req`, the RunRequest of the job's `harness run` arguments (script_args; the CLI parses them), planned as
+    `harness run` plans it: every check (system, model, layout against the devices, batch, scheduler, the
+    inventory's scenario/devices/bandwidth scale) now, in one line."""
     from ..plan.layouts import plan_run
 
-    argv = [*run_args, "--inventory", str(inv.path), "--network", "shaped" if shaped else "none"]
     try:
-        req = request_of(argv)
         plan_run(req)
-    except FlagError as e:
-        raise SbatchError(f"harness run arguments: {e}") from None
     except HarnessError as e:
         raise SbatchError(f"harness run arguments {' '.join(run_args)}: {e}") from None
     return req
@@ -99,14 +99,15 @@ def _heredoc(var: str, lines: list[str]) -> list[str]:
     return [f"{var}=$(cat <<'EOF'", *lines, "EOF", ")", f"export {var}"]
 
 
-def sbatch_script(inv: Inventory, run_args: list[str], *, partition: str | None = None,
+def sbatch_script(inv: Inventory, run_args: list[str], request, *, partition: str | None = None,
                   time: str | None = None, shaping: bool = True) -> str:
-    """The batch script text; `inv.path` is written into it as given (pass an absolute path)."""
+    """The batch script text; `inv.path` is written into it as given (pass an absolute path). `request`: the
+    RunRequest of `script_args(inv, run_args, shaped=shaping)`, which every rank will make."""
     from .cluster import SHAPED_NCCL_ENV
 
-    _check_args(run_args, partition, time)
+    check_args(run_args, partition, time)
     n, g = len(inv.nodes), ranks_per_node(inv)
-    cuda = run_request(inv, run_args, shaped=shaping).run.device_type == "cuda"
+    cuda = check_request(request, run_args).run.device_type == "cuda"
     what = "GPU processes" if cuda else "CPU processes"
     per_node = f"--nodes={n} --ntasks-per-node=1 --cpus-per-task={g}"
     head = [

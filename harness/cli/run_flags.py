@@ -1,9 +1,10 @@
-"""The flags of a run -> its RunRequest (harness/plan/request.py), in the library.
+"""The flags of a run -> its RunRequest (harness/plan/request.py): the command line, at the top.
 
-`harness run` and `harness tune` add these flags to their parsers; `harness cluster sbatch` and the
-regression gate turn a `harness run` argument list into the request the run would make (`run_request`),
-without the CLI. The request's own checks (model, layout, network) happen where it is planned
-(harness/plan/layouts.py); here only what a flag alone can say.
+`harness run` and `harness tune` add these flags to their parsers; `harness cluster sbatch` turns the job's
+`harness run` arguments into the request its ranks will make (`run_request`). Each flag given is its section's
+field; the defaults that follow from other fields are the library's (plan/asked.request_of), which the
+regression gate and scripts use without any flag. The request's own checks (model, layout, network) happen where
+it is planned (harness/plan/layouts.py); here only what a flag alone can say.
 """
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from ..scenario import ScenarioError, load_scenario, reload_name
 from ..scenario.inventory import Inventory, InventoryError
 from ..scenario.preemption import HEARTBEAT_S, KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S
 from ..scenario.transport import PRESETS
-from .arg_types import (flag_dest, input_dir, input_file, non_negative_float, non_negative_int, nonempty, output_dir, positive_float, positive_int,
+from ..plan.arg_types import (flag_dest, input_dir, input_file, non_negative_float, non_negative_int, nonempty, output_dir, positive_float, positive_int,
                         scenario_name)
-from . import systems
-from .asked import request_of
-from .request import DebugSection, LayoutRequest, NetworkSection, RunRequest
+from ..plan import systems
+from ..plan.asked import request_of
+from ..plan.request import DebugSection, LayoutRequest, NetworkSection, RunRequest
 
 
 class _DeprecatedAlias(argparse.Action):

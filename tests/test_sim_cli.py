@@ -38,6 +38,12 @@ def test_sim_prints_every_system_and_writes_records_and_json(cli, tmp_path):
     assert best_meg["best"]
     rows = read_records(tmp_path / "run" / "records.csv")
     assert len(rows) == len(docs) and {r["backend"] for r in rows} == {"sim"}
+    # the library entry point (sim/request.py) is what the command ran: the same candidates, the same seconds
+    from harness.sim.request import SimRequest, SimSettings, simulate
+
+    got = simulate(SimRequest("5", devices=8, layers=8, batch=64, settings=SimSettings(budget=200)))
+    assert sorted((c.system, c.seconds) for c in got.candidates) == sorted((d["system"], d["seconds"]) for d in docs)
+    assert {s: c.seconds for s, c in got.best().items()} == {d["system"]: d["seconds"] for d in best}
 
 
 def test_linux_default_tcp_settings_slow_every_system_down_on_the_world_wide_case(cli, tmp_path):
@@ -60,6 +66,17 @@ def test_sim_user_errors_are_one_line(cli):
     assert rc == 2 and "nope" in err
     rc, out, err = cli("sim")
     assert rc == 2 and "--scenario" in err
+    from harness.errors import HarnessError
+    from harness.sim.request import SimRequest, SimSettings, simulate
+
+    for bad, msg in [(dict(scheduler="nope"), "--scheduler: unknown scheduler 'nope'"),
+                     (dict(placements=("local",)), "--placement: unknown placement 'local'"),
+                     (dict(ps_mode="x"), "--ps-mode: must be one of grouped, rounds"),
+                     (dict(transport="x"), "--transport: must be scenario or one of")]:
+        with pytest.raises(HarnessError, match=msg):
+            SimSettings(**bad)
+    with pytest.raises(HarnessError, match="--system: unknown system 'nope'"):
+        simulate(SimRequest("5", devices=8, systems=("nope",)))
 
 
 def test_sim_report_writes_tables_and_figures(cli, tmp_path):

@@ -16,7 +16,7 @@ from ..allocation import ALLOCATORS
 from .run_flags import add_system_options, given_options
 from . import (add_alias, add_results_argument, add_transport_argument, input_file, input_path, name_list,
                non_negative_int, nonempty, output_dir, output_file, positive_float, positive_int, scenario_name,
-               transport_of, with_transport)
+               with_transport)
 
 from .schedule import print_pipelines
 from ..scenario import PAPER_CASES as CASES
@@ -134,25 +134,18 @@ def register(sub) -> None:
     m.set_defaults(func=cmd_compare)
 
 
-def _sim_kwargs(args, allocator: str | None = None) -> dict:
-    """The Simulator's options from the flags; `allocator` where --allocator is not given (a plan's own)."""
+def _settings(args):
+    """How the simulator models the setting (sim/request.SimSettings) from the flags `harness sim` and `sim report`
+    share; a bad value is one line naming its flag."""
     from ..results import results_root
-    from ..scheduler import SCHEDULERS
-    from ..sim.sweep import PLACEMENTS as GPT_PLACEMENTS
+    from ..sim.request import SimSettings
+    from ..sim.sweep import PLACEMENTS
 
-    # checked here too: `sim report --hetpipe-only` never builds the Simulator that checks them
-    if args.scheduler not in SCHEDULERS:
-        raise HarnessError(f"--scheduler: unknown scheduler {args.scheduler!r} (known: {', '.join(SCHEDULERS)})")
-    placements = args.placement or GPT_PLACEMENTS
-    bad = [p for p in placements if p not in GPT_PLACEMENTS]
-    if bad:
-        raise HarnessError(f"--placement: unknown placement {bad[0]!r} (the GPT baselines': "
-                           f"{', '.join(GPT_PLACEMENTS)}; HetPipe's parameter server: --ps-placement)")
-    return {"profile_overrides": profile_overrides(args), "budget": args.budget or DEFAULT_BUDGET, "schedule_seed": args.seed,
-            "ps_mode": args.ps_mode, "placements": placements, "protocol": args.protocol,
-            "allocator": args.allocator or allocator,
-            "scheduler": args.scheduler, "transport": transport_of(args),
-            "cache_dir": None if args.no_cache else results_root(args.results) / "sim" / "schedules"}
+    return SimSettings(scheduler=args.scheduler, budget=args.budget or DEFAULT_BUDGET, seed=args.seed,
+                       allocator=args.allocator, ps_mode=args.ps_mode, placements=tuple(args.placement or PLACEMENTS),
+                       protocol=args.protocol, transport=getattr(args, "transport", "scenario"),
+                       profile=None if args.profile is None else str(args.profile),
+                       cache_dir=None if args.no_cache else str(results_root(args.results) / "sim" / "schedules"))
 
 
 def cmd_sim(args) -> int:
@@ -168,54 +161,24 @@ def cmd_sim(args) -> int:
     return RUNNERS[workload.name](args)
 
 
-def _options_of(which, args) -> dict:
-    """The systems' options given, each taken by a system simulated here (one line naming the flag otherwise)."""
-    options = given_options(args)
-    if args.system != "all":
-        systems.get(args.system).resolve_options(options)  # an option it does not take: one line naming its own
-    for name in options:
-        owners = systems.options()[name][1]
-        if not set(owners) & set(which):
-            flag = systems.options()[name][0].flag
-            raise HarnessError(f"{flag}: an option of {', '.join(owners)}, not of the systems `harness sim` runs on "
-                               f"--model {args.model} here ({', '.join(which)})")
-    return options
-
-
 def cmd_sim_gpt(args) -> int:
-    """`harness sim` on a GPT: every system's layouts, iteration records."""
-    from ..errors import HarnessError
-    from ..compute import micro_batches
-    from ..scheduler.degrees import MEMORY_AWARE_ALLOCATOR
-    from .sim_scale import memory_notes, no_layout, search_with_progress, sim_degrees
-    from ..compute.model import get_model
+    """`harness sim` on a GPT: the library's simulate (sim/request.py) of the flags' request; its records printed
+    and written."""
+    from .sim_scale import memory_notes, no_layout, planned_line, planning, search_with_progress
     from ..files import atomic_write_json
     from ..results import manifest, new_run_id, run_dir, write_records
-    from ..scenario import load_scenario
-    from ..sim.sweep import Simulator, record_json, to_record
+    from ..sim.request import SimRequest, simulate
+    from ..sim.sweep import record_json, to_record
 
-    topo = sim_timeline.with_timeline(load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale), args)
-    cfg = get_model(args.model, args.layers)
-    known = systems.names(simulated=True)
-    which = known if args.system == "all" else (args.system,)
-    for s in which:
-        if s in systems.names(simulated=True, workload="cnn"):
-            raise HarnessError(f"--system {s}: trains the CNN models ({', '.join(workloads.get('cnn').models)}), "
-                               f"not {cfg.name}; give --model with one of them")
-        if s not in known:
-            raise HarnessError(f"--system: unknown system {s!r} (known: all, {', '.join(known)})")
-    options = _options_of(which, args)
-    n = topo.n
-    d_pp, planned = sim_degrees(topo, cfg, args)
-    sim = Simulator(topo, d_pp=d_pp, micro_batch=args.micro_batch, options=options,  # a plan's blocks: by the
-                    **_sim_kwargs(args, None if planned is None else MEMORY_AWARE_ALLOCATOR))  # planner's allocator
-    if planned is not None:
-        sim.prime(cfg, args.batch, planned.assignment.to_json())
-    if any(systems.get(s).scheduled for s in which):  # ours' batch must split before its schedule is searched
-        micro_batches(args.batch, args.micro_batch, n // d_pp, "replicas of ours")
-    if any(systems.get(s).scheduled for s in which) and sim.missing(cfg, args.batch) is not None:
-        search_with_progress(sim, cfg, args)
-    cands = sim.sweep(cfg, args.batch, which)
+    req = SimRequest(args.scenario, args.devices, args.bandwidth_scale, () if args.system == "all" else (args.system,),
+                     args.model, args.layers, args.batch, args.micro_batch, args.d_pp, given_options(args),
+                     _settings(args))
+    topo = sim_timeline.with_timeline(req.topology(), args)
+    with planning(req, topo) as on_plan:
+        result = simulate(req, topo, on_plan=on_plan, on_search=lambda sim, cfg: search_with_progress(sim, cfg, args))
+    cfg, cands, n = result.cfg, result.candidates, topo.n
+    if result.planned is not None:
+        print(planned_line(result.planned))
     run_id = new_run_id("sim")
     records = [to_record(c, run_id=run_id, topo=topo, cfg=cfg, batch=args.batch, micro_batch=args.micro_batch)
                for c in cands]
@@ -226,7 +189,7 @@ def cmd_sim_gpt(args) -> int:
         if c.best:
             print(f"{c.system:<12} {c.seconds:>10.3f} {rec.pflops:>8.3f}  {_short(c.config)}{memory[id(c)]}")
     per_system = Counter(c.system for c in cands)
-    for system in [s for s in which if s not in per_system]:  # say so, rather than leave the row out
+    for system in [s for s in result.systems if s not in per_system]:  # say so, rather than leave the row out
         print(f"{system:<12} {'-':>10} {'-':>8}  {no_layout(system, n, args)}")
     grid = sorted(((c, r) for c, r in zip(cands, records) if per_system[c.system] > 1),
                   key=lambda cr: (cr[0].system, cr[0].seconds))
@@ -245,7 +208,7 @@ def cmd_sim_gpt(args) -> int:
         atomic_write_json(args.json, [record_json(r, c.best) for c, r in zip(cands, records)])
         print(f"wrote {args.json}")
     write_records(Path(out) / "records.csv", records)
-    if (path := sim_timeline.print_timeline(sim, cands, args, cfg, out)) is not None:
+    if (path := sim_timeline.print_timeline(result.sim, cands, args, cfg, out)) is not None:
         print(f"wrote {path}")
     atomic_write_json(Path(out) / "manifest.json", manifest(run_id, "ok", backend="sim"))
     print(f"wrote {Path(out) / 'records.csv'}")
@@ -268,7 +231,10 @@ def cmd_sim_cnn(args) -> int:
             raise HarnessError(f"--system: {s!r} does not train {args.model} (known for CNN models: all, {', '.join(known)})")
     if args.placement:
         raise HarnessError("--placement: the GPT baselines' placements; HetPipe's parameter server: --ps-placement")
-    options = _options_of(which, args)
+    from ..sim.request import check_options
+
+    options = given_options(args)
+    check_options(options, which, args.model, None if args.system == "all" else args.system)
     topo = with_transport(load_scenario(args.scenario, args.devices).scaled(args.bandwidth_scale), args)
     model = get_cnn(args.model)
     from ..compute.profiles import device_profiles
@@ -318,7 +284,7 @@ def cmd_report(args) -> int:
     from ..report import sim as report
     from ..results import new_run_id, results_root
 
-    kw = _sim_kwargs(args)
+    kw = _settings(args).simulator_kwargs()
     check_scale(args)
     run_id = new_run_id("sim")
     out = args.out or results_root(args.results) / "sim" / run_id

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 from ..scheduler import DEFAULT_BUDGET
 
@@ -42,40 +43,30 @@ def no_layout(system: str, devices: int, args) -> str:
             f"micro-batches of {args.micro_batch} from batch {args.batch} (a multiple of {devices:,} always splits)")
 
 
-def sim_degrees(topo, cfg, args):
-    """(D_PP of ours, the planner's DegreesPlan or None): --d-pp when given; at the paper's sizes the rule `harness run`
-    uses (8 x 8 for 64 devices); at scale the planner's degrees within memory (harness/scheduler/degrees.py)."""
-    from ..layout import default_pipeline_degrees
+@contextmanager
+def planning(req, topo):
+    """The degrees planner's progress while `simulate` runs (harness schedule's option bars), when it plans ours'
+    degrees (at scale, no --d-pp); its choice said after."""
     from ..scheduler.lumped import LUMPED_FROM
-
-    if args.d_pp:
-        return args.d_pp, None
-    if topo.n < LUMPED_FROM:
-        return default_pipeline_degrees(topo.n, cfg.layers)[0], None
-    planned = planned_degrees(topo, cfg, args)
-    return planned.chosen.d_pp, planned
-
-
-def planned_degrees(topo, cfg, args):
-    """The planner's degrees for ours at the paper's runtime (GPipe, recompute, fp16), with progress."""
-    from ..compute import PAPER_DTYPE
-    from ..scheduler.degrees import plan
-    from ..sim.sweep import PAPER_RUNTIME
     from .schedule import option_bars
 
-    budget = args.budget or DEFAULT_BUDGET
-    on_search, close_bars = option_bars(budget, f"plan: {args.scheduler}")
+    if req.d_pp or topo.n < LUMPED_FROM:
+        yield None
+        return
+    on_search, close_bars = option_bars(req.settings.budget, f"plan: {req.settings.scheduler}")
     print(f"{topo.name}: planning the degrees of {topo.n} devices...", file=sys.stderr, flush=True)
     try:
-        p = plan(topo, cfg, args.batch, args.micro_batch, PAPER_DTYPE, args.scheduler, args.seed, budget,
-                 PAPER_RUNTIME["recompute"], args.allocator, on_search)
+        yield on_search
     finally:
         close_bars()
+
+
+def planned_line(p) -> str:
+    """What the degrees planner chose, in one line."""
     m = p.assignment.model
-    print(f"degrees by the planner: D_PP {p.chosen.d_pp} x D_DP {p.chosen.d_dp} of {len(p.options)} options "
-          f"(`harness schedule` prints them all); its plan "
-          + ("fits memory" if m["fits_memory"] else f"does not fit memory ({m['overflow_gb']:.1f} GB over)"))
-    return p
+    return (f"degrees by the planner: D_PP {p.chosen.d_pp} x D_DP {p.chosen.d_dp} of {len(p.options)} options "
+            f"(`harness schedule` prints them all); its plan "
+            + ("fits memory" if m["fits_memory"] else f"does not fit memory ({m['overflow_gb']:.1f} GB over)"))
 
 
 def check_scale(args) -> None:

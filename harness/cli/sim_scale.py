@@ -13,11 +13,13 @@ def memory_notes(topo, cfg, args, cands) -> dict[int, str]:
     from ..compute import PAPER_BYTES
     from ..layout import LayoutError
     from ..layout.memory import memory_fit
+    from ..plan import systems
 
     out = {}
     for c in cands:
         try:
-            fit = memory_fit(c.layout, topo, cfg, args.batch, args.micro_batch, PAPER_BYTES) if c.layout else None
+            fit = memory_fit(c.layout, topo, cfg, args.batch, args.micro_batch, PAPER_BYTES,
+                             systems.get(c.system).stage_memory_fn()) if c.layout else None
         except LayoutError:  # pipelines that differ: no one table of stages
             fit = None
         out[id(c)] = "" if fit is None else f"  [memory: {fit.describe()}]"

@@ -68,9 +68,10 @@ def stage_bytes(layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, by
 
 
 def memory_fit(layout: Layout, topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int,
-               bytes_per_value: int) -> MemoryFit:
-    """Whether every stage of `layout` fits its devices' memory on `topo` (uniform layouts)."""
-    need = stage_bytes(layout, cfg, batch, micro_batch, bytes_per_value)
+               bytes_per_value: int, stage_bytes_of=stage_bytes) -> MemoryFit:
+    """Whether every stage of `layout` fits its devices' memory on `topo` (uniform layouts). `stage_bytes_of`: the
+    system's memory model (a registry entry's stage_memory; default this harness's runtimes', above)."""
+    need = stage_bytes_of(layout, cfg, batch, micro_batch, bytes_per_value)
     memory = np.array([p.memory_gb for p in topo.profiles])
     have = memory[layout.array().reshape(layout.pp, -1)].min(1)
     return MemoryFit(tuple(float(x) / 1e9 for x in need), tuple(float(x) for x in have))

@@ -18,6 +18,8 @@ torchtitan's train-spec idea: a `System` bundles
 - `run_length`: its simulate_layout also takes `iterations=(warm-up, timed)`, a measured run's length, because
   its iterations differ over a run (WSP: the first D + 1 waves pull nothing); `sim compare` passes the run's;
 - `record_layout`: the layout a measured record ran on, for records older than the layout JSON;
+- `stage_memory`: `(Layout, cfg, batch, micro_batch, bytes_per_value) -> bytes a device of each stage holds`, what
+  `harness sim` checks a layout's memory with (default layout/memory.stage_bytes: this harness's runtimes);
 - `tune_grid`: `(cfg, devices, batch, micro_batch, schedule) -> [Layout]`, the layouts `harness tune`
   runs (None: not tunable);
 - `compute_observed`: its records' compute_seconds are timed inside the iteration;
@@ -112,6 +114,7 @@ class System:
     simulate_layout: Ref | None = None  # None: no simulator model (`harness sim` and `sim compare` say so)
     run_length: bool = False
     record_layout: Ref = "harness.systems.baselines.sim:legacy_mesh_layout"
+    stage_memory: Ref = "harness.layout.memory:stage_bytes"
     tune_grid: Ref | None = None
     compute_observed: bool = False
     scheduled: bool = False
@@ -186,6 +189,9 @@ class System:
 
     def record_layout_fn(self) -> Callable:
         return _resolve(self.record_layout)
+
+    def stage_memory_fn(self) -> Callable:
+        return _resolve(self.stage_memory)
 
     def sources_list(self) -> tuple:
         return _resolve(self.sources) or ()

@@ -74,6 +74,10 @@ CONFIG_SOURCES = (
      "sgd_iter; comm/nccl_backend.py barrier; comm/comm_utils.py default_init (gloo)"),
     ("workload", f"QQP classification: BERT vocabulary ({VOCAB} padded), 2-way head, no LM head",
      f"{REPO} dist_runner.py, modules/task_modules.py SeqClassification"),
+    ("GPU memory (whether a layout fits)", "fp16 value, gradient and the sharded PS's gradient buffer per parameter; "
+     "a step's micro-batches keep every block's input and the stage's output; one block recomputed at a time",
+     f"{REPO} data_parallel/dist_dp_sharded_ps.py _declare_grad_buffer, optimizer/optimizer.py (offload); "
+     "harness/systems/dtfm/memory.py"),
 )
 
 

@@ -162,3 +162,26 @@ def test_ours_steady_state_overlaps_a_sync_tail_with_the_next_iteration(monkeypa
     single = ours_sim.simulate_ours(links, prof, CFG, 16, ours(pipelines))
     assert single.seconds == pytest.approx(steady.details["first_iteration_seconds"])
     assert steady.dp_comm_seconds == pytest.approx(single.dp_comm_seconds)
+
+
+def test_deepspeeds_pipeline_engine_reduces_the_tied_embedding_before_the_data_parallel_gradients(monkeypatch):
+    """DeepSpeed 0.6.7's TrainSchedule ends ReduceTiedGrads, ReduceGrads, OptimizerStep: the word embedding, tied
+    between the first and the last stage, has its gradient all-reduced by those two devices of each replica once
+    both finished their backwards; by hand on uniform links: two ring steps of half the embedding each."""
+    topo = uniform(8, 50.0, 1.0)
+    links = Links.from_topology(topo)
+    dev = np.arange(8).reshape(4, 2)  # 4 stages x 2 replicas
+    finish = np.array([[9.0, 8.0], [5.0, 5.5], [6.0, 6.5], [7.0, 9.5]])
+    ready = baselines.tied_gradients(links, CFG, dev, finish, 2)
+    half = CFG.vocab * CFG.hidden * 2 / 2
+    step = float(links.delay_s[0, 6]) + float(links.serialization_s(np.array([0]), np.array([6]), half)[0])
+    assert ready[0] == pytest.approx([9.0 + 2 * step, 9.5 + 2 * step], rel=1e-9)  # from when both were done
+    assert np.array_equal(ready[0], ready[-1]) and np.array_equal(ready[1:-1], finish[1:-1])  # the others go on
+    one = baselines.tied_gradients(links, CFG, dev[:1], finish[:1], 2)
+    assert np.array_equal(one, finish[:1])  # one stage: nothing tied across devices
+    # in a whole iteration: the first and last stages' reductions start after it, so ZeRO-1 + PP takes longer
+    lay = placed(1, 4, 2, np.arange(8), zero=1)
+    prof = device_profiles(topo)
+    with_tie = baselines.simulate_zero1_pp(links, prof, CFG, 16, lay).seconds
+    monkeypatch.setattr(baselines, "tied_gradients", lambda links, cfg, dev, finish, bpv: np.array(finish, float))
+    assert with_tie > baselines.simulate_zero1_pp(links, prof, CFG, 16, lay).seconds

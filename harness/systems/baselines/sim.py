@@ -15,8 +15,9 @@ runtime), the model `sim compare` holds a baseline run against, and the layouts 
   block share one gather, the last blocks keep theirs from the forward, the first from
   one micro-batch to the next), and each backward reduce-scatters its gradients; the next
   module's gather is prefetched, so a step takes max(compute, communication).
-- deepspeed ZeRO-1 + pipeline: the pipeline engine as Megatron's with T = 1, then a
-  ring all-reduce of the gradients and a ring all-gather of the updated parameters.
+- deepspeed ZeRO-1 + pipeline: the pipeline engine as Megatron's with T = 1, then the tied word embedding's
+  gradient all-reduced by the first and last stage of each replica (tied_gradients), then a ring all-reduce
+  of the gradients and a ring all-gather of the updated parameters.
 """
 from __future__ import annotations
 
@@ -106,6 +107,20 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout
 
 
 # --------------------------------------------------------------------------- DeepSpeed
+def tied_gradients(links: Links, cfg: GPTConfig, dev: np.ndarray, finish: np.ndarray, bytes_per_value: int) -> np.ndarray:
+    """When each stage's data-parallel reduction may start, (pp, dp), after DeepSpeed's pipeline engine reduced its
+    tied weights (its TrainSchedule ends ReduceTiedGrads, ReduceGrads, OptimizerStep): the GPT's word embedding is
+    tied to the LM head (a TiedLayerSpec on the first and last stage), and the two holders of each replica
+    all-reduce its gradient once both have finished their backwards; the other stages go on at their finish."""
+    ready = np.array(finish, dtype=float)
+    if dev.shape[0] > 1:
+        pair = np.stack([dev[0], dev[-1]], axis=1)  # (dp, 2): the first and the last stage of each replica
+        both = np.maximum(finish[0], finish[-1])[:, None].repeat(2, 1)
+        done = collectives.ring_allreduce(links, pair, cfg.vocab * cfg.hidden * bytes_per_value, start=both)
+        ready[0], ready[-1] = done[:, 0], done[:, 1]
+    return ready
+
+
 def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout, micro_batch: int = 1,
                       bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
     dev = layout.array()
@@ -113,10 +128,11 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     tl, M, compute = pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
     opt = optimizer_step(cfg, profiles, layout, shards=dp)[:, :, 0]  # each rank steps its 1/dp shard
     grads = work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value)
+    ready = tied_gradients(links, cfg, dev[..., 0], tl.finish, bytes_per_value)
     end = np.empty((pp, dp))
     for j in range(pp):
         g = dev[j, :, 0][None, :]
-        t = collectives.ring_allreduce(links, g, grads[j], start=tl.finish[j][None, :]) + opt[j][None, :]
+        t = collectives.ring_allreduce(links, g, grads[j], start=ready[j][None, :]) + opt[j][None, :]
         end[j] = collectives.ring_allgather(links, g, grads[j], start=t)[0]  # updated fp16 parameters
     return SimResult("deepspeed", {"zero": 1, "pp": pp, "dp": dp}, float(end.max()),
                      float((compute[:, :, 0] + opt).max()),

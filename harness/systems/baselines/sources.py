@@ -24,6 +24,10 @@ DEEPSPEED = (
      "(runtime/zero/constants.py, partitioned_param_coordinator.py)"),
     ("ZeRO-3 gradients", "reduce-scattered in every micro-batch's backward", f"{DS} runtime/zero/stage3.py "
      "(gradients partitioned as each backward produces them)"),
+    ("ZeRO-1 + pipeline: tied embedding", "the word embedding tied to the LM head (first and last stage); its "
+     "gradient all-reduced by the two holders of each replica before the data-parallel reduction",
+     f"{NOT_STATED} {DS} runtime/pipe/schedule.py TrainSchedule (ReduceTiedGrads, ReduceGrads, OptimizerStep), "
+     "pipe/module.py allreduce_tied_weight_gradients; the GPT pipe models tie it (TiedLayerSpec)"),
     ("micro-batch, recompute, precision, workload", "1 sample, on, fp16, GPT with an LM head",
      f"{NOT_STATED} as Megatron's"),
 )

@@ -164,24 +164,28 @@ def test_ours_steady_state_overlaps_a_sync_tail_with_the_next_iteration(monkeypa
     assert steady.dp_comm_seconds == pytest.approx(single.dp_comm_seconds)
 
 
-def test_deepspeeds_pipeline_engine_reduces_the_tied_embedding_before_the_data_parallel_gradients(monkeypatch):
-    """DeepSpeed 0.6.7's TrainSchedule ends ReduceTiedGrads, ReduceGrads, OptimizerStep: the word embedding, tied
-    between the first and the last stage, has its gradient all-reduced by those two devices of each replica once
-    both finished their backwards; by hand on uniform links: two ring steps of half the embedding each."""
+def test_the_tied_embedding_is_reduced_by_the_first_and_last_stage_of_each_replica(monkeypatch):
+    """DeepSpeed 0.6.7's TrainSchedule ends ReduceTiedGrads, ReduceGrads, OptimizerStep; Megatron-LM's train_step
+    all-reduces the word embedding's gradient across its embedding group after the data-parallel one: the word
+    embedding, tied to the LM head on the last stage, has its gradient all-reduced by those two devices of each
+    replica once both are ready; by hand on uniform links: two ring steps of half the embedding each."""
     topo = uniform(8, 50.0, 1.0)
     links = Links.from_topology(topo)
     dev = np.arange(8).reshape(4, 2)  # 4 stages x 2 replicas
     finish = np.array([[9.0, 8.0], [5.0, 5.5], [6.0, 6.5], [7.0, 9.5]])
-    ready = baselines.tied_gradients(links, CFG, dev, finish, 2)
-    half = CFG.vocab * CFG.hidden * 2 / 2
-    step = float(links.delay_s[0, 6]) + float(links.serialization_s(np.array([0]), np.array([6]), half)[0])
+    embedding = CFG.vocab * CFG.hidden * 2
+    ready = baselines.tied_gradients(links, dev, finish, embedding)
+    step = float(links.delay_s[0, 6]) + float(links.serialization_s(np.array([0]), np.array([6]), embedding / 2)[0])
     assert ready[0] == pytest.approx([9.0 + 2 * step, 9.5 + 2 * step], rel=1e-9)  # from when both were done
     assert np.array_equal(ready[0], ready[-1]) and np.array_equal(ready[1:-1], finish[1:-1])  # the others go on
-    one = baselines.tied_gradients(links, CFG, dev[:1], finish[:1], 2)
-    assert np.array_equal(one, finish[:1])  # one stage: nothing tied across devices
-    # in a whole iteration: the first and last stages' reductions start after it, so ZeRO-1 + PP takes longer
-    lay = placed(1, 4, 2, np.arange(8), zero=1)
+    assert np.array_equal(baselines.tied_gradients(links, dev[:1], finish[:1], embedding), finish[:1])  # one stage
+    # in whole iterations: both engines take longer for it, with a pipeline; without one nothing is tied apart
     prof = device_profiles(topo)
-    with_tie = baselines.simulate_zero1_pp(links, prof, CFG, 16, lay).seconds
-    monkeypatch.setattr(baselines, "tied_gradients", lambda links, cfg, dev, finish, bpv: np.array(finish, float))
-    assert with_tie > baselines.simulate_zero1_pp(links, prof, CFG, 16, lay).seconds
+    runs = {"zero1": (baselines.simulate_zero1_pp, placed(1, 4, 2, np.arange(8), zero=1)),
+            "megatron": (baselines.simulate_megatron, placed(2, 2, 2, np.arange(8))),
+            "megatron-pp1": (baselines.simulate_megatron, placed(2, 1, 4, np.arange(8)))}
+    tied = {k: f(links, prof, CFG, 16, lay).seconds for k, (f, lay) in runs.items()}
+    monkeypatch.setattr(baselines, "tied_gradients", lambda links, dev, ready, nbytes: np.array(ready, float))
+    untied = {k: f(links, prof, CFG, 16, lay).seconds for k, (f, lay) in runs.items()}
+    assert tied["zero1"] > untied["zero1"] and tied["megatron"] > untied["megatron"]
+    assert tied["megatron-pp1"] == untied["megatron-pp1"]

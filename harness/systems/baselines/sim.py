@@ -7,7 +7,8 @@ runtime), the model `sim compare` holds a baseline run against, and the layouts 
   recomputed forward and two in the backward (Shoeybi et al. 2019), blocking the
   stage; 1F1B with blocking point-to-point; with T > 1 each tensor rank sends 1/T of
   the activation to its peer and the next stage all-gathers it (Narayanan et al. 2021,
-  scatter/gather); then a ring all-reduce of the gradients per data-parallel group.
+  scatter/gather); then a ring all-reduce of the gradients per data-parallel group, then
+  the tied word embedding's gradient all-reduced by the first and last stage (tied_gradients).
 - deepspeed ZeRO-3: all devices data-parallel; every module step (forward, recomputed
   forward, backward of the embedding, each block, the head) all-gathers the module's
   parameters unless they are still live (DeepSpeed keeps a module's parameters when it is
@@ -87,7 +88,9 @@ def pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_batc
 
 
 def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout, micro_batch: int = 1,
-                      bytes_per_value: int = work.PAPER_BYTES) -> SimResult:
+                      bytes_per_value: int = work.PAPER_BYTES, tied_embedding: bool = True) -> SimResult:
+    """Megatron-LM's iteration (module docstring); `tied_embedding`: its GPT's word embedding is the LM head's
+    weight (False: this harness's runtime, whose head is its own)."""
     dev = layout.array()
     tp, pp, dp = layout.tp, layout.pp, layout.dp
     tl, M, compute = pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
@@ -98,6 +101,9 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout
         groups = dev[j].T  # (tp, dp): one data-parallel ring per tensor rank
         start = np.broadcast_to(tl.finish[j][None, :], groups.shape)
         end[j] = collectives.ring_allreduce(links, groups, grads[j], start=start).T
+    # then Megatron-LM's train_step all-reduces the tied word embedding's gradient (vocab-parallel: 1/T a tensor rank)
+    if tied_embedding:
+        end = tied_gradients(links, dev, end, cfg.vocab * cfg.hidden * bytes_per_value / tp)
     end += opt
     finish = tl.finish[:, :, None]
     return SimResult("megatron", {"tp": tp, "pp": pp, "dp": dp}, float(end.max()), float((compute + opt).max()),
@@ -107,18 +113,19 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout
 
 
 # --------------------------------------------------------------------------- DeepSpeed
-def tied_gradients(links: Links, cfg: GPTConfig, dev: np.ndarray, finish: np.ndarray, bytes_per_value: int) -> np.ndarray:
-    """When each stage's data-parallel reduction may start, (pp, dp), after DeepSpeed's pipeline engine reduced its
-    tied weights (its TrainSchedule ends ReduceTiedGrads, ReduceGrads, OptimizerStep): the GPT's word embedding is
-    tied to the LM head (a TiedLayerSpec on the first and last stage), and the two holders of each replica
-    all-reduce its gradient once both have finished their backwards; the other stages go on at their finish."""
-    ready = np.array(finish, dtype=float)
+def tied_gradients(links: Links, dev: np.ndarray, ready: np.ndarray, nbytes: float) -> np.ndarray:
+    """When each device of the mesh `dev` (pp, ...) is done, after the first and the last stage reduced the
+    gradient of the weight they share (`ready`: when each was ready for it; the GPT's word embedding, tied to the
+    LM head, `nbytes` a device): the two holders of each replica (and tensor rank) all-reduce it once both are
+    ready; the other stages go on. DeepSpeed's pipeline engine does it before the data-parallel reduction, Megatron-LM
+    after it."""
+    out = np.array(ready, dtype=float)
     if dev.shape[0] > 1:
-        pair = np.stack([dev[0], dev[-1]], axis=1)  # (dp, 2): the first and the last stage of each replica
-        both = np.maximum(finish[0], finish[-1])[:, None].repeat(2, 1)
-        done = collectives.ring_allreduce(links, pair, cfg.vocab * cfg.hidden * bytes_per_value, start=both)
-        ready[0], ready[-1] = done[:, 0], done[:, 1]
-    return ready
+        pair = np.stack([dev[0].ravel(), dev[-1].ravel()], axis=1)  # (replicas x tensor ranks, 2)
+        both = np.maximum(out[0], out[-1]).ravel()[:, None].repeat(2, 1)
+        done = collectives.ring_allreduce(links, pair, nbytes, start=both)
+        out[0], out[-1] = done[:, 0].reshape(out[0].shape), done[:, 1].reshape(out[-1].shape)
+    return out
 
 
 def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout: Layout, micro_batch: int = 1,
@@ -128,7 +135,8 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     tl, M, compute = pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
     opt = optimizer_step(cfg, profiles, layout, shards=dp)[:, :, 0]  # each rank steps its 1/dp shard
     grads = work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value)
-    ready = tied_gradients(links, cfg, dev[..., 0], tl.finish, bytes_per_value)
+    # DeepSpeed's TrainSchedule ends ReduceTiedGrads, ReduceGrads, OptimizerStep
+    ready = tied_gradients(links, dev[..., 0], tl.finish, cfg.vocab * cfg.hidden * bytes_per_value)
     end = np.empty((pp, dp))
     for j in range(pp):
         g = dev[j, :, 0][None, :]
@@ -223,8 +231,8 @@ def simulate_runtime_of_layout(links, profiles, cfg, batch: int, lay: Layout, mb
     (the torch-runtime model has none), else torch.distributed.pipelining + DDP (+ ZeRO-1)."""
     if lay.zero == 3:  # FSDP2 reshards after each use: DeepSpeed's reuse distance does not apply
         r = simulate_zero3(links, profiles, cfg, batch, lay, mb, bpv, max_reuse=0)
-    elif lay.tp > 1:
-        r = simulate_megatron(links, profiles, cfg, batch, lay, mb, bpv)
+    elif lay.tp > 1:  # this harness's runtime: an LM head of its own, nothing tied across stages
+        r = simulate_megatron(links, profiles, cfg, batch, lay, mb, bpv, tied_embedding=False)
     else:
         seconds, compute, _ = torch_runtime.simulate(links, profiles, cfg, batch, lay, mb, bpv)
         return seconds, compute

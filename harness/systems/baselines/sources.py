@@ -14,6 +14,9 @@ MEGATRON = (
     ("activation recompute", "on", f"{NOT_STATED} Megatron-LM's GPT examples (--checkpoint-activations)"),
     ("precision", "fp16 (V100 tensor cores)", "Yuan et al. 2022, sec. 4 (125 TFLOPS fp16 peak)"),
     ("workload", "GPT pre-training: GPT-2 vocabulary, LM head on the last stage", f"{NOT_STATED} Megatron-LM's GPT"),
+    ("tied embedding", "the LM head is the word embedding (vocab-parallel); with a pipeline the first and last "
+     "stage all-reduce its gradient after the data-parallel reduction", f"{NOT_STATED} Megatron-LM's GPT defaults "
+     "(share_word_embeddings), training.py train_step (all-reduce over the embedding group)"),
 )
 DEEPSPEED = (
     ("configurations", "ZeRO-3 alone, or ZeRO-1 + pipeline (P in {1,2,4,8}); the better",

@@ -189,3 +189,29 @@ def test_the_tied_embedding_is_reduced_by_the_first_and_last_stage_of_each_repli
     untied = {k: f(links, prof, CFG, 16, lay).seconds for k, (f, lay) in runs.items()}
     assert tied["zero1"] > untied["zero1"] and tied["megatron"] > untied["megatron"]
     assert tied["megatron-pp1"] == untied["megatron-pp1"]
+
+
+def test_zero3_takes_the_largest_micro_batch_its_gpus_hold_and_gathers_that_many_times_less():
+    """DeepSpeed 0.6.7's ZeRO-3 on the paper's V100s (16 GB), GPT3-XL: by hand, what a device holds at micro-batch m
+    (systems/deepspeed/zero3.py); the largest power of two that fits and divides its samples is what the simulator
+    runs, and fewer micro-batches gather the model fewer times."""
+    from harness.systems.deepspeed.sim import candidates_deepspeed
+    from harness.systems.deepspeed.zero3 import zero3_bytes, zero3_micro_batch
+    from harness.sim.sweep import Simulator
+
+    cfg = get_model("gpt3-xl", 24)
+    s, h, a, v = cfg.seq, cfg.hidden, cfg.heads, cfg.vocab
+    params = 24 * cfg.block_params + cfg.embedding_params + cfg.head_params
+    for m in (1, 8):
+        want = (params * 12 / 64 + 1e9 * 2 + 5e8 * 2  # states over 64, the live parameters' cap, the gradient bucket
+                + 24 * s * m * h * 2 + s * m * h * (34 + 5 * a * s / h) + m * s * v * 2)  # inputs, one block, logits
+        assert zero3_bytes(cfg, m, 64, 2) == pytest.approx(want, rel=1e-12)
+    assert zero3_bytes(cfg, 8, 64, 2) < 16e9 < zero3_bytes(cfg, 16, 64, 2)
+    assert zero3_micro_batch(cfg, 1024, 64, 16e9, 2) == 8 and zero3_micro_batch(cfg, 4096, 64, 16e9, 2) == 8
+    assert zero3_micro_batch(cfg, 64, 64, 16e9, 2) == 1  # one sample a device
+    assert zero3_micro_batch(cfg, 1024, 64, 1e9, 2) == 1  # nothing fits: its memory note says by how much
+    sim = Simulator(load_scenario("1"), placements=("default",))  # 64 V100s of 16 GB
+    z3 = next(c for c in candidates_deepspeed(sim, cfg, 1024) if c.config["zero"] == 3)
+    assert z3.config["micro_batch"] == 8
+    at = lambda m: baselines.simulate_zero3(sim.links, sim.profiles, cfg, 1024, z3.layout, m).seconds  # noqa: E731
+    assert z3.seconds == pytest.approx(at(8), rel=1e-12) and at(8) < at(1)

@@ -18,7 +18,7 @@ def memory_notes(topo, cfg, args, cands) -> dict[int, str]:
     out = {}
     for c in cands:
         try:
-            fit = memory_fit(c.layout, topo, cfg, args.batch, args.micro_batch, PAPER_BYTES,
+            fit = memory_fit(c.layout, topo, cfg, args.batch, c.config.get("micro_batch", args.micro_batch), PAPER_BYTES,
                              systems.get(c.system).stage_memory_fn()) if c.layout else None
         except LayoutError:  # pipelines that differ: no one table of stages
             fit = None

@@ -31,6 +31,11 @@ DEEPSPEED = (
      "gradient all-reduced by the two holders of each replica before the data-parallel reduction",
      f"{NOT_STATED} {DS} runtime/pipe/schedule.py TrainSchedule (ReduceTiedGrads, ReduceGrads, OptimizerStep), "
      "pipe/module.py allreduce_tied_weight_gradients; the GPT pipe models tie it (TiedLayerSpec)"),
-    ("micro-batch, recompute, precision, workload", "1 sample, on, fp16, GPT with an LM head",
+    ("ZeRO-3 micro-batch", "the largest power of two that fits a device (partitioned states, at most 1e9 live "
+     "parameters, the 5e8-element gradient bucket, one micro-batch's checkpointed activations and logits) and "
+     "divides its samples: 8 for GPT3-XL on 16 GB", f"{NOT_STATED} ZeRO-S3 ran 'under the same settings' "
+     f"({PAPER_D2}); {DS} defaults stage3_max_live_parameters, reduce_bucket_size (runtime/zero/constants.py); "
+     "harness/systems/deepspeed/zero3.py"),
+    ("micro-batch, recompute, precision, workload", "ZeRO-1 + pipeline 1 sample; on, fp16, GPT with an LM head",
      f"{NOT_STATED} as Megatron's"),
 )

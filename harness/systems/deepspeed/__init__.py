@@ -30,6 +30,7 @@ register(System(
     "deepspeed", "ZeRO-3 over every device, or ZeRO-1 + pipeline (--zero, --pp/--dp)",
     train="harness.systems.baselines.systems:train_deepspeed", checkpoints=True, fault_phases=("checkpoint",), layout_rule=deepspeed_layout,
     simulate_layout="harness.systems.baselines.sim:simulate_runtime_of_layout",
+    stage_memory="harness.systems.deepspeed.zero3:stage_memory",
     flags=BASELINE_FLAGS[1:] + ("--zero",), defaults={"schedule": "1f1b"},
     simulate={"gpt": "harness.systems.deepspeed.sim:candidates_deepspeed"}, record_layout="harness.systems.baselines.sim:legacy_zero3_layout",
     tune_grid="harness.layout:deepspeed_grid", paper_role="deepspeed", sources="harness.systems.baselines.sources:DEEPSPEED", style=("#2ca02c", "v"),

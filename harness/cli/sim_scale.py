@@ -10,18 +10,11 @@ from ..scheduler import DEFAULT_BUDGET
 def memory_notes(topo, cfg, args, cands) -> dict[int, str]:
     """'  [memory: fits | N GB over]' of every candidate whose layout is known (harness/layout/memory.py);
     the simulator itself does not limit memory."""
-    from ..compute import PAPER_BYTES
-    from ..layout import LayoutError
-    from ..layout.memory import memory_fit
-    from ..plan import systems
+    from ..sim.sweep import candidate_memory
 
     out = {}
     for c in cands:
-        try:
-            fit = memory_fit(c.layout, topo, cfg, args.batch, c.config.get("micro_batch", args.micro_batch), PAPER_BYTES,
-                             systems.get(c.system).stage_memory_fn()) if c.layout else None
-        except LayoutError:  # pipelines that differ: no one table of stages
-            fit = None
+        fit = candidate_memory(c, topo, cfg, args.batch, args.micro_batch)
         out[id(c)] = "" if fit is None else f"  [memory: {fit.describe()}]"
     return out
 

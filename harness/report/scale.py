@@ -18,14 +18,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ..compute import PAPER_BYTES, PAPER_DTYPE, pflop_per_iteration
+from ..compute import PAPER_DTYPE, pflop_per_iteration
 from ..compute.model import get_model
 from ..files import atomic_write_json
-from ..layout.memory import memory_fit
 from ..plots.figures import save_figure
 from ..scenario import load_scenario
 from ..scheduler.degrees import MEMORY_AWARE_ALLOCATOR, plan
-from ..sim.sweep import PAPER_RUNTIME, Simulator
+from ..sim.sweep import PAPER_RUNTIME, Simulator, candidate_memory
 
 SIZES = {64: ("5", None), 256: ("worldwide-1k", 256), 1024: ("worldwide-1k", None), 10240: ("worldwide-10k", None)}
 SAMPLES_PER_DEVICE = 16  # the paper's batch 1024 on 64 devices, kept per device
@@ -84,7 +83,7 @@ def sweep_scale(sizes=tuple(SIZES), budget: int = 5000, seed: int = 0, progress=
 
 
 def _simulated(c, topo, cfg, batch: int) -> dict:
-    fit = memory_fit(c.layout, topo, cfg, batch, 1, PAPER_BYTES) if c.layout is not None else None
+    fit = candidate_memory(c, topo, cfg, batch, 1)
     return {"seconds": c.seconds, "pflops": pflop_per_iteration(cfg, batch) / c.seconds,
             "layout": ", ".join(f"{k}={v}" for k, v in c.config.items() if k in ("tp", "pp", "dp", "zero")),
             "memory": None if fit is None else fit.describe(), "fits": None if fit is None else fit.fits}

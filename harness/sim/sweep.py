@@ -64,6 +64,21 @@ class Candidate:
     resimulate: Callable[[Links], float] | None = field(default=None, repr=False, compare=False)
 
 
+def candidate_memory(c: Candidate, topo: Topology, cfg: GPTConfig, batch: int, micro_batch: int):
+    """Whether a candidate's layout fits its devices (layout/memory.MemoryFit): its system's memory model (its registry
+    entry's stage_memory) at the micro-batch it ran (its config's where its model chose one, else `micro_batch`);
+    None without a layout, or with pipelines that differ (no one table of stages)."""
+    from ..layout.memory import memory_fit
+
+    if c.layout is None:
+        return None
+    try:
+        return memory_fit(c.layout, topo, cfg, batch, c.config.get("micro_batch", micro_batch), work.PAPER_BYTES,
+                          registry.get(c.system).stage_memory_fn())
+    except LayoutError:
+        return None
+
+
 class Simulator:
     """Simulates one scenario; caches scheduled assignments per (c_pp, c_dp) in memory and on disk."""
 

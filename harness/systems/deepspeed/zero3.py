@@ -19,6 +19,7 @@ import numpy as np
 from ...compute import block_activation_bytes, training_bytes_per_param
 from ...compute.model import GPTConfig
 from ...layout import Layout
+from ...layout.memory import stage_bytes
 
 MAX_LIVE_PARAMETERS = 1_000_000_000  # DeepSpeed 0.6.7 stage3_max_live_parameters (runtime/zero/constants.py)
 REDUCE_BUCKET_SIZE = 500_000_000  # reduce_bucket_size (runtime/zero/constants.py): the gradient bucket, elements
@@ -52,6 +53,4 @@ def stage_memory(layout: Layout, cfg: GPTConfig, batch: int, micro_batch: int, b
     """DeepSpeed's memory of a layout: ZeRO-3's above; ZeRO-1 + pipeline as this harness's runtimes count it."""
     if layout.zero == 3:
         return np.array([zero3_bytes(cfg, micro_batch, layout.dp, bytes_per_value)])
-    from ...layout.memory import stage_bytes
-
     return stage_bytes(layout, cfg, batch, micro_batch, bytes_per_value)

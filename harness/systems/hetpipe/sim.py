@@ -11,18 +11,18 @@ from .policies import POLICIES
 def candidates_hetpipe(topo: Topology, model: LayerProfile, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
     """One candidate per policy (the one given, else np, ed and hd) and parameter-server placement (the one given,
     else default and, where the policy's VWs are alike, local)."""
-    from . import OPTIONS
+    from ...plan import systems as registry
 
     given = opts.options
-    defaults = {o.name: o.default for o in OPTIONS}
+    resolved = registry.get("hetpipe").resolve_options(given)  # given over the defaults
     out = []
     for policy in [given["policy"]] if "policy" in given else POLICIES:
         for placement in [given["ps_placement"]] if "ps_placement" in given else hp.PLACEMENTS:
             if "ps_placement" not in given and placement == "local" and not (
                     policy in POLICIES and POLICIES[policy].identical_vws):
                 continue
-            p = hp.plan(topo, model, batch, policy, placement, given.get("staleness", defaults["staleness"]),
-                        opts.gpus, given.get("in_flight", defaults["in_flight"]), profiles=opts.profiles)
+            p = hp.plan(topo, model, batch, policy, placement, resolved["staleness"], opts.gpus, resolved["in_flight"],
+                        profiles=opts.profiles)
             out.append(_of_plan("hetpipe", p, opts.gpus))
             if progress:
                 progress(f"{policy}-{placement}")

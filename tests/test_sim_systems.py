@@ -215,3 +215,29 @@ def test_zero3_takes_the_largest_micro_batch_its_gpus_hold_and_gathers_that_many
     assert z3.config["micro_batch"] == 8
     at = lambda m: baselines.simulate_zero3(sim.links, sim.profiles, cfg, 1024, z3.layout, m).seconds  # noqa: E731
     assert z3.seconds == pytest.approx(at(8), rel=1e-12) and at(8) < at(1)
+
+
+def test_deepspeed_pipeline_splits_its_layers_by_parameters():
+    """DeepSpeed 0.6.7's PipelineModule defaults to partition_method='parameters' (systems/deepspeed/partition.py).
+    By hand: weights 5,1,1,1,1,1 in 3 parts cannot have a part lighter than the 5, and at that bottleneck the greedy
+    fill puts every 1 in the second part. GPT3-XL (h 2048): the embedding holds 107.1M parameters (2.13 blocks of
+    50.4M), the tied head 102.9M (2.04 blocks); 24 blocks over 8 stages cannot keep every part within 3 blocks' weight
+    (embedding + 1, 6 x 3, head + 1 = 20 blocks), so the bottleneck is 4 blocks: 1, 4, 4, 4, 4, 4, 3 blocks and the
+    head alone. The simulator's ZeRO-1 + pipeline runs that split; a layout of this harness's runtimes may not leave
+    a stage empty."""
+    from harness.systems.deepspeed.partition import partition_balanced, pipe_stages
+    from harness.systems.deepspeed.sim import candidates_deepspeed
+    from harness.sim.sweep import Simulator
+
+    assert partition_balanced([5, 1, 1, 1, 1, 1], 3) == [0, 1, 6, 6]
+    assert partition_balanced([1, 1, 1, 1], 2) == [0, 2, 4]
+    cfg = get_model("gpt3-xl", 24)
+    assert [b - a for a, b in pipe_stages(cfg, 8)] == [1, 4, 4, 4, 4, 4, 3, 0]
+    assert [b - a for a, b in pipe_stages(cfg, 2)] == [12, 12]
+    sim = Simulator(load_scenario("1"), placements=("default",))
+    pp8 = next(c for c in candidates_deepspeed(sim, cfg, 1024) if c.config.get("pp") == 8)
+    assert pp8.layout.layers_per_stage == [1, 4, 4, 4, 4, 4, 3, 0]
+    run = baselines.simulate_zero1_pp(sim.links, sim.profiles, cfg, 1024, pp8.layout)
+    assert pp8.seconds == pytest.approx(run.seconds)
+    with pytest.raises(layouts.LayoutError, match=r"layout.stages\[7\]: must be a non-empty range"):
+        layouts.in_rank_order(1, 8, 8, 24, stages=pipe_stages(cfg, 8))  # zero 0: this harness's runtimes

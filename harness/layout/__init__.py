@@ -66,11 +66,14 @@ class Pipeline:
         return [b - a for a, b in self.stages]
 
 
-def _check_stages(where: str, stages) -> None:
+def _check_stages(where: str, stages, empty_ok: bool = False) -> None:
+    """Contiguous block ranges from block 0; `empty_ok`: a stage may hold no block (DeepSpeed's engine splits
+    layers by parameters, so a stage may hold only the embedding or the LM head: systems/deepspeed/partition.py)."""
     start = 0
     for j, (a, b) in enumerate(stages):
-        if a != start or b <= a:
-            raise LayoutError(f"{where}[{j}]: must be a non-empty range starting at block {start} (got [{a}, {b}))")
+        if a != start or b < a or (b == a and not empty_ok):
+            kind = "a" if empty_ok else "a non-empty"
+            raise LayoutError(f"{where}[{j}]: must be {kind} range starting at block {start} (got [{a}, {b}))")
         start = b
 
 
@@ -120,7 +123,7 @@ class Layout:
                               f"(got {arr.ravel().tolist()})")
         if len(self.stages) != self.pp:
             raise LayoutError(f"layout.stages: {len(self.stages)} layer ranges for {self.pp} stages")
-        _check_stages("layout.stages", self.stages)
+        _check_stages("layout.stages", self.stages, empty_ok=self.zero == 1)
 
     def _check_replicas(self) -> None:
         """Pipelines that differ: every device once over all replicas, every block once per replica."""

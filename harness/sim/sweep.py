@@ -236,14 +236,17 @@ class Simulator:
 
 
 # -------------------------------------------------------------------- what the systems' models share
-def grid_candidates(sim: Simulator, system: str, grid, cfg: GPTConfig, batch: int) -> list[Candidate]:
-    """grid: (config, zero, tp, pp, dp, simulate) per degrees; placements from sim.placements."""
+def grid_candidates(sim: Simulator, system: str, grid, cfg: GPTConfig, batch: int,
+                    stages_of: Callable[[int], tuple] | None = None) -> list[Candidate]:
+    """grid: (config, zero, tp, pp, dp, simulate) per degrees; placements from sim.placements. stages_of(pp): the
+    blocks of each stage where the system does not split them evenly (None: evenly)."""
     out = []
     for config, zero, t, p, d, simulate in grid:
         def build(seed, t=t, p=p, d=d, zero=zero):
+            opts = {"zero": zero, "stages": stages_of(p) if stages_of and p > 1 else None}
             if seed is None:
-                return layouts.in_rank_order(t, p, d, cfg.layers, zero=zero)
-            return layouts.seeded(t, p, d, cfg.layers, seed, zero=zero)
+                return layouts.in_rank_order(t, p, d, cfg.layers, **opts)
+            return layouts.seeded(t, p, d, cfg.layers, seed, **opts)
 
         try:
             placed = sim._placements(build)

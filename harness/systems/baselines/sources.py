@@ -36,6 +36,13 @@ DEEPSPEED = (
      "divides its samples: 8 for GPT3-XL on 16 GB", f"{NOT_STATED} ZeRO-S3 ran 'under the same settings' "
      f"({PAPER_D2}); {DS} defaults stage3_max_live_parameters, reduce_bucket_size (runtime/zero/constants.py); "
      "harness/systems/deepspeed/zero3.py"),
+    ("ZeRO-1 + pipeline: stages", "layers split by parameters (embedding and tied head counted on their stages): "
+     "GPT3-XL L24 over 8 stages 1, 4, 4, 4, 4, 4, 3 blocks and the head alone",
+     f"{NOT_STATED} {DS} PipelineModule default partition_method='parameters', runtime/utils.py partition_balanced; "
+     "harness/systems/deepspeed/partition.py"),
+    ("ZeRO-1 + pipeline: point-to-point", "blocking send and receive in instruction order, no rendezvous charged",
+     f"{DS} runtime/pipe/p2p.py: torch.distributed send/recv from torch 1.8 (two-rank broadcasts only before); "
+     "over NCCL's socket transport a send completes once its socket takes the data (see dtfm's NCCL row)"),
     ("micro-batch, recompute, precision, workload", "ZeRO-1 + pipeline 1 sample; on, fp16, GPT with an LM head",
      f"{NOT_STATED} as Megatron's"),
 )

@@ -74,6 +74,12 @@ CONFIG_SOURCES = (
      "sgd_iter; comm/nccl_backend.py barrier; comm/comm_utils.py default_init (gloo)"),
     ("workload", f"QQP classification: BERT vocabulary ({VOCAB} padded), 2-way head, no LM head",
      f"{REPO} dist_runner.py, modules/task_modules.py SeqClassification"),
+    ("NCCL", "2.8.4 over sockets: a send completes when its sockets take the data (no credit from the receiver, "
+     "so no NCCL_BUFFSIZE bound per round trip); 16 sockets a peer on the instances' ENA NICs (2 threads x 8), so "
+     "Linux's default buffers hold 16 x 3 MB in flight, more than any link's round trip carries: the scenario's "
+     "links are filled", f"{REPO} README (cupy-cuda110 8.6.0, whose wheel bundles NCCL 2.8.4: cupy-release-tools "
+     "v8 dist_config); NCCL 2.8.4 src/transport/net.cc netSendProxy, net_socket.cc ncclSocketGetNsockNthread "
+     "(vendor 0x1d0f), ncclTopoGetNchannels (one p2p channel a remote peer)"),
     ("GPU memory (whether a layout fits)", "fp16 value, gradient and the sharded PS's gradient buffer per parameter; "
      "a step's micro-batches keep every block's input and the stage's output; one block recomputed at a time",
      f"{REPO} data_parallel/dist_dp_sharded_ps.py _declare_grad_buffer, optimizer/optimizer.py (offload); "

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -241,3 +243,21 @@ def test_deepspeed_pipeline_splits_its_layers_by_parameters():
     assert pp8.seconds == pytest.approx(run.seconds)
     with pytest.raises(layouts.LayoutError, match=r"layout.stages\[7\]: must be a non-empty range"):
         layouts.in_rank_order(1, 8, 8, 24, stages=pipe_stages(cfg, 8))  # zero 0: this harness's runtimes
+
+
+def test_a_run_refuses_a_layout_with_an_empty_stage():
+    """DeepSpeed's engine may leave a stage only the head (the simulator models it); this harness's runtimes run a
+    block on every stage, so a run given such a layout stops with one line naming the stage."""
+    from harness.plan.layouts import resolve_layout
+    from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+    from harness.systems.deepspeed.partition import pipe_stages
+
+    cfg = get_model("gpt3-xl", 24)
+    lay = layouts.in_rank_order(1, 8, 8, 24, zero=1, stages=pipe_stages(cfg, 8))
+    req = RunRequest(network=NetworkSection(scenario="1", mode="none"),
+                     model=ModelSection(name="gpt3-xl", layers=24, batch=1024, dtype="fp16"),
+                     run=RunSection(system="deepspeed"), layout=LayoutRequest(explicit=lay))
+    with pytest.raises(layouts.LayoutError, match=r"^layout.stages\[7\]: this harness's runtimes run at least one"):
+        resolve_layout(req, load_scenario("1"))
+    even = replace(req, layout=LayoutRequest(explicit=layouts.in_rank_order(1, 8, 8, 24, zero=1)))
+    assert resolve_layout(even, load_scenario("1"))[0].layers_per_stage == [3] * 8

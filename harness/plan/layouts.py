@@ -126,7 +126,7 @@ def resolve_layout(req: RunRequest, topo: Topology) -> tuple[Layout, Placement |
     an explicit layout as given, else the system's layout rule on the request with the entry's defaults."""
     cfg, mb, batch = req.model.cfg, req.model.micro_batch, req.model.batch
     if req.layout.explicit is not None:
-        return req.layout.explicit.check(cfg, batch, mb, topo.n), None
+        return _runnable(req.layout.explicit).check(cfg, batch, mb, topo.n), None
     system = registry.get(req.run.system)
     rule = system.layout_rule_fn()
     if rule is None:
@@ -134,6 +134,15 @@ def resolve_layout(req: RunRequest, topo: Topology) -> tuple[Layout, Placement |
     want = _with_defaults(req.layout, system)
     lay, placement = rule(replace(req, layout=want), topo)
     return lay.check(cfg, batch, mb, topo.n), placement
+
+
+def _runnable(lay: Layout) -> Layout:
+    """`lay` if this harness's runtimes can run it: a block on every stage (DeepSpeed's engine may leave a stage
+    only the embedding or the head, systems/deepspeed/partition.py; the simulator models that, no runtime here)."""
+    empty = [j for j, (a, b) in enumerate(lay.stages) if b == a]
+    if empty:
+        raise LayoutError(f"layout.stages[{empty[0]}]: this harness's runtimes run at least one block on every stage")
+    return lay
 
 
 def _with_defaults(want: LayoutRequest, system: registry.System) -> LayoutRequest:

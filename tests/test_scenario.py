@@ -193,3 +193,14 @@ def test_a_scenario_too_large_for_this_machine_fails_in_one_line_before_allocati
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, err
     assert f"{p}: regions: 100,00" in err and "more than this machine's" in err and "at most about" in err
     assert not out  # nothing half-written
+
+
+@pytest.mark.parametrize("value", [0, 65, 2.5, "16", True])
+def test_nccl_sockets_must_be_an_integer_nccl_can_open(tmp_path, value):
+    path = tmp_path / "s.yaml"
+    path.write_text("name: s\ndevice: {gpu: V100}\nregions: [{name: a, devices: 2}]\n"
+                    "intra_region: {delay_ms: 1, bandwidth_gbps: 1}\n"
+                    "inter_region: {delay_ms: 1, bandwidth_gbps: 1}\n"
+                    f"nccl_sockets: {value!r}\n".replace("'", '"'))
+    with pytest.raises(ScenarioError, match=r"nccl_sockets: must be an integer from 1 to 64"):
+        load_scenario(path)

@@ -92,3 +92,35 @@ def test_a_device_to_itself_takes_no_time():
     with np.errstate(all="raise"):
         t = p.message_seconds(1e6, idle_s=[0.0, 0.0])
     assert t[0] == 0.0 and t[1] == pytest.approx(0.05)
+
+
+def test_sixteen_sockets_move_as_sixteen_connections_each_with_a_sixteenth():
+    """NCCL's socket transport stripes a message evenly over its sockets, each at an equal share of the rate: the
+    model's one path of 16 sockets takes what one connection takes for a sixteenth of the bytes at a sixteenth of
+    the rate, after any silence (16 initial windows when slow start restarts, 16 ceilings on a long path)."""
+    one = TcpPath.of(R / 16, 0.05, 0.1, LINUX, hz=1000)
+    many = TcpPath.of(R, 0.05, 0.1, LINUX, hz=1000, sockets=16)
+    b = np.array([16 * (64 << 10), 8e6, 40e6, 4e8])
+    for idle in (0.0, 0.2, 100.0):
+        assert many.message_seconds(b, idle) == pytest.approx(one.message_seconds(b / 16, idle), rel=1e-12)
+    assert many.initial_window() == 16 * INITIAL_WINDOW_SEGMENTS * MSS
+    # Linux's default buffers: 16 x 3 MiB in flight, the whole 1 Gbit/s x 100 ms path (12.5 MB), where one
+    # connection moves a quarter of the rate
+    assert many.message_seconds(4e8) == pytest.approx(0.05 + 4e8 / R)
+
+
+def test_the_paper_cases_give_nccl_sixteen_sockets_a_peer_enough_for_every_link_at_linux_defaults():
+    """The paper's instances (AWS, ENA NICs) open 16 NCCL sockets a peer; with Linux's default buffers those hold
+    more than any link of cases 1-5 carries in a round trip, so the links are filled whatever the buffers."""
+    from harness.netmodel.links import Links
+    from harness.scenario import load_scenario
+
+    window = min(LINUX.rmem_max_bytes / 2, LINUX.wmem_max_bytes)
+    for case in "12345":
+        topo = load_scenario(case)
+        links = Links.per_device(topo)
+        assert links.protocol.sockets == 16 and Links.per_device(topo, "gloo").protocol.sockets == 1
+        rate = np.where(np.isinf(links.rate_Bps), 0.0, links.rate_Bps)
+        bdp = rate * (links.delay_s + links.delay_s.T)
+        assert bdp.max() < 16 * window, case
+    assert Links.per_device(load_scenario("fluidstack")).protocol.sockets == 1  # NCCL's default off AWS and GCP

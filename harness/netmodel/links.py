@@ -21,6 +21,11 @@ through its proxy FIFO, so in steady state neither a point-to-point message nor 
 ring step waits for one (`nccl`: 0, 0). Gloo's unbound-buffer send/recv is a
 rendezvous: the receiver notifies it is ready, then the sender sends, for blocking
 point-to-point and for every ring step (`gloo`: 1, 1); the emulated cluster runs gloo.
+Sockets. Gloo keeps one TCP connection per peer. NCCL's socket transport stripes each message over
+NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD connections in chunks of at least 64 KiB, which it picks by the
+NIC when unset: 2 x 8 on AWS's ENA, 4 x 1 on GCP's gVNIC, else one (NCCL 2.8.4 net_socket.cc
+ncclSocketGetNsockNthread); the scenario says which (`nccl_sockets`). Its sends complete when the sockets take
+the data, with no credit from the receiver, so only TCP bounds the data in flight.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ class Protocol:
     name: str
     p2p_handshake: int  # per blocking point-to-point message
     step_handshake: int  # per ring step / all-to-all exchange
+    sockets: int = 1  # TCP connections a peer's data is striped over
 
 
 PROTOCOLS = {"nccl": Protocol("nccl", 0, 0), "gloo": Protocol("gloo", 1, 1)}
@@ -65,7 +71,8 @@ class Links:
         src, dst = np.asarray(src), np.asarray(dst)
         rate = self.rate_Bps[src, dst] if rate_Bps is None else np.asarray(rate_Bps, dtype=float)
         delay = self.delay_s[src, dst]
-        return TcpPath.of(rate, delay, delay + self.delay_s[dst, src], self.transport, hz=self.hz)
+        return TcpPath.of(rate, delay, delay + self.delay_s[dst, src], self.transport, hz=self.hz,
+                          sockets=self.protocol.sockets)
 
     def serialization_s(self, src, dst, nbytes, rate_Bps=None) -> np.ndarray:
         """Seconds a message of nbytes on each pair src[k] -> dst[k] takes beyond the one-way delay, at the
@@ -111,6 +118,8 @@ class Links:
             if protocol not in PROTOCOLS:
                 raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
             protocol = PROTOCOLS[protocol]
+        if protocol.name == "nccl":
+            protocol = replace(protocol, sockets=topo.nccl_sockets)
         finite = np.where(np.isinf(rate), 0.0, rate)
         bdp = float((finite * (delay + delay.T)).max(initial=0.0))  # the largest round trip's, as the plan sizes `auto`
         transport = topo.transport.resolved(bdp)

@@ -24,6 +24,9 @@ without loss, which the emulated links' netem queues, sized from the bandwidth-d
 - a link may hold a token bucket (the emulated link's HTB burst, network/plan.py: `burst_bytes`; a
   real path has none): its tokens refill at R while the link is idle and let that many bytes through at
   once. The last byte arrives one delay after it left.
+A library may stripe a peer's data over several connections (`sockets`: NCCL's socket transport on AWS's ENA
+opens 16, netmodel/links.py): each carries an equal share at an equal share of the rate, so in this fluid model
+they move together as one connection with `sockets` times the window, the initial window and the ceiling.
 The last-byte time is the message's time; its first byte leaves at 0. Times are arrays: every argument
 broadcasts, so one call prices every pair, size and idle time.
 """
@@ -84,13 +87,19 @@ class TcpPath:
     slow_start_after_idle: bool = True
     bucket_bytes: np.ndarray | float = 0.0
     hz: int = HOST_HZ
+    sockets: int = 1  # connections the data is striped over (window, initial window and ceiling are all of them)
 
     @classmethod
-    def of(cls, rate_Bps, delay_s, rtt_s, transport, mtu: int = MTU, bucket_bytes=0.0, hz: int = HOST_HZ) -> "TcpPath":
+    def of(cls, rate_Bps, delay_s, rtt_s, transport, mtu: int = MTU, bucket_bytes=0.0, hz: int = HOST_HZ,
+           sockets: int = 1) -> "TcpPath":
         """`transport`: resolved settings (harness/scenario/transport.py: no `auto` left)."""
-        window = min(int(transport.rmem_max_bytes) / 2, int(transport.wmem_max_bytes))
+        window = min(int(transport.rmem_max_bytes) / 2, int(transport.wmem_max_bytes)) * sockets
         return cls(np.asarray(rate_Bps, dtype=float), np.asarray(delay_s, dtype=float), np.asarray(rtt_s, dtype=float),
-                   float(window), mss(mtu), bool(transport.slow_start_after_idle), bucket_bytes, hz)
+                   float(window), mss(mtu), bool(transport.slow_start_after_idle), bucket_bytes, hz, sockets)
+
+    def initial_window(self) -> float:
+        """Bytes a connection (all its sockets) may send first, or after slow start restarts it."""
+        return INITIAL_WINDOW_SEGMENTS * self.mss_bytes * self.sockets
 
     def rto_s(self) -> np.ndarray:
         return np.ceil((self.rtt_s + RTO_MIN_S) * self.hz - 1e-9) / self.hz
@@ -106,7 +115,7 @@ class TcpPath:
         if not self.slow_start_after_idle:
             return np.broadcast_to(cwnd, np.broadcast(cwnd, silence_s, self.rtt_s).shape).copy()
         halvings = np.floor(np.maximum(np.asarray(silence_s, dtype=float), 0.0) / self.rto_s())
-        iw = np.minimum(cwnd, INITIAL_WINDOW_SEGMENTS * self.mss_bytes)
+        iw = np.minimum(cwnd, self.initial_window())
         return np.maximum(iw, cwnd / np.exp2(np.clip(halvings, 0, 60)))
 
     def initial_cwnd(self, idle_s) -> np.ndarray:

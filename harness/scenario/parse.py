@@ -17,7 +17,7 @@ from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topolo
 
 
 _TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "interface_gbps", "server",
-             "transport", "timeline"}
+             "transport", "timeline", "nccl_sockets"}
 _SERVER_KEYS = {"delay_ms", "uplink_gbps"}
 _REGION_KEYS = {"name", "devices", "count", "intra_region", "interface_gbps", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
@@ -189,9 +189,17 @@ def parse_scenario(doc, path: Path) -> Topology:
         server=server,
         interface_gbps=None if all(math.isinf(x) for x in interfaces) else np.array(interfaces),
         transport=parse_transport(path, doc["transport"]) if "transport" in doc else LINUX,
+        nccl_sockets=_nccl_sockets(path, doc.get("nccl_sockets", 1)),
         timeline=(parse_timeline(doc["timeline"], path, region_names(regions))
                   if "timeline" in doc else None),
     )
+
+
+def _nccl_sockets(path, n) -> int:
+    """`nccl_sockets`: NCCL's sockets per peer, 1 to its MAX_SOCKETS (64)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+        _fail(path, "nccl_sockets", "must be an integer from 1 to 64", n)
+    return n
 
 
 def _server(path, d) -> Server:

@@ -112,6 +112,8 @@ class Topology:
     # (workloads/fl/federation.py); None or inf: no limit beyond each pair's own rate
     interface_gbps: np.ndarray | None = None
     transport: Transport = LINUX  # every device's TCP settings (transport.py)
+    # TCP connections NCCL's socket transport opens per peer on these machines' NICs (netmodel/links.py)
+    nccl_sockets: int = 1
     # device x device links where they are not the regions' (with_device_links); None: the regions'
     device_delay_ms: np.ndarray | None = None
     device_bandwidth_gbps: np.ndarray | None = None
@@ -234,6 +236,7 @@ class Topology:
             server=self.server,
             interface_gbps=None if self.interface_gbps is None else self.interface_gbps[idx].copy(),
             transport=self.transport,
+            nccl_sockets=self.nccl_sockets,
             device_delay_ms=None if self.device_delay_ms is None else self.device_delay_ms[by_device].copy(),
             device_bandwidth_gbps=(None if self.device_bandwidth_gbps is None
                                    else self.device_bandwidth_gbps[by_device].copy()),

@@ -19,7 +19,6 @@ import numpy as np
 
 from ..compute import PAPER_BYTES, training_bytes_per_param
 from ..compute.model import GPTConfig
-from ..netmodel.tcp import INITIAL_WINDOW_SEGMENTS
 from ..layout import Layout
 from ..layout.holdings import holdings, sources_of
 from ..plan import systems as registry
@@ -86,7 +85,7 @@ def transfer_seconds(had: dict[int, set], has: dict[int, set], cfg: GPTConfig, l
             by_source[src] = by_source.get(src, 0.0) + size[item[0]]
         src = np.array(list(by_source))
         path = links.path(src, np.full(len(src), d))
-        fresh = INITIAL_WINDOW_SEGMENTS * path.mss_bytes
+        fresh = path.initial_window()
         arrive = path.transfer(np.array(list(by_source.values())), fresh)[0]
         spent = path.rtt_s + links.protocol.p2p_handshake * links.delay_s[d, src] + arrive
         total += sum(by_source.values())

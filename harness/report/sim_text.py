@@ -61,12 +61,14 @@ def disagreements(rows, c51, fs_rows) -> list[str]:
     if c51:
         out.append(f"- Case 5 ours vs case 1 baselines: simulated {rng(c51['megatron'])} (Megatron) and "
                    f"{rng(c51['deepspeed'])} (DeepSpeed), paper 1.7-3.5x; ours in case 5 is modelled too fast. "
-                   "Its barriers, slow start after idle and the windows of the scenario's TCP settings are "
-                   "modelled; NCCL's own bound on data in flight is not: its socket transport moves a "
-                   "connection's data through fixed buffers (NCCL_BUFFSIZE, 4 MiB per channel by default), so "
-                   "one channel carries at most a buffer per round trip, about 116 Mbit/s on a 290 ms round trip, "
-                   "below most of case 5's link rates. Deeper models and larger batches narrow the simulated gap, "
-                   "as the paper says.")
+                   "Its barriers and offloaded optimizer step are modelled, and NCCL adds no bound of its own: its "
+                   "socket transport (2.8.4, the paper's) completes a send once its 16 sockets a peer take the "
+                   "data. What the model takes from the scenario instead is TCP between bursts: windows kept (no "
+                   "slow start after idle), where the paper's instances likely ran Linux's default (`--transport "
+                   "linux` prices it: every data-parallel exchange, after a long silence, restarts from 16 initial "
+                   "windows); and the links as the paper's text states them, where DT-FM's tc generator shapes a "
+                   "region's own links at 10 ms, not 5 (scheduler/generate_sim_com_matrices.py). Deeper models and "
+                   "larger batches narrow the simulated gap, as the paper says.")
     sched = max(r["vs_random"].max() for r in rows)
     out.append(f"- Scheduler vs random: simulated up to {sched:.2f}x (paper up to {PAPER['scheduler_max']}x). The "
                "random layouts are the same three seeds for every case, averaged; the paper's random layouts were "
@@ -86,8 +88,9 @@ MODEL_TEXT = """\
   pre-training); the paper's own runs trained a 2-way sequence classifier (no LM head). Seconds = FLOP /
   (peak x efficiency).
 - Links: delay + bytes / rate on the scenario's directed pair, under the scenario's TCP settings (window, slow
-  start after idle); transfers sharing a sender's egress or a receiver's ingress (capacity = the device's
-  fastest link) share it max-min fairly (harness/netmodel/links.py).
+  start after idle), NCCL's data striped over the scenario's sockets a peer (16 on the paper's AWS instances);
+  transfers sharing a sender's egress or a receiver's ingress (capacity = the device's fastest link) share it
+  max-min fairly (harness/netmodel/links.py).
 - Ours (the paper's, dtfm: harness/systems/dtfm/sim.py, from DS3Lab/DT-FM's source): a gloo barrier of all
   ranks; per gradient-accumulation step of 64 micro-batches of 1 sample, all forwards through the pipeline
   (receive, compute, send on separate streams), a barrier, all backwards; after a stage's last backward the
@@ -97,13 +100,15 @@ MODEL_TEXT = """\
   direction); each C_j then runs the sharded parameter server with every receive posted up front; no barriers,
   so a stage's sync overlaps the next iteration.
 - Megatron: 1F1B with blocking point-to-point; per layer and micro-batch 2 (forward) + 2 (recompute) + 2 (backward)
-  ring all-reduces of the activation when T > 1; gradient ring all-reduce per data-parallel group; rank order
-  tensor-fastest, then data, then pipeline.
-- DeepSpeed ZeRO-3: per module step (forward, recompute, backward) a ring all-gather of its parameters unless they
-  are still live (DeepSpeed's reuse distance, 1e9 parameters), prefetched behind compute, and per backward a
-  reduce-scatter of its gradients; ZeRO-1 + pipeline: 1F1B as Megatron with T = 1, then gradient ring all-reduce and
-  parameter ring all-gather.
-- Not modelled: memory limits, kernel launch and framework overheads, jitter and loss.
+  ring all-reduces of the activation when T > 1; gradient ring all-reduce per data-parallel group, then the tied
+  word embedding's between the first and last stage; rank order tensor-fastest, then data, then pipeline.
+- DeepSpeed ZeRO-3: at the largest micro-batch a GPU holds (8 for GPT3-XL on 16 GB), per module step (forward,
+  recompute, backward) a ring all-gather of its parameters unless they are still live (DeepSpeed's reuse distance,
+  1e9 parameters), prefetched behind compute, and per backward a reduce-scatter of its gradients; ZeRO-1 +
+  pipeline: 1F1B as Megatron with T = 1 on stages split by parameters (DeepSpeed's default), then the tied
+  embedding's all-reduce, the gradient ring all-reduce and the parameter ring all-gather.
+- Not modelled: memory limits (each layout's fit is noted, not enforced), kernel launch and framework overheads,
+  jitter and loss.
 - Checked against emulated runs with `harness sim compare`, which simulates what the harness ran: its ours with
   pre-posted receives, and the baselines as torch.distributed.pipelining + DDP (+ ZeRO-1) over gloo run them
   (harness/sim/torch_runtime.py: rendezvous sends posted when the schedule reaches them, DDP's all-reduce inside

@@ -174,8 +174,10 @@ def test_a_paced_backward_makes_each_blocks_gradients_ready_when_the_device_woul
                                         lm_head=False)[1][1]
     assert shares[0] == pytest.approx(1 - blocks_only / bwd[1])  # the head's share, then equal blocks
     assert np.diff(shares[1:]) == pytest.approx([blocks_only / bwd[1] / 4] * 3)
-    modelled = 1.0  # a block's share: about 0.2 s, which its real backward (milliseconds) is far from filling
-    pacer = ComputePacer({"forward": 0.2, "backward": modelled}, backward_shares=shares)
+    # a block's share: about 0.4 s, which its real backward (milliseconds, a few hundred on a loaded machine) does
+    # not fill; the forward's second too (its first call allocates), so that no phase overruns
+    modelled = 2.0
+    pacer = ComputePacer({"forward": 1.0, "backward": modelled}, backward_shares=shares)
     pace_stage_module(stage, pacer)
     ready: dict[int, float] = {}
 

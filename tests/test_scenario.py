@@ -109,6 +109,7 @@ def test_a_small_valid_file_gives_asymmetric_device_matrices(tmp_path):
     ("name: t\n", "name: t\ninterface_gbps: 0\n", "interface_gbps", "0"),
     ("{name: B, devices: 2}", "{name: B, devices: 2, interface_gbps: fast}", "regions[1].interface_gbps", "fast"),
     ("{name: B, devices: 2}", "{name: B, devices: 2, interface_gbps: -1}", "regions[1].interface_gbps", "-1"),
+    ("{name: B, devices: 2}", "{name: B, devices: 2, shared_nic_gbps: 0}", "regions[1].shared_nic_gbps", "0"),
 ])
 def test_bad_input_names_file_field_and_value(tmp_path, old, new, field, value):
     assert old in GOOD
@@ -126,6 +127,19 @@ def test_interface_gbps_is_per_region_with_a_file_wide_default_and_scales_with_t
     assert t.interface_gbps.tolist() == [4, 4, 0.5, 0.5]  # A takes the file's, B its own
     assert t.scaled(0.01).interface_gbps.tolist() == pytest.approx([0.04, 0.04, 0.005, 0.005])
     assert t.subset([3, 0]).interface_gbps.tolist() == [0.5, 4]
+
+
+def test_shared_nic_is_one_per_region_of_a_group_and_scales_and_cuts_with_the_regions(tmp_path):
+    assert load_scenario(str(write(tmp_path, GOOD))).region_nic_gbps is None
+    two_nodes = (GOOD.replace("{name: A, devices: 2}", "{name: A, devices: 2, count: 2, shared_nic_gbps: 25}", 1)
+                 .replace("order: [A, B]", "order: [A-0, A-1, B]")
+                 .replace("[[~, 20], [30, ~]]", "[[~, 5, 20], [5, ~, 20], [30, 30, ~]]")
+                 .replace("[[~, 1.5], [2.5, ~]]", "[[~, 9, 1.5], [9, ~, 1.5], [2.5, 2.5, ~]]"))
+    t = load_scenario(str(write(tmp_path, two_nodes)))
+    assert t.region_nic_gbps.tolist() == [25, 25, np.inf]  # one NIC per region of the group; B has none
+    assert t.scaled(0.1).region_nic_gbps.tolist() == pytest.approx([2.5, 2.5, np.inf])
+    cut = t.subset([4, 2])  # B's device first, then A-1's: the regions in their order (A-1, B)
+    assert [r.name for r in cut.regions] == ["A-1", "B"] and cut.region_nic_gbps.tolist() == [25, np.inf]
 
 
 def test_transport_defaults_to_linux_and_a_file_overrides_what_it_names(tmp_path):

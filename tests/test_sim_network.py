@@ -192,3 +192,58 @@ def test_slow_start_after_idle_costs_the_first_ring_step_its_round_trips():
     shard = 2 * W
     ps = collectives.sharded_ps(linux, np.arange(n)[None, :], n * shard)
     np.testing.assert_allclose(ps, first_step + in_use_step, rtol=1e-12)
+
+
+NODES = """\
+name: nodes
+device: {gpu: X, peak_tflops: 1, memory_gb: 1}
+regions:
+  - {name: node, devices: 2, count: 3, shared_nic_gbps: 10}
+intra_region: {delay_ms: 0, bandwidth_gbps: 100}
+inter_region: {delay_ms: 0, bandwidth_gbps: 10}
+transport: {slow_start_after_idle: false, rmem_max_bytes: auto, wmem_max_bytes: auto}
+"""
+
+
+def nodes_topology(tmp_path):
+    """3 nodes of 2 devices (0-1, 2-3, 4-5): 100 Gbps inside, 10 Gbps between, one 10 Gbps NIC a node."""
+    from harness.scenario import load_scenario
+    from tests.test_scenario import write
+
+    return load_scenario(str(write(tmp_path, NODES)))
+
+
+def test_a_nodes_devices_share_its_nic_for_what_leaves_it_and_not_for_what_stays(tmp_path):
+    topo = nodes_topology(tmp_path)
+    links = Links.from_topology(topo)
+    gbps = lambda src, dst: links.fair_rates(np.array(src), np.array(dst)) * 8 / 1e9  # noqa: E731
+    np.testing.assert_allclose(gbps([0], [2]), [10])  # alone: the pair's rate
+    np.testing.assert_allclose(gbps([0, 1], [2, 3]), [5, 5])  # both of node 0 to node 1: its NIC in two
+    np.testing.assert_allclose(gbps([0, 1], [2, 4]), [5, 5])  # to two nodes: node 0's NIC out still in two
+    np.testing.assert_allclose(gbps([0, 4], [2, 3]), [5, 5])  # from two nodes into node 1: its NIC in, in two
+    np.testing.assert_allclose(gbps([0, 1, 4], [2, 3, 5]), [5, 5, 100])  # inside node 2: untouched
+    # the same links held by region (no N x N matrix) and as matrices
+    dense = Links.per_device(topo)
+    src, dst = np.array([0, 1, 2, 3, 4]), np.array([2, 4, 0, 5, 1])
+    np.testing.assert_allclose(links.fair_rates(src, dst), dense.fair_rates(src, dst))
+    # the emulated cluster shapes every device on its own: no shared NIC
+    per_pair = Links.from_topology(topo, nic="per-pair")
+    np.testing.assert_allclose(per_pair.fair_rates(np.array([0, 1]), np.array([2, 3])) * 8 / 1e9, [10, 10])
+
+
+def test_concurrent_groups_share_the_nics_their_members_send_through(tmp_path):
+    """Two data-parallel groups of one device a node each (ours' and DT-FM's stages in case 1): alone, a group's
+    exchange moves one shard through each NIC; together, two."""
+    topo = nodes_topology(tmp_path)
+    links, alone = Links.from_topology(topo), Links.from_topology(topo, nic="per-pair")
+    groups, nbytes = np.array([[0, 2], [1, 3]]), 100e6
+    nic_Bps = 10e9 / 8
+    # ring all-reduce of 2: two steps of nbytes / 2, at half the NIC each when both rings run
+    np.testing.assert_allclose(collectives.ring_allreduce(links, groups, nbytes), 2 * (nbytes / 2) / (nic_Bps / 2))
+    np.testing.assert_allclose(collectives.ring_allreduce(links, groups[:1], nbytes), 2 * (nbytes / 2) / nic_Bps)
+    np.testing.assert_allclose(collectives.ring_allreduce(alone, groups, nbytes), 2 * (nbytes / 2) / nic_Bps)
+    # the grouped sharded PS: scatter then gather, each a shard of nbytes / 2 a device through its node's NIC
+    _, gather = collectives.sharded_ps_phases(links, groups, [nbytes, nbytes / 2])
+    np.testing.assert_allclose(gather, 2 * (nbytes / 2 + nbytes / 4) / nic_Bps)  # both groups' shards, twice
+    _, gather = collectives.sharded_ps_phases(links, groups[:1], nbytes)
+    np.testing.assert_allclose(gather, 2 * (nbytes / 2) / nic_Bps)

@@ -10,13 +10,15 @@ for these sizes and the paper's own for ours:
   and receives posted in one NCCL group, as the paper's runtime does) that starts
   when the whole group is ready; it lasts as long as its busiest resource: the
   slowest pair (delay + shard / rate) or a device's egress/ingress carrying its
-  D-1 shards (the makespan bound of a fluid schedule, exact when one resource
-  dominates). `mode="rounds"`: D-1 rounds of a shifted all-to-all; in
-  round k device p sends bytes/D to p+k and receives from p-k, each exchange a
-  rendezvous (it starts when both ends reached the round, and the send completes
+  D-1 shards, or a shared NIC carrying its region's shards out of (into) it
+  (the makespan bound of a fluid schedule, exact when one resource dominates).
+  `mode="rounds"`: D-1 rounds of a shifted all-to-all; in round k device p sends
+  bytes/D to p+k and receives from p-k, each exchange a rendezvous (it starts
+  when both ends reached the round, and the send completes
   when the receiver has the data, as a blocking NCCL send/recv pair).
 - gloo's dissemination barrier.
-Every function is vectorised over concurrent groups: arrays (G, D) of device ids.
+Every function is vectorised over concurrent groups: arrays (G, D) of device ids; the groups of one call run
+together, sharing the interfaces and shared NICs they cross.
 """
 from __future__ import annotations
 
@@ -31,14 +33,16 @@ def step_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float) ->
     return links.serialization_s(src, dst, nbytes, rate), links.delay_s[src, dst]
 
 
-def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start=None,
+def ring(links: Links, groups: np.ndarray, chunk_bytes, steps: int, start=None,
          conns: Connections | None = None) -> np.ndarray:
-    """Finish time of every device after `steps` ring steps of chunk_bytes (groups: (G, D) in ring order);
-    `conns`: the connections' state so far (default: silent since the previous iteration)."""
+    """Finish time of every device after `steps` ring steps of chunk_bytes, one for every group or one per group
+    (G,) (groups: (G, D) in ring order); `conns`: the connections' state so far (default: silent since the
+    previous iteration)."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
     ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
-    if D == 1 or steps == 0 or chunk_bytes <= 0:
+    chunk_bytes = np.broadcast_to(np.asarray(chunk_bytes, dtype=float), (G,))[:, None]
+    if D == 1 or steps == 0 or not (chunk_bytes > 0).any():
         return ready
     succ = np.roll(groups, -1, axis=1)
     rate = links.fair_rates(groups, succ).reshape(groups.shape)
@@ -55,31 +59,34 @@ def ring(links: Links, groups: np.ndarray, chunk_bytes: float, steps: int, start
     return ready
 
 
-def ring_allreduce(links: Links, groups, nbytes: float, start=None, conns: Connections | None = None) -> np.ndarray:
+def ring_allreduce(links: Links, groups, nbytes, start=None, conns: Connections | None = None) -> np.ndarray:
+    """All-reduce of a tensor of nbytes (one for every group or one per group) in every group at once."""
     groups = np.atleast_2d(groups)
     D = groups.shape[1]
-    return ring(links, groups, nbytes / D, 2 * (D - 1), start, conns)
+    return ring(links, groups, np.asarray(nbytes, dtype=float) / D, 2 * (D - 1), start, conns)
 
 
-def ring_allgather(links: Links, groups, nbytes: float, start=None, conns: Connections | None = None) -> np.ndarray:
+def ring_allgather(links: Links, groups, nbytes, start=None, conns: Connections | None = None) -> np.ndarray:
     """All-gather (or reduce-scatter, the same traffic) of a tensor of nbytes in total."""
     groups = np.atleast_2d(groups)
     D = groups.shape[1]
-    return ring(links, groups, nbytes / D, D - 1, start, conns)
+    return ring(links, groups, np.asarray(nbytes, dtype=float) / D, D - 1, start, conns)
 
 
-def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "grouped",
+def sharded_ps(links: Links, groups, nbytes, start=None, mode: str = "grouped",
                preposted: bool = False) -> np.ndarray:
-    """Finish times of the sharded parameter-server exchange of nbytes per device (groups: (G, D)).
+    """Finish times of the sharded parameter-server exchange of nbytes per device (one for every group or one
+    per group; groups: (G, D)).
 
     preposted: every receive was posted before the exchange (ours' runtime posts an iteration's
     receives up front), so no transfer waits for a ready notice whatever the protocol."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
     ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
-    if D == 1 or nbytes <= 0:
+    nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), (G,))
+    if D == 1 or not (nbytes > 0).any():
         return ready
-    shard = nbytes / D
+    shard = (nbytes / D)[:, None]
     handshake = 0 if preposted else links.protocol.step_handshake
     if mode == "grouped":
         return sharded_ps_phases(links, groups, nbytes, ready, preposted)[1]
@@ -102,15 +109,17 @@ def sharded_ps(links: Links, groups, nbytes: float, start=None, mode: str = "gro
     return ready
 
 
-def sharded_ps_phases(links: Links, groups, nbytes: float, start=None,
+def sharded_ps_phases(links: Links, groups, nbytes, start=None,
                       preposted: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(end of the scatter, end of the gather) of every device's grouped sharded parameter server (G, D),
     each phase one all-to-all of every pair at once that starts when the whole group is in it (a
-    library's grouped send/receive calls: NCCL's groupStart/groupEnd); preposted as sharded_ps."""
+    library's grouped send/receive calls: NCCL's groupStart/groupEnd); preposted as sharded_ps. `nbytes`: a
+    device's gradient, one for every group or one per group (G,); concurrent groups share the shared NICs."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
     ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
-    if D == 1 or nbytes <= 0:
+    nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), (G,))
+    if D == 1 or not (nbytes > 0).any():
         return ready, ready
     scatter, gather = _grouped_all_to_all(links, groups, nbytes / D, ready, exchanges=2,
                                           handshake=0 if preposted else links.protocol.step_handshake)
@@ -131,19 +140,25 @@ def dissemination_barrier(links: Links, ranks, arrive) -> np.ndarray:
     return t
 
 
-def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: float, ready: np.ndarray, exchanges: int,
+def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: np.ndarray, ready: np.ndarray, exchanges: int,
                         handshake: int) -> list[np.ndarray]:
-    """Every device's finish time (G, D) after each exchange."""
+    """Every device's finish time (G, D) after each exchange (shard: (G,), the bytes a pair of group g carries)."""
     G, D = groups.shape
     src = np.repeat(groups[:, :, None], D, axis=2)  # (G, D, D): src[g, p, q] = groups[g, p]
     dst = np.repeat(groups[:, None, :], D, axis=1)
     off = ~np.eye(D, dtype=bool)[None].repeat(G, 0)
     notice = handshake * links.delay_s[dst, src]
-    out_load = (D - 1) * shard / links.egress_Bps[groups]  # (G, D)
-    in_load = (D - 1) * shard / links.ingress_Bps[groups]
+    out_load = (D - 1) * shard[:, None] / links.egress_Bps[groups]  # (G, D)
+    in_load = (D - 1) * shard[:, None] / links.ingress_Bps[groups]
     min_delay = np.where(off, links.delay_s[src, dst], np.inf)
     busiest = np.maximum(out_load + min_delay.min(2), in_load + min_delay.min(1)).max(1)
+    # a shared NIC carrying every group's shards out of (into) its region: the groups of one call run together
+    nic = links.nic_seconds(src[off], dst[off], np.broadcast_to(shard[:, None, None], src.shape)[off])
+    if nic is not None:
+        nic = nic.reshape(G, D * (D - 1)).max(1)
+        busiest = np.maximum(busiest, nic + np.where(nic > 0, min_delay.min((1, 2)), 0.0))
     conns = Connections(links)
+    shard = shard[:, None, None]
     ser = links.serialization_s(src, dst, shard)  # on connections in use
     t = ready.max(1)
     ends = []

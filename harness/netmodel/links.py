@@ -10,10 +10,14 @@ receiver's ingress. Real interfaces (`nic="shared"`, the paper-scale model): a d
 capacity is its fastest outgoing (incoming) pair, or the scenario's `interface_gbps` of its region where
 that is less (Topology.interface_gbps). So transfers that share a sender's or receiver's interface share
 its bandwidth; a pattern in which every device sends to one peer and receives from one (a ring step, a
-pipeline hop) runs every pair at its own rate. The emulated cluster (`nic="per-pair"`) shapes every
+pipeline hop) runs every pair at its own rate. A region whose devices share one NIC (the scenario's
+`shared_nic_gbps`: a multi-GPU node, such as the paper's p3.16xlarge, 8 V100 behind 25 Gbps) adds two more: what
+its devices send to other regions crosses the region's NIC out, what they receive from them its NIC in. The
+paper's own scheduler prices case 1 the same way, 25 / 8 = 3.125 Gbps between two GPUs of different nodes
+(DT-FM scheduler/generate_sim_com_matrices.py). The emulated cluster (`nic="per-pair"`) shapes every
 destination in its own HTB class, under one parent class at `interface_gbps` where the scenario sets one
 (harness/network/plan.py): its egress is that limit (else unlimited) and its ingress unlimited, since
-nothing shapes a device's receiving side.
+nothing shapes a device's receiving side, and no shared NIC, since nothing shapes a region's devices together.
 
 Protocols. Before data flows, a library may wait for the receiver's "ready" notice,
 one more one-way delay (receiver -> sender). NCCL posts receive buffers ahead
@@ -65,6 +69,9 @@ class Links:
     protocol: Protocol = PROTOCOLS["nccl"]
     transport: Transport = LINUX  # resolved TCP settings (netmodel/tcp.py)
     hz: int = HOST_HZ  # the senders' kernel clock (their retransmission timeouts are in its ticks)
+    # shared NICs: every device's region and every region's NIC (bytes/s each way, inf: none); None: no region has one
+    device_region: np.ndarray | None = None
+    nic_Bps: np.ndarray | None = None
 
     def path(self, src, dst, rate_Bps=None) -> TcpPath:
         """The TCP path of each pair src[k] -> dst[k], at the pair's rate or `rate_Bps` (its fair share)."""
@@ -91,7 +98,8 @@ class Links:
         few = cls.per_device(topo.subset(devices), protocol, nic)
         region = np.asarray(topo.device_region)
         return replace(few, delay_s=held_by_region(topo, few.delay_s), rate_Bps=held_by_region(topo, few.rate_Bps),
-                       egress_Bps=few.egress_Bps[first][region], ingress_Bps=few.ingress_Bps[first][region])
+                       egress_Bps=few.egress_Bps[first][region], ingress_Bps=few.ingress_Bps[first][region],
+                       **_shared_nics(topo, nic))
 
     @classmethod
     def per_device(cls, topo: Topology, protocol: Protocol | str = "nccl", nic: str = "shared") -> "Links":
@@ -123,7 +131,7 @@ class Links:
         finite = np.where(np.isinf(rate), 0.0, rate)
         bdp = float((finite * (delay + delay.T)).max(initial=0.0))  # the largest round trip's, as the plan sizes `auto`
         transport = topo.transport.resolved(bdp)
-        return cls(delay, rate, egress, ingress, protocol, transport)
+        return cls(delay, rate, egress, ingress, protocol, transport, **_shared_nics(topo, nic))
 
     def fair_rates(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Max-min fair rate of every concurrent transfer src[k] -> dst[k] (bytes/s)."""
@@ -131,21 +139,62 @@ class Links:
         dst = np.asarray(dst).ravel()
         pair = self.rate_Bps[src, dst]
         local = src == dst
-        if len(np.unique(src[~local])) == (~local).sum() and len(np.unique(dst[~local])) == (~local).sum():
+        s, d = src[~local], dst[~local]
+        nics = self._nic_crossings(s, d)
+        if len(np.unique(s)) == len(s) and len(np.unique(d)) == len(d) and nics is None:
             # A permutation: no resource carries two transfers.
             return np.where(local, np.inf, np.minimum(pair, np.minimum(self.egress_Bps[src], self.ingress_Bps[dst])))
         rate = np.full(len(src), np.inf)
-        s, d = src[~local], dst[~local]
-        # resources: the pairs in use, then the senders' egress, then the receivers' ingress
+        # resources: the pairs in use, then the senders' egress, then the receivers' ingress, then shared NICs
         pairs, pair_of = np.unique(s * (max(s.max(), d.max()) + 1) + d, return_inverse=True)
         senders, sender_of = np.unique(s, return_inverse=True)
         receivers, receiver_of = np.unique(d, return_inverse=True)
         pair_cap = np.empty(len(pairs))
         pair_cap[pair_of] = pair[~local]  # every transfer of a pair has its rate
-        capacity = np.concatenate([pair_cap, self.egress_Bps[senders], self.ingress_Bps[receivers]])
-        rate[~local] = max_min_fair([pair_of, len(pairs) + sender_of, len(pairs) + len(senders) + receiver_of],
-                                    capacity)
+        crossings = [pair_of, len(pairs) + sender_of, len(pairs) + len(senders) + receiver_of]
+        capacity = [pair_cap, self.egress_Bps[senders], self.ingress_Bps[receivers]]
+        if nics is not None:  # a transfer inside a region crosses an infinite NIC (its region's last resource)
+            base = len(pairs) + len(senders) + len(receivers)
+            crossings += [base + nics[0], base + nics[1]]
+            capacity.append(np.append(np.repeat(self.nic_Bps, 2), np.inf))
+        rate[~local] = max_min_fair(crossings, np.concatenate(capacity))
         return rate
+
+    def _nic_crossings(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """(NIC out, NIC in) of every transfer src[k] -> dst[k] between devices (indices 2r, 2r + 1 of region r's
+        NIC; 2R, an unlimited one, for a transfer inside a region), or None when none crosses a shared NIC."""
+        if self.nic_Bps is None:
+            return None
+        r_src, r_dst = self.device_region[src], self.device_region[dst]
+        across = (r_src != r_dst) & (np.isfinite(self.nic_Bps[r_src]) | np.isfinite(self.nic_Bps[r_dst]))
+        if not across.any():
+            return None
+        R = len(self.nic_Bps)
+        return np.where(across, 2 * r_src, 2 * R), np.where(across, 2 * r_dst + 1, 2 * R)
+
+    def nic_seconds(self, src: np.ndarray, dst: np.ndarray, nbytes) -> np.ndarray | None:
+        """Seconds the busiest shared NIC that transfer k crosses needs to carry all of them together (nbytes[k]
+        from src[k] to dst[k]): a lower bound on their makespan (0 for one that crosses none); None without
+        shared NICs."""
+        if self.nic_Bps is None:
+            return None
+        src, dst = np.asarray(src).ravel(), np.asarray(dst).ravel()
+        nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), src.shape)
+        r_src, r_dst = self.device_region[src], self.device_region[dst]
+        across = r_src != r_dst
+        R = len(self.nic_Bps)
+        out = np.bincount(r_src[across], weights=nbytes[across], minlength=R) / self.nic_Bps
+        into = np.bincount(r_dst[across], weights=nbytes[across], minlength=R) / self.nic_Bps
+        return np.where(across, np.maximum(out[r_src], into[r_dst]), 0.0)
+
+
+def _shared_nics(topo: Topology, nic: str) -> dict:
+    """Links' shared-NIC fields of `topo`: its regions' NICs under the paper-scale model (`nic="shared"`),
+    none under the emulated cluster's (nothing shapes a region's devices together)."""
+    if nic != "shared" or topo.region_nic_gbps is None:
+        return {}
+    return {"device_region": np.asarray(topo.device_region),
+            "nic_Bps": gbps_to_bytes_per_s(np.asarray(topo.region_nic_gbps, dtype=float))}
 
 
 class Connections:

@@ -89,8 +89,10 @@ MODEL_TEXT = """\
   (peak x efficiency).
 - Links: delay + bytes / rate on the scenario's directed pair, under the scenario's TCP settings (window, slow
   start after idle), NCCL's data striped over the scenario's sockets a peer (16 on the paper's AWS instances);
-  transfers sharing a sender's egress or a receiver's ingress (capacity = the device's fastest link) share it
-  max-min fairly (harness/netmodel/links.py).
+  transfers sharing a sender's egress or a receiver's ingress (capacity = the device's fastest link), or a node's
+  one NIC (the scenario's shared_nic_gbps: cases 1 and 2, a p3.16xlarge's 8 GPUs behind 25 Gbps, a p3.8xlarge's
+  4 behind 10), share it max-min fairly; collectives that run together (every stage's data-parallel sync, every
+  pipeline's hop) are priced together (harness/netmodel/links.py).
 - Ours (the paper's, dtfm: harness/systems/dtfm/sim.py, from DS3Lab/DT-FM's source): a gloo barrier of all
   ranks; per gradient-accumulation step of 64 micro-batches of 1 sample, all forwards through the pipeline
   (receive, compute, send on separate streams), a barrier, all backwards; after a stage's last backward the

@@ -19,7 +19,7 @@ from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topolo
 _TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "interface_gbps", "server",
              "transport", "timeline", "nccl_sockets"}
 _SERVER_KEYS = {"delay_ms", "uplink_gbps"}
-_REGION_KEYS = {"name", "devices", "count", "intra_region", "interface_gbps", "device"}
+_REGION_KEYS = {"name", "devices", "count", "intra_region", "interface_gbps", "shared_nic_gbps", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
 _MATRIX_KEYS = {"order", "delay_ms", "bandwidth_gbps"}
 _PROFILE_KEYS = {"gpu", "peak_tflops", "peak_tflops_fp32", "memory_gb", "memory_bandwidth_gbs", "slowdown"}
@@ -137,6 +137,7 @@ def parse_scenario(doc, path: Path) -> Topology:
                          if "interface_gbps" in doc else math.inf)
     regions: list[Region] = []
     interfaces: list[float] = []
+    shared_nics: list[float] = []
     if not isinstance(doc["regions"], list) or not doc["regions"]:
         _fail(path, "regions", "must be a non-empty list", doc["regions"])
     for k, r in enumerate(doc["regions"]):
@@ -166,6 +167,8 @@ def parse_scenario(doc, path: Path) -> Topology:
         interface = (_number(path, f"{f}.interface_gbps", r["interface_gbps"], positive=True)
                      if "interface_gbps" in r else default_interface)
         interfaces += [interface] * (n * count)
+        shared_nics += [_number(path, f"{f}.shared_nic_gbps", r["shared_nic_gbps"], positive=True)
+                        if "shared_nic_gbps" in r else math.inf] * count
     seen = set()
     for r in regions:
         if r.name in seen:
@@ -188,6 +191,7 @@ def parse_scenario(doc, path: Path) -> Topology:
         region_bandwidth_gbps=inter_bw,
         server=server,
         interface_gbps=None if all(math.isinf(x) for x in interfaces) else np.array(interfaces),
+        region_nic_gbps=None if all(math.isinf(x) for x in shared_nics) else np.array(shared_nics),
         transport=parse_transport(path, doc["transport"]) if "transport" in doc else LINUX,
         nccl_sockets=_nccl_sockets(path, doc.get("nccl_sockets", 1)),
         timeline=(parse_timeline(doc["timeline"], path, region_names(regions))

@@ -111,6 +111,10 @@ class Topology:
     # bandwidth_gbps): the scenario's `interface_gbps` of its region, or an FL server's uplink
     # (workloads/fl/federation.py); None or inf: no limit beyond each pair's own rate
     interface_gbps: np.ndarray | None = None
+    # per region, one NIC its devices share for everything they send to (and receive from) other regions, each
+    # way (Gbps, scaled like bandwidth_gbps): the scenario's `shared_nic_gbps`, a multi-GPU node's; None or inf:
+    # none (netmodel/links.py)
+    region_nic_gbps: np.ndarray | None = None
     transport: Transport = LINUX  # every device's TCP settings (transport.py)
     # TCP connections NCCL's socket transport opens per peer on these machines' NICs (netmodel/links.py)
     nccl_sockets: int = 1
@@ -173,9 +177,11 @@ class Topology:
         if s == 1.0:
             return self
         egress = None if self.interface_gbps is None else self.interface_gbps * s
+        nic = None if self.region_nic_gbps is None else self.region_nic_gbps * s
         device_bw = None if self.device_bandwidth_gbps is None else self.device_bandwidth_gbps * s
         return replace(self, region_bandwidth_gbps=self.region_bandwidth_gbps * s,
-                       bandwidth_scale=self.bandwidth_scale * s, interface_gbps=egress, device_bandwidth_gbps=device_bw)
+                       bandwidth_scale=self.bandwidth_scale * s, interface_gbps=egress, region_nic_gbps=nic,
+                       device_bandwidth_gbps=device_bw)
 
     def region_of(self, device: int) -> Region:
         return self.regions[self.device_region[device]]
@@ -235,6 +241,7 @@ class Topology:
             bandwidth_scale=self.bandwidth_scale,
             server=self.server,
             interface_gbps=None if self.interface_gbps is None else self.interface_gbps[idx].copy(),
+            region_nic_gbps=None if self.region_nic_gbps is None else self.region_nic_gbps[used].copy(),
             transport=self.transport,
             nccl_sockets=self.nccl_sockets,
             device_delay_ms=None if self.device_delay_ms is None else self.device_delay_ms[by_device].copy(),

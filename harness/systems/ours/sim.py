@@ -58,16 +58,14 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     start, ends = None, []
     for _ in range(STEADY_ITERATIONS):
         tl = pipeline.timeline(times, M, schedule, overlap=True, start=start)
-        end = np.empty_like(tl.finish)
-        for j in range(P):
-            if dp_sync == "sharded-ps":
-                # the runtime posts every receive of the iteration up front (harness/systems/ours/dp_sync.py)
-                end[j] = collectives.sharded_ps(links, S[j][None, :], grads[j], start=tl.finish[j][None, :],
-                                            mode=ps_mode, preposted=True)[0]
-            elif dp_sync == "allreduce":
-                end[j] = collectives.ring_allreduce(links, S[j][None, :], grads[j], start=tl.finish[j][None, :])[0]
-            else:
-                raise SimError(f"dp_sync: unknown {dp_sync!r} (known: sharded-ps, allreduce)")
+        # every stage's sync in one call: they run together (shared NICs carry them all)
+        if dp_sync == "sharded-ps":
+            # the runtime posts every receive of the iteration up front (harness/systems/ours/dp_sync.py)
+            end = collectives.sharded_ps(links, S, grads, start=tl.finish, mode=ps_mode, preposted=True)
+        elif dp_sync == "allreduce":
+            end = collectives.ring_allreduce(links, S, grads, start=tl.finish)
+        else:
+            raise SimError(f"dp_sync: unknown {dp_sync!r} (known: sharded-ps, allreduce)")
         end += opt.T  # then every device's optimizer step over its stage
         if start is None:  # the first iteration, from a common start: its spans are reported
             first = (tl, end)

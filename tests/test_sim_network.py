@@ -247,3 +247,29 @@ def test_concurrent_groups_share_the_nics_their_members_send_through(tmp_path):
     np.testing.assert_allclose(gather, 2 * (nbytes / 2 + nbytes / 4) / nic_Bps)  # both groups' shards, twice
     _, gather = collectives.sharded_ps_phases(links, groups[:1], nbytes)
     np.testing.assert_allclose(gather, 2 * (nbytes / 2) / nic_Bps)
+
+
+def test_reduce_to_each_member_in_turn_against_hand_computations():
+    """DeepSpeed ZeRO-1's gradient reduction: one NCCL ring reduce to each member, in member order."""
+    d, nbytes = 4e-3, 60e6
+    piece = nbytes / 2
+    # two members, 1 -> 0 at 2 Gbps, then 0 -> 1 at 1 Gbps once 0 has its own: 0 is done after both sends,
+    # 1 after both sends and two delays
+    bw = np.array([[np.inf, 1.0], [2.0, np.inf]])
+    pair = Links.from_topology(make_topology(np.full((2, 2), d * 1e3), bw))
+    B10, B01 = 2e9 / 8, 1e9 / 8
+    np.testing.assert_allclose(collectives.reduce_to_each(pair, np.array([[0, 1]]), nbytes),
+                               [[d + piece / B10 + piece / B01, 2 * d + piece / B10 + piece / B01]], rtol=1e-12)
+    # four members, no delay, a chunk each: chains 1-2-3-0, 2-3-0-1, 3-0-1-2, 0-1-2-3, a member joining each once
+    # its previous part is done: members finish after 7, 8, 9, 9 chunk times
+    links = Links.from_topology(uniform(4, 0.0, 2.0))
+    g = np.arange(4)[None, :]
+    c = collectives.NCCL_REDUCE_CHUNK_BYTES
+    chunk_s = c / (2e9 / 8)
+    np.testing.assert_allclose(collectives.reduce_to_each(links, g, 4 * c), [[7 * chunk_s, 8 * chunk_s,
+                                                                              9 * chunk_s, 9 * chunk_s]], rtol=1e-12)
+    # large: each member moves a quarter a reduce, the whole once (a reduce-scatter's bytes; a ring all-reduce moves
+    # twice three quarters), plus the chains' chunk times
+    end = collectives.reduce_to_each(links, g, nbytes).max()
+    assert nbytes / (2e9 / 8) < end <= nbytes / (2e9 / 8) + 4 * 3 * chunk_s
+    assert end < collectives.ring_allreduce(links, g, nbytes).max()

@@ -16,6 +16,8 @@ for these sizes and the paper's own for ours:
   bytes/D to p+k and receives from p-k, each exchange a rendezvous (it starts
   when both ends reached the round, and the send completes
   when the receiver has the data, as a blocking NCCL send/recv pair).
+- reduce to each member in turn (DeepSpeed ZeRO-1's gradient reduction): one NCCL
+  ring reduce per member, each a pipelined chain along the ring that ends at it.
 - gloo's dissemination barrier.
 Every function is vectorised over concurrent groups: arrays (G, D) of device ids; the groups of one call run
 together, sharing the interfaces and shared NICs they cross.
@@ -124,6 +126,45 @@ def sharded_ps_phases(links: Links, groups, nbytes, start=None,
     scatter, gather = _grouped_all_to_all(links, groups, nbytes / D, ready, exchanges=2,
                                           handshake=0 if preposted else links.protocol.step_handshake)
     return scatter, gather
+
+
+#: the piece of a ring reduce each hop stores and forwards: NCCL_BUFFSIZE (4 MiB) over NCCL_STEPS (8), times
+#: REDUCE_CHUNKSTEPS (1), the SIMPLE protocol a large message takes (NCCL 2.8.4 src/init.cc DEFAULT_BUFFSIZE,
+#: src/include/devcomm.h, src/include/collectives.h, src/collectives/device/reduce.h)
+NCCL_REDUCE_CHUNK_BYTES = (4 << 20) // 8
+
+
+def reduce_to_each(links: Links, groups, nbytes, start=None) -> np.ndarray:
+    """Finish time of every device (G, D) after reducing nbytes (one for every group or one per group) to its
+    owners: member k owns the k-th of D slices and receives it as one NCCL ring reduce, for k = 0, 1, ... in turn
+    (DeepSpeed 0.6.7's ZeRO-1 and 2 with its default reduce_scatter: one dist.reduce a partition, stage_1_and_2.py
+    average_tensor). A reduce to k is a chain along the ring, k+1 -> k+2 -> ... -> k, that stores and forwards
+    NCCL_REDUCE_CHUNK_BYTES at a time: the first chunk reaches each member after every hop's delay and chunk time
+    (a member joins once its previous reduce is done), the rest streams behind it at the slowest hop so far.
+    Each device moves a slice a reduce, nbytes in all: a reduce-scatter's bytes, at D chains' latency."""
+    groups = np.atleast_2d(np.asarray(groups, dtype=int))
+    G, D = groups.shape
+    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    piece = np.broadcast_to(np.asarray(nbytes, dtype=float), (G,)) / D
+    if D == 1 or not (piece > 0).any():
+        return ready
+    chunk = np.minimum(piece, NCCL_REDUCE_CHUNK_BYTES)
+    rows = np.arange(G)
+    for k in range(D):
+        chain = (k + 1 + np.arange(D)) % D  # member positions, the owner k last
+        src, dst = groups[:, chain[:-1]], groups[:, chain[1:]]
+        rate = links.fair_rates(src, dst).reshape(G, D - 1)
+        first = links.serialization_s(src, dst, chunk[:, None], rate) + links.delay_s[src, dst]
+        done = ready.copy()
+        at = ready[rows, chain[0]]  # when the chain's head starts sending
+        slowest = np.full(G, np.inf)
+        for i in range(D - 1):
+            slowest = np.minimum(slowest, rate[:, i])
+            done[:, chain[i]] = at + piece / slowest  # its part sent
+            at = np.maximum(at + first[:, i], ready[:, chain[i + 1]])
+        done[:, k] = at + (piece - chunk) / slowest
+        ready = done
+    return ready
 
 
 def dissemination_barrier(links: Links, ranks, arrive) -> np.ndarray:

@@ -108,7 +108,8 @@ MODEL_TEXT = """\
   recompute, backward) a ring all-gather of its parameters unless they are still live (DeepSpeed's reuse distance,
   1e9 parameters), prefetched behind compute, and per backward a reduce-scatter of its gradients; ZeRO-1 +
   pipeline: 1F1B as Megatron with T = 1 on stages split by parameters (DeepSpeed's default), then the tied
-  embedding's all-reduce, the gradient ring all-reduce and the parameter ring all-gather.
+  embedding's all-reduce, the gradients reduced to each partition's owner in turn (one NCCL ring reduce each)
+  and the parameter ring all-gather.
 - Not modelled: memory limits (each layout's fit is noted, not enforced), kernel launch and framework overheads,
   jitter and loss.
 - Checked against emulated runs with `harness sim compare`, which simulates what the harness ran: its ours with

@@ -17,8 +17,9 @@ runtime), the model `sim compare` holds a baseline run against, and the layouts 
   one micro-batch to the next), and each backward reduce-scatters its gradients; the next
   module's gather is prefetched, so a step takes max(compute, communication).
 - deepspeed ZeRO-1 + pipeline: the pipeline engine as Megatron's with T = 1, then the tied word embedding's
-  gradient all-reduced by the first and last stage of each replica (tied_gradients), then a ring all-reduce
-  of the gradients and a ring all-gather of the updated parameters.
+  gradient all-reduced by the first and last stage of each replica (tied_gradients), then the gradients
+  reduced to each partition's owner in turn (collectives.reduce_to_each) and a ring all-gather of the
+  updated parameters.
 """
 from __future__ import annotations
 
@@ -137,8 +138,9 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     grads = work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value)
     # DeepSpeed's TrainSchedule ends ReduceTiedGrads, ReduceGrads, OptimizerStep
     ready = tied_gradients(links, dev[..., 0], tl.finish, cfg.vocab * cfg.hidden * bytes_per_value)
-    g = dev[:, :, 0]  # every stage's data-parallel ring at once
-    t = collectives.ring_allreduce(links, g, grads, start=ready) + opt
+    g = dev[:, :, 0]  # every stage's data-parallel group at once
+    # ZeRO-1 reduces each partition's gradients to its owner, then each owner steps and all-gathers its partition
+    t = collectives.reduce_to_each(links, g, grads, start=ready) + opt
     end = collectives.ring_allgather(links, g, grads, start=t)  # updated fp16 parameters
     return SimResult("deepspeed", {"zero": 1, "pp": pp, "dp": dp}, float(end.max()),
                      float((compute[:, :, 0] + opt).max()),

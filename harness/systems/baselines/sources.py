@@ -40,6 +40,11 @@ DEEPSPEED = (
      "GPT3-XL L24 over 8 stages 1, 4, 4, 4, 4, 4, 3 blocks and the head alone",
      f"{NOT_STATED} {DS} PipelineModule default partition_method='parameters', runtime/utils.py partition_balanced; "
      "harness/systems/deepspeed/partition.py"),
+    ("ZeRO-1 + pipeline: gradients", "reduced to each partition's owner in turn, one NCCL ring reduce a "
+     "partition (a chain storing and forwarding 512 KiB pieces), then the owners' updated parameters all-gathered",
+     f"{DS} runtime/zero/stage_1_and_2.py average_tensor (reduce_scatter default true: dist.reduce per "
+     "partition), all_gather_dp_groups; NCCL 2.8.4 collectives/device/reduce.h; the two 5e8-element buckets' "
+     "boundary, which splits one partition's reduce in two, is not modelled"),
     ("ZeRO-1 + pipeline: point-to-point", "blocking send and receive in instruction order, no rendezvous charged",
      f"{DS} runtime/pipe/p2p.py: torch.distributed send/recv from torch 1.8 (two-rank broadcasts only before); "
      "over NCCL's socket transport a send completes once its socket takes the data (see dtfm's NCCL row)"),

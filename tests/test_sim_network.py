@@ -273,3 +273,21 @@ def test_reduce_to_each_member_in_turn_against_hand_computations():
     end = collectives.reduce_to_each(links, g, nbytes).max()
     assert nbytes / (2e9 / 8) < end <= nbytes / (2e9 / 8) + 4 * 3 * chunk_s
     assert end < collectives.ring_allreduce(links, g, nbytes).max()
+
+
+def test_small_collectives_follow_nccls_binary_tree_and_the_ring_from_the_root():
+    # NCCL 2.8.4's tree over 14 ranks (graph/trees.cc's illustration): 8 under 0; 4 and 12 under 8; ...
+    parents = [collectives.btree_parent(14, r) for r in range(14)]
+    assert parents == [-1, 2, 4, 2, 8, 6, 4, 6, 0, 10, 12, 10, 8, 12]
+    # four members on a line of delays: up 3 -> 2 -> 0 and 1 -> 2, then down the same hops
+    delay = np.array([[0, 1, 2, 4], [1, 0, 8, 16], [2, 8, 0, 32], [4, 16, 32, 0]], dtype=float)  # ms, symmetric
+    links = Links.from_topology(make_topology(delay, np.full((4, 4), 10.0)))
+    g = np.arange(4)[None, :]
+    # tree over 4: 1 -> 2, 3 -> 2, 2 -> 0; up: 2 has 1's (8 ms) and 3's (32 ms) at 32, 0 has it at 34; down: 0 at 34,
+    # 2 at 36, 1 at 44, 3 at 68
+    np.testing.assert_allclose(collectives.small_allreduce(links, g) * 1e3, [[34, 44, 36, 68]])
+    # a member that enters late holds everyone above it up
+    late = collectives.small_allreduce(links, g, start=np.array([[0, 100, 0, 0]]) / 1e3) * 1e3
+    np.testing.assert_allclose(late, [[110, 120, 112, 144]])
+    # broadcast from member 3 along the ring 3 -> 0 -> 1 -> 2: 4, 5, 13 ms
+    np.testing.assert_allclose(collectives.small_broadcast(links, g, 3) * 1e3, [[4, 5, 13, 0]])

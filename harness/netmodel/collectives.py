@@ -18,6 +18,8 @@ for these sizes and the paper's own for ours:
   when the receiver has the data, as a blocking NCCL send/recv pair).
 - reduce to each member in turn (DeepSpeed ZeRO-1's gradient reduction): one NCCL
   ring reduce per member, each a pipelined chain along the ring that ends at it.
+- an all-reduce or broadcast of a few bytes (a flag, a norm, a loss): NCCL's
+  binary tree up and down, or its chain from the root; only delays count.
 - gloo's dissemination barrier.
 Every function is vectorised over concurrent groups: arrays (G, D) of device ids; the groups of one call run
 together, sharing the interfaces and shared NICs they cross.
@@ -165,6 +167,56 @@ def reduce_to_each(links: Links, groups, nbytes, start=None) -> np.ndarray:
         done[:, k] = at + (piece - chunk) / slowest
         ready = done
     return ready
+
+
+def btree_parent(nranks: int, rank: int) -> int:
+    """The parent of `rank` in NCCL's binary tree over `nranks` (-1 for rank 0, the root): NCCL 2.8.4
+    src/graph/trees.cc ncclGetBtree, whose first tree a few bytes take."""
+    if rank == 0:
+        return -1
+    bit = 1
+    while bit < nranks and not bit & rank:
+        bit <<= 1
+    up = (rank ^ bit) | (bit << 1)
+    return up if up < nranks else rank ^ bit
+
+
+def small_allreduce(links: Links, groups, start=None) -> np.ndarray:
+    """When each member (G, D) has the result of an all-reduce of a few bytes (an overflow flag, a norm), entered at
+    `start`: up NCCL's binary tree over the members in rank order (each its own host) to the first, then down
+    again, each hop one delay; a member sends up once it is in the collective and has its children's values."""
+    groups = np.atleast_2d(np.asarray(groups, dtype=int))
+    G, D = groups.shape
+    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    parent = [btree_parent(D, r) for r in range(D)]
+    depth = [0] * D
+    for r in range(1, D):  # a parent's depth is known before its children's: walk up
+        p, k = parent[r], 1
+        while p > 0:
+            p, k = parent[p], k + 1
+        depth[r] = k
+    up = ready.copy()
+    for r in sorted(range(1, D), key=lambda r: -depth[r]):  # deepest first: children before their parent
+        p = parent[r]
+        up[:, p] = np.maximum(up[:, p], up[:, r] + links.delay_s[groups[:, r], groups[:, p]])
+    down = up.copy()
+    for r in sorted(range(1, D), key=lambda r: depth[r]):
+        p = parent[r]
+        down[:, r] = down[:, p] + links.delay_s[groups[:, p], groups[:, r]]
+    return down
+
+
+def small_broadcast(links: Links, groups, root: int, start=None) -> np.ndarray:
+    """When each member (G, D) has a few bytes broadcast by member `root`: NCCL's broadcast runs along the ring
+    from the root (root, root+1, ...), a member forwarding once it is in the collective and has them."""
+    groups = np.atleast_2d(np.asarray(groups, dtype=int))
+    G, D = groups.shape
+    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    have = ready.copy()
+    for i in range(1, D):
+        prev, r = (root + i - 1) % D, (root + i) % D
+        have[:, r] = np.maximum(ready[:, r], have[:, prev] + links.delay_s[groups[:, prev], groups[:, r]])
+    return have
 
 
 def dissemination_barrier(links: Links, ranks, arrive) -> np.ndarray:

@@ -102,14 +102,18 @@ MODEL_TEXT = """\
   direction); each C_j then runs the sharded parameter server with every receive posted up front; no barriers,
   so a stage's sync overlaps the next iteration.
 - Megatron: 1F1B with blocking point-to-point; per layer and micro-batch 2 (forward) + 2 (recompute) + 2 (backward)
-  ring all-reduces of the activation when T > 1; gradient ring all-reduce per data-parallel group, then the tied
-  word embedding's between the first and last stage; rank order tensor-fastest, then data, then pipeline.
+  ring all-reduces of the activation when T > 1; each micro-batch's loss all-reduced over the last stage's
+  data-parallel group; gradient ring all-reduce per data-parallel group, then the tied word embedding's between
+  the first and last stage, then the found-inf flag and the gradient norm over each replica's model-parallel group
+  (a few bytes: NCCL's binary tree, delays only); rank order tensor-fastest, then data, then pipeline.
 - DeepSpeed ZeRO-3: at the largest micro-batch a GPU holds (8 for GPT3-XL on 16 GB), per module step (forward,
   recompute, backward) a ring all-gather of its parameters unless they are still live (DeepSpeed's reuse distance,
   1e9 parameters), prefetched behind compute, and per backward a reduce-scatter of its gradients; ZeRO-1 +
   pipeline: 1F1B as Megatron with T = 1 on stages split by parameters (DeepSpeed's default), then the tied
-  embedding's all-reduce, the gradients reduced to each partition's owner in turn (one NCCL ring reduce each)
-  and the parameter ring all-gather.
+  embedding's all-reduce, the gradients reduced to each partition's owner in turn (one NCCL ring reduce each),
+  the overflow flag and the gradient norm (over the data-parallel group, then the replica's stages), the
+  parameter ring all-gather, and the loss all-reduced on the last stage and broadcast to the others; ZeRO-3 ends
+  with the overflow flag and the norm over every device.
 - Not modelled: memory limits (each layout's fit is noted, not enforced), kernel launch and framework overheads,
   jitter and loss.
 - Checked against emulated runs with `harness sim compare`, which simulates what the harness ran: its ours with

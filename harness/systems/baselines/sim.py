@@ -7,8 +7,10 @@ runtime), the model `sim compare` holds a baseline run against, and the layouts 
   recomputed forward and two in the backward (Shoeybi et al. 2019), blocking the
   stage; 1F1B with blocking point-to-point; with T > 1 each tensor rank sends 1/T of
   the activation to its peer and the next stage all-gathers it (Narayanan et al. 2021,
-  scatter/gather); then a ring all-reduce of the gradients per data-parallel group, then
-  the tied word embedding's gradient all-reduced by the first and last stage (tied_gradients).
+  scatter/gather); the last stage all-reduces each micro-batch's loss over its data-parallel
+  group; then a ring all-reduce of the gradients per data-parallel group, then the tied word
+  embedding's gradient all-reduced by the first and last stage (tied_gradients), then the
+  found-inf flag and the gradient norm over each replica's model-parallel group.
 - deepspeed ZeRO-3: all devices data-parallel; every module step (forward, recomputed
   forward, backward of the embedding, each block, the head) all-gathers the module's
   parameters unless they are still live (DeepSpeed keeps a module's parameters when it is
@@ -18,8 +20,10 @@ runtime), the model `sim compare` holds a baseline run against, and the layouts 
   module's gather is prefetched, so a step takes max(compute, communication).
 - deepspeed ZeRO-1 + pipeline: the pipeline engine as Megatron's with T = 1, then the tied word embedding's
   gradient all-reduced by the first and last stage of each replica (tied_gradients), then the gradients
-  reduced to each partition's owner in turn (collectives.reduce_to_each) and a ring all-gather of the
-  updated parameters.
+  reduced to each partition's owner in turn (collectives.reduce_to_each), the overflow flag and the
+  gradient norm (data-parallel group, then the replica's stages), a ring all-gather of the updated
+  parameters, and the loss all-reduced on the last stage and broadcast along each replica.
+Small collectives (a flag, a norm, a loss) cost their delays only (collectives.small_allreduce).
 """
 from __future__ import annotations
 
@@ -38,8 +42,11 @@ from ...sim.systems import SimError, SimResult, check_layers, optimizer_step
 
 
 # --------------------------------------------------------------------------- Megatron
-def pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_batch: int, bytes_per_value: int):
-    """PipelineTimes of Megatron's / DeepSpeed's 1F1B engine on the layout's mesh (pp, dp, tp)."""
+def pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_batch: int, bytes_per_value: int,
+                  loss_allreduce: bool = False):
+    """PipelineTimes of Megatron's / DeepSpeed's 1F1B engine on the layout's mesh (pp, dp, tp); `loss_allreduce`:
+    the last stage all-reduces every micro-batch's loss over its data-parallel group before going on (Megatron's
+    GPT loss_func, average_losses_across_data_parallel_group)."""
     dev = layout.array()
     pp, dp, tp = dev.shape
     check_layers(cfg, pp)
@@ -51,6 +58,9 @@ def pipeline_1f1b(links: Links, profiles, cfg, batch, layout: Layout, micro_batc
                                           np.moveaxis(dev, 0, -1), tp)  # (dp, tp, pp)
     fwd = f_all.max(1).T  # (pp, dp)
     bwd = b_all.max(1).T
+    if loss_allreduce and dp > 1:  # a few bytes over each tensor rank's data-parallel group, the replicas in step
+        fwd = fwd.copy()
+        fwd[-1] += collectives.small_allreduce(links, dev[-1].T).max(0)
     act = work.activation_bytes(cfg, micro_batch, bytes_per_value)
     layers = np.asarray(layout.layers_per_stage)
     if tp > 1:
@@ -94,7 +104,8 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     weight (False: this harness's runtime, whose head is its own)."""
     dev = layout.array()
     tp, pp, dp = layout.tp, layout.pp, layout.dp
-    tl, M, compute = pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value)
+    tl, M, compute = pipeline_1f1b(links, profiles, cfg, batch, layout, micro_batch, bytes_per_value,
+                                   loss_allreduce=True)
     opt = optimizer_step(cfg, profiles, layout)
     grads = work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) / tp
     # one data-parallel ring per stage and tensor rank, all at once (they share the nodes' NICs)
@@ -105,7 +116,13 @@ def simulate_megatron(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     # then Megatron-LM's train_step all-reduces the tied word embedding's gradient (vocab-parallel: 1/T a tensor rank)
     if tied_embedding:
         end = tied_gradients(links, dev, end, cfg.vocab * cfg.hidden * bytes_per_value / tp)
-    end += opt
+    # the fp16 optimizer's found-inf flag, then the clipped gradients' norm: each all-reduced over a replica's
+    # model-parallel group (its stages and tensor ranks, in rank order) before the step (optimizer.py, clip_grads.py)
+    mp = dev.transpose(1, 0, 2).reshape(dp, pp * tp)
+    t = end.transpose(1, 0, 2).reshape(dp, pp * tp)
+    for _ in range(2):
+        t = collectives.small_allreduce(links, mp, start=t)
+    end = t.reshape(dp, pp, tp).transpose(1, 0, 2) + opt
     finish = tl.finish[:, :, None]
     return SimResult("megatron", {"tp": tp, "pp": pp, "dp": dp}, float(end.max()), float((compute + opt).max()),
                      pp_comm_seconds=float((tl.fwd_span + tl.bwd_span).max(1).sum()) if pp > 1 else 0.0,
@@ -140,8 +157,16 @@ def simulate_zero1_pp(links: Links, profiles, cfg: GPTConfig, batch: int, layout
     ready = tied_gradients(links, dev[..., 0], tl.finish, cfg.vocab * cfg.hidden * bytes_per_value)
     g = dev[:, :, 0]  # every stage's data-parallel group at once
     # ZeRO-1 reduces each partition's gradients to its owner, then each owner steps and all-gathers its partition
-    t = collectives.reduce_to_each(links, g, grads, start=ready) + opt
-    end = collectives.ring_allgather(links, g, grads, start=t)  # updated fp16 parameters
+    t = collectives.reduce_to_each(links, g, grads, start=ready)
+    for _ in range(2):  # the overflow flag, then the gradients' norm: over each data-parallel group, then each
+        # replica's stages (stage_1_and_2.py has_overflow, get_grad_norm_direct: dp group, then the model-parallel one)
+        t = collectives.small_allreduce(links, g, start=t)
+        t = collectives.small_allreduce(links, g.T, start=t.T).T
+    end = collectives.ring_allgather(links, g, grads, start=t + opt)  # updated fp16 parameters
+    # then the engine's loss: all-reduced over the last stage's data-parallel group, broadcast to each replica's
+    # stages (pipe/engine.py _aggregate_total_loss)
+    end[-1] = collectives.small_allreduce(links, g[-1:], start=end[-1:])[0]
+    end = collectives.small_broadcast(links, g.T, pp - 1, start=end.T).T
     return SimResult("deepspeed", {"zero": 1, "pp": pp, "dp": dp}, float(end.max()),
                      float((compute[:, :, 0] + opt).max()),
                      pp_comm_seconds=float((tl.fwd_span + tl.bwd_span).max(1).sum()) if pp > 1 else 0.0,
@@ -221,6 +246,9 @@ def simulate_zero3(links: Links, profiles, cfg: GPTConfig, batch: int, layout: L
         compute_s += c
         comm_s += comm
     opt = float(optimizer_step(cfg, profiles, layout, shards=N).max())  # every rank steps its 1/N shard
+    # the overflow flag, then the gradients' norm, all-reduced over every device (stage3.py has_overflow,
+    # get_grad_norm_direct)
+    seconds += 2 * float(collectives.small_allreduce(links, ring).max())
     return SimResult("deepspeed", {"zero": 3, "dp": N}, seconds + opt, compute_s + opt, dp_comm_seconds=comm_s,
                      details={"micro_batches": M, "allgather_block_seconds": gather(cfg.block_params)})
 

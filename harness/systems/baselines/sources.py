@@ -17,6 +17,11 @@ MEGATRON = (
     ("tied embedding", "the LM head is the word embedding (vocab-parallel); with a pipeline the first and last "
      "stage all-reduce its gradient after the data-parallel reduction", f"{NOT_STATED} Megatron-LM's GPT defaults "
      "(share_word_embeddings), training.py train_step (all-reduce over the embedding group)"),
+    ("small collectives", "each micro-batch's loss all-reduced over the last stage's data-parallel group; before "
+     "the step the found-inf flag and the gradient norm over each replica's model-parallel group (NCCL's binary "
+     "tree, delays only)", "Megatron-LM pretrain_gpt.py loss_func (average_losses_across_data_parallel_group), "
+     "optimizer/optimizer.py _unscale_main_grads_and_check_for_nan, optimizer/clip_grads.py (clip_grad 1.0 "
+     "default); NCCL 2.8.4 graph/trees.cc"),
 )
 DEEPSPEED = (
     ("configurations", "ZeRO-3 alone, or ZeRO-1 + pipeline (P in {1,2,4,8}); the better",
@@ -45,6 +50,10 @@ DEEPSPEED = (
      f"{DS} runtime/zero/stage_1_and_2.py average_tensor (reduce_scatter default true: dist.reduce per "
      "partition), all_gather_dp_groups; NCCL 2.8.4 collectives/device/reduce.h; the two 5e8-element buckets' "
      "boundary, which splits one partition's reduce in two, is not modelled"),
+    ("small collectives", "ZeRO-1 + pipeline: the overflow flag and the gradient norm over the data-parallel "
+     "group, then the replica's stages; the loss all-reduced on the last stage, broadcast to the rest. ZeRO-3: "
+     "the flag and the norm over every device", f"{DS} runtime/zero/stage_1_and_2.py and stage3.py has_overflow, "
+     "get_grad_norm_direct; runtime/pipe/engine.py _aggregate_total_loss; NCCL 2.8.4 graph/trees.cc"),
     ("ZeRO-1 + pipeline: point-to-point", "blocking send and receive in instruction order, no rendezvous charged",
      f"{DS} runtime/pipe/p2p.py: torch.distributed send/recv from torch 1.8 (two-rank broadcasts only before); "
      "over NCCL's socket transport a send completes once its socket takes the data (see dtfm's NCCL row)"),

@@ -313,3 +313,36 @@ def test_the_dry_run_prints_exactly_what_apply_sends_the_kernel():
         now = [_read_tc(c) for c in render_commands(replace(plan, devices=(replace(dev, links=(link,)),)))
                if f" 1:{link.class_minor:x} " in c]  # its class and its netem qdisc
         assert [(c.replace("add", "change"), k, {"index": 7, **kw}) for c, k, kw in now] == changed.calls
+
+
+def test_links_shaped_per_destination_region_share_one_class_a_region(tmp_path):
+    """link_classes: region (the paper's tc scripts for cases 3-5): device 0's two destinations in B hang from one
+    class at A -> B's rate, each assured half and allowed all of it; under an interface limit the region classes
+    share it. Applied exactly as printed."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from harness.network.apply import apply_device
+    from tests.test_scenario import GOOD, write
+
+    topo = load_scenario(str(write(tmp_path, GOOD.replace("name: t\n", "name: t\nlink_classes: region\n"))))
+    dev = _plan(topo, scale=0.01).devices[0]
+    assert [(rc.region, rc.class_minor, rc.rate_bps, rc.assured_bps) for rc in dev.region_classes] == [
+        (0, 0xFF01, 100_000_000, 100_000_000), (1, 0xFF02, 15_000_000, 15_000_000)]
+    assert [(lk.dst, lk.parent_minor, lk.rate_bps, lk.assured_bps) for lk in dev.links] == [
+        (1, 0xFF01, 100_000_000, 100_000_000), (2, 0xFF02, 15_000_000, 7_500_000), (3, 0xFF02, 15_000_000, 7_500_000)]
+    cmds = "\n".join(render_commands(replace(_plan(topo, scale=0.01), devices=(dev,))))
+    assert "parent 1: classid 1:ff02 htb rate 15000000bit ceil 15000000bit" in cmds
+    assert "parent 1:ff02 classid 1:3 htb rate 7500000bit ceil 15000000bit" in cmds
+    # an interface limit of 20 Mbit/s: the two region classes share it, their destinations share theirs
+    limited = _plan(replace(topo, interface_gbps=np.full(4, 2.0)), scale=0.01).devices[0]
+    assert [(rc.rate_bps, rc.assured_bps) for rc in limited.region_classes] == [(20_000_000, 10_000_000),
+                                                                                 (15_000_000, 10_000_000)]
+    for d in (dev, limited):
+        sent = _RecordingNetlink()
+        apply_device(sent, 7, d, fresh=True)
+        printed = [_read_tc(c) for c in render_commands(replace(_plan(topo), devices=(d,)))
+                   if not c.startswith(("#", "sysctl"))]
+        assert [(c, k, {"index": 7, **kw}) for c, k, kw in printed] == sent.calls
+        assert len(sent.calls) == 1 + (d.egress_bps is not None) + len(d.region_classes) + 3 * len(d.links)

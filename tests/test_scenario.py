@@ -110,6 +110,7 @@ def test_a_small_valid_file_gives_asymmetric_device_matrices(tmp_path):
     ("{name: B, devices: 2}", "{name: B, devices: 2, interface_gbps: fast}", "regions[1].interface_gbps", "fast"),
     ("{name: B, devices: 2}", "{name: B, devices: 2, interface_gbps: -1}", "regions[1].interface_gbps", "-1"),
     ("{name: B, devices: 2}", "{name: B, devices: 2, shared_nic_gbps: 0}", "regions[1].shared_nic_gbps", "0"),
+    ("name: t\n", "name: t\nlink_classes: node\n", "link_classes", "node"),
 ])
 def test_bad_input_names_file_field_and_value(tmp_path, old, new, field, value):
     assert old in GOOD

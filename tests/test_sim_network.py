@@ -291,3 +291,27 @@ def test_small_collectives_follow_nccls_binary_tree_and_the_ring_from_the_root()
     np.testing.assert_allclose(late, [[110, 120, 112, 144]])
     # broadcast from member 3 along the ring 3 -> 0 -> 1 -> 2: 4, 5, 13 ms
     np.testing.assert_allclose(collectives.small_broadcast(links, g, 3) * 1e3, [[4, 5, 13, 0]])
+
+
+def test_links_shaped_per_destination_region_share_the_regions_rate_and_no_more(tmp_path):
+    """link_classes: region (the paper's tc scripts): device 0 (region A) to both devices of B shares A -> B's
+    1.5 Gbps; beside it, its flow inside A keeps 10 Gbps (no interface below the classes unless the scenario sets
+    one); the emulated cluster shapes the same classes."""
+    from harness.scenario import load_scenario
+    from tests.test_scenario import GOOD, write
+
+    topo = load_scenario(str(write(tmp_path, GOOD.replace("name: t\n", "name: t\nlink_classes: region\n"))))
+    for nic in ("shared", "per-pair"):
+        links = Links.from_topology(topo, nic=nic)
+        gbps = lambda src, dst: links.fair_rates(np.array(src), np.array(dst)) * 8 / 1e9  # noqa: E731
+        np.testing.assert_allclose(gbps([0], [2]), [1.5])
+        np.testing.assert_allclose(gbps([0, 0], [2, 3]), [0.75, 0.75])
+        np.testing.assert_allclose(gbps([0, 0, 0], [1, 2, 3]), [10, 0.75, 0.75])
+        np.testing.assert_allclose(gbps([0, 1], [2, 3]), [1.5, 1.5])  # two senders: a class each
+    # per pair, the same flows share the device's fastest link (10 Gbps) and each keeps its pair's rate
+    pair = Links.from_topology(load_scenario(str(write(tmp_path, GOOD))))
+    np.testing.assert_allclose(pair.fair_rates(np.array([0, 0]), np.array([2, 3])) * 8 / 1e9, [1.5, 1.5])
+    # the grouped sharded PS sees the class: device 0's two shards to B take twice one's time through it
+    links = Links.from_topology(topo)
+    shared = links.shared_seconds(np.array([0, 0]), np.array([2, 3]), 1.5e9 / 8)
+    np.testing.assert_allclose(shared, [2.0, 2.0])

@@ -39,8 +39,9 @@ def test_the_marks_clock_waits_for_iteration_0_fires_iteration_events_and_restor
     topo, plan = world
     marks, log = tmp_path / "marks", tmp_path / "log.jsonl"
     c = TimelineController(topo.timeline, topo, plan, [], clock="marks", marks_path=marks, log_path=log)
-    calls = []
-    c._to_kernel = lambda touched: (calls.append(touched), time.monotonic())[1]
+    calls, region_calls = [], []
+    c._to_kernel = lambda touched, regions: (calls.append(touched), region_calls.append(regions),
+                                             time.monotonic())[-1]
     c._problems = lambda sock, want: []  # the kernel holds at once what it is given
     c._t_command = time.monotonic()
     thread, verifier = threading.Thread(target=c._run, args=([],)), threading.Thread(target=c._verify, args=([],))
@@ -76,12 +77,23 @@ def test_the_marks_clock_waits_for_iteration_0_fires_iteration_events_and_restor
                 assert lk.rate_bps == pytest.approx(base[(d, lk.dst)].rate_bps / 2, rel=1e-6)
                 assert lk.limit_packets < base[(d, lk.dst)].limit_packets  # the queue follows the rate
         assert len(halved) == 2
+        # case 5 is shaped per destination region: each link's region class takes the halved rate first
+        base_rc = {(dev.index, rc.region): rc for dev in plan.devices for rc in dev.region_classes}
+        moved = {(d, rc.region): rc for d, rcs in region_calls[1].items() for rc in rcs}
+        assert len(moved) == 2 and all(rc.rate_bps == pytest.approx(base_rc[k].rate_bps / 2, rel=1e-6)
+                                       for k, rc in moved.items())
+        assert all(lk.parent_minor == moved[(d, topo.device_region[lk.dst])].class_minor
+                   for d, links in calls[1].items() for lk in links)
+        d0 = next(iter(moved))[0]
+        assert c._device_now(d0).region_classes != plan.devices[d0].region_classes  # what the verifier reads back
         # the next run of the boot: every changed link back to the scenario's, then its timeline from the start
         with open(marks, "a") as f:
             f.write("run 1\n")
         wait_for(lambda: len(calls) == 3, "the restore")
         restored = {(d, lk.dst): lk for d, links in calls[2].items() for lk in links}
         assert len(restored) == 3 and all(lk == base[k] for k, lk in restored.items())
+        back = {(d, rc.region): rc for d, rcs in region_calls[2].items() for rc in rcs}
+        assert back == {k: base_rc[k] for k in moved}
         with open(marks, "a") as f:
             f.write(f"iteration 0 {time.monotonic():.6f}\n")
         wait_for(lambda: len(c.log) == 3, "run 1's time event")
@@ -148,7 +160,7 @@ def test_a_preempted_device_has_every_link_cut_until_it_returns_and_the_launcher
     marks, moves = tmp_path / "marks", tmp_path / "devices"
     c = TimelineController(topo.timeline, topo, plan, [], clock="marks", marks_path=marks, devices_path=moves)
     calls = []
-    c._to_kernel = lambda touched: (calls.append(touched), time.monotonic())[1]
+    c._to_kernel = lambda touched, regions: (calls.append(touched), time.monotonic())[1]
     c._problems = lambda sock, want: []
     thread, verifier = threading.Thread(target=c._run, args=([],)), threading.Thread(target=c._verify, args=([],))
     thread.start()

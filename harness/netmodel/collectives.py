@@ -10,7 +10,7 @@ for these sizes and the paper's own for ours:
   and receives posted in one NCCL group, as the paper's runtime does) that starts
   when the whole group is ready; it lasts as long as its busiest resource: the
   slowest pair (delay + shard / rate) or a device's egress/ingress carrying its
-  D-1 shards, or a shared NIC carrying its region's shards out of (into) it
+  D-1 shards, or a shared NIC (region class) carrying its shards out of (into) it
   (the makespan bound of a fluid schedule, exact when one resource dominates).
   `mode="rounds"`: D-1 rounds of a shifted all-to-all; in round k device p sends
   bytes/D to p+k and receives from p-k, each exchange a rendezvous (it starts
@@ -245,8 +245,8 @@ def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: np.ndarray, rea
     in_load = (D - 1) * shard[:, None] / links.ingress_Bps[groups]
     min_delay = np.where(off, links.delay_s[src, dst], np.inf)
     busiest = np.maximum(out_load + min_delay.min(2), in_load + min_delay.min(1)).max(1)
-    # a shared NIC carrying every group's shards out of (into) its region: the groups of one call run together
-    nic = links.nic_seconds(src[off], dst[off], np.broadcast_to(shard[:, None, None], src.shape)[off])
+    # a shared NIC or a region class carrying every group's shards: the groups of one call run together
+    nic = links.shared_seconds(src[off], dst[off], np.broadcast_to(shard[:, None, None], src.shape)[off])
     if nic is not None:
         nic = nic.reshape(G, D * (D - 1)).max(1)
         busiest = np.maximum(busiest, nic + np.where(nic > 0, min_delay.min((1, 2)), 0.0))

@@ -14,7 +14,11 @@ pipeline hop) runs every pair at its own rate. A region whose devices share one 
 `shared_nic_gbps`: a multi-GPU node, such as the paper's p3.16xlarge, 8 V100 behind 25 Gbps) adds two more: what
 its devices send to other regions crosses the region's NIC out, what they receive from them its NIC in. The
 paper's own scheduler prices case 1 the same way, 25 / 8 = 3.125 Gbps between two GPUs of different nodes
-(DT-FM scheduler/generate_sim_com_matrices.py). The emulated cluster (`nic="per-pair"`) shapes every
+(DT-FM scheduler/generate_sim_com_matrices.py). A scenario whose links are shaped per destination region
+(`link_classes: region`, as the paper's tc scripts shaped cases 3-5: one netem band per distinct delay and rate,
+DT-FM scheduler/generate_heterogeneous_tc.py) adds one more: a device's transfers to one region share that
+region pair's rate; its interface is then the scenario's `interface_gbps` alone, each way (the bands have no
+common limit below the NIC). The emulated cluster (`nic="per-pair"`) shapes every
 destination in its own HTB class, under one parent class at `interface_gbps` where the scenario sets one
 (harness/network/plan.py): its egress is that limit (else unlimited) and its ingress unlimited, since
 nothing shapes a device's receiving side, and no shared NIC, since nothing shapes a region's devices together.
@@ -69,9 +73,11 @@ class Links:
     protocol: Protocol = PROTOCOLS["nccl"]
     transport: Transport = LINUX  # resolved TCP settings (netmodel/tcp.py)
     hz: int = HOST_HZ  # the senders' kernel clock (their retransmission timeouts are in its ticks)
-    # shared NICs: every device's region and every region's NIC (bytes/s each way, inf: none); None: no region has one
+    # every device's region, when a resource is a region's: its NIC (bytes/s each way, inf: none; None: no region
+    # has one) and, with link_classes region, the R x R rate a device's transfers to one region share (else None)
     device_region: np.ndarray | None = None
     nic_Bps: np.ndarray | None = None
+    class_Bps: np.ndarray | None = None
 
     def path(self, src, dst, rate_Bps=None) -> TcpPath:
         """The TCP path of each pair src[k] -> dst[k], at the pair's rate or `rate_Bps` (its fair share)."""
@@ -99,7 +105,7 @@ class Links:
         region = np.asarray(topo.device_region)
         return replace(few, delay_s=held_by_region(topo, few.delay_s), rate_Bps=held_by_region(topo, few.rate_Bps),
                        egress_Bps=few.egress_Bps[first][region], ingress_Bps=few.ingress_Bps[first][region],
-                       **_shared_nics(topo, nic))
+                       **_region_resources(topo, nic))
 
     @classmethod
     def per_device(cls, topo: Topology, protocol: Protocol | str = "nccl", nic: str = "shared") -> "Links":
@@ -112,7 +118,9 @@ class Links:
         n = rate.shape[0]
         interface = (np.full(n, np.inf) if topo.interface_gbps is None
                      else gbps_to_bytes_per_s(np.asarray(topo.interface_gbps, dtype=float)))
-        if nic == "shared":
+        if nic == "shared" and topo.link_classes == "region":
+            egress, ingress = interface, interface
+        elif nic == "shared":
             egress = np.minimum(off.max(1), interface) if n > 1 else interface
             ingress = np.minimum(off.max(0), interface) if n > 1 else interface
         elif nic == "per-pair":
@@ -131,7 +139,7 @@ class Links:
         finite = np.where(np.isinf(rate), 0.0, rate)
         bdp = float((finite * (delay + delay.T)).max(initial=0.0))  # the largest round trip's, as the plan sizes `auto`
         transport = topo.transport.resolved(bdp)
-        return cls(delay, rate, egress, ingress, protocol, transport, **_shared_nics(topo, nic))
+        return cls(delay, rate, egress, ingress, protocol, transport, **_region_resources(topo, nic))
 
     def fair_rates(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Max-min fair rate of every concurrent transfer src[k] -> dst[k] (bytes/s)."""
@@ -141,8 +149,11 @@ class Links:
         local = src == dst
         s, d = src[~local], dst[~local]
         nics = self._nic_crossings(s, d)
-        if len(np.unique(s)) == len(s) and len(np.unique(d)) == len(d) and nics is None:
+        one_class = self.class_Bps is None or len(np.unique(s * len(self.class_Bps) + self.device_region[d])) == len(s)
+        if len(np.unique(s)) == len(s) and len(np.unique(d)) == len(d) and nics is None and one_class:
             # A permutation: no resource carries two transfers.
+            if self.class_Bps is not None:
+                pair = np.minimum(pair, self.class_Bps[self.device_region[src], self.device_region[dst]])
             return np.where(local, np.inf, np.minimum(pair, np.minimum(self.egress_Bps[src], self.ingress_Bps[dst])))
         rate = np.full(len(src), np.inf)
         # resources: the pairs in use, then the senders' egress, then the receivers' ingress, then shared NICs
@@ -157,6 +168,13 @@ class Links:
             base = len(pairs) + len(senders) + len(receivers)
             crossings += [base + nics[0], base + nics[1]]
             capacity.append(np.append(np.repeat(self.nic_Bps, 2), np.inf))
+        if self.class_Bps is not None:  # a sender's transfers to one region share that region pair's rate
+            r_src, r_dst = self.device_region[s], self.device_region[d]
+            classes, class_of = np.unique(s * len(self.class_Bps) + r_dst, return_inverse=True)
+            class_cap = np.empty(len(classes))
+            class_cap[class_of] = self.class_Bps[r_src, r_dst]
+            crossings.append(sum(len(c) for c in capacity) + class_of)
+            capacity.append(class_cap)
         rate[~local] = max_min_fair(crossings, np.concatenate(capacity))
         return rate
 
@@ -172,29 +190,41 @@ class Links:
         R = len(self.nic_Bps)
         return np.where(across, 2 * r_src, 2 * R), np.where(across, 2 * r_dst + 1, 2 * R)
 
-    def nic_seconds(self, src: np.ndarray, dst: np.ndarray, nbytes) -> np.ndarray | None:
-        """Seconds the busiest shared NIC that transfer k crosses needs to carry all of them together (nbytes[k]
-        from src[k] to dst[k]): a lower bound on their makespan (0 for one that crosses none); None without
-        shared NICs."""
-        if self.nic_Bps is None:
+    def shared_seconds(self, src: np.ndarray, dst: np.ndarray, nbytes) -> np.ndarray | None:
+        """Seconds the busiest region resource (a shared NIC, a region class) that transfer k crosses needs to carry
+        all of them together (nbytes[k] from src[k] to dst[k]): a lower bound on their makespan (0 for one that
+        crosses none); None without region resources."""
+        if self.device_region is None:
             return None
         src, dst = np.asarray(src).ravel(), np.asarray(dst).ravel()
         nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), src.shape)
         r_src, r_dst = self.device_region[src], self.device_region[dst]
-        across = r_src != r_dst
-        R = len(self.nic_Bps)
-        out = np.bincount(r_src[across], weights=nbytes[across], minlength=R) / self.nic_Bps
-        into = np.bincount(r_dst[across], weights=nbytes[across], minlength=R) / self.nic_Bps
-        return np.where(across, np.maximum(out[r_src], into[r_dst]), 0.0)
+        out = np.zeros(len(src))
+        if self.nic_Bps is not None:
+            across = r_src != r_dst
+            R = len(self.nic_Bps)
+            sent = np.bincount(r_src[across], weights=nbytes[across], minlength=R) / self.nic_Bps
+            taken = np.bincount(r_dst[across], weights=nbytes[across], minlength=R) / self.nic_Bps
+            out = np.where(across, np.maximum(sent[r_src], taken[r_dst]), 0.0)
+        if self.class_Bps is not None:
+            _, cls = np.unique(src * len(self.class_Bps) + r_dst, return_inverse=True)
+            out = np.maximum(out, np.bincount(cls, weights=nbytes)[cls] / self.class_Bps[r_src, r_dst])
+        return out
 
 
-def _shared_nics(topo: Topology, nic: str) -> dict:
-    """Links' shared-NIC fields of `topo`: its regions' NICs under the paper-scale model (`nic="shared"`),
-    none under the emulated cluster's (nothing shapes a region's devices together)."""
-    if nic != "shared" or topo.region_nic_gbps is None:
+def _region_resources(topo: Topology, nic: str) -> dict:
+    """Links' region fields of `topo`: its regions' shared NICs under the paper-scale model (`nic="shared"`; the
+    emulated cluster shapes no region's devices together), its region classes under both (the cluster shapes them).
+    """
+    nics = None if nic != "shared" or topo.region_nic_gbps is None else topo.region_nic_gbps
+    if nics is None and topo.link_classes != "region":
         return {}
-    return {"device_region": np.asarray(topo.device_region),
-            "nic_Bps": gbps_to_bytes_per_s(np.asarray(topo.region_nic_gbps, dtype=float))}
+    out = {"device_region": np.asarray(topo.device_region)}
+    if nics is not None:
+        out["nic_Bps"] = gbps_to_bytes_per_s(np.asarray(nics, dtype=float))
+    if topo.link_classes == "region":
+        out["class_Bps"] = gbps_to_bytes_per_s(np.asarray(topo.region_bandwidth_gbps, dtype=float))
+    return out
 
 
 class Connections:

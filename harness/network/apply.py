@@ -16,8 +16,8 @@ from pyroute2.netlink.rtnl.tcmsg import common as tc_common
 
 from ..errors import HarnessError
 from ..scenario.transport import SYSCTL_NAMES
-from .plan import EGRESS_CLASS_MINOR, DevicePlan, ShapedLink
-from .tree import ROOT, TcOp, egress_ops, link_ops
+from .plan import EGRESS_CLASS_MINOR, DevicePlan, RegionClass, ShapedLink
+from .tree import ROOT, TcOp, egress_ops, link_ops, region_class_op
 
 ENOENT, ENODEV, EINVAL = 2, 19, 22
 SYSCTL_DIR = "/proc/sys/net/ipv4"
@@ -96,6 +96,15 @@ def change_link(ipr: IPRoute, idx: int, dev: DevicePlan, link: ShapedLink) -> No
                                f"kernel said {e}") from None
 
 
+def change_region_class(ipr: IPRoute, idx: int, dev: DevicePlan, rc: RegionClass) -> None:
+    """Change the class a device's destinations in one region share, in place (a timeline's rate change)."""
+    op = region_class_op(dev, rc)
+    try:
+        _send(ipr, idx, op, change=True)
+    except NetlinkError as e:
+        raise ShapingError(f"device {dev.index} ({dev.ifname}): {op.step}: change refused: kernel said {e}") from None
+
+
 def readback(ipr: IPRoute, idx: int) -> dict:
     """The shaping state of interface `idx`, as plain data kept with the results."""
     qdiscs, classes, filters = [], [], []
@@ -155,14 +164,18 @@ def compare(dev: DevicePlan, rb: dict) -> list[str]:
     classes = {c["classid"]: c for c in rb["classes"]}
     netems = {q["handle"]: q for q in rb["qdiscs"] if q["kind"] == "netem"}
     filters = {f["classid"]: f for f in rb["filters"]}
-    for link in dev.links:
-        c = classes.get(link.class_minor)
-        where = f"device {dev.index} -> {link.dst}"
+
+    def check_class(where: str, minor: int, assured_bps: int, ceil_bps: int) -> None:
+        c = classes.get(minor)
         if c is None:
-            problems.append(f"{where}: class 1:{link.class_minor:x} missing")
-        elif abs(c["rate_bps"] - link.assured_bps) > 8 or abs(c["ceil_bps"] - link.rate_bps) > 8:
+            problems.append(f"{where}: class 1:{minor:x} missing")
+        elif abs(c["rate_bps"] - assured_bps) > 8 or abs(c["ceil_bps"] - ceil_bps) > 8:
             problems.append(f"{where}: rate {c['rate_bps']} ceil {c['ceil_bps']} bit/s, planned "
-                            f"{link.assured_bps} ceil {link.rate_bps}")
+                            f"{assured_bps} ceil {ceil_bps}")
+
+    for link in dev.links:
+        where = f"device {dev.index} -> {link.dst}"
+        check_class(where, link.class_minor, link.assured_bps, link.rate_bps)
         q = netems.get(link.netem_major)
         if q is None:
             problems.append(f"{where}: netem {link.netem_major:x}: missing")
@@ -183,6 +196,9 @@ def compare(dev: DevicePlan, rb: dict) -> list[str]:
             problems.append(f"{where} missing")
         elif abs(c["rate_bps"] - dev.egress_bps) > 8 or abs(c["ceil_bps"] - dev.egress_bps) > 8:
             problems.append(f"{where}: rate {c['rate_bps']} bit/s, planned {dev.egress_bps}")
+    for rc in dev.region_classes:
+        planned += 1
+        check_class(f"device {dev.index}: region {rc.region}", rc.class_minor, rc.assured_bps, rc.rate_bps)
     if len(classes) != planned:
         problems.append(f"device {dev.index}: {len(classes)} classes, planned {planned}")
     if rb.get("gso_max_segs") != dev.gso_max_segs:

@@ -16,6 +16,9 @@ A[d][d'] + A[d'][d] and asymmetric scenarios are exact:
     u32 filter: ip dst <addr of dst>/32 -> 1:<dst+1>
 Pairs the scenario leaves unshaped (no delay and a node-internal bandwidth such as
 NVLink, >= `unshaped_min_gbps`) get no class: they stay at full speed.
+With `link_classes: region` (the paper's tc scripts for cases 3-5: one netem band per distinct delay and rate)
+a device's destinations in one region hang from one class 1:<0xFF01 + region> at that region pair's rate, each
+assured an equal share and borrowing up to its pair's rate; their netem delays stay per destination.
 A device whose interface has a limit of its own (the scenario's `interface_gbps` of its region, or an FL
 server's uplink: Topology.interface_gbps) gets
 one parent class 1:fffe at that rate above its destinations' classes; each destination is then
@@ -55,6 +58,9 @@ GSO_MAX_SECONDS = 0.001
 KERNEL_GSO_MAX_SEGS = 65535
 #: HTB class of a device's interface limit (above every destination's 1:<dst+1>, dst+1 <= 0xFF00).
 EGRESS_CLASS_MINOR = 0xFFFE
+#: HTB class 1:<REGION_CLASS_BASE + r> carries a device's destinations in region r (link_classes: region)
+REGION_CLASS_BASE = 0xFF01
+MAX_REGION_CLASSES = EGRESS_CLASS_MINOR - REGION_CLASS_BASE
 
 
 class PlanError(HarnessError, ValueError):
@@ -78,6 +84,19 @@ class ShapedLink:
     loss_pct: float
     limit_packets: int
     assured_bps: int  # HTB rate: rate_bps, or under an interface limit its equal share of it
+    parent_minor: int = 0  # the HTB class it hangs from (a region class), 0: the device's interface limit or root
+
+
+@dataclass(frozen=True)
+class RegionClass:
+    """The class a device's destinations in one region share (link_classes: region)."""
+
+    region: int
+    class_minor: int
+    rate_bps: int  # HTB ceil: the region pair's rate (under an interface limit, at most it)
+    assured_bps: int  # HTB rate: rate_bps, or under an interface limit its equal share of it
+    burst_bytes: int
+    quantum_bytes: int
 
 
 @dataclass(frozen=True)
@@ -89,6 +108,7 @@ class DevicePlan:
     unshaped: tuple[int, ...]  # destinations left at full speed
     egress_bps: int | None = None  # the interface's limit (parent class 1:fffe), None: none
     gso_max_segs: int = KERNEL_GSO_MAX_SEGS  # the interface's super-packet limit (GSO_MAX_SECONDS)
+    region_classes: tuple[RegionClass, ...] = ()  # link_classes: region
 
 
 @dataclass(frozen=True)
@@ -175,10 +195,13 @@ def build_plan(
             links.append(shaped_link(e, addrs[e], delay_ms, gbps, jitter_ms, loss_pct, mtu,
                                      f"{topo.source}: bandwidth_gbps[{d}][{e}] x bandwidth_scale "
                                      f"{topo.bandwidth_scale:g}"))
-        if egress[d] is not None and links:
+        regions: tuple[RegionClass, ...] = ()
+        if getattr(topo, "link_classes", "pair") == "region" and links:
+            links, regions = region_classes(topo, d, links, mtu, egress[d])
+        elif egress[d] is not None and links:
             links = [under_egress(lk, egress[d], len(links), frame) for lk in links]
         devices.append(DevicePlan(d, addrs[d], ifnames[d], tuple(links), tuple(unshaped),
-                                  egress[d] if links else None, gso_segments(links, frame)))
+                                  egress[d] if links else None, gso_segments(links, frame), regions))
     transport = topo.transport.resolved(_largest_bdp_bytes(devices))
     return NetworkPlan(topo.name, float(topo.bandwidth_scale), mtu, prefix_len, tuple(devices), transport.to_json())
 
@@ -217,10 +240,46 @@ def shaped_link(dst: int, dst_addr: str, delay_ms: float, gbps: float, jitter_ms
     )
 
 
-def under_egress(link: ShapedLink, egress_bps: int, destinations: int, frame: int) -> ShapedLink:
-    """A destination's class under its device's interface limit: assured an equal share, up to its rate."""
+def under_egress(link, egress_bps: int, destinations: int, frame: int):
+    """A destination's (or region's) class under a parent of egress_bps: assured an equal share, up to its rate."""
     share = max(8 * frame, egress_bps // destinations)
     return replace(link, rate_bps=min(link.rate_bps, egress_bps), assured_bps=min(link.rate_bps, share))
+
+
+def region_classes(topo, d: int, links: list[ShapedLink], mtu: int,
+                   egress_bps: int | None) -> tuple[list[ShapedLink], tuple[RegionClass, ...]]:
+    """Device d's destinations under one class a region, at the region pair's (scaled) rate, the region classes
+    sharing the device's interface limit where it has one (as under_egress), each destination its class."""
+    frame = frame_bytes(mtu)
+    by_region: dict[int, list[ShapedLink]] = {}
+    for lk in links:
+        by_region.setdefault(topo.device_region[lk.dst], []).append(lk)
+    if max(by_region) >= MAX_REGION_CLASSES:
+        raise PlanError(f"{topo.source}: link_classes: region shapes at most {MAX_REGION_CLASSES} regions "
+                        f"(got {len(topo.regions)})")
+    out, classes = [], []
+    mine = topo.device_region[d]
+    for r, members in sorted(by_region.items()):
+        rc = region_class(r, float(topo.region_bandwidth_gbps[mine, r]), mtu, egress_bps, len(by_region))
+        classes.append(rc)
+        out += [under_region(lk, rc, len(members), frame) for lk in members]
+    return sorted(out, key=lambda lk: lk.dst), tuple(classes)
+
+
+def region_class(r: int, gbps: float, mtu: int, egress_bps: int | None, regions: int) -> RegionClass:
+    """The class of a device's destinations in region r at the region pair's rate, under its interface limit
+    (shared by its `regions` region classes) where it has one (build_plan, and a timeline's change)."""
+    frame = frame_bytes(mtu)
+    rate_bps = int(round(gbps_to_bits_per_s(gbps)))
+    quantum = int(min(HTB_QUANTUM_MAX_BYTES, max(frame, bits_to_bytes(rate_bps) / 10)))
+    rc = RegionClass(r, REGION_CLASS_BASE + r, rate_bps, rate_bps, htb_burst_bytes(rate_bps, mtu), quantum)
+    return rc if egress_bps is None else under_egress(rc, egress_bps, regions, frame)
+
+
+def under_region(link: ShapedLink, rc: RegionClass, members: int, frame: int) -> ShapedLink:
+    """A destination's class under its region's: assured an equal share of it, up to its own rate."""
+    return replace(link, rate_bps=min(link.rate_bps, rc.rate_bps), parent_minor=rc.class_minor,
+                   assured_bps=min(link.rate_bps, max(8 * frame, rc.assured_bps // members)))
 
 
 def _largest_bdp_bytes(devices: list[DevicePlan]) -> float:

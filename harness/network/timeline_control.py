@@ -35,9 +35,10 @@ from ..errors import HarnessError
 from ..scenario.preemption import DeviceEvent, device_events
 from ..scenario.timeline import LinkChange, LinkState
 from . import netns as harness_netns
-from .apply import change_link, compare, readback
+from .apply import change_link, change_region_class, compare, readback
 from ..netmodel.tcp import frame_bytes
-from .plan import UNSHAPED_MIN_GBPS, DevicePlan, NetworkPlan, ShapedLink, shaped_link, under_egress
+from .plan import (UNSHAPED_MIN_GBPS, DevicePlan, NetworkPlan, RegionClass, ShapedLink, region_class, shaped_link,
+                   under_egress, under_region)
 
 CLOCKS = ("command", "marks")
 POLL_S = 0.01
@@ -123,6 +124,9 @@ class TimelineController:
                                for r in range(len(topo.regions))]
         self.base = {(dev.index, lk.dst): lk for dev in plan.devices for lk in dev.links}
         self.current = dict(self.base)
+        # link_classes: region: the class each device's destinations in one region share, (device, region) -> it
+        self.base_regions = {(dev.index, rc.region): rc for dev in plan.devices for rc in dev.region_classes}
+        self.current_regions = dict(self.base_regions)
         check_timeline(timeline, topo)
         # device events: in time order (a spot market's draws up to `horizon_s`) and in iteration order
         self.device_timed, self.device_iterations = device_events(timeline, topo, horizon_s)
@@ -301,6 +305,7 @@ class TimelineController:
     def _apply(self, change: LinkChange, state: LinkState, run: int, iteration: int | None, zero: float) -> None:
         frame = frame_bytes(self.plan.mtu)
         touched: dict[int, list[ShapedLink]] = {}
+        regions: dict[int, list[RegionClass]] = {}
         for r, s in state.apply(change):
             for d, e in self._pairs(r, s):
                 if d not in self._own:
@@ -311,11 +316,18 @@ class TimelineController:
                 link = shaped_link(e, self.base[(d, e)].dst_addr, float(state.delay_ms[r, s]),
                                    float(state.bandwidth_gbps[r, s]), float(state.jitter_ms[r, s]), loss,
                                    self.plan.mtu, f"{change.where}: device {d} -> {e}: rate")
-                if dev.egress_bps is not None:
+                if (d, s) in self.base_regions:  # its region's class takes the region pair's new rate
+                    rc = region_class(s, float(state.bandwidth_gbps[r, s]), self.plan.mtu, dev.egress_bps,
+                                      len(dev.region_classes))
+                    members = sum(lk.parent_minor == rc.class_minor for lk in dev.links)
+                    link = under_region(link, rc, members, frame)
+                    if rc not in regions.setdefault(d, []):
+                        regions[d].append(rc)
+                elif dev.egress_bps is not None:
                     link = under_egress(link, dev.egress_bps, len(dev.links), frame)
                 touched.setdefault(d, []).append(link)
         applied = time.monotonic()
-        effect = self._change(touched)
+        effect = self._change(touched, regions)
         self._logged(AppliedChange(run, change.describe(), change.where, change.at_s, iteration, applied - zero,
                                    effect - zero, applied, sum(map(len, touched.values()))), touched, zero)
 
@@ -323,23 +335,34 @@ class TimelineController:
         """The scenario's links again (a new run of the boot starts), every device back."""
         self.down.clear()
         touched: dict[int, list[ShapedLink]] = {}
+        regions: dict[int, list[RegionClass]] = {}
         for (d, e), link in self.current.items():
             if link != self.base[(d, e)] and d in self._own:
                 touched.setdefault(d, []).append(self.base[(d, e)])
+        for (d, s), rc in self.current_regions.items():
+            if rc != self.base_regions[(d, s)] and d in self._own:
+                regions.setdefault(d, []).append(self.base_regions[(d, s)])
+                touched.setdefault(d, [])
         if touched:
-            self._change(touched)
+            self._change(touched, regions)
             self._queue_check(touched, None, 0.0)
 
-    def _change(self, touched: dict[int, list[ShapedLink]]) -> float:
-        """The links `touched` (device -> its destinations' new classes) from now on; when the kernel
-        acknowledged the last change (time.monotonic())."""
+    def _change(self, touched: dict[int, list[ShapedLink]], regions: dict[int, list[RegionClass]] | None = None
+                ) -> float:
+        """The links `touched` (device -> its destinations' new classes) and region classes `regions` from now on;
+        when the kernel acknowledged the last change (time.monotonic())."""
+        regions = regions or {}
         self.current.update({(d, link.dst): link for d, links in touched.items() for link in links})
-        return self._to_kernel(touched)
+        self.current_regions.update({(d, rc.region): rc for d, rcs in regions.items() for rc in rcs})
+        return self._to_kernel(touched, regions)
 
-    def _to_kernel(self, touched: dict[int, list[ShapedLink]]) -> float:
-        """Change the classes in place (each command returns once the kernel holds it)."""
+    def _to_kernel(self, touched: dict[int, list[ShapedLink]], regions: dict[int, list[RegionClass]]) -> float:
+        """Change the classes in place (each command returns once the kernel holds it), a region's class before
+        its destinations'."""
         for d, links in touched.items():
             ipr, idx = self._sockets[d]
+            for rc in regions.get(d, ()):
+                change_region_class(ipr, idx, self.plan.devices[d], rc)
             for link in links:
                 change_link(ipr, idx, self.plan.devices[d], link)
         return time.monotonic()
@@ -383,4 +406,5 @@ class TimelineController:
 
     def _device_now(self, d: int) -> DevicePlan:
         dev = self.plan.devices[d]
-        return replace(dev, links=tuple(self.current[(d, lk.dst)] for lk in dev.links))
+        return replace(dev, links=tuple(self.current[(d, lk.dst)] for lk in dev.links),
+                       region_classes=tuple(self.current_regions[(d, rc.region)] for rc in dev.region_classes))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import EGRESS_CLASS_MINOR, DevicePlan, NetworkPlan, ShapedLink, transport_sysctls
+from .plan import EGRESS_CLASS_MINOR, DevicePlan, NetworkPlan, RegionClass, ShapedLink, transport_sysctls
 
 ROOT = 0x10000  # the HTB root qdisc, handle 1:
 #: HTB's rate tables are computed for packets up to this size (an MTU-1500 frame and its headers fit)
@@ -46,14 +46,22 @@ def _parent_of_links(dev: DevicePlan) -> int:
 def link_ops(dev: DevicePlan, link: ShapedLink) -> list[TcOp]:
     """One destination's class and its netem qdisc (what a timeline's change changes in place)."""
     cls = ROOT | link.class_minor
+    parent = ROOT | link.parent_minor if link.parent_minor else _parent_of_links(dev)
     return [
-        _htb_class(cls, _parent_of_links(dev), rate_bps=link.assured_bps, ceil_bps=link.rate_bps,
+        _htb_class(cls, parent, rate_bps=link.assured_bps, ceil_bps=link.rate_bps,
                    burst_bytes=link.burst_bytes, cburst_bytes=link.cburst_bytes, quantum_bytes=link.quantum_bytes,
                    step=f"htb class 1:{link.class_minor:x}"),
         TcOp("qdisc", "netem", link.netem_major << 16, cls,
              {"delay_us": link.delay_us, "jitter_us": link.jitter_us, "loss_pct": link.loss_pct,
               "limit_packets": link.limit_packets}, f"netem {link.netem_major:x}:"),
     ]
+
+
+def region_class_op(dev: DevicePlan, rc: RegionClass) -> TcOp:
+    """The class a device's destinations in one region share (what a timeline's rate change changes)."""
+    return _htb_class(ROOT | rc.class_minor, _parent_of_links(dev), rate_bps=rc.assured_bps, ceil_bps=rc.rate_bps,
+                      burst_bytes=rc.burst_bytes, cburst_bytes=rc.burst_bytes, quantum_bytes=rc.quantum_bytes,
+                      step=f"htb class 1:{rc.class_minor:x} (region {rc.region})")
 
 
 def egress_ops(dev: DevicePlan) -> list[TcOp]:
@@ -64,6 +72,7 @@ def egress_ops(dev: DevicePlan) -> list[TcOp]:
         ops.append(_htb_class(ROOT | EGRESS_CLASS_MINOR, ROOT, rate_bps=dev.egress_bps, ceil_bps=dev.egress_bps,
                               burst_bytes=burst, cburst_bytes=burst, quantum_bytes=None,
                               step=f"htb class 1:{EGRESS_CLASS_MINOR:x} (interface limit)"))
+    ops += [region_class_op(dev, rc) for rc in dev.region_classes]
     for link in dev.links:
         ops += link_ops(dev, link)
         ops.append(TcOp("filter", "u32", 0, ROOT, {"dst_addr": link.dst_addr, "flowid": ROOT | link.class_minor},

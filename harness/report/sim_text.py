@@ -66,8 +66,9 @@ def disagreements(rows, c51, fs_rows) -> list[str]:
                    "data. What the model takes from the scenario instead is TCP between bursts: windows kept (no "
                    "slow start after idle), where the paper's instances likely ran Linux's default (`--transport "
                    "linux` prices it: every data-parallel exchange, after a long silence, restarts from 16 initial "
-                   "windows); and the links as the paper's text states them, where DT-FM's tc generator shapes a "
-                   "region's own links at 10 ms, not 5 (scheduler/generate_sim_com_matrices.py). Deeper models and "
+                   "windows); and the links' values as the paper's text states them (shaped per destination region "
+                   "as its tc scripts did), where DT-FM's tc generator sets a region's own links at 10 ms, not 5 "
+                   "(scheduler/generate_sim_com_matrices.py). Deeper models and "
                    "larger batches narrow the simulated gap, as the paper says.")
     sched = max(r["vs_random"].max() for r in rows)
     out.append(f"- Scheduler vs random: simulated up to {sched:.2f}x (paper up to {PAPER['scheduler_max']}x). The "
@@ -91,8 +92,10 @@ MODEL_TEXT = """\
   start after idle), NCCL's data striped over the scenario's sockets a peer (16 on the paper's AWS instances);
   transfers sharing a sender's egress or a receiver's ingress (capacity = the device's fastest link), or a node's
   one NIC (the scenario's shared_nic_gbps: cases 1 and 2, a p3.16xlarge's 8 GPUs behind 25 Gbps, a p3.8xlarge's
-  4 behind 10), share it max-min fairly; collectives that run together (every stage's data-parallel sync, every
-  pipeline's hop) are priced together (harness/netmodel/links.py).
+  4 behind 10), or, where the case is shaped per destination region (link_classes: region: cases 3-5, as the
+  paper's tc scripts gave each distinct delay and rate one netem band on 64 single-V100 instances with 10 Gbps
+  NICs), a device's flows to one region, share it max-min fairly; collectives that run together (every stage's
+  data-parallel sync, every pipeline's hop) are priced together (harness/netmodel/links.py).
 - Ours (the paper's, dtfm: harness/systems/dtfm/sim.py, from DS3Lab/DT-FM's source): a gloo barrier of all
   ranks; per gradient-accumulation step of 64 micro-batches of 1 sample, all forwards through the pipeline
   (receive, compute, send on separate streams), a barrier, all backwards; after a stage's last backward the

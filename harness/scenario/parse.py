@@ -13,11 +13,11 @@ from .gpus import GPU_TYPES, find_gpu
 from .transport import AUTO, AUTO_MAX_BYTES, CONGESTION_CONTROLS, LINUX, LINUX_RMEM, LINUX_WMEM, Transport
 from .transport import KEYS as TRANSPORT_KEYS
 from .timeline import parse_timeline, region_names
-from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology, check_fits
+from .topology import LINK_CLASSES, DeviceProfile, Link, Region, ScenarioError, Server, Topology, check_fits
 
 
 _TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "interface_gbps", "server",
-             "transport", "timeline", "nccl_sockets"}
+             "transport", "timeline", "nccl_sockets", "link_classes"}
 _SERVER_KEYS = {"delay_ms", "uplink_gbps"}
 _REGION_KEYS = {"name", "devices", "count", "intra_region", "interface_gbps", "shared_nic_gbps", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
@@ -194,6 +194,7 @@ def parse_scenario(doc, path: Path) -> Topology:
         region_nic_gbps=None if all(math.isinf(x) for x in shared_nics) else np.array(shared_nics),
         transport=parse_transport(path, doc["transport"]) if "transport" in doc else LINUX,
         nccl_sockets=_nccl_sockets(path, doc.get("nccl_sockets", 1)),
+        link_classes=_link_classes(path, doc.get("link_classes", "pair")),
         timeline=(parse_timeline(doc["timeline"], path, region_names(regions))
                   if "timeline" in doc else None),
     )
@@ -204,6 +205,13 @@ def _nccl_sockets(path, n) -> int:
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
         _fail(path, "nccl_sockets", "must be an integer from 1 to 64", n)
     return n
+
+
+def _link_classes(path, v) -> str:
+    """`link_classes`: what one shaped rate carries, a destination (`pair`) or a destination region (`region`)."""
+    if v not in LINK_CLASSES:
+        _fail(path, "link_classes", f"must be one of {', '.join(LINK_CLASSES)}", v)
+    return v
 
 
 def _server(path, d) -> Server:

@@ -26,6 +26,10 @@ class ScenarioError(HarnessError, ValueError):
     """A scenario file or request is invalid; str() is one line: file: field: problem."""
 
 
+#: what one shaped rate carries: each destination on its own (`pair`), or all of a device's destinations in one region
+#: together (`region`: the paper's tc scripts give every distinct delay and rate one netem band)
+LINK_CLASSES = ("pair", "region")
+
 #: float64 N x N matrices alive at once while link matrices of N rows are built and read (delay, bandwidth
 #: and their intermediates; the scheduler and simulator hold a few more)
 LINK_MATRICES = 6
@@ -118,6 +122,9 @@ class Topology:
     transport: Transport = LINUX  # every device's TCP settings (transport.py)
     # TCP connections NCCL's socket transport opens per peer on these machines' NICs (netmodel/links.py)
     nccl_sockets: int = 1
+    # `pair`: a device's rate to each destination is its own; `region`: its destinations in one region share one
+    # rate, the region pair's, and its interface is interface_gbps alone (netmodel/links.py, network/plan.py)
+    link_classes: str = "pair"
     # device x device links where they are not the regions' (with_device_links); None: the regions'
     device_delay_ms: np.ndarray | None = None
     device_bandwidth_gbps: np.ndarray | None = None
@@ -244,6 +251,7 @@ class Topology:
             region_nic_gbps=None if self.region_nic_gbps is None else self.region_nic_gbps[used].copy(),
             transport=self.transport,
             nccl_sockets=self.nccl_sockets,
+            link_classes=self.link_classes,
             device_delay_ms=None if self.device_delay_ms is None else self.device_delay_ms[by_device].copy(),
             device_bandwidth_gbps=(None if self.device_bandwidth_gbps is None
                                    else self.device_bandwidth_gbps[by_device].copy()),

@@ -31,6 +31,11 @@ import numpy as np
 from .links import Connections, Links
 
 
+def _entered(start, G: int, D: int) -> np.ndarray:
+    """When each member (G, D) enters a collective: `start` broadcast (a copy), or all at 0."""
+    return np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+
+
 def step_times(links: Links, src: np.ndarray, dst: np.ndarray, nbytes: float) -> tuple[np.ndarray, np.ndarray]:
     """(serialisation seconds, delay seconds) of concurrent transfers of nbytes each, at their fair shares."""
     rate = links.fair_rates(src, dst).reshape(src.shape)
@@ -44,7 +49,7 @@ def ring(links: Links, groups: np.ndarray, chunk_bytes, steps: int, start=None,
     previous iteration)."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
-    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    ready = _entered(start, G, D)
     chunk_bytes = np.broadcast_to(np.asarray(chunk_bytes, dtype=float), (G,))[:, None]
     if D == 1 or steps == 0 or not (chunk_bytes > 0).any():
         return ready
@@ -86,7 +91,7 @@ def sharded_ps(links: Links, groups, nbytes, start=None, mode: str = "grouped",
     receives up front), so no transfer waits for a ready notice whatever the protocol."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
-    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    ready = _entered(start, G, D)
     nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), (G,))
     if D == 1 or not (nbytes > 0).any():
         return ready
@@ -121,7 +126,7 @@ def sharded_ps_phases(links: Links, groups, nbytes, start=None,
     device's gradient, one for every group or one per group (G,); concurrent groups share the shared NICs."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
-    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    ready = _entered(start, G, D)
     nbytes = np.broadcast_to(np.asarray(nbytes, dtype=float), (G,))
     if D == 1 or not (nbytes > 0).any():
         return ready, ready
@@ -146,7 +151,7 @@ def reduce_to_each(links: Links, groups, nbytes, start=None) -> np.ndarray:
     Each device moves a slice a reduce, nbytes in all: a reduce-scatter's bytes, at D chains' latency."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
-    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    ready = _entered(start, G, D)
     piece = np.broadcast_to(np.asarray(nbytes, dtype=float), (G,)) / D
     if D == 1 or not (piece > 0).any():
         return ready
@@ -187,14 +192,13 @@ def small_allreduce(links: Links, groups, start=None) -> np.ndarray:
     again, each hop one delay; a member sends up once it is in the collective and has its children's values."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
-    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    ready = _entered(start, G, D)
     parent = [btree_parent(D, r) for r in range(D)]
     depth = [0] * D
-    for r in range(1, D):  # a parent's depth is known before its children's: walk up
-        p, k = parent[r], 1
+    for r in range(1, D):  # hops from r up to the root
+        p = r
         while p > 0:
-            p, k = parent[p], k + 1
-        depth[r] = k
+            p, depth[r] = parent[p], depth[r] + 1
     up = ready.copy()
     for r in sorted(range(1, D), key=lambda r: -depth[r]):  # deepest first: children before their parent
         p = parent[r]
@@ -211,7 +215,7 @@ def small_broadcast(links: Links, groups, root: int, start=None) -> np.ndarray:
     from the root (root, root+1, ...), a member forwarding once it is in the collective and has them."""
     groups = np.atleast_2d(np.asarray(groups, dtype=int))
     G, D = groups.shape
-    ready = np.zeros((G, D)) if start is None else np.broadcast_to(np.asarray(start, dtype=float), (G, D)).copy()
+    ready = _entered(start, G, D)
     have = ready.copy()
     for i in range(1, D):
         prev, r = (root + i - 1) % D, (root + i) % D
@@ -246,10 +250,10 @@ def _grouped_all_to_all(links: Links, groups: np.ndarray, shard: np.ndarray, rea
     min_delay = np.where(off, links.delay_s[src, dst], np.inf)
     busiest = np.maximum(out_load + min_delay.min(2), in_load + min_delay.min(1)).max(1)
     # a shared NIC or a region class carrying every group's shards: the groups of one call run together
-    nic = links.shared_seconds(src[off], dst[off], np.broadcast_to(shard[:, None, None], src.shape)[off])
-    if nic is not None:
-        nic = nic.reshape(G, D * (D - 1)).max(1)
-        busiest = np.maximum(busiest, nic + np.where(nic > 0, min_delay.min((1, 2)), 0.0))
+    shared = links.shared_seconds(src[off], dst[off], np.broadcast_to(shard[:, None, None], src.shape)[off])
+    if shared is not None:
+        shared = shared.reshape(G, D * (D - 1)).max(1)
+        busiest = np.maximum(busiest, shared + np.where(shared > 0, min_delay.min((1, 2)), 0.0))
     conns = Connections(links)
     shard = shard[:, None, None]
     ser = links.serialization_s(src, dst, shard)  # on connections in use

@@ -149,9 +149,8 @@ class Links:
         local = src == dst
         s, d = src[~local], dst[~local]
         nics = self._nic_crossings(s, d)
-        one_class = self.class_Bps is None or len(np.unique(s * len(self.class_Bps) + self.device_region[d])) == len(s)
-        if len(np.unique(s)) == len(s) and len(np.unique(d)) == len(d) and nics is None and one_class:
-            # A permutation: no resource carries two transfers.
+        if len(np.unique(s)) == len(s) and len(np.unique(d)) == len(d) and nics is None:
+            # A permutation: no resource carries two transfers (a region class carries its sender's one).
             if self.class_Bps is not None:
                 pair = np.minimum(pair, self.class_Bps[self.device_region[src], self.device_region[dst]])
             return np.where(local, np.inf, np.minimum(pair, np.minimum(self.egress_Bps[src], self.ingress_Bps[dst])))

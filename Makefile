@@ -96,6 +96,13 @@ $(addprefix scenario-,$(SCENARIO_CASES)): scenario-%: $(STAMP) system-deps
 	$(HARNESS) report runs $(CASE_OUT)/emu
 	$(HARNESS) report case $(CASE_OUT)
 
+# A paper's evaluation regenerated beside its published numbers, a verdict per claim: `make reproduce-hetpipe`
+# writes results/reproduce/hetpipe/report.md (QUICK=1: a first look, into results/reproduce/hetpipe/quick/).
+REPRODUCE_PAPERS := hetpipe
+.PHONY: $(addprefix reproduce-,$(REPRODUCE_PAPERS))
+$(addprefix reproduce-,$(REPRODUCE_PAPERS)): reproduce-%: $(STAMP) system-deps
+	$(HARNESS) reproduce $* $(if $(QUICK),--quick)
+
 net-clean: $(STAMP)
 	$(HARNESS) net clean
 

@@ -35,6 +35,7 @@ class WSPResult:
     pulled: np.ndarray  # (VWs, waves): when the pull at the gate after wave c completed (nan: none)
     admitted: np.ndarray  # (VWs, minibatches): when each minibatch entered the first stage
     done: np.ndarray  # (VWs, minibatches): when each minibatch's backward left the first stage
+    first_stage_busy: list = None  # per VW, the (start, end) of every task its first stage ran, in order
 
     def run_seconds(self, per_vw: int, warmup: int, timed: int) -> float:
         """The mean seconds of a run's timed iterations (`per_vw` minibatches of every VW each, after `warmup`):
@@ -43,6 +44,20 @@ class WSPResult:
         if ends.shape[1] < warmup + timed + 1:
             raise ValueError(f"simulated {ends.shape[1] - 1} iterations, the run had {warmup + timed}")
         return float(((ends[:, warmup + timed] - ends[:, warmup]) / timed).max())
+
+    def gate_waits(self) -> tuple[np.ndarray, np.ndarray]:
+        """Per gate (every VW, every wave it was gated after): the *waiting* time, from the VW finishing the wave
+        to its pull of the global weights completing (Park et al. Sec. 8.4: "the waiting time of a virtual
+        worker to receive the updated global weight"), and the *idle* time within it: how long the first stage
+        had no task between the wave's end and the gated minibatch's admission (meanwhile it runs the backward
+        passes of the wave's other minibatches: "the virtual worker can continue to proceed in the pipeline")."""
+        waiting, idle = [], []
+        for v, c in zip(*np.nonzero(~np.isnan(self.resumed))):
+            start, end = self.wave_done[v, c], self.resumed[v, c]
+            busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.first_stage_busy[v])
+            waiting.append(self.pulled[v, c] - start)
+            idle.append(max(0.0, end - start - busy))
+        return np.array(waiting), np.array(idle)
 
     def records(self, in_flight: int) -> list["MinibatchRecord"]:
         """What a run records per minibatch (wsp.check_bounds reads it), of this simulation."""
@@ -132,6 +147,7 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
     admit_at = np.full((V, total), np.nan)
     done = np.full((V, total), np.nan)
     completed = [0] * V
+    busy: list[list[tuple[float, float]]] = [[] for _ in range(V)]
     admitted = [0] * V
     last_admit = [0.0] * V
     distance: list[int] = []
@@ -203,6 +219,8 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
         dur = {"f": vw.fwd[k], "b": vw.bwd[k], "fb": vw.fwd[k] + vw.bwd[k]}[kind]
         end = t + dur
         free[v][k] = end
+        if k == 0:
+            busy[v].append((t, end))
         if kind == "f":
             heapq.heappush(queues[v][k + 1], (end + vw.send_fwd[k], p, 0, "f"))
         elif k > 0:
@@ -215,4 +233,4 @@ def simulate(vws, in_flight: int, batch: int, staleness: int, push_seconds: floa
     half = waves // 2
     per_wave = float((clock[-1] - clock[half - 1]) / (waves - half))
     return WSPResult(per_wave, V * N * batch / per_wave, wave_done, push_done, resumed, distance, pulled, admit_at,
-                     done)
+                     done, busy)

@@ -1,0 +1,40 @@
+"""`harness reproduce PAPER`: a paper's evaluation regenerated beside its published numbers, a verdict per claim."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from . import output_dir
+
+
+def register(sub) -> None:
+    from ..reproduce import PAPERS
+
+    p = sub.add_parser(
+        "reproduce", help="regenerate a paper's evaluation beside its numbers, with a verdict per claim",
+        description="Runs every part of the paper's evaluation the harness can (simulated at the paper's scale; "
+                    "measured where it runs here), writes the plots, claims.csv and, last, report.md: per figure "
+                    "the paper's claims, the harness's figures and a verdict (holds: within 15 %; direction "
+                    "holds; differs, with the reason the harness can name), and the settings the paper does not "
+                    "state with the values assumed. Prints the expected time first and progress on stderr.")
+    p.add_argument("paper", choices=sorted(PAPERS), help="the paper: " + ", ".join(sorted(PAPERS)))
+    p.add_argument("--quick", action="store_true",
+                   help="a first look: fewer repetitions of the measured parts (the simulated ones are the "
+                        "same), into results/reproduce/PAPER/quick unless --out")
+    p.add_argument("--out", type=output_dir,
+                   help="directory to write (default results/reproduce/PAPER, or results/reproduce/PAPER/quick)")
+    p.set_defaults(func=cmd_reproduce)
+
+
+def cmd_reproduce(args) -> int:
+    from ..reproduce import get, reproduce
+    from ..results import results_root
+
+    paper = get(args.paper)
+    out = args.out or (results_root() / "reproduce" / args.paper / ("quick" if args.quick else ""))
+    minutes = paper.expected_seconds(args.quick) / 60
+    print(f"harness reproduce {args.paper}: {len(paper.parts)} parts, expected about "
+          f"{max(1, round(minutes))} min here; writing {out}", file=sys.stderr)
+    report = reproduce(args.paper, Path(out), args.quick, lambda msg: print(f"  {msg}", file=sys.stderr))
+    print(report)
+    return 0

@@ -1,0 +1,97 @@
+"""`harness reproduce PAPER`: a paper's evaluation regenerated, each figure beside the paper's, a verdict per claim.
+
+One module per paper (hetpipe.py, ...) declares its `Paper`: the parts of its evaluation (each a function
+that simulates or runs what a figure or table shows and returns its claims with the harness's figures),
+the settings the paper does not state with the values assumed, and a guess of each part's time here.
+`reproduce` runs the parts in order into one directory and writes report.md (report.py) last, so a
+stopped run leaves no report that claims more than was run. The registry names each module by
+"module:attribute", imported on first use, as the system registry does.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..errors import HarnessError
+from .claims import Section
+
+
+@dataclass(frozen=True)
+class Context:
+    """What a part runs with: where its plots go, whether to shorten the measured parts, where to say progress."""
+
+    out: Path
+    quick: bool = False
+    progress: Callable[[str], None] = lambda _msg: None
+
+
+@dataclass(frozen=True)
+class Part:
+    """One step of a reproduction: `run(ctx)` returns the sections (figures, tables) it reproduced."""
+
+    name: str
+    summary: str
+    seconds: float  # expected here (a 2-core machine), for the estimate printed before a run
+    run: Callable[[Context], list[Section]]
+    quick_seconds: float | None = None  # when QUICK shortens it
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A setting the paper does not state, the value the harness assumed, and why that value."""
+
+    name: str
+    value: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Paper:
+    name: str
+    title: str
+    seed: str  # the seed file's number under ../shared/seeds/
+    summary: str
+    parts: tuple[Part, ...]
+    settings: tuple[Setting, ...] = field(default_factory=tuple)
+
+    def expected_seconds(self, quick: bool) -> float:
+        return sum((p.quick_seconds if quick and p.quick_seconds is not None else p.seconds) for p in self.parts)
+
+
+#: every paper `harness reproduce` knows: name -> "module:attribute" of its Paper
+PAPERS = {"hetpipe": "harness.reproduce.hetpipe:PAPER"}
+
+
+def get(name: str) -> Paper:
+    if name not in PAPERS:
+        raise HarnessError(f"reproduce: unknown paper {name!r} (known: {', '.join(sorted(PAPERS))})")
+    module, attr = PAPERS[name].split(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+@dataclass
+class Reproduction:
+    paper: Paper
+    quick: bool
+    sections: list[Section]
+    seconds: float  # wall time of the parts
+
+
+def reproduce(name: str, out: Path, quick: bool = False, progress: Callable[[str], None] | None = None) -> Path:
+    """Run every part of paper `name` into `out`; returns report.md's path (written last)."""
+    from .report import write_report
+
+    paper = get(name)
+    say = progress or (lambda _msg: None)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = Context(out, quick, say)
+    sections: list[Section] = []
+    t0 = time.monotonic()
+    for k, part in enumerate(paper.parts, 1):
+        say(f"[{k}/{len(paper.parts)}] {part.summary}")
+        sections += part.run(ctx)
+    return write_report(Reproduction(paper, quick, sections, time.monotonic() - t0), out)

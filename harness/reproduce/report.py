@@ -1,0 +1,86 @@
+"""A reproduction's report.md and claims.csv: per figure the paper's claims, the harness's figures beside
+them and a verdict each; the tally first, the settings the paper does not state last."""
+from __future__ import annotations
+
+import csv
+import io
+import platform
+import time
+from pathlib import Path
+
+from ..files import atomic_write_text
+from ..regress import machine
+from ..results import git_commit
+from .claims import TOLERANCE, VERDICTS, Section, fmt, paper_cell, tally
+
+
+def write_report(rep, out: Path) -> Path:
+    """claims.csv, then report.md (last: its presence says the run finished)."""
+    atomic_write_text(out / "claims.csv", claims_csv(rep.sections))
+    path = out / "report.md"
+    atomic_write_text(path, render(rep))
+    return path
+
+
+def claims_csv(sections: list[Section]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["figure", "claim", "where", "paper", "simulated", "verdict", "emulated", "emulated_verdict", "note",
+                "why"])
+    for s in sections:
+        for f in s.findings:
+            c = f.claim
+            w.writerow([c.figure, c.text, c.where, paper_cell(c), "" if f.simulated is None else f"{f.simulated:.6g}",
+                        f.verdict, "" if f.emulated is None else f"{f.emulated:.6g}", f.emulated_verdict, f.note,
+                        c.why])
+    return buf.getvalue()
+
+
+def render(rep) -> str:
+    p = rep.paper
+    m = machine()
+    counts = tally(rep.sections)
+    L = [f"# Reproducing {p.title}", "", p.summary, "",
+         f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `harness reproduce {p.name}"
+         f"{' --quick' if rep.quick else ''}` at commit `{git_commit()}` in {rep.seconds:.0f} s; machine: {m['cpu']} "
+         f"({m['cpus']} CPUs), {m['system']} {platform.release()}. The paper: `../shared/seeds/{p.seed}_*`.", "",
+         f"A claim **holds** when the harness's figure is within {TOLERANCE:.0%} of the paper's; its **direction "
+         "holds** when the figure is off but on the side the paper's is (a speedup above 1, one system above "
+         "another); otherwise it **differs**, with what the harness can name as the reason. *Simulated* figures "
+         "are the simulator's at the paper's scale; the paper's numbers are references only, never inputs.", "",
+         "| verdict | claims |", "|---|---|"]
+    L += [f"| {v} | {counts[v]} |" for v in VERDICTS if counts[v]]
+    L.append("")
+    for s in rep.sections:
+        L += _section(s)
+    if p.settings:
+        L += ["## Settings the paper does not state", "", "| setting | value assumed | why |", "|---|---|---|"]
+        L += [f"| {x.name} | {x.value} | {x.why} |" for x in p.settings]
+        L.append("")
+    return "\n".join(L)
+
+
+def _section(s: Section) -> list[str]:
+    emulated = any(f.emulated is not None for f in s.findings)
+    L = [f"## {s.title}", ""]
+    if s.text:
+        L += [s.text, ""]
+    head = ["claim", "paper (where)", "simulated", "verdict"] + (["emulated", "verdict"] if emulated else []) + \
+        ["why it may differ"]
+    L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for f in s.findings:
+        c = f.claim
+        sim = fmt(f.simulated, c.unit) + (f" ({f.note})" if f.note else "")
+        row = [c.text, f"{paper_cell(c)} ({c.where})", sim, _mark(f.verdict)]
+        if emulated:
+            row += [fmt(f.emulated, c.unit), _mark(f.emulated_verdict)]
+        row.append(c.why if f.verdict != "holds" or (emulated and f.emulated_verdict not in ("holds", "not run"))
+                   else "")
+        L.append("| " + " | ".join(row) + " |")
+    L.append("")
+    L += [f"![{name}]({name})" for name in s.plots]
+    return L + ([""] if s.plots else [])
+
+
+def _mark(v: str) -> str:
+    return f"**{v}**" if v == "holds" else v

@@ -54,7 +54,7 @@ BASES: dict[str, list[str]] = {
     "report runs": ["{tmp}/results"],
     "report case": ["{tmp}/results"],
     "report convergence": ["{tmp}/results"],
-    "reproduce": ["hetpipe", "--out", "{tmp}/reproduce"],
+    "reproduce": ["hetpipe", "--no-emulated", "--out", "{tmp}/reproduce"],
     "run": ["--scenario", "5", "--devices", "8", "--network", "none"],
     "scenario show": ["5", "--devices", "8", "--no-plots"],
     "scenario export": ["5", "--json"],

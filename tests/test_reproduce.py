@@ -77,6 +77,16 @@ def test_a_failing_part_leaves_no_report(tmp_path, monkeypatch):
     assert not (tmp_path / "report.md").exists()
 
 
+def test_without_emulation_the_measured_parts_are_left_out_and_named(tmp_path, monkeypatch):
+    paper = _toy_paper(fail=True)
+    measured = Part("two", "a measured part", 600, paper.parts[1].run, measured=True)  # it would fail if run
+    monkeypatch.setitem(reproduce.PAPERS, "toy", "tests.test_reproduce:TOY")
+    monkeypatch.setattr(sys.modules[__name__], "TOY", Paper("toy", "A toy paper", "999", "", (paper.parts[0], measured)))
+    text = reproduce.reproduce("toy", tmp_path, emulated=False).read_text()
+    assert "Not run (`--no-emulated`): a measured part." in text
+    assert TOY.expected_seconds(quick=False) == 601 and TOY.expected_seconds(False, emulated=False) == 1
+
+
 def test_an_unknown_paper_is_one_line(tmp_path):
     from harness.errors import HarnessError
 
@@ -141,3 +151,31 @@ def test_the_cli_refuses_an_unknown_paper_in_one_line(capsys):
 
 
 TOY = None  # the toy Paper the registry names, set per test
+
+
+def test_hetpipe_emulated_directions_come_from_the_runs_and_their_predictions():
+    """Seconds per iteration (measured, predicted): NP 2.0 (1.8), ED 1.0 (1.1), HD 1.25 (1.0), ED-local 0.8 (0.9),
+    Horovod 1.6 (2.0). Measured: NP / slower of ED and HD 2.0 / 1.25 = 1.6, ED / ED-local 1.25, Horovod / ED-local
+    2.0; predicted: 1.8 / 1.1, 1.1 / 0.9, 2.0 / 0.9."""
+    from harness.reproduce import hetpipe
+
+    seconds = {"np": (2.0, 1.8), "ed": (1.0, 1.1), "hd": (1.25, 1.0), "ed-local": (0.8, 0.9), "horovod": (1.6, 2.0)}
+    runs = {k: {"seconds": m, "measured-over-sim": m / p, "host-bound": 0.0, "busy": 0.2}
+            for k, (m, p) in seconds.items()}
+    s = hetpipe.emulated_section(runs)
+    assert [f.emulated for f in s.findings] == pytest.approx([1.6, 1.25, 2.0])
+    assert [f.simulated for f in s.findings] == pytest.approx([1.8 / 1.1, 1.1 / 0.9, 2.0 / 0.9])
+    assert all(f.verdict == "holds" and f.emulated_verdict == "holds" for f in s.findings)
+    assert "| hd | 1.250 | 1.000 | +25.0% | 20% | 0 |" in s.text
+    runs["horovod"]["seconds"] = 0.5  # Horovod measured faster than ED-local: that claim differs, measured
+    assert [f.emulated_verdict for f in hetpipe.emulated_section(runs).findings][-1] == "differs"
+
+
+def test_hetpipe_emulated_claims_whose_runs_did_not_run_say_so():
+    from harness.reproduce import hetpipe
+
+    runs = {k: {"seconds": m, "measured-over-sim": 1.0, "host-bound": 0.0, "busy": 0.2}
+            for k, m in (("ed-local", 1.0), ("horovod", 3.0))}  # QUICK's pair
+    s = hetpipe.emulated_section(runs)
+    assert [f.verdict for f in s.findings] == ["not run", "not run", "holds"]
+    assert s.findings[-1].emulated == 3.0

@@ -21,6 +21,9 @@ def register(sub) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a first look: fewer repetitions of the measured parts (the simulated ones are the "
                         "same), into results/reproduce/PAPER/quick unless --out")
+    p.add_argument("--no-emulated", action="store_true",
+                   help="only the parts that train nothing through the emulated cluster (the simulated ones, "
+                        "seconds); the report names what it left out")
     p.add_argument("--out", type=output_dir,
                    help="directory to write (default results/reproduce/PAPER, or results/reproduce/PAPER/quick)")
     p.set_defaults(func=cmd_reproduce)
@@ -32,9 +35,10 @@ def cmd_reproduce(args) -> int:
 
     paper = get(args.paper)
     out = args.out or (results_root() / "reproduce" / args.paper / ("quick" if args.quick else ""))
-    minutes = paper.expected_seconds(args.quick) / 60
+    minutes = paper.expected_seconds(args.quick, not args.no_emulated) / 60
     print(f"harness reproduce {args.paper}: {len(paper.parts)} parts, expected about "
           f"{max(1, round(minutes))} min here; writing {out}", file=sys.stderr)
-    report = reproduce(args.paper, Path(out), args.quick, lambda msg: print(f"  {msg}", file=sys.stderr))
+    report = reproduce(args.paper, Path(out), args.quick, lambda msg: print(f"  {msg}", file=sys.stderr),
+                       emulated=not args.no_emulated)
     print(report)
     return 0

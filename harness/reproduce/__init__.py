@@ -37,6 +37,7 @@ class Part:
     seconds: float  # expected here (a 2-core machine), for the estimate printed before a run
     run: Callable[[Context], list[Section]]
     quick_seconds: float | None = None  # when QUICK shortens it
+    measured: bool = False  # runs training through the emulated cluster (left out by --no-emulated)
 
 
 @dataclass(frozen=True)
@@ -57,8 +58,9 @@ class Paper:
     parts: tuple[Part, ...]
     settings: tuple[Setting, ...] = field(default_factory=tuple)
 
-    def expected_seconds(self, quick: bool) -> float:
-        return sum((p.quick_seconds if quick and p.quick_seconds is not None else p.seconds) for p in self.parts)
+    def expected_seconds(self, quick: bool, emulated: bool = True) -> float:
+        return sum((p.quick_seconds if quick and p.quick_seconds is not None else p.seconds) for p in self.parts
+                   if emulated or not p.measured)
 
 
 #: every paper `harness reproduce` knows: name -> "module:attribute" of its Paper
@@ -78,10 +80,13 @@ class Reproduction:
     quick: bool
     sections: list[Section]
     seconds: float  # wall time of the parts
+    left_out: list[Part] = field(default_factory=list)  # measured parts not run (--no-emulated)
 
 
-def reproduce(name: str, out: Path, quick: bool = False, progress: Callable[[str], None] | None = None) -> Path:
-    """Run every part of paper `name` into `out`; returns report.md's path (written last)."""
+def reproduce(name: str, out: Path, quick: bool = False, progress: Callable[[str], None] | None = None,
+              emulated: bool = True) -> Path:
+    """Run every part of paper `name` into `out` (without `emulated`, only those that run no training through
+    the emulated cluster); returns report.md's path (written last)."""
     from .report import write_report
 
     paper = get(name)
@@ -90,8 +95,10 @@ def reproduce(name: str, out: Path, quick: bool = False, progress: Callable[[str
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(out, quick, say)
     sections: list[Section] = []
+    parts = [p for p in paper.parts if emulated or not p.measured]
     t0 = time.monotonic()
-    for k, part in enumerate(paper.parts, 1):
-        say(f"[{k}/{len(paper.parts)}] {part.summary}")
+    for k, part in enumerate(parts, 1):
+        say(f"[{k}/{len(parts)}] {part.summary}")
         sections += part.run(ctx)
-    return write_report(Reproduction(paper, quick, sections, time.monotonic() - t0), out)
+    left_out = [p for p in paper.parts if p not in parts]
+    return write_report(Reproduction(paper, quick, sections, time.monotonic() - t0, left_out), out)

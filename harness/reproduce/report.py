@@ -51,6 +51,8 @@ def render(rep) -> str:
          "| verdict | claims |", "|---|---|"]
     L += [f"| {v} | {counts[v]} |" for v in VERDICTS if counts[v]]
     L.append("")
+    if rep.left_out:
+        L += ["Not run (`--no-emulated`): " + "; ".join(p.summary for p in rep.left_out) + ".", ""]
     for s in rep.sections:
         L += _section(s)
     if p.settings:

@@ -172,7 +172,9 @@ def add_system_options(p: argparse.ArgumentParser, only: systems.System | None =
     that system's, for a command of its own). Their default is None, so that given_options sees what was typed."""
     mine = {o.name: (o, [only.name]) for o in only.options} if only else systems.options()
     for o, owners in mine.values():
-        default = "" if o.default is None else f" (default {o.default})"
+        # a word is quoted, so that a default named "default" reads as a value: (default 'default')
+        default = "" if o.default is None else f" (default {o.default!r})" if isinstance(o.default, str) \
+            else f" (default {o.default})"
         p.add_argument(o.flag, dest=o.dest, type=o.type, default=None, metavar=o.name.upper(), help=f"{', '.join(owners)}: {o.help}{default}")
 
 

@@ -76,8 +76,8 @@ def _section(s: Section) -> list[str]:
         row = [c.text, f"{paper_cell(c)} ({c.where})", sim, _mark(f.verdict)]
         if emulated:
             row += [fmt(f.emulated, c.unit), _mark(f.emulated_verdict)]
-        row.append(c.why if f.verdict != "holds" or (emulated and f.emulated_verdict not in ("holds", "not run"))
-                   else "")
+        short = {"direction holds", "differs"}  # the verdicts a reason explains
+        row.append(c.why if f.verdict in short or (emulated and f.emulated_verdict in short) else "")
         L.append("| " + " | ".join(row) + " |")
     L.append("")
     L += [f"![{name}]({name})" for name in s.plots]

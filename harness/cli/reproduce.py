@@ -36,7 +36,8 @@ def cmd_reproduce(args) -> int:
     paper = get(args.paper)
     out = args.out or (results_root() / "reproduce" / args.paper / ("quick" if args.quick else ""))
     minutes = paper.expected_seconds(args.quick, not args.no_emulated) / 60
-    print(f"harness reproduce {args.paper}: {len(paper.parts)} parts, expected about "
+    parts = [p for p in paper.parts if not (args.no_emulated and p.measured)]
+    print(f"harness reproduce {args.paper}: {len(parts)} parts, expected about "
           f"{max(1, round(minutes))} min here; writing {out}", file=sys.stderr)
     report = reproduce(args.paper, Path(out), args.quick, lambda msg: print(f"  {msg}", file=sys.stderr),
                        emulated=not args.no_emulated)

@@ -119,6 +119,7 @@ def fig3(ctx: Context) -> list[Section]:
 def fig4_table4(ctx: Context) -> list[Section]:
     sw = hp_report.sweep(BATCH, progress=lambda msg: ctx.progress(f"fig. 4 / table 4: {msg}"))
     hp_report.write(ctx.out, sw)  # hetpipe.json, hetpipe.png
+    _table4_figure(sw, ctx.out)
     f4 = Section("Fig. 4: allocation policies against Horovod, 16 GPUs, D = 0",
                  text="Table 3's policies, each at the N_m that is fastest (the same on every VW), the parameter "
                       "server placed by default or locally (ED-local); Horovod on every GPU that holds the model "
@@ -210,20 +211,17 @@ def sync_overhead(ctx: Context) -> list[Section]:
     return [s]
 
 
-def _table4_figure(ctx: Context) -> list[Section]:
+def _table4_figure(sw, out: Path) -> None:
     """Table 4's samples/s beside the paper's, one panel per model (table4.png)."""
-    import json
-
     import matplotlib.pyplot as plt
 
     from ..plots.figures import save_figure
 
-    doc = json.loads((ctx.out / "hetpipe.json").read_text())["table4"]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4))
     x = np.arange(len(hp_report.GPU_SETS))
     for ax, name in zip(axes, MODELS):
         for sys, color in (("hetpipe", "#9467bd"), ("horovod", "#7f7f7f")):
-            ax.plot(x, [doc[name][g][sys]["samples_per_s"] for g in hp_report.GPU_SETS], marker="o", color=color,
+            ax.plot(x, [sw.table4[name][g][sys].samples_per_s for g in hp_report.GPU_SETS], marker="o", color=color,
                     label=f"{sys} (simulated)")
             paper = [np.nan if p is None else (p[0] if isinstance(p, tuple) else p)
                      for p in hp_report.PAPER_TABLE4[name][sys]]
@@ -232,9 +230,8 @@ def _table4_figure(ctx: Context) -> list[Section]:
         ax.set_title(f"Table 4, {NAMES[name]}: samples/s", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    save_figure(fig, ctx.out / "table4.png")
+    save_figure(fig, out / "table4.png")
     plt.close(fig)
-    return []
 
 
 # Fig. 4 at the testbed's scale: the emulated cluster's 8 devices (two GPUs a node), the tiny GPT's blocks as
@@ -335,8 +332,7 @@ PAPER = Paper(
     "under Wave Synchronous Parallel, on the paper's testbed (`scenarios/hetpipe-testbed.yaml`: 4 nodes x 4 GPUs "
     "of TITAN V, TITAN RTX, RTX 2060, Quadro P4000).",
     parts=(Part("fig3", "Fig. 3: one virtual worker against N_m (simulated)", 10, fig3),
-           Part("fig4", "Fig. 4, Table 4 and the bytes across nodes (simulated)", 25, fig4_table4),
-           Part("table4-figure", "Table 4 beside the paper's", 2, _table4_figure),
+           Part("fig4", "Fig. 4, Table 4 and the bytes across nodes (simulated)", 27, fig4_table4),
            Part("sync", "Sec. 8.4: waiting and idle time against D (simulated)", 5, sync_overhead),
            Part("fig4-emulated", "Fig. 4 at the testbed's scale (emulated runs, each predicted)", 1440, fig4_emulated,
                 quick_seconds=500, measured=True)),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..allocation import ALLOCATORS
 from ..scheduler import DEFAULT_BUDGET
+from ..workloads.cnn import CNN_DATA_SETS
 from ..workloads.markov import DATA_SETS
 from ..errors import HarnessError
 from ..scenario import ScenarioError, load_scenario, reload_name
@@ -65,7 +66,8 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
                    help="case number, name or path of a scenario file" + (" (with --inventory: the inventory's)"
                                                                          if inventory else ""))
     p.add_argument("--devices", type=positive_int, help="scale the scenario down to K devices")
-    p.add_argument("--model", default="tiny", help="tiny | small | medium | gpt3-xl | ... (default tiny)")
+    p.add_argument("--model", default="tiny", help="tiny | small | medium | gpt3-xl | ... (GPTs), or small-resnet "
+                   "(a CNN: hetpipe and horovod train it) (default tiny)")
     p.add_argument("--layers", type=positive_int)
     p.add_argument("--batch", type=positive_int, default=8, help="global batch, samples (default 8)")
     p.add_argument("--micro-batch", type=positive_int, default=1, help="samples per micro-batch (default 1)")
@@ -82,10 +84,12 @@ def add_training_arguments(p: argparse.ArgumentParser, *, inventory: bool = Fals
                         "CSV: time_s,from,to,rate_gbps,delay_ms), in place of the scenario's own timeline: "
                         "(scenarios/timelines/ has examples)")
     p.add_argument("--lr", type=positive_float, default=0.1)
-    p.add_argument("--data", choices=DATA_SETS, default="uniform",
-                   help="synthetic tokens: uniform (nothing to learn; the loss stays at log V) or markov (a fixed "
-                        "random Markov chain: learnable, its loss floor, the entropy rate, is in the manifest) "
-                        "(default uniform)")
+    p.add_argument("--data", choices=(*DATA_SETS, *CNN_DATA_SETS), default=None,
+                   help="a GPT's synthetic tokens: uniform (nothing to learn; the loss stays at log V) or markov (a "
+                        "fixed random Markov chain: learnable, its loss floor, the entropy rate, is in the "
+                        "manifest); a CNN's images: teacher (labels drawn from a fixed teacher network's softmax: "
+                        "its expected entropy, the floor, is in the manifest) (default uniform for a GPT, teacher "
+                        "for a CNN)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
                    help="default fp32 on cpu, bf16 on cuda")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")

@@ -168,6 +168,15 @@ def optimizer_seconds(params: int, profile: ComputeProfile) -> float:
     return max(flop_s, OPTIMIZER_BYTES_PER_PARAM * params / (profile.memory_bandwidth_gbs * 1e9) * profile.slowdown)
 
 
+def layer_phase_seconds(fwd_flop: float, params: int, micro_batch: int, profile: ComputeProfile) -> dict[str, float]:
+    """What one rank's phases take on its device for a stage of a layer-profile model (a CNN: its layers'
+    forward FLOPs and parameters per sample): the forward at the device's rate, the backward twice it
+    (the gradients of inputs and of weights), the optimizer step over the stage's parameters. The
+    dense-GEMM efficiency stands for cuDNN's convolutions, as the HetPipe simulator takes it."""
+    fwd = fwd_flop * micro_batch / profile.flops_per_s("transformer")
+    return {"forward": fwd, "backward": 2 * fwd, "optimizer": optimizer_seconds(params, profile)}
+
+
 def rank_phase_seconds(cfg: GPTConfig, split: list[int], stage: int, micro_batch: int, profile: ComputeProfile,
                        recompute: bool, tp: int = 1, vocab_parallel: bool = True,
                        optimizer_shards: int = 1) -> dict[str, float]:

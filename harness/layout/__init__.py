@@ -251,15 +251,21 @@ class Layout:
         return head if self.placement == "rank-order" else f"{head} ({self.placement})"
 
     # ------------------------------------------------------------------ checks
-    def check(self, cfg: GPTConfig, batch: int, micro_batch: int, devices: int | None = None) -> "Layout":
-        """Raise LayoutError unless the model and batch can run on this layout; returns it."""
+    def check(self, cfg: GPTConfig | int, batch: int, micro_batch: int, devices: int | None = None) -> "Layout":
+        """Raise LayoutError unless the model and batch can run on this layout; returns it. `cfg`: a GPT, or
+        the number of layers of a layer-profile model (a CNN: no heads to split, tp 1)."""
         if devices is not None and self.devices != devices:
             if self.replicas:
                 raise LayoutError(f"layout.replicas: place {self.devices} devices, the run has {devices}")
             raise LayoutError(f"layout: tp*pp*dp = {self.tp}*{self.pp}*{self.dp} = {self.devices} != {devices} devices")
-        if self.layers != cfg.layers:
+        if isinstance(cfg, int):
+            if self.layers != cfg:
+                raise LayoutError(f"layout.stages: cover {self.layers} layers, the model has {cfg}")
+            if self.tp != 1:
+                raise LayoutError(f"layout.tp: {self.tp}; a layer-profile model has no heads to split (tp 1)")
+        elif self.layers != cfg.layers:
             raise LayoutError(f"layout.stages: cover {self.layers} blocks, model {cfg.name} has {cfg.layers}")
-        if cfg.heads % self.tp or (cfg.ffn_mult * cfg.hidden) % self.tp:
+        elif cfg.heads % self.tp or (cfg.ffn_mult * cfg.hidden) % self.tp:
             raise LayoutError(f"layout.tp: {self.tp} does not divide the {cfg.heads} heads of model {cfg.name}")
         try:
             micro_batches(batch, micro_batch, self.dp)

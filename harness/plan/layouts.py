@@ -50,6 +50,7 @@ def plan_run(req: RunRequest) -> RunPlan:
     entry = registry.get(req.run.system)  # unknown system: one line, now
     if entry.train is None:
         raise HarnessError(f"--system: {entry.name} runs only in the simulator so far (harness sim --system {entry.name})")
+    check_cnn(req, entry)
     topo = run_topology(req.network)
     if topo.timeline is not None and (topo.timeline.devices or topo.timeline.spot):
         where = topo.timeline.devices[0].where if topo.timeline.devices else topo.timeline.spot.where
@@ -71,6 +72,21 @@ def plan_run(req: RunRequest) -> RunPlan:
     spec = RunSpec(network=req.network, model=req.model, layout=layout, run=req.run, resolved=resolved,
                    compute=compute, debug=req.debug, replan=replan)
     return RunPlan(spec, topo, placement)
+
+
+def check_cnn(req: RunRequest, entry: registry.System) -> None:
+    """A CNN trains under the systems whose runtime has it, without checkpoints: one line otherwise."""
+    if not req.model.is_cnn:
+        return
+    if not entry.trains_cnn:
+        able = [s.name for s in registry.registered().values() if s.trains_cnn]
+        raise HarnessError(f"--model {req.model.name}: {entry.name} trains GPTs only (a CNN: {', '.join(able)})")
+    if req.network.mode == "emulated":  # the emulated cluster's dilation and headroom read the simulator's run
+        raise HarnessError(f"--model {req.model.name}: a CNN's run is not simulated yet, which the emulated "
+                           "cluster needs (its dilation, its headroom); --network none runs it on loopback")
+    if req.run.checkpoint_every is not None or req.run.resume is not None:
+        raise HarnessError(f"--model {req.model.name}: a CNN's run writes no checkpoints (--checkpoint-every, "
+                           "--resume: GPTs only)")
 
 
 def check_fault(req: RunRequest, layout: Layout, entry: registry.System) -> None:
@@ -124,7 +140,8 @@ def replan_section(req: RunRequest, topo: Topology, layout: Layout, entry: regis
 def resolve_layout(req: RunRequest, topo: Topology) -> tuple[Layout, Placement | None]:
     """The Layout of this run (checked against devices, model and batch) and, for ours, its placement figures:
     an explicit layout as given, else the system's layout rule on the request with the entry's defaults."""
-    cfg, mb, batch = req.model.cfg, req.model.micro_batch, req.model.batch
+    cfg = len(req.model.profile.layers) if req.model.is_cnn else req.model.cfg  # what Layout.check takes
+    mb, batch = req.model.micro_batch, req.model.batch
     if req.layout.explicit is not None:
         return _runnable(req.layout.explicit).check(cfg, batch, mb, topo.n), None
     system = registry.get(req.run.system)

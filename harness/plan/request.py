@@ -18,12 +18,15 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from ..errors import HarnessError
 from ..layout import DP_SYNCS, SCHEDULES, Layout
-from ..compute.model import GPTConfig, get_model
+from ..compute.model import MODELS, GPTConfig, get_model
 from ..compute.profiles import ComputeProfile
 from ..compute import BYTES_PER_VALUE
 from ..scenario.preemption import KEEPALIVE_S, LAST_CALL_S
 from ..scenario.transport import PRESETS
 from ..scheduler import DEFAULT_BUDGET
+from ..workloads.cnn import CNN_DATA_SETS, TRAINABLE_CNNS, get_cnn
+from ..workloads.gpt_layers import gpt_layer_profile
+from ..workloads.layers import LayerProfile
 from ..workloads.markov import DATA_SETS
 
 DTYPE_NAMES = tuple(BYTES_PER_VALUE)
@@ -51,28 +54,54 @@ def _positive(where: str, value, kind=int) -> None:
 
 @dataclass(frozen=True)
 class ModelSection:
-    """What is trained: the model, the batch and the optimizer."""
+    """What is trained: the model, the batch and the optimizer. A GPT (compute/model.py) on synthetic
+    tokens, or a CNN of workloads/cnn.TRAINABLE_CNNS on teacher-labelled images (train/cnn.py)."""
 
     name: str = "tiny"
-    layers: int | None = None  # None: the model's own depth
+    layers: int | None = None  # None: the model's own depth (GPT only)
     batch: int = 8  # global batch, samples
     micro_batch: int = 1  # samples per micro-batch
     dtype: str = "fp32"  # compute and wire precision: fp32 | bf16 | fp16
     lr: float = 0.1
     seed: int = 0  # data and initialisation (and the seeded placement of ours-random)
-    data: str = "uniform"  # synthetic data set: uniform | markov (harness/workloads/markov.py)
+    # synthetic data set: uniform | markov for a GPT (harness/workloads/markov.py), teacher for a CNN;
+    # None: the model's first
+    data: str | None = None
 
     def __post_init__(self):
         _positive("model.batch", self.batch)
         _positive("model.micro_batch", self.micro_batch)
         _positive("model.lr", self.lr, float)
         _one_of("model.dtype", self.dtype, DTYPE_NAMES)
-        _one_of("model.data", self.data, DATA_SETS)
-        self.cfg  # unknown model or bad layer count: one line, now
+        if self.name not in MODELS and not self.is_cnn:
+            raise ConfigError(f"--model: unknown model {self.name!r} (known: {', '.join((*MODELS, *TRAINABLE_CNNS))})")
+        if self.is_cnn and self.layers is not None:
+            raise ConfigError(f"model.layers: {self.name} is a CNN of fixed depth (got {self.layers!r})")
+        if self.data is None:
+            object.__setattr__(self, "data", self.data_sets[0])
+        _one_of("model.data", self.data, self.data_sets)
+        self.profile if self.is_cnn else self.cfg  # unknown model or bad layer count: one line, now
+
+    @property
+    def is_cnn(self) -> bool:
+        return self.name in TRAINABLE_CNNS
+
+    @property
+    def data_sets(self) -> tuple[str, ...]:
+        return CNN_DATA_SETS if self.is_cnn else DATA_SETS
 
     @property
     def cfg(self) -> GPTConfig:
+        if self.is_cnn:
+            raise ConfigError(f"model.name: {self.name} is a CNN, not a GPT (only hetpipe and horovod train it)")
         return get_model(self.name, self.layers)
+
+    @property
+    def profile(self) -> LayerProfile:
+        """The model as its chain of layers (what HetPipe's planner partitions; a GPT's blocks)."""
+        if self.is_cnn:
+            return get_cnn(self.name)
+        return gpt_layer_profile(self.cfg)
 
     @property
     def bytes_per_value(self) -> int:

@@ -132,6 +132,7 @@ class System:
     # the points of an iteration its runtime marks (RankContext.reached), where a debug fault_iteration may hit
     fault_phases: tuple[str, ...] = ()
     options: tuple[Option, ...] = ()  # its own knobs (Option), the flags built from them
+    trains_cnn: bool = False  # its runtime also trains a CNN of workloads/cnn.TRAINABLE_CNNS (every system: GPTs)
 
     def __post_init__(self):
         unknown = [f for f in self.flags if f not in LAYOUT_FLAGS]

@@ -25,6 +25,7 @@ from ..plan import systems as registry
 from ..errors import HarnessError
 from ..layout import Layout, from_pipelines
 from ..compute.model import get_model
+from ..workloads.cnn import TRAINABLE_CNNS
 from ..compute import BYTES_PER_VALUE
 from ..compute.profiles import OP_CLASSES, ComputeProfile, device_profiles
 from ..results import read_records
@@ -222,6 +223,9 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> 
     topo = _topology(rec).scaled(float(rec.get("bandwidth_scale") or 1.0) * payload_share(rec.get("backend")))
     if rec.get("transport"):
         topo = replace(topo, transport=_transport(rec["transport"]))
+    if rec["model"] in TRAINABLE_CNNS:
+        raise HarnessError(f"records: model {rec['model']}: sim compare predicts GPT runs only so far (a CNN's "
+                           "run is not simulated yet)")
     cfg = get_model(rec["model"], int(rec["layers"]))
     mb, batch, system = int(rec["micro_batch"]), int(rec["batch"]), rec["system"]
     dtype = rec.get("dtype") or DEFAULT_DTYPE.get(rec.get("backend"), "fp16")

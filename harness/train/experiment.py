@@ -30,16 +30,22 @@ from ..plan import systems as registry
 from ..plan.layouts import RunPlan, plan_run
 from ..plan.dilation import advice
 from ..network.headroom import HOST_BOUND_BUSY, LATE_SHARE, host_bound
-from .gpt import loss_floor
+from .nets import net_of
 from . import probe
 from .stats import IterationStats, merge_stats
 
 
 def to_records(spec: RunSpec, stats: list[IterationStats], cpu: list | None = None) -> list[IterationRecord]:
     """One record per merged iteration; `cpu`: each one's Headroom (network/headroom.py) or None, when measured."""
-    cfg, m, lay = spec.cfg, spec.model, spec.layout
+    m, lay = spec.model, spec.layout
     cpu = cpu or [None] * len(stats)
-    pflop = pflop_per_iteration(cfg, m.batch)
+    if m.is_cnn:  # a CNN's sample is an image: one "token", no hidden width; forward + backward = 3 x forward
+        layers, hidden, seq = len(m.profile.layers), 0, 1
+        pflop = 3 * m.profile.fwd_flop * m.batch / 1e15
+    else:
+        cfg = spec.cfg
+        layers, hidden, seq = cfg.layers, cfg.hidden, cfg.seq
+        pflop = pflop_per_iteration(cfg, m.batch)
     layout_json = json.dumps(lay.to_json(), sort_keys=True)
     on = [lay if s.layout is None else Layout.from_json(s.layout) for s in stats]  # elastic: each its own
     return [
@@ -47,10 +53,10 @@ def to_records(spec: RunSpec, stats: list[IterationStats], cpu: list | None = No
             run_id=spec.resolved.run_id, scenario=spec.resolved.scenario, system=spec.run.system,
             backend=spec.resolved.backend, kernel=spec.resolved.kernel, devices=on[k].devices, d_pp=on[k].pp,
             d_dp=on[k].dp,
-            model=m.name, layers=cfg.layers, hidden=cfg.hidden, seq=cfg.seq, batch=m.batch,
+            model=m.name, layers=layers, hidden=hidden, seq=seq, batch=m.batch,
             micro_batch=m.micro_batch, seed=m.seed, bandwidth_scale=spec.network.bandwidth_scale,
             iteration=max(spec.run.warmup, spec.resolved.start_iteration) + k, seconds=s.seconds, pflop=pflop, pflops=pflop / s.seconds,
-            tokens_per_s=m.batch * cfg.seq / s.seconds, compute_seconds=s.compute_seconds,
+            tokens_per_s=m.batch * seq / s.seconds, compute_seconds=s.compute_seconds,
             exposed_comm_seconds=s.exposed_comm_seconds, loss=s.loss, d_tp=on[k].tp,
             config=layout_json if s.layout is None else json.dumps(s.layout, sort_keys=True),
             compute_overruns=s.compute_overruns,
@@ -312,7 +318,7 @@ def record_run(plan: RunPlan, launch, shared: dict | None = None) -> Path:
         # the scenario's TCP settings (`auto` buffers as written; an emulated run's readback holds the values)
         "transport": topo.transport.to_json(),
         # the best expected loss on the run's synthetic data (nats): what a convergence plot is read against
-        "data": {"set": spec.model.data, "loss_floor": loss_floor(spec.cfg, spec.model.data, spec.model.seed)},
+        "data": {"set": spec.model.data, "loss_floor": net_of(spec.model).floor()},
         **(shared or {}),
     }
     run_id = spec.resolved.run_id

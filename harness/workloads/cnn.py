@@ -98,7 +98,49 @@ def resnet152() -> LayerProfile:
     return LayerProfile("resnet152", tuple(layers), IMAGE_VALUES)
 
 
-CNN_MODELS = {"vgg19": vgg19, "resnet152": resnet152}
+# ----------------------------------------------------------------------------- small-resnet
+#: The CNN a CPU trains for real (harness/train/cnn.py builds it from these): HetPipe's layer types at a
+#: size whose minibatch takes milliseconds. Units: stem conv, residual block, 2 x 2 max-pool, residual block
+#: with a 1 x 1 projection shortcut, max-pool, residual block, fully connected head on the flattened map.
+SMALL_IMAGE = (3, 16, 16)
+SMALL_CLASSES = 10
+SMALL_WIDTHS = (16, 32)
+SMALL_UNITS = ("stem", "block1", "pool1", "block2", "pool2", "block3", "head")
+
+
+def small_resnet() -> LayerProfile:
+    (a, b), h = SMALL_WIDTHS, SMALL_IMAGE[1]
+    layers = []
+    p, f = _conv(SMALL_IMAGE[0], a, 3, h, bias=True)
+    layers.append(Layer("stem", p, f, a * h * h, 2 * a * h * h))  # conv output, ReLU output
+
+    def block(name: str, cin: int, cout: int, h: int) -> Layer:
+        p1, f1 = _conv(cin, cout, 3, h, bias=True)
+        p2, f2 = _conv(cout, cout, 3, h, bias=True)
+        params, flop, kept = p1 + p2, f1 + f2, 4 * cout * h * h  # two conv outputs, inner ReLU, sum's ReLU
+        if cin != cout:
+            ps, fs = _conv(cin, cout, 1, h, bias=True)
+            params, flop, kept = params + ps, flop + fs, kept + cout * h * h
+        return Layer(name, params, flop, cout * h * h, kept)
+
+    layers.append(block("block1", a, a, h))
+    h //= 2
+    layers.append(Layer("pool1", 0, 0.0, a * h * h, a * h * h))
+    layers.append(block("block2", a, b, h))
+    h //= 2
+    layers.append(Layer("pool2", 0, 0.0, b * h * h, b * h * h))
+    layers.append(block("block3", b, b, h))
+    fin = b * h * h
+    layers.append(Layer("head", fin * SMALL_CLASSES + SMALL_CLASSES, 2.0 * fin * SMALL_CLASSES, SMALL_CLASSES,
+                        SMALL_CLASSES))
+    assert tuple(l.name for l in layers) == SMALL_UNITS
+    return LayerProfile("small-resnet", tuple(layers), SMALL_IMAGE[0] * SMALL_IMAGE[1] * SMALL_IMAGE[2])
+
+
+CNN_MODELS = {"vgg19": vgg19, "resnet152": resnet152, "small-resnet": small_resnet}
+#: the CNNs `harness run` trains for real (on a CPU: harness/train/cnn.py), on the teacher-labelled images
+TRAINABLE_CNNS = ("small-resnet",)
+CNN_DATA_SETS = ("teacher",)
 
 
 def is_cnn(name: str) -> bool:

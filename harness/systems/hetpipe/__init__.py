@@ -54,7 +54,7 @@ register(System(
     "Parallel through a sharded parameter server (--policy, --ps-placement, --staleness, --in-flight; the simulator "
     "also runs it on --model vgg19|resnet152)",
     train="harness.systems.hetpipe.runtime:train_hetpipe", layout_rule="harness.systems.hetpipe.rule:place_hetpipe",
-    options=OPTIONS,
+    options=OPTIONS, trains_cnn=True,
     simulate_layout="harness.systems.hetpipe.sim:simulate_wsp_layout", run_length=True,
     sweep_by_rule=False, simulate={"cnn": "harness.systems.hetpipe.sim:candidates_hetpipe"}, style=("#9467bd", "D"),
     report_section="harness.systems.hetpipe.report:SECTION",

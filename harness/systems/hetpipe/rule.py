@@ -1,6 +1,7 @@
-"""HetPipe's layout rule for a real run (`harness run --system hetpipe`): its plan of the GPT, as a Layout.
+"""HetPipe's layout rule for a real run (`harness run --system hetpipe`): its plan of the model, as a Layout.
 
-The GPT is planned as a layer profile (harness/workloads/gpt_layers.py: one layer per block), with the
+The model is planned as a layer profile (a GPT: harness/workloads/gpt_layers.py, one layer per block; the
+small CNN: harness/workloads/cnn.py, one layer per unit), with the
 planner the simulator uses (planning.plan): the policy's virtual workers, each one's stage order and
 partition, N_m and the parameter server's shard placement. The run's minibatch is --micro-batch
 samples (HetPipe's minibatch: what one VW's pipeline carries); an iteration of the records is --batch
@@ -16,7 +17,6 @@ from ...compute.profiles import device_profiles
 from ...layout import Layout, LayoutError, WSP, from_replicas
 from ...plan.request import RunRequest
 from ...scenario import Topology
-from ...workloads.gpt_layers import gpt_layer_profile
 from . import planning
 from .setting import HetPipeError
 
@@ -38,9 +38,9 @@ class WSPPlan:
 
 
 def place_hetpipe(req: RunRequest, topo: Topology) -> tuple[Layout, WSPPlan]:
-    want, m, cfg = req.run.options, req.model, req.model.cfg  # its options, every one (hetpipe.OPTIONS)
+    want, m = req.run.options, req.model  # its options, every one (hetpipe.OPTIONS)
     try:
-        profile = gpt_layer_profile(cfg)
+        profile = m.profile
         groups_n = len(planning.group(topo, list(range(topo.n)), want["policy"]))
         per_vw = micro_batches(m.batch, m.micro_batch, groups_n, what="virtual workers")
         p = planning.plan(topo, profile, m.micro_batch, want["policy"], want["ps_placement"], want["staleness"],

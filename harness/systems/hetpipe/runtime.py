@@ -31,7 +31,7 @@ from torch.func import functional_call
 from ...layout import Layout
 from ...plan.request import RunSpec
 from ...train.compute_model import pacer_for
-from ...train.gpt import GPT, lm_loss, synthetic_batch
+from ...train.nets import net_of
 from ...train.rank import RankContext, iteration_progress, torch_dtype
 from ...train.reference import make_optimizer
 from ...train.stats import IterationStats
@@ -47,15 +47,6 @@ def locate(layout: Layout, device: int) -> tuple[int, int]:
         if device in pipe.devices:
             return v, pipe.devices.index(device)
     raise ValueError(f"device {device} is in no virtual worker of the layout")
-
-
-def block_of(name: str, layers: int) -> int:
-    """The block a parameter (GPT naming) belongs to: the embeddings to block 0, the head to the last."""
-    if name.startswith("embed."):
-        return 0
-    if name.startswith("head."):
-        return layers - 1
-    return int(name.split(".")[1])
 
 
 def schedule(stage: int, stages: int, in_flight: int, minibatches: int) -> list[tuple[str, int]]:
@@ -80,53 +71,51 @@ class _Stage:
     """This rank's part of its VW: weights, stashes, shards, and what it records."""
 
     def __init__(self, ctx: RankContext, spec: RunSpec):
-        lay, cfg, m = spec.layout, spec.cfg, spec.model
+        lay, m = spec.layout, spec.model
         self.spec, self.ctx, self.wsp = spec, ctx, lay.wsp
+        self.net = net_of(m)  # the GPT or the CNN: its layers are the blocks the shards hold
         self.vw, self.stage = locate(lay, ctx.device_index)
         self.pipe = lay.pipeline(self.vw)
         self.K = len(self.pipe.devices)
         first, last = self.pipe.stages[self.stage]
         self.dtype = torch_dtype(spec)
-        full = GPT(cfg, m.seed)
+        full = self.net.build()
         self.part = full.stage(first, last).to(self.dtype)
-        self.names = {}  # local parameter name -> global (GPT) name
-        for n, _ in self.part.named_parameters():
-            parts = n.split(".")
-            self.names[n] = ".".join(["blocks", str(first + int(parts[1]))] + parts[2:]) if parts[0] == "blocks" else n
+        self.names = {n: self.net.global_name(n, first) for n, _ in self.part.named_parameters()}  # -> whole model's
         self.params = dict(self.part.named_parameters())
         self.anchor = {n: p.detach().clone() for n, p in self.params.items()}  # what the shards know of
         self.opt = make_optimizer(list(self.params.values()), m.lr)
         self.pacer = pacer_for(spec, self.stage, ctx.device_index, ctx.device, recompute=False,
                                vocab_parallel=False, replica=self.vw)
         self.version = 0
-        self.server = self._serve(full, cfg.layers, lay.dp)
-        self.clients = self._connect(cfg.layers)
+        self.server = self._serve(full, lay.dp)
+        self.clients = self._connect()
 
     # ---------------------------------------------------------------- parameter server
-    def _serve(self, full: GPT, layers: int, vws: int) -> ShardServer | None:
+    def _serve(self, full: torch.nn.Module, vws: int) -> ShardServer | None:
         dev = self.ctx.device_index
         if dev not in self.wsp.shard_hosts:
             return None
         mine = {n: p.detach().float().numpy() for n, p in full.named_parameters()
-                if self.wsp.ps_hosts[block_of(n, layers)] == dev}
-        server = ShardServer(mine, {n: block_of(n, layers) for n in mine}, vws, self.ctx.addr,
+                if self.wsp.ps_hosts[self.net.layer_of(n)] == dev}
+        server = ShardServer(mine, {n: self.net.layer_of(n) for n in mine}, vws, self.ctx.addr,
                              self.spec.run.group_timeout_s)
         dist.distributed_c10d._get_default_store().set(f"{STORE_PREFIX}ps/{dev}", server.address)
         return server
 
-    def _connect(self, layers: int) -> dict[int, tuple[ShardClient, list[str], list[int]]]:
+    def _connect(self) -> dict[int, tuple[ShardClient, list[str], list[int]]]:
         """host -> (client, my local names it holds, my blocks it holds); the first stage connects to every
         shard (its gate waits on all of them)."""
         store = dist.distributed_c10d._get_default_store()
         hosts = self.wsp.ps_hosts
         out = {}
         for h in self.wsp.shard_hosts:
-            names = [n for n in self.params if hosts[block_of(self.names[n], layers)] == h]
+            names = [n for n in self.params if hosts[self.net.layer_of(self.names[n])] == h]
             if not names and self.stage != 0:
                 continue
             addr = store.get(f"{STORE_PREFIX}ps/{h}").decode()
             client = ShardClient(addr, f"parameter-server shard on device {h}", self.spec.run.group_timeout_s)
-            blocks = sorted({block_of(self.names[n], layers) for n in names})
+            blocks = sorted({self.net.layer_of(self.names[n]) for n in names})
             out[h] = (client, names, [] if self.stage == 0 else blocks)
         return out
 
@@ -165,14 +154,16 @@ class _Stage:
 
 
 def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
-    lay, cfg, m = spec.layout, spec.cfg, spec.model
+    lay, m = spec.layout, spec.model
     st = _Stage(ctx, spec)
     N, D, K, k = lay.wsp.in_flight, lay.wsp.staleness, st.K, st.stage
     per_vw = m.batch // (lay.dp * m.micro_batch)
     steps = spec.run.warmup + spec.run.iters
     prev = st.pipe.devices[k - 1] if k > 0 else None
     nxt = st.pipe.devices[k + 1] if k < K - 1 else None
-    act_shape = (m.micro_batch, cfg.seq, cfg.hidden)
+    first, last = st.pipe.stages[k]
+    in_shape = st.net.boundary(first - 1, m.micro_batch) if k > 0 else None  # what the stage before sends
+    out_shape = st.net.boundary(last - 1, m.micro_batch)  # and the gradient of it that comes back
     stash: dict[int, tuple] = {}
     sends: collections.deque = collections.deque()
     rows: dict[int, dict] = {}  # minibatch -> this stage's row of it
@@ -186,7 +177,7 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         it, j = divmod(p, per_vw)
         if it not in batches:
             batches.clear()
-            batches[it] = synthetic_batch(cfg, m.batch, it, m.seed, m.data)
+            batches[it] = st.net.batch(it)
         lo = (st.vw * per_vw + j) * m.micro_batch
         tokens, targets = batches[it]
         return tokens[lo:lo + m.micro_batch], targets[lo:lo + m.micro_batch]
@@ -214,8 +205,9 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
             st.pull((p + 1) // N - 2 - D + 1)
         if k == 0:
             x = data(p)[0].to(ctx.device)
+            x = x.to(st.dtype) if x.is_floating_point() else x  # images in the stage's precision; token ids stay
         else:
-            x = torch.empty(act_shape, dtype=st.dtype)
+            x = torch.empty(in_shape, dtype=st.dtype)
             dist.recv(x, prev)
             x.requires_grad_(True)
         start = time.monotonic()
@@ -240,7 +232,7 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     for op, p in schedule(k, K, N, steps * per_vw):
         if op == "B":
             x, snap, out = stash.pop(p)
-            g = torch.empty(act_shape, dtype=st.dtype)
+            g = torch.empty(out_shape, dtype=st.dtype)
             dist.recv(g, nxt)
             timed("backward", lambda: out.backward(g))
             finish(p, x, snap)
@@ -250,7 +242,7 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
                 send(out, nxt)
                 stash[p] = (x, snap, out)
                 continue
-            loss = lm_loss(out, data(p)[1])
+            loss = st.net.loss(out, data(p)[1])
             timed("backward", loss.backward)
             rows[p]["loss"] = float(loss.detach())
             losses.append(rows[p]["loss"])

@@ -68,13 +68,14 @@ def horovod_layout(req, topo: Topology):
     """The runtime's layout: every device a replica of the whole model (pp = 1, dp = devices)."""
     from ...layout import in_rank_order
 
-    return in_rank_order(1, 1, topo.n, req.model.cfg.layers, schedule="1f1b"), None
+    return in_rank_order(1, 1, topo.n, len(req.model.profile.layers), schedule="1f1b"), None
 
 
 register(System(
     "horovod", "synchronous data parallel with a ring all-reduce over every device, HetPipe's baseline (the "
     "simulator also runs it on --model vgg19|resnet152)",
-    train="harness.systems.baselines.systems:train_horovod", checkpoints=True, fault_phases=("checkpoint",), layout_rule=horovod_layout,
+    train="harness.systems.horovod.runtime:train_horovod", checkpoints=True, trains_cnn=True,
+    fault_phases=("checkpoint",), layout_rule=horovod_layout,
     simulate_layout="harness.systems.baselines.sim:simulate_runtime_of_layout",
     sweep_by_rule=False, simulate={"cnn": candidates_horovod}, style=("#8c564b", "P"),
 ))

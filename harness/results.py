@@ -109,11 +109,14 @@ def write_records(path: Path, records: list[IterationRecord]) -> None:
 # minibatches.csv: one row per minibatch of a run whose system records them (HetPipe's virtual workers;
 # harness/systems/hetpipe/wsp.py reads them back to check Wave Synchronous Parallel's bounds)
 MINIBATCH_FIELDS = ("vw", "minibatch", "clock", "global_version", "admitted", "pushed", "loss")
+#: the first stage's gate (HetPipe's runtime): when it finished a wave, when a gated pull completed, how long
+#: it waited in it; written since they were recorded, NaN where a minibatch has none (older files lack them)
+GATE_FIELDS = ("wave_done", "pulled", "blocked")
 
 
 def write_minibatches(path: Path, rows: list[dict]) -> None:
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=MINIBATCH_FIELDS, extrasaction="ignore")
+    w = csv.DictWriter(buf, fieldnames=MINIBATCH_FIELDS + GATE_FIELDS, extrasaction="ignore", restval="nan")
     w.writeheader()
     w.writerows(rows)
     atomic_write_text(path, buf.getvalue())

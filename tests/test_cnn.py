@@ -138,3 +138,21 @@ def test_bad_input_is_one_line(tmp_path, capsys, flags, message):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
     assert not any(tmp_path.rglob("manifest.json"))
+
+
+def test_hetpipe_records_its_first_stages_gates(tmp_path):
+    """ED on 8 devices (2 VWs), N_m = 2, D = 0, 4 iterations of 2 minibatches per VW: every gated minibatch (the
+    last of waves 1 to 3) says when its pull completed after the wave two before ended, and how long the first
+    stage was blocked in it, no longer than that."""
+    from harness.results import read_minibatches
+    from harness.systems.hetpipe import wsp
+
+    assert main(["run", "--system", "hetpipe", *TESTBED, "--devices", "8", "--batch", "32", "--micro-batch", "8",
+                 "--in-flight", "2", "--iters", "4", "--warmup", "0", "--lr", "0.005",
+                 "--results", str(tmp_path)]) == 0
+    (d,) = [p for p in tmp_path.glob("hetpipe-testbed/*") if p.is_dir()]
+    rows = read_minibatches(d / "minibatches.csv")
+    assert sorted(r["minibatch"] for r in rows if not math.isnan(r["pulled"])) == [3, 3, 5, 5, 7, 7]
+    assert sorted(r["minibatch"] for r in rows if not math.isnan(r["wave_done"])) == [1, 1, 3, 3, 5, 5, 7, 7]
+    waiting, idle = wsp.recorded_gate_waits(rows, 2)
+    assert len(waiting) == 6 and (waiting > 0).all() and (idle >= 0).all() and (idle <= waiting).all()

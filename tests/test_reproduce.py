@@ -87,6 +87,17 @@ def test_without_emulation_the_measured_parts_are_left_out_and_named(tmp_path, m
     assert TOY.expected_seconds(quick=False) == 601 and TOY.expected_seconds(False, emulated=False) == 1
 
 
+def test_quick_leaves_out_the_parts_too_long_for_a_first_look_and_names_them(tmp_path, monkeypatch):
+    paper = _toy_paper(fail=True)
+    long = Part("two", "a long measured part", 900, paper.parts[1].run, measured=True, in_quick=False)
+    monkeypatch.setitem(reproduce.PAPERS, "toy", "tests.test_reproduce:TOY")
+    monkeypatch.setattr(sys.modules[__name__], "TOY", Paper("toy", "A toy paper", "999", "", (paper.parts[0], long)))
+    text = reproduce.reproduce("toy", tmp_path, quick=True).read_text()
+    assert "Not run (QUICK): a long measured part." in text
+    assert TOY.runs(quick=True) == [paper.parts[0]] and TOY.expected_seconds(quick=True) == 1
+    assert TOY.runs(quick=False) == [paper.parts[0], long]
+
+
 def test_an_unknown_paper_is_one_line(tmp_path):
     from harness.errors import HarnessError
 
@@ -129,6 +140,33 @@ def test_hetpipe_sync_overhead_part_states_its_two_claims(tmp_path):
     assert ratio.claim.paper == 0.62 and 0 < ratio.simulated <= 1.0 + 1e-9
     assert 0 <= by["idle / waiting (D = 4)"].simulated <= 1.0 + 1e-9
     assert all(f.verdict in ("holds", "direction holds", "differs") for f in s.findings)
+    assert all(f.emulated is None for f in s.findings)  # no convergence runs before it
+
+
+def test_hetpipe_sync_overhead_measures_the_convergence_runs_records(tmp_path):
+    """Runs at D = 0 and D = 4 (N_m = 2) whose one gate each waited 1.0 s (0.5 blocked) and 0.5 s (0.1 blocked):
+    waiting 0.5x, idle / waiting 0.2, measured."""
+    import json
+
+    from harness.reproduce import hetpipe
+    from harness.results import write_minibatches
+
+    def fake(d: int, waiting: float, blocked: float):
+        run = tmp_path / f"D{d}"
+        run.mkdir()
+        (run / "manifest.json").write_text(json.dumps({"placement": {"N_m": 2}}))
+        rows = [{"vw": 0, "minibatch": p, "clock": p // 2, "global_version": 0, "admitted": float(p), "pushed": 0.0,
+                 "loss": 1.0} for p in range(4)]
+        rows[1]["wave_done"] = 10.0
+        rows[3].update(pulled=10.0 + waiting, blocked=blocked)
+        write_minibatches(run / "minibatches.csv", rows)
+        return run
+
+    ctx = Context(tmp_path, found={"convergence": {"horovod": tmp_path, "D=0": fake(0, 1.0, 0.5),
+                                                   "D=4": fake(4, 0.5, 0.1)}})
+    (s,) = hetpipe.sync_overhead(ctx)
+    assert [f.emulated for f in s.findings] == pytest.approx([0.5, 0.2])
+    assert "D = 4: waiting 500.0 ms, idle 100.0 ms over 1 gates" in s.text
 
 
 def test_hetpipe_fig3_covers_table3s_seven_vws_per_model_and_draws_them(tmp_path):
@@ -179,3 +217,54 @@ def test_hetpipe_emulated_claims_whose_runs_did_not_run_say_so():
     s = hetpipe.emulated_section(runs)
     assert [f.verdict for f in s.findings] == ["not run", "not run", "holds"]
     assert s.findings[-1].emulated == 3.0
+
+
+def test_time_to_target_is_the_first_smoothed_loss_at_or_under_it():
+    """SMOOTH = 5: means of the last five losses 2.2 (it. 5), 1.8 (6), 1.4 (7): the target 1.5 is first met at
+    the seventh iteration, after 7 x 0.5 s."""
+    from harness.reproduce.hetpipe_convergence import SMOOTH, time_to_target
+
+    assert SMOOTH == 5
+    losses = [2.2] * 5 + [0.2, 0.2]
+    assert time_to_target([0.5] * 7, losses, 1.5) == (3.5, 7)
+    assert time_to_target([0.5] * 7, losses, 0.1) == (pytest.approx(math.nan, nan_ok=True), -1)
+
+
+def test_hetpipe_convergence_claims_divide_samples_to_target_by_the_paper_scale_throughput():
+    """Runs to target: Horovod 10 iterations in 20 s, D=0 5 in 8 s, D=4 4 in 6 s, D=32 5 in 7.5 s (64 images an
+    iteration). At the paper's scale with 100 samples/s everywhere the times follow the samples: D=0 is 50 % sooner
+    than Horovod (640 vs 320 samples), D=4 20 % sooner than D=0, D=32 25 % later than D=4; measured: 60 %, 25 %,
+    25 %."""
+    from harness.reproduce import hetpipe_convergence as hc
+
+    def run(n, t):
+        return {"iterations": n, "time": t, "seconds": [t / n] * n, "losses": [1.0] * n, "overruns": 0}
+
+    runs = {"horovod": run(10, 20.0), "D=0": run(5, 8.0), "D=4": run(4, 6.0), "D=32": run(5, 7.5)}
+    sps = {k: 100.0 for k in ("resnet152 horovod", "resnet152 D=0 12", "resnet152 D=0 16", "vgg19 horovod",
+                               "vgg19 D=0", "vgg19 D=4", "vgg19 D=32")}
+    s = hc.convergence_section(runs, sps, floor=0.85, target=1.2)
+    got = {f.claim.text: (f.simulated, f.emulated) for f in s.findings}
+    assert got["VGG-19: HetPipe D = 0 sooner than Horovod"] == pytest.approx((50.0, 60.0))
+    assert got["VGG-19: D = 4 sooner than D = 0"] == pytest.approx((20.0, 25.0))
+    assert got["VGG-19: D = 32 later than D = 4 (global staleness)"] == pytest.approx((25.0, 25.0))
+    sps["resnet152 D=0 16"] = 200.0  # twice the throughput: half the time
+    s = hc.convergence_section(runs, sps, floor=0.85, target=1.2)
+    assert s.findings[1].simulated == pytest.approx(75.0)
+    quick = hc.convergence_section({k: runs[k] for k in hc.QUICK_RUNS}, sps, floor=0.85, target=1.2)
+    assert [f.verdict for f in quick.findings][3:] == ["not run"] * 3 and quick.findings[0].simulated is not None
+
+
+def test_recorded_gate_waits_run_from_a_wave_end_to_the_pull_after_the_next():
+    """N_m = 2: wave 0 ends with minibatch 1 (its first stage done at 1.0 s); the gate after it is minibatch 3's
+    pull, done at 1.5 s after 0.2 s blocked: waiting 0.5, idle 0.2. Wave 1 ends at 2.0 (minibatch 3), minibatch
+    5's pull done at 2.8 after 0.4 s: waiting 0.8, idle 0.4."""
+    nan = math.nan
+
+    def row(p, wave_done=nan, pulled=nan, blocked=nan):
+        return {"vw": 0, "minibatch": p, "wave_done": wave_done, "pulled": pulled, "blocked": blocked}
+
+    rows = [row(0), row(1, wave_done=1.0), row(2), row(3, wave_done=2.0, pulled=1.5, blocked=0.2), row(4),
+            row(5, wave_done=3.0, pulled=2.8, blocked=0.4)]
+    waiting, idle = wsp.recorded_gate_waits(rows, 2)
+    assert waiting == pytest.approx([0.5, 0.8]) and idle == pytest.approx([0.2, 0.4])

@@ -19,8 +19,9 @@ def register(sub) -> None:
                     "state with the values assumed. Prints the expected time first and progress on stderr.")
     p.add_argument("paper", choices=sorted(PAPERS), help="the paper: " + ", ".join(sorted(PAPERS)))
     p.add_argument("--quick", action="store_true",
-                   help="a first look: fewer repetitions of the measured parts (the simulated ones are the "
-                        "same), into results/reproduce/PAPER/quick unless --out")
+                   help="a first look: fewer repetitions of the measured parts and none of the longest (the "
+                        "simulated ones are the same; the report names what it left out), into "
+                        "results/reproduce/PAPER/quick unless --out")
     p.add_argument("--no-emulated", action="store_true",
                    help="only the parts that train nothing through the emulated cluster (the simulated ones, "
                         "seconds); the report names what it left out")
@@ -36,7 +37,7 @@ def cmd_reproduce(args) -> int:
     paper = get(args.paper)
     out = args.out or (results_root() / "reproduce" / args.paper / ("quick" if args.quick else ""))
     minutes = paper.expected_seconds(args.quick, not args.no_emulated) / 60
-    parts = [p for p in paper.parts if not (args.no_emulated and p.measured)]
+    parts = paper.runs(args.quick, not args.no_emulated)
     print(f"harness reproduce {args.paper}: {len(parts)} parts, expected about "
           f"{max(1, round(minutes))} min here; writing {out}", file=sys.stderr)
     report = reproduce(args.paper, Path(out), args.quick, lambda msg: print(f"  {msg}", file=sys.stderr),

@@ -26,6 +26,7 @@ class Context:
     out: Path
     quick: bool = False
     progress: Callable[[str], None] = lambda _msg: None
+    found: dict = field(default_factory=dict)  # what a part leaves for the parts after it (its runs' directories)
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,8 @@ class Part:
     seconds: float  # expected here (a 2-core machine), for the estimate printed before a run
     run: Callable[[Context], list[Section]]
     quick_seconds: float | None = None  # when QUICK shortens it
-    measured: bool = False  # runs training through the emulated cluster (left out by --no-emulated)
+    measured: bool = False  # trains for real (emulated cluster or loopback): left out by --no-emulated
+    in_quick: bool = True  # QUICK runs it (False: too long for a first look; QUICK names it as left out)
 
 
 @dataclass(frozen=True)
@@ -58,9 +60,13 @@ class Paper:
     parts: tuple[Part, ...]
     settings: tuple[Setting, ...] = field(default_factory=tuple)
 
+    def runs(self, quick: bool, emulated: bool = True) -> list[Part]:
+        """The parts a reproduction runs: without `emulated` none that trains, under `quick` only its own."""
+        return [p for p in self.parts if (emulated or not p.measured) and (p.in_quick or not quick)]
+
     def expected_seconds(self, quick: bool, emulated: bool = True) -> float:
-        return sum((p.quick_seconds if quick and p.quick_seconds is not None else p.seconds) for p in self.parts
-                   if emulated or not p.measured)
+        return sum((p.quick_seconds if quick and p.quick_seconds is not None else p.seconds)
+                   for p in self.runs(quick, emulated))
 
 
 #: every paper `harness reproduce` knows: name -> "module:attribute" of its Paper
@@ -80,7 +86,7 @@ class Reproduction:
     quick: bool
     sections: list[Section]
     seconds: float  # wall time of the parts
-    left_out: list[Part] = field(default_factory=list)  # measured parts not run (--no-emulated)
+    left_out: list[tuple[Part, str]] = field(default_factory=list)  # parts not run, and why (--no-emulated, QUICK)
 
 
 def reproduce(name: str, out: Path, quick: bool = False, progress: Callable[[str], None] | None = None,
@@ -95,10 +101,11 @@ def reproduce(name: str, out: Path, quick: bool = False, progress: Callable[[str
     out.mkdir(parents=True, exist_ok=True)
     ctx = Context(out, quick, say)
     sections: list[Section] = []
-    parts = [p for p in paper.parts if emulated or not p.measured]
+    parts = paper.runs(quick, emulated)
     t0 = time.monotonic()
     for k, part in enumerate(parts, 1):
         say(f"[{k}/{len(parts)}] {part.summary}")
         sections += part.run(ctx)
-    left_out = [p for p in paper.parts if p not in parts]
+    left_out = [(p, "`--no-emulated`" if p.measured and not emulated else "QUICK") for p in paper.parts
+                if p not in parts]
     return write_report(Reproduction(paper, quick, sections, time.monotonic() - t0, left_out), out)

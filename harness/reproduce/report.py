@@ -51,8 +51,8 @@ def render(rep) -> str:
          "| verdict | claims |", "|---|---|"]
     L += [f"| {v} | {counts[v]} |" for v in VERDICTS if counts[v]]
     L.append("")
-    if rep.left_out:
-        L += ["Not run (`--no-emulated`): " + "; ".join(p.summary for p in rep.left_out) + ".", ""]
+    for why in dict.fromkeys(w for _, w in rep.left_out):
+        L += [f"Not run ({why}): " + "; ".join(p.summary for p, w in rep.left_out if w == why) + ".", ""]
     for s in rep.sections:
         L += _section(s)
     if p.settings:

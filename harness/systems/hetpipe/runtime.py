@@ -30,6 +30,7 @@ from torch.func import functional_call
 
 from ...layout import Layout
 from ...plan.request import RunSpec
+from ...results import GATE_FIELDS
 from ...train.compute_model import pacer_for
 from ...train.nets import net_of
 from ...train.rank import RankContext, iteration_progress, torch_dtype
@@ -201,8 +202,11 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         return out
 
     def forward(p: int):
+        gate = {}
         if (p + 1) % N == 0 and (p + 1) // N - 2 >= D:  # the gated minibatch of wave c = (p+1)/N - 2
+            t0 = time.monotonic()
             st.pull((p + 1) // N - 2 - D + 1)
+            gate = {"pulled": time.monotonic(), "blocked": time.monotonic() - t0}
         if k == 0:
             x = data(p)[0].to(ctx.device)
             x = x.to(st.dtype) if x.is_floating_point() else x  # images in the stage's precision; token ids stay
@@ -214,7 +218,7 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         snap = {n: w.detach().clone().requires_grad_(True) for n, w in st.params.items()}
         out = timed("forward", lambda: functional_call(st.part, snap, (x,)))
         rows[p] = {"vw": st.vw, "minibatch": p, "clock": p // N, "stage": k, "version": st.version,
-                   "start": start, "loss": math.nan}
+                   "start": start, "loss": math.nan, **gate}
         return x, snap, out
 
     def finish(p: int, x, snap) -> None:
@@ -225,6 +229,7 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
             w.grad = snap[n].grad
         timed("optimizer", st.opt.step)
         if (p + 1) % N == 0:
+            rows[p]["wave_done"] = time.monotonic()  # this stage's part of the wave is done: its update goes
             pushes[p] = st.push(p // N)
 
     ctx.mark("training")
@@ -293,7 +298,9 @@ def _leave(st: _Stage, ctx: RankContext) -> None:
 def _gather(rows: list[dict], root: bool) -> list[dict] | None:
     """Every rank's per-stage rows, merged on rank 0 into one row per (VW, minibatch): admitted = its
     start on the first stage, global_version = the fewest of its stages', pushed = the latest of its
-    stages' pushes applied, loss = the last stage's."""
+    stages' pushes applied, loss = the last stage's; the first stage's gate: wave_done (a wave's last
+    minibatch: when the first stage finished it), pulled (a gated minibatch: when its pull completed) and
+    blocked (how long the first stage waited in that pull, with nothing else to do)."""
     everyone = [None] * dist.get_world_size() if root else None
     dist.gather_object(rows, everyone, dst=0)
     if not root:
@@ -307,6 +314,7 @@ def _gather(rows: list[dict], root: bool) -> list[dict] | None:
         row["global_version"] = min(row["global_version"], r["version"])
         if r["stage"] == 0:
             row["admitted"] = r["start"]
+            row.update({k: r[k] for k in GATE_FIELDS if k in r})
         if not math.isnan(r.get("pushed", math.nan)):
             row["pushed"] = r["pushed"] if math.isnan(row["pushed"]) else max(row["pushed"], r["pushed"])
         if not math.isnan(r["loss"]):

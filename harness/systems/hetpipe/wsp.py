@@ -98,6 +98,24 @@ class MinibatchRecord:
                    float(row["admitted"]), float(row["pushed"]), float(row["loss"]))
 
 
+def recorded_gate_waits(rows: list[dict], in_flight: int) -> tuple[np.ndarray, np.ndarray]:
+    """WSPResult.gate_waits from a run's minibatches.csv rows (results.read_minibatches): per gate, *waiting*
+    from the first stage finishing wave c (its last minibatch's `wave_done`) to the pull before the gated
+    minibatch (the last of wave c + 1, whose `pulled` is set) completing, and *idle*, how long the first stage
+    was blocked in that pull (a stage runs one task at a time: blocked, it has none)."""
+    done = {(r["vw"], r["minibatch"]): r["wave_done"] for r in rows if not np.isnan(r.get("wave_done", np.nan))}
+    waiting, idle = [], []
+    for r in rows:
+        if np.isnan(r.get("pulled", np.nan)):
+            continue
+        c = (r["minibatch"] + 1) // in_flight - 2  # the gate after wave c
+        end = done.get((r["vw"], (c + 1) * in_flight - 1))
+        if end is not None:
+            waiting.append(r["pulled"] - end)
+            idle.append(r["blocked"])
+    return np.array(waiting), np.array(idle)
+
+
 def global_staleness(in_flight: int, staleness: int) -> int:
     """s_global = (D + 1)(s_local + 1) + s_local - 1 with s_local = N_m - 1 (HetPipe, Sec. 5)."""
     s_local = in_flight - 1

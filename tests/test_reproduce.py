@@ -43,7 +43,7 @@ def _toy_paper(fail: bool = False) -> Paper:
         ctx.progress("toy part")
         s = Section("Toy figure", text="two claims")
         s.add(Claim("Fig. 1", "speedup", "p. 2", paper=2.0, above=1.0, unit="x", why="a toy model"), 1.5)
-        s.add(Claim("Fig. 1", "throughput", "p. 2", paper=100, unit="samples/s"), 104.0, emulated=80.0)
+        s.add(Claim("Fig. 1", "throughput", "p. 2", paper=100, unit="samples/s"), 104.0, measured=80.0)
         return [s]
 
     def broken(ctx: Context) -> list[Section]:
@@ -65,7 +65,7 @@ def test_a_paper_is_reproduced_into_claims_csv_and_report_md(tmp_path, monkeypat
     assert "| throughput | 100 samples/s (p. 2) | 104 samples/s | **holds** | 80 samples/s | differs |" in text
     assert "| latency | 5 us | unstated |" in text
     rows = list(csv.DictReader((tmp_path / "claims.csv").open()))
-    assert [(r["claim"], r["verdict"], r["emulated_verdict"]) for r in rows] == [
+    assert [(r["claim"], r["verdict"], r["measured_verdict"]) for r in rows] == [
         ("speedup", "direction holds", "not run"), ("throughput", "holds", "differs")]
 
 
@@ -140,7 +140,7 @@ def test_hetpipe_sync_overhead_part_states_its_two_claims(tmp_path):
     assert ratio.claim.paper == 0.62 and 0 < ratio.simulated <= 1.0 + 1e-9
     assert 0 <= by["idle / waiting (D = 4)"].simulated <= 1.0 + 1e-9
     assert all(f.verdict in ("holds", "direction holds", "differs") for f in s.findings)
-    assert all(f.emulated is None for f in s.findings)  # no convergence runs before it
+    assert all(f.measured is None for f in s.findings)  # no convergence runs before it
 
 
 def test_hetpipe_sync_overhead_measures_the_convergence_runs_records(tmp_path):
@@ -165,7 +165,7 @@ def test_hetpipe_sync_overhead_measures_the_convergence_runs_records(tmp_path):
     ctx = Context(tmp_path, found={"convergence": {"horovod": tmp_path, "D=0": fake(0, 1.0, 0.5),
                                                    "D=4": fake(4, 0.5, 0.1)}})
     (s,) = hetpipe.sync_overhead(ctx)
-    assert [f.emulated for f in s.findings] == pytest.approx([0.5, 0.2])
+    assert [f.measured for f in s.findings] == pytest.approx([0.5, 0.2])
     assert "D = 4: waiting 500.0 ms, idle 100.0 ms over 1 gates" in s.text
 
 
@@ -201,12 +201,12 @@ def test_hetpipe_emulated_directions_come_from_the_runs_and_their_predictions():
     runs = {k: {"seconds": m, "measured-over-sim": m / p, "host-bound": 0.0, "busy": 0.2}
             for k, (m, p) in seconds.items()}
     s = hetpipe.emulated_section(runs)
-    assert [f.emulated for f in s.findings] == pytest.approx([1.6, 1.25, 2.0])
+    assert [f.measured for f in s.findings] == pytest.approx([1.6, 1.25, 2.0])
     assert [f.simulated for f in s.findings] == pytest.approx([1.8 / 1.1, 1.1 / 0.9, 2.0 / 0.9])
-    assert all(f.verdict == "holds" and f.emulated_verdict == "holds" for f in s.findings)
+    assert all(f.verdict == "holds" and f.measured_verdict == "holds" for f in s.findings)
     assert "| hd | 1.250 | 1.000 | +25.0% | 20% | 0 |" in s.text
     runs["horovod"]["seconds"] = 0.5  # Horovod measured faster than ED-local: that claim differs, measured
-    assert [f.emulated_verdict for f in hetpipe.emulated_section(runs).findings][-1] == "differs"
+    assert [f.measured_verdict for f in hetpipe.emulated_section(runs).findings][-1] == "differs"
 
 
 def test_hetpipe_emulated_claims_whose_runs_did_not_run_say_so():
@@ -216,7 +216,7 @@ def test_hetpipe_emulated_claims_whose_runs_did_not_run_say_so():
             for k, m in (("ed-local", 1.0), ("horovod", 3.0))}  # QUICK's pair
     s = hetpipe.emulated_section(runs)
     assert [f.verdict for f in s.findings] == ["not run", "not run", "holds"]
-    assert s.findings[-1].emulated == 3.0
+    assert s.findings[-1].measured == 3.0
 
 
 def test_time_to_target_is_the_first_smoothed_loss_at_or_under_it():
@@ -244,7 +244,7 @@ def test_hetpipe_convergence_claims_divide_samples_to_target_by_the_paper_scale_
     sps = {k: 100.0 for k in ("resnet152 horovod", "resnet152 D=0 12", "resnet152 D=0 16", "vgg19 horovod",
                                "vgg19 D=0", "vgg19 D=4", "vgg19 D=32")}
     s = hc.convergence_section(runs, sps, floor=0.85, target=1.2)
-    got = {f.claim.text: (f.simulated, f.emulated) for f in s.findings}
+    got = {f.claim.text: (f.simulated, f.measured) for f in s.findings}
     assert got["VGG-19: HetPipe D = 0 sooner than Horovod"] == pytest.approx((50.0, 60.0))
     assert got["VGG-19: D = 4 sooner than D = 0"] == pytest.approx((20.0, 25.0))
     assert got["VGG-19: D = 32 later than D = 4 (global staleness)"] == pytest.approx((25.0, 25.0))

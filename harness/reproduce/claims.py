@@ -62,22 +62,22 @@ def verdict(claim: Claim, value: float | None, tolerance: float = TOLERANCE) -> 
 
 @dataclass
 class Finding:
-    """A claim with the harness's figures: simulated at the paper's scale and, where it runs here, measured
-    (emulated) at the testbed's."""
+    """A claim with the harness's figures: simulated at the paper's scale and, where it runs here, measured at
+    the testbed's (trained for real through the emulated cluster, or on loopback: the section says which)."""
 
     claim: Claim
     simulated: float | None = None
-    emulated: float | None = None
+    measured: float | None = None
     note: str = ""  # what the figure is, when the claim's text does not say (e.g. the N_m it ran at)
 
     @property
     def verdict(self) -> str:
-        """Of the paper-scale figure (the emulated one has its own column)."""
+        """Of the paper-scale figure (the measured one has its own column)."""
         return verdict(self.claim, self.simulated)
 
     @property
-    def emulated_verdict(self) -> str:
-        return verdict(self.claim, self.emulated)
+    def measured_verdict(self) -> str:
+        return verdict(self.claim, self.measured)
 
 
 @dataclass
@@ -89,8 +89,8 @@ class Section:
     text: str = ""  # a sentence on how it was reproduced
     plots: list[str] = field(default_factory=list)  # file names beside report.md
 
-    def add(self, claim: Claim, simulated: float | None = None, emulated: float | None = None, note: str = "") -> None:
-        self.findings.append(Finding(claim, simulated, emulated, note))
+    def add(self, claim: Claim, simulated: float | None = None, measured: float | None = None, note: str = "") -> None:
+        self.findings.append(Finding(claim, simulated, measured, note))
 
 
 def fmt(value: float | None, unit: str = "") -> str:

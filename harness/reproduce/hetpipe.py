@@ -213,12 +213,12 @@ def sync_overhead(ctx: Context) -> list[Section]:
                              f"{len(w)} gates" for d, (w, i) in runs.items()) + ".")
     m0, m4 = (float(runs[d][0].mean()) if d in runs else math.nan for d in (0, 4))
     s.add(Claim("Sec. 8.4", "waiting at D = 4 / waiting at D = 0", "Sec. 8.4", paper=0.62, below=1.0, unit="x",
-                why=WHY_IDENTICAL), w4 / w0, emulated=m4 / m0 if runs else None,
+                why=WHY_IDENTICAL), w4 / w0, measured=m4 / m0 if runs else None,
           note=f"{w4 * 1e3:.0f} / {w0 * 1e3:.0f} ms")
     s.add(Claim("Sec. 8.4", "idle / waiting (D = 4)", "Sec. 8.4", paper=0.18, below=1.0, unit="x",
                 why="the pipeline's work during a wait depends on the stage times and N_m of the harness's "
                     "partition; " + WHY_COMPUTE), float(waits[4][1].mean()) / w4,
-          emulated=float(runs[4][1].mean()) / m4 if 4 in runs else None)
+          measured=float(runs[4][1].mean()) / m4 if 4 in runs else None)
     return [s]
 
 
@@ -313,7 +313,7 @@ def emulated_section(runs: dict[str, dict]) -> Section:
                      why=WHY_TESTBED), ("ed-local", "horovod"), lambda t: t["horovod"] / t["ed-local"])]
     for claim, needs, ratio in checks:
         ran = all(k in runs for k in needs)
-        s.add(claim, ratio(predicted) if ran else None, emulated=ratio(measured) if ran else None)
+        s.add(claim, ratio(predicted) if ran else None, measured=ratio(measured) if ran else None)
     return s
 
 

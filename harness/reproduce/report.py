@@ -25,13 +25,13 @@ def write_report(rep, out: Path) -> Path:
 def claims_csv(sections: list[Section]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(["figure", "claim", "where", "paper", "simulated", "verdict", "emulated", "emulated_verdict", "note",
+    w.writerow(["figure", "claim", "where", "paper", "simulated", "verdict", "measured", "measured_verdict", "note",
                 "why"])
     for s in sections:
         for f in s.findings:
             c = f.claim
             w.writerow([c.figure, c.text, c.where, paper_cell(c), "" if f.simulated is None else f"{f.simulated:.6g}",
-                        f.verdict, "" if f.emulated is None else f"{f.emulated:.6g}", f.emulated_verdict, f.note,
+                        f.verdict, "" if f.measured is None else f"{f.measured:.6g}", f.measured_verdict, f.note,
                         c.why])
     return buf.getvalue()
 
@@ -63,21 +63,21 @@ def render(rep) -> str:
 
 
 def _section(s: Section) -> list[str]:
-    emulated = any(f.emulated is not None for f in s.findings)
+    measured = any(f.measured is not None for f in s.findings)
     L = [f"## {s.title}", ""]
     if s.text:
         L += [s.text, ""]
-    head = ["claim", "paper (where)", "simulated", "verdict"] + (["emulated", "verdict"] if emulated else []) + \
+    head = ["claim", "paper (where)", "simulated", "verdict"] + (["measured", "verdict"] if measured else []) + \
         ["why it may differ"]
     L += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for f in s.findings:
         c = f.claim
         sim = fmt(f.simulated, c.unit) + (f" ({f.note})" if f.note else "")
         row = [c.text, f"{paper_cell(c)} ({c.where})", sim, _mark(f.verdict)]
-        if emulated:
-            row += [fmt(f.emulated, c.unit), _mark(f.emulated_verdict)]
+        if measured:
+            row += [fmt(f.measured, c.unit), _mark(f.measured_verdict)]
         short = {"direction holds", "differs"}  # the verdicts a reason explains
-        row.append(c.why if f.verdict in short or (emulated and f.emulated_verdict in short) else "")
+        row.append(c.why if f.verdict in short or (measured and f.measured_verdict in short) else "")
         L.append("| " + " | ".join(row) + " |")
     L.append("")
     L += [f"![{name}]({name})" for name in s.plots]

@@ -23,8 +23,8 @@ def register(sub) -> None:
                         "simulated ones are the same; the report names what it left out), into "
                         "results/reproduce/PAPER/quick unless --out")
     p.add_argument("--no-emulated", action="store_true",
-                   help="only the parts that train nothing through the emulated cluster (the simulated ones, "
-                        "seconds); the report names what it left out")
+                   help="only the simulated parts (seconds): none that trains for real, through the emulated "
+                        "cluster or on loopback; the report names what it left out")
     p.add_argument("--out", type=output_dir,
                    help="directory to write (default results/reproduce/PAPER, or results/reproduce/PAPER/quick)")
     p.set_defaults(func=cmd_reproduce)

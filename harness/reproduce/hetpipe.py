@@ -343,7 +343,7 @@ PAPER = Paper(
     parts=(Part("fig3", "Fig. 3: one virtual worker against N_m (simulated)", 10, fig3),
            Part("fig4", "Fig. 4, Table 4 and the bytes across nodes (simulated)", 27, fig4_table4),
            Part("convergence", "Figs. 5-6: convergence against Horovod and D (a CNN trained for real)", 720,
-                hetpipe_convergence.convergence, quick_seconds=190, measured=True),
+                hetpipe_convergence.convergence, quick_seconds=180, measured=True),
            Part("sync", "Sec. 8.4: waiting and idle time against D (simulated; measured in the convergence runs)",
                 5, sync_overhead),
            Part("fig4-emulated", "Fig. 4 at the testbed's scale (emulated runs, each predicted)", 1440, fig4_emulated,

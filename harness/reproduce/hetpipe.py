@@ -4,8 +4,8 @@ Fig. 3 (one virtual worker against N_m), Fig. 4 with Table 3's policies (NP, ED,
 Horovod at D = 0), Table 4 (adding whimpy GPUs), Sec. 8.3's bytes across nodes and Sec. 8.4's waiting and
 idle times, each simulated at the paper's scale by harness/systems/hetpipe/ and harness/systems/horovod/;
 Fig. 4 trained for real at the testbed's scale through the emulated cluster, and Figs. 5-6 (convergence) with
-a CNN on loopback (hetpipe_convergence.py), whose runs Sec. 8.4 also reads. The paper's numbers come from its text and tables (its figures' bars are not in the text: those claims are
-the directions the text states).
+a CNN on loopback (hetpipe_convergence.py), whose runs Sec. 8.4 also reads. The paper's numbers come from its
+text and tables (its figures' bars are not in the text: those claims are the directions the text states).
 """
 from __future__ import annotations
 

@@ -47,8 +47,9 @@ LR = {"horovod": 0.04, "hetpipe": 0.0025}
 #: Python milliseconds; at this scale its slowest phase is still held (the runs' overruns say)
 TIME_SCALE = 30000.0
 STALENESS = (0, 4, 32)
+HETPIPE = {"policy": "ed", "ps_placement": "local"}  # ED-local, as the paper's convergence runs
 RUNS = {"horovod": {"run": {"system": "horovod"}, "model": {"lr": LR["horovod"]}},
-        **{f"D={d}": {"run": {"system": "hetpipe", "options": {"policy": "ed", "ps_placement": "local", "staleness": d}},
+        **{f"D={d}": {"run": {"system": "hetpipe", "options": {**HETPIPE, "staleness": d}},
                       "model": {"lr": LR["hetpipe"]}} for d in STALENESS}}
 QUICK_RUNS = ("horovod", "D=0")
 ITERS = {True: 48, False: 100}  # quick, full

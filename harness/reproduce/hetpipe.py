@@ -207,7 +207,7 @@ def sync_overhead(ctx: Context) -> list[Section]:
     w0, w4 = float(waits[0][0].mean()), float(waits[4][0].mean())
     runs = hetpipe_convergence.recorded_waits(ctx.found.get("convergence", {}))  # D -> (waiting, idle), measured
     if runs:
-        s.text += (" *Emulated*: the same from the convergence runs' per-minibatch records (the small CNN, 8 "
+        s.text += (" *Measured*: the same from the convergence runs' per-minibatch records (the small CNN, 8 "
                    "devices; idle: the first stage blocked in the pull): " +
                    ", ".join(f"D = {d}: waiting {w.mean() * 1e3:.1f} ms, idle {i.mean() * 1e3:.1f} ms over "
                              f"{len(w)} gates" for d, (w, i) in runs.items()) + ".")

@@ -47,6 +47,9 @@ LR = {"horovod": 0.04, "hetpipe": 0.0025}
 #: Python milliseconds; at this scale its slowest phase is still held (the runs' overruns say)
 TIME_SCALE = 30000.0
 STALENESS = (0, 4, 32)
+#: a run counts as sooner (or later) than another when its time to target differs by more than this many %:
+#: runs of the same throughput and samples to target differ by timing jitter (D = 0 and D = 4: 0.04 %)
+NOISE = 1.0
 HETPIPE = {"policy": "ed", "ps_placement": "local"}  # ED-local, as the paper's convergence runs
 RUNS = {"horovod": {"run": {"system": "horovod"}, "model": {"lr": LR["horovod"]}},
         **{f"D={d}": {"run": {"system": "hetpipe", "options": {**HETPIPE, "staleness": d}},
@@ -187,17 +190,17 @@ def convergence_section(runs: dict[str, dict], sps: dict[str, float], floor: flo
 
     checks = [
         (Claim("Fig. 5", "ResNet-152: HetPipe (12 GPUs, D = 0) reaches the target sooner than Horovod (12)",
-               "Sec. 8.4", paper=35.0, above=0.0, unit="%", why=WHY_STATS),
+               "Sec. 8.4", paper=35.0, above=NOISE, unit="%", why=WHY_STATS),
          ("horovod", "resnet152"), ("D=0", "resnet152", "12")),
         (Claim("Fig. 5", "ResNet-152: HetPipe (16 GPUs, D = 0) sooner than Horovod (12)", "Sec. 8.4", paper=39.0,
-               above=0.0, unit="%", why=WHY_STATS), ("horovod", "resnet152"), ("D=0", "resnet152", "16")),
-        (Claim("Fig. 6", "VGG-19: HetPipe D = 0 sooner than Horovod", "Sec. 8.4", paper=29.0, above=0.0, unit="%",
+               above=NOISE, unit="%", why=WHY_STATS), ("horovod", "resnet152"), ("D=0", "resnet152", "16")),
+        (Claim("Fig. 6", "VGG-19: HetPipe D = 0 sooner than Horovod", "Sec. 8.4", paper=29.0, above=NOISE, unit="%",
                why=WHY_STATS), ("horovod", "vgg19"), ("D=0", "vgg19")),
-        (Claim("Fig. 6", "VGG-19: D = 4 sooner than D = 0", "Sec. 8.4", paper=28.0, above=0.0, unit="%",
+        (Claim("Fig. 6", "VGG-19: D = 4 sooner than D = 0", "Sec. 8.4", paper=28.0, above=NOISE, unit="%",
                why=WHY_SMALL), ("D=0", "vgg19"), ("D=4", "vgg19")),
-        (Claim("Fig. 6", "VGG-19: D = 4 sooner than Horovod", "Sec. 8.4", paper=49.0, above=0.0, unit="%",
+        (Claim("Fig. 6", "VGG-19: D = 4 sooner than Horovod", "Sec. 8.4", paper=49.0, above=NOISE, unit="%",
                why=WHY_STATS), ("horovod", "vgg19"), ("D=4", "vgg19")),
-        (Claim("Fig. 6", "VGG-19: D = 32 later than D = 4 (global staleness)", "Sec. 8.4", paper=4.7, above=0.0,
+        (Claim("Fig. 6", "VGG-19: D = 32 later than D = 4 (global staleness)", "Sec. 8.4", paper=4.7, above=NOISE,
                unit="%", why=WHY_SMALL), ("D=32", "vgg19"), ("D=4", "vgg19")),
     ]
     for claim, slow, fast in checks:

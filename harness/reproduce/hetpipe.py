@@ -195,15 +195,13 @@ def _table4(sw) -> Section:
 
 
 def sync_overhead(ctx: Context) -> list[Section]:
-    topo, model = load_scenario(SCENARIO), get_cnn("vgg19")
     s = Section("Sec. 8.4: synchronisation overhead against D (VGG-19, ED-local, 16 GPUs)",
                 text="From the simulated waves: *waiting*, from a VW finishing a wave to its pull of the global "
                      "weights completing; *idle*, the part of it in which the VW's first stage has no task.")
     waits = {}
     for d in (0, 4):
         ctx.progress(f"sec. 8.4: D = {d}")
-        p = hp.plan(topo, model, BATCH, "ed", "local", staleness=d)
-        waits[d] = p.result.gate_waits()
+        waits[d] = hetpipe_convergence.ed_local("vgg19", d).result.gate_waits()
     w0, w4 = float(waits[0][0].mean()), float(waits[4][0].mean())
     runs = hetpipe_convergence.recorded_waits(ctx.found.get("convergence", {}))  # D -> (waiting, idle), measured
     if runs:

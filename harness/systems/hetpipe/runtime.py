@@ -206,7 +206,8 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         if (p + 1) % N == 0 and (p + 1) // N - 2 >= D:  # the gated minibatch of wave c = (p+1)/N - 2
             t0 = time.monotonic()
             st.pull((p + 1) // N - 2 - D + 1)
-            gate = {"pulled": time.monotonic(), "blocked": time.monotonic() - t0}
+            t1 = time.monotonic()
+            gate = {"pulled": t1, "blocked": t1 - t0}
         if k == 0:
             x = data(p)[0].to(ctx.device)
             x = x.to(st.dtype) if x.is_floating_point() else x  # images in the stage's precision; token ids stay

@@ -33,11 +33,9 @@ def train_horovod(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
 
 
 def _train_cnn(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
-    m, n = spec.model, ctx.world_size
-    if m.batch % (n * m.micro_batch):
-        raise ValueError(f"--batch {m.batch}: does not split into {n} ranks' minibatches of {m.micro_batch}")
-    net = net_of(m)
-    model = net.build().to(torch_dtype(spec))
+    m, n = spec.model, ctx.world_size  # the batch splits into n ranks' minibatches: Layout.check said so
+    net, dtype = net_of(m), torch_dtype(spec)
+    model = net.build().to(dtype)
     params = list(model.parameters())
     opt = make_optimizer(params, m.lr)
     pacer = pacer_for(spec, 0, ctx.device_index, ctx.device)
@@ -51,7 +49,7 @@ def _train_cnn(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         compute, losses = 0.0, []
         opt.zero_grad(set_to_none=True)
         for lo in range(ctx.rank * share, (ctx.rank + 1) * share, m.micro_batch):
-            x, y = images[lo:lo + m.micro_batch].to(torch_dtype(spec)), labels[lo:lo + m.micro_batch]
+            x, y = images[lo:lo + m.micro_batch].to(dtype), labels[lo:lo + m.micro_batch]
             t0 = time.perf_counter()
             with pacer.phase("forward"):
                 loss = net.loss(model(x), y) * (m.micro_batch / share)

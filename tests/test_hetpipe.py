@@ -270,3 +270,31 @@ def test_a_calibrated_profile_speeds_the_cnn_systems(cli, tmp_path):
         runs[name] = {r["system"]: r["samples_per_s"] for r in json.loads((tmp_path / f"{name}.json").read_text())}
     for system in ("hetpipe", "horovod"):
         assert runs["faster"][system] > 1.3 * runs["default"][system]
+
+
+def test_the_traffic_between_nodes_each_runtime_sends_by_hand():
+    """What an emulated run's count on the wire is held against (registry cross_node_bytes), by hand: two VWs of
+    two stages, VW 0 on devices 0 (node 0) and 1 (node 1), VW 1 on 2 and 3 (both node 1); blocks 0 and 1's
+    shards on devices 0 and 2."""
+    from harness.compute import activation_bytes
+    from harness.compute.model import get_model
+    from harness.layout import WSP, from_replicas
+    from harness.systems.hetpipe.sim import wsp_layout_cross_node_bytes
+    from harness.workloads.gpt_layers import gpt_layer_profile
+
+    cfg = get_model("tiny", 2)
+    region = [0, 1, 1, 1]
+    lay = from_replicas([((0, 1), ((0, 1), (1, 2))), ((2, 3), ((0, 1), (1, 2)))], placement="hand",
+                        wsp=WSP(in_flight=2, staleness=0, ps_hosts=(0, 2)))
+    batch, mb = 8, 1  # 4 minibatches a VW an iteration: 2 waves
+    blocks = [layer.params * 4 for layer in gpt_layer_profile(cfg).layers]  # the updates and weights: fp32
+    act = activation_bytes(cfg, mb, 2)
+    # VW 0's one cut crosses (each minibatch: activations and their gradients); each wave device 1 pushes block 1 to
+    # device 2's shard and pulls it back (node 1 both: nothing across), device 2 and 3 alike; device 2 pushes
+    # block 0 to device 0 (node 0) and pulls it
+    want = 4 * 2 * act + 2 * 2 * blocks[0]
+    assert wsp_layout_cross_node_bytes(region, cfg, batch, lay, mb, 2) == pytest.approx(want)
+    # a ring of 4 in rank order over nodes [0, 1, 1, 1] leaves node 0 once and comes back once
+    grads = sum(blocks) / 4 * 2
+    assert horovod.layout_cross_node_bytes(region, cfg, batch, lay, mb, 2) == pytest.approx(2 * 2 * 3 / 4 * grads)
+    assert horovod.ring_cross_node_bytes([0, 0, 0], [0, 1, 2], 1e6) == 0

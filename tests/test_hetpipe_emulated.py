@@ -45,5 +45,19 @@ def test_shards_traffic_crosses_the_shaped_links_and_wsp_holds(tmp_path, capsys)
     for r in read_records(hp / "records.csv"):  # 2 minibatches per VW an iteration, a push then a pull each
         # (0.75: the shaper's burst lets a little through above the rate; on loopback this takes milliseconds)
         assert r["backend"] == "emu" and r["seconds"] > 0.75 * 2 * 2 * per_transfer, (r["seconds"], per_transfer)
+    # what each device's interface sent to whom, as its kernel counted it (network/egress.py): each stage of VW 1
+    # pushes its block's update to that block's shard and gets the weights back, one wave a minibatch, 2 a timed
+    # iteration; to the other shard it sends only the names its pull waits on
+    sent = man["egress"]["bytes"]
+    waves = 2 * man["egress"]["iterations"]
+    vw1 = [stage[1][0] for stage in man["spec"]["layout"]["mesh"]]  # its device of each stage (= block)
+    assert sorted(vw1) == [2, 3]
+    for block, (device, host) in enumerate(zip(vw1, (0, 1))):
+        assert sent[device][host] >= waves * stage_bytes and sent[host][device] >= waves * stage_bytes, (sent, block)
+        assert sent[device][1 - host] < stage_bytes, (sent, block)
     recs = read_records(runs["horovod"] / "records.csv")
     assert [r["d_dp"] for r in recs] == [4, 4] and all(0 < r["loss"] < 10 for r in recs)
+    # Horovod's all-reduce: any algorithm sends 2 (n - 1) / n of the gradients from each of the n ranks, in all
+    egress = json.loads((runs["horovod"] / "manifest.json").read_text())["egress"]
+    grads = sum(layer.params for layer in gpt_layer_profile(get_model("tiny", 2)).layers) * 4
+    assert sum(map(sum, egress["bytes"])) >= egress["iterations"] * 2 * 3 * grads, (egress, grads)

@@ -161,6 +161,16 @@ def test_bytes_on_the_wire_count_the_parameter_server(tmp_path):
     model = 4 * sum(layer.params for layer in gpt_layer_profile(cfg).layers)
     act = 2 * cfg.seq * cfg.hidden * 4
     assert sum(map(sum, per_rank)) == 2 * model + model + 2 * 2 * 3 * act
+    # the model of its traffic between nodes (registry cross_node_bytes; every cut and shard crosses here) says the
+    # same of a steady iteration, one push and one pull a wave: the run's first wave pulled nothing
+    from harness.sim.compare import cross_node_traffic
+
+    man = json.loads((d / "manifest.json").read_text())
+    man["egress"] = {"iterations": 2, "bytes": [[0, 5, 0, 1], [7, 0, 0, 0], [0, 0, 0, 0], [0, 0, 3, 0]]}
+    (d / "manifest.json").write_text(json.dumps(man))  # as an emulated run's kernels would have counted
+    counted, payload = cross_node_traffic(d)
+    assert 2 * payload - model == sum(map(sum, per_rank))
+    assert counted == (5 + 1 + 7 + 3) / 2  # one GPU of each node: every pair crosses
 
 
 TWO_GPUS = """\

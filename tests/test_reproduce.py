@@ -219,6 +219,23 @@ def test_hetpipe_emulated_claims_whose_runs_did_not_run_say_so():
     assert s.findings[-1].measured == 3.0
 
 
+def test_hetpipe_bytes_across_nodes_counted_beside_the_payload_model():
+    """ED sends 10 MB an iteration across nodes by the model and 11 on the wire, ED-local 4 and 4.6: local placement
+    cuts them to 0.4x (model) and 0.418x (counted); a run without a model of its own moves 0 payload (no ratio)."""
+    from harness.reproduce import hetpipe
+
+    runs = {"ed": {"cross-node": 11e6, "cross-node-payload": 10e6},
+            "ed-local": {"cross-node": 4.6e6, "cross-node-payload": 4e6},
+            "horovod": {"cross-node": 0.1e6, "cross-node-payload": 0.0}}
+    s = hetpipe.bytes_section(runs)
+    (f,) = s.findings
+    assert (f.simulated, f.measured) == (pytest.approx(0.4), pytest.approx(4.6 / 11))
+    assert f.verdict == f.measured_verdict == "holds"
+    assert "| ed | 11.000 | 10.000 | 1.100 |" in s.text and "| horovod | 0.100 | 0 | - |" in s.text
+    del runs["ed"]  # QUICK ran no ED
+    assert hetpipe.bytes_section(runs).findings[0].verdict == "not run"
+
+
 def test_time_to_target_is_the_first_smoothed_loss_at_or_under_it(monkeypatch):
     """Averaged over 5: means of the last five losses 2.2 (it. 5), 1.8 (6), 1.4 (7): the target 1.5 is first met
     at the seventh iteration, after 7 x 0.5 s."""

@@ -15,6 +15,9 @@ torchtitan's train-spec idea: a `System` bundles
   LayerProfile, minibatch, CNNOptions) -> list[CNNCandidate]` (harness/systems/hetpipe/sim.py);
 - `simulate_layout`: `(Links, profiles, cfg, batch, Layout, micro_batch, bytes_per_value) ->
   (seconds, busiest compute seconds)`, the model `sim compare` holds a measured run against;
+- `cross_node_bytes`: `(region, cfg, batch, Layout, micro_batch, bytes_per_value) -> bytes`, the payload its runtime
+  sends between devices of different nodes (`region[d]`) in an iteration, as its simulate_layout models it (what
+  an emulated run's count on the wire is held against);
 - `run_length`: its simulate_layout also takes `iterations=(warm-up, timed)`, a measured run's length, because
   its iterations differ over a run (WSP: the first D + 1 waves pull nothing); `sim compare` passes the run's;
 - `record_layout`: the layout a measured record ran on, for records older than the layout JSON;
@@ -113,6 +116,7 @@ class System:
     simulate: dict = field(default_factory=dict)  # workload -> Ref
     simulate_layout: Ref | None = None  # None: no simulator model (`harness sim` and `sim compare` say so)
     run_length: bool = False
+    cross_node_bytes: Ref | None = None  # None: no model of its traffic between nodes
     record_layout: Ref = "harness.systems.baselines.sim:legacy_mesh_layout"
     stage_memory: Ref = "harness.layout.memory:stage_bytes"
     tune_grid: Ref | None = None
@@ -187,6 +191,13 @@ class System:
             raise HarnessError(f"--system {self.name}: no simulator model (its registry entry gives no "
                                "simulate_layout), so nothing predicts its runs")
         return functools.partial(fn, options=self.resolve_options(options or {})) if self.options else fn
+
+    def cross_node_bytes_fn(self) -> Callable:
+        fn = _resolve(self.cross_node_bytes)
+        if fn is None:
+            raise HarnessError(f"--system {self.name}: no model of its traffic between nodes (its registry entry "
+                               "gives no cross_node_bytes)")
+        return fn
 
     def record_layout_fn(self) -> Callable:
         return _resolve(self.record_layout)

@@ -262,6 +262,23 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> 
     return RunModel(sim.topo, lay, cfg, bpv, links, simulate)
 
 
+def cross_node_traffic(run: Path) -> tuple[float, float]:
+    """An emulated run's bytes between nodes an iteration: counted on the wire by its devices' kernels (the
+    manifest's "egress": frames, so headers and acknowledgements too) and its system's payload model of the run
+    as it ran (registry `cross_node_bytes`, nothing fitted on the run)."""
+    doc = json.loads((Path(run) / "manifest.json").read_text())
+    counted = doc.get("egress")
+    if not counted:
+        raise HarnessError(f"{run}: no bytes counted between devices (emulated runs count them)")
+    rec = load_measured(Path(run))[0]
+    model = run_model(rec)
+    region = model.topo.device_region
+    sent = sum(b for s, row in enumerate(counted["bytes"]) for d, b in enumerate(row) if region[s] != region[d])
+    payload = registry.get(rec["system"]).cross_node_bytes_fn()(
+        region, model.cfg, int(rec["batch"]), model.layout, int(rec["micro_batch"]), model.bytes_per_value)
+    return sent / counted["iterations"], float(payload)
+
+
 def payload_share(backend: str | None) -> float:
     """The share of a link's rate that carries TCP's payload in a run on `backend`: an emulated link shapes
     whole frames (HTB counts headers too: netmodel/tcp.tcp_efficiency, as `net verify` and the FL runs take

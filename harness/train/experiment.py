@@ -32,7 +32,7 @@ from ..plan.dilation import advice
 from ..network.headroom import HOST_BOUND_BUSY, LATE_SHARE, host_bound
 from .nets import net_of
 from . import probe
-from .stats import IterationStats, merge_stats
+from .stats import IterationStats, egress_summary, merge_stats
 
 
 def to_records(spec: RunSpec, stats: list[IterationStats], cpu: list | None = None) -> list[IterationRecord]:
@@ -363,6 +363,9 @@ def record_run(plan: RunPlan, launch, shared: dict | None = None) -> Path:
             extra = {**extra, "compute_model": compute_model_summary(spec, stats, per_rank)}
         if spec.debug.count_wire:  # each rank's bytes on the wire in each timed iteration (wire.py)
             extra = {**extra, "wire_bytes_per_rank": [[s.wire_bytes for s in r] for r in per_rank]}
+        egress = egress_summary(per_rank)  # emulated runs: what each interface sent to whom
+        if egress:
+            extra = {**extra, "egress": egress}
         final(lambda: atomic_write_json(out / "manifest.json", manifest(
             run_id, "ok", wall_seconds=time.monotonic() - t0, kernel=kernel, **info, **extra)))
         return out

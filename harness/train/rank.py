@@ -155,7 +155,7 @@ def rank_main(spec: RunSpec, env: RankEnv, collect_state: bool = False, gather: 
                       journal=env.journal, fault=arm_fault(spec.debug, env.rank, device_index, env.journal))
     ctx.marks["forked"] = t_forked
     ctx.mark("process_group")
-    with wire.counting(spec.debug.count_wire):
+    with wire.counting(spec.debug.count_wire, env.ifname):
         stats = fn(ctx, spec)
     result = RankResult(env.rank, stats, ctx.state, ctx.marks)
     if gather:

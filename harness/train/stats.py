@@ -19,6 +19,8 @@ class IterationStats:
     compute_overruns: int = 0  # phases whose real computation outran the compute model's time
     compute_late_seconds: float = 0.0  # how long after their modelled deadlines the phases ended (overruns too)
     wire_bytes: int | None = None  # bytes this rank put on the wire in the iteration (debug.count_wire)
+    egress_bytes: dict | None = None  # what its interface sent, {"to": {device: bytes}, "unclassified": bytes}, as
+    # the kernel counts it (train/wire.py; emulated runs)
     minibatches: list | None = None  # per-minibatch rows of the whole run, on one rank of a system that
     # records them (HetPipe: VW, minibatch, clock, global version, ...); written as minibatches.csv
     replans: list | None = None  # ours with --replan, on its last iteration: what this rank did in each re-plan
@@ -70,3 +72,20 @@ def merge_stats(per_rank: list[list[IterationStats]], shared_clock: bool = False
             compute_late_seconds=max(it.compute_late_seconds for it in its),  # the latest rank's
         ))
     return out
+
+
+def egress_summary(per_rank: list[list]) -> dict | None:
+    """The run's egress over its timed iterations (each rank's IterationStats, rank = device): "bytes"[src][dst]
+    summed, "unclassified"[src], "iterations" counted; None unless every rank read its interface."""
+    n = min((len(s) for s in per_rank), default=0)
+    if not n or any(it.egress_bytes is None for s in per_rank for it in s[:n]):
+        return None
+    devices = len(per_rank)
+    sent = [[0] * devices for _ in range(devices)]
+    other = [0] * devices
+    for src, stats in enumerate(per_rank):
+        for it in stats[:n]:
+            for dst, b in it.egress_bytes["to"].items():  # a journal's JSON keys are strings
+                sent[src][int(dst)] += int(b)
+            other[src] += int(it.egress_bytes["unclassified"])
+    return {"iterations": n, "bytes": sent, "unclassified": other}

@@ -23,6 +23,9 @@ the count rather than be charged nothing.
 
 The mode makes every tensor operation pass through Python: counted runs are for the count, not
 for their times (`debug.count_wire`).
+
+A rank in the emulated cluster also reads what its interface sent to each device as the kernel counts it
+(network/egress.py: frames, headers and acknowledgements included): free, so every emulated run has it.
 """
 from __future__ import annotations
 
@@ -31,6 +34,8 @@ import contextlib
 import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..network.egress import EgressReader
 
 _NAMESPACES = ("c10d", "_c10d_functional")
 FREE = {"recv_", "recv_any_source_", "irecv", "barrier", "monitored_barrier_", "wait_tensor", "check_for_nan",
@@ -129,21 +134,30 @@ class WireCounter(TorchDispatchMode):
 
 
 _active: WireCounter | None = None
+_egress: dict = {}  # while counting on a shaped interface: "reader" (EgressReader), "last" (Egress at the last take)
 
 
 @contextlib.contextmanager
-def counting(on: bool):
-    """Count this process's bytes on the wire inside the block (when `on`); `take()` reads them."""
+def counting(on: bool, ifname: str = ""):
+    """Count this process's payload bytes inside the block (when `on`), and its interface's egress per
+    destination where `ifname` is an interface the harness shaped; `take_iteration()` reads both."""
     global _active
-    if not on:
-        yield None
-        return
-    _active = WireCounter()
+    reader = EgressReader(ifname) if ifname else None
+    last = reader.read() if reader else None
+    if last is not None:
+        _egress.update(reader=reader, last=last)
+    _active = WireCounter() if on else None
     try:
-        with _active:
-            yield _active
+        if _active is None:
+            yield None
+        else:
+            with _active:
+                yield _active
     finally:
         _active = None
+        _egress.clear()
+        if reader is not None:
+            reader.close()
 
 
 def charge(nbytes: int) -> None:
@@ -155,3 +169,29 @@ def charge(nbytes: int) -> None:
 def take() -> int | None:
     """Bytes this rank put on the wire since the last take, or None when the run does not count."""
     return None if _active is None else _active.take()
+
+
+def take_egress() -> dict | None:
+    """What this rank's interface sent since the last take, {"to": {device: bytes}, "unclassified": bytes}, or
+    None off the emulated cluster."""
+    if not _egress:
+        return None
+    now = _egress["reader"].read()
+    sent, _egress["last"] = now.since(_egress["last"]), now
+    return {"to": sent.to, "unclassified": sent.unclassified}
+
+
+def take_iteration() -> dict:
+    """Both counts since the last take, as IterationStats' fields (a runtime takes once per iteration)."""
+    return {"wire_bytes": take(), "egress_bytes": take_egress()}
+
+
+def add_late(stats, late: dict) -> None:
+    """Add what went out after a rank's last iteration ended (`take_iteration()` then) to that iteration."""
+    if late["wire_bytes"]:
+        stats.wire_bytes += late["wire_bytes"]
+    if late["egress_bytes"] and stats.egress_bytes is not None:
+        e = stats.egress_bytes
+        e["to"] = {d: b + late["egress_bytes"]["to"].get(d, 0) for d, b in e["to"].items()}
+        e["unclassified"] += late["egress_bytes"]["unclassified"]
+

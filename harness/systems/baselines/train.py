@@ -191,7 +191,7 @@ def train_step(br: BaselineRank, cfg: GPTConfig, batch: int, iteration: int, see
     loss = float(torch.stack(losses).detach().mean()) if last else math.nan
     compute = min(br.compute_seconds, seconds)
     paced = br.pacer.take_iteration() if br.pacer is not None else {}
-    return IterationStats(seconds, compute, seconds - compute, loss, end, **paced, wire_bytes=wire.take())
+    return IterationStats(seconds, compute, seconds - compute, loss, end, **paced, **wire.take_iteration())
 
 
 def train_baseline(

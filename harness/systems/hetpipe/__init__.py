@@ -56,6 +56,7 @@ register(System(
     train="harness.systems.hetpipe.runtime:train_hetpipe", layout_rule="harness.systems.hetpipe.rule:place_hetpipe",
     options=OPTIONS, trains_cnn=True,
     simulate_layout="harness.systems.hetpipe.sim:simulate_wsp_layout", run_length=True,
+    cross_node_bytes="harness.systems.hetpipe.sim:wsp_layout_cross_node_bytes",
     sweep_by_rule=False, simulate={"cnn": "harness.systems.hetpipe.sim:candidates_hetpipe"}, style=("#9467bd", "D"),
     report_section="harness.systems.hetpipe.report:SECTION",
 ))

@@ -261,10 +261,10 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
                 busy = min(compute, seconds)
                 stats.append(IterationStats(seconds, busy, seconds - busy,
                                             float(np.mean(losses)) if losses else math.nan, ends[-1],
-                                            **st.pacer.take_iteration(), wire_bytes=wire.take()))
+                                            **st.pacer.take_iteration(), **wire.take_iteration()))
             else:
                 st.pacer.take()
-                wire.take()
+                wire.take_iteration()
             compute, losses = 0.0, []
             if ctx.rank == 0:
                 iteration_progress(it, steps, spec.run.warmup, seconds)
@@ -275,9 +275,8 @@ def train_hetpipe(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         rows[p]["pushed"] = applied
     st.close()
     _leave(st, ctx)
-    late = wire.take()  # the last pushes (and a shard's last replies) went out after the last iteration ended
-    if late:
-        stats[-1].wire_bytes += late
+    # the last pushes (and a shard's last replies) went out after the last iteration ended
+    wire.add_late(stats[-1], wire.take_iteration())
     stats[0].minibatches = _gather(list(rows.values()), ctx.rank == 0)
     ctx.save_state({st.names[n]: w for n, w in st.params.items()})
     return stats

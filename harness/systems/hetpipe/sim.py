@@ -94,3 +94,26 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
     waves = -(-(warmup + timed) * per_vw // N)  # whole waves that hold the run's minibatches
     r = wsp.simulate(vws, N, mb, lay.wsp.staleness, push, pull, waves=max(waves, 2))
     return r.run_seconds(per_vw, warmup, timed), busiest
+
+
+def wsp_layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int) -> float:
+    """The payload a HetPipe run on `lay` sends between devices of different nodes (`region[d]`) in an
+    iteration of `batch` samples, in the steady state simulate_wsp_layout models: every minibatch's
+    activations forward and their gradients back at each cut, and every wave each stage's push of its blocks'
+    fp32 update to their shards and the pull of their weights back (the names a pull waits on left out)."""
+    from ...compute import activation_bytes
+    from ...workloads.gpt_layers import gpt_layer_profile
+    from .planning import BYTES_PER_VALUE
+
+    hosts = lay.wsp.ps_hosts
+    block_bytes = [layer.params * BYTES_PER_VALUE for layer in gpt_layer_profile(cfg).layers]
+    per_vw = batch // (lay.dp * mb)  # minibatches of every VW in an iteration
+    waves = per_vw / lay.wsp.in_flight
+    cut = 2 * activation_bytes(cfg, mb, bpv)
+    out = 0.0
+    for pipe in lay.replica_pipelines():
+        devs = pipe.devices
+        out += per_vw * cut * sum(region[a] != region[b] for a, b in zip(devs, devs[1:]))
+        for d, (a, b) in zip(devs, pipe.stages):
+            out += waves * 2 * sum(block_bytes[blk] for blk in range(a, b) if region[hosts[blk]] != region[d])
+    return float(out)

@@ -51,10 +51,27 @@ def simulate(topo: Topology, model: LayerProfile, batch: int, gpus: str | None =
     ring = np.asarray(fits)[None, :]
     allreduce = float(collectives.ring_allreduce(Links.from_topology(topo), ring, grads).max()) if len(fits) > 1 else 0.0
     seconds = fwd + max(2 * fwd, allreduce)
-    nodes = len({topo.device_region[d] for d in fits})
+    cross = ring_cross_node_bytes(topo.device_region, fits, grads)
     n = len(fits)
-    cross = (nodes if nodes > 1 else 0) * 2 * (n - 1) / n * grads
     return HorovodResult(fits, [d for d in devices if d not in fits], seconds, n * batch / seconds, allreduce, cross)
+
+
+def ring_cross_node_bytes(region, ring: list[int], grad_bytes: float) -> float:
+    """What a ring all-reduce of `grad_bytes` over `ring` (in its order) sends between devices of different nodes
+    (`region[d]`): each rank sends 2 (n - 1) / n of the data to the next, so each edge that leaves a node moves
+    that much."""
+    n = len(ring)
+    crossing = sum(region[a] != region[b] for a, b in zip(ring, ring[1:] + ring[:1])) if n > 1 else 0
+    return crossing * 2 * (n - 1) / n * grad_bytes
+
+
+def layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int) -> float:
+    """Its GPT runs' traffic between nodes an iteration (the baselines' runtime: one all-reduce of every
+    gradient, a ring in rank order; plan/systems.py `cross_node_bytes`)."""
+    from ...workloads.gpt_layers import gpt_layer_profile
+
+    grads = sum(layer.params for layer in gpt_layer_profile(cfg).layers) * bpv
+    return ring_cross_node_bytes(region, list(range(lay.devices)), grads)
 
 
 def candidates_horovod(topo: Topology, model: LayerProfile, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
@@ -77,5 +94,6 @@ register(System(
     train="harness.systems.horovod.runtime:train_horovod", checkpoints=True, trains_cnn=True,
     fault_phases=("checkpoint",), layout_rule=horovod_layout,
     simulate_layout="harness.systems.baselines.sim:simulate_runtime_of_layout",
+    cross_node_bytes="harness.systems.horovod:layout_cross_node_bytes",
     sweep_by_rule=False, simulate={"cnn": candidates_horovod}, style=("#8c564b", "P"),
 ))

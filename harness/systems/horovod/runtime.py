@@ -73,10 +73,10 @@ def _train_cnn(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         if it >= spec.run.warmup:
             busy = min(compute, seconds)
             stats.append(IterationStats(seconds, busy, seconds - busy, float(np.mean(losses)), now,
-                                        **pacer.take_iteration(), wire_bytes=wire.take()))
+                                        **pacer.take_iteration(), **wire.take_iteration()))
         else:
             pacer.take()
-            wire.take()
+            wire.take_iteration()
         if ctx.rank == 0:
             iteration_progress(it, steps, spec.run.warmup, seconds)
     ctx.save_state(dict(model.named_parameters()))

@@ -356,10 +356,10 @@ def train_ours(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         if it >= warmup:
             stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
                                         exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss, end=t,
-                                        **runner.pacer.take_iteration(), wire_bytes=wire.take()))
+                                        **runner.pacer.take_iteration(), **wire.take_iteration()))
         else:
             runner.pacer.take()  # warm-up overruns and bytes are not the timed iterations'
-            wire.take()
+            wire.take_iteration()
         every = spec.run.checkpoint_every
         if every and (it + 1) % every == 0:  # after the iteration's update: what it holds now
             ctx.reached("checkpoint", it)

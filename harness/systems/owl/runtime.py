@@ -34,6 +34,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from ...network.egress import interface_tx_bytes
 from ...train.compute_model import ComputePacer
 from ...train.rank import leave_together, progress
 from ...train.wire import WireCounter
@@ -181,19 +182,6 @@ def _warm_up(rank: int, W: int, rs: RoundSpec, workers_group) -> None:
     if rank < W:
         dist.all_reduce(torch.zeros(WARMUP_NUMEL), group=workers_group)
     dist.barrier()
-
-
-def interface_tx_bytes(ifname: str) -> int | None:
-    """Bytes this namespace's interface `ifname` has sent, as the kernel counts them (/proc/net/dev is the
-    calling process's namespace); None without an interface (loopback runs)."""
-    if not ifname:
-        return None
-    with open("/proc/net/dev") as f:
-        for line in f:
-            name, _, rest = line.partition(":")
-            if name.strip() == ifname:
-                return int(rest.split()[8])
-    raise RuntimeError(f"/proc/net/dev: no interface {ifname}")
 
 
 def server_round(spec: FLSpec, rs: RoundSpec, model: _Model, fault: bool, ifname: str = "") -> RankRound:

@@ -177,6 +177,14 @@ def layer_phase_seconds(fwd_flop: float, params: int, micro_batch: int, profile:
     return {"forward": fwd, "backward": 2 * fwd, "optimizer": optimizer_seconds(params, profile)}
 
 
+def layer_stage_phase_seconds(layers, split, stage: int, micro_batch: int, profile: ComputeProfile) -> dict[str, float]:
+    """layer_phase_seconds of stage `stage` of a layer chain cut `split` (layers per stage): its layers' FLOPs
+    and parameters."""
+    first = sum(split[:stage])
+    mine = layers[first:first + split[stage]]
+    return layer_phase_seconds(sum(l.fwd_flop for l in mine), sum(l.params for l in mine), micro_batch, profile)
+
+
 def rank_phase_seconds(cfg: GPTConfig, split: list[int], stage: int, micro_batch: int, profile: ComputeProfile,
                        recompute: bool, tp: int = 1, vocab_parallel: bool = True,
                        optimizer_shards: int = 1) -> dict[str, float]:

@@ -81,9 +81,6 @@ def check_cnn(req: RunRequest, entry: registry.System) -> None:
     if not entry.trains_cnn:
         able = [s.name for s in registry.registered().values() if s.trains_cnn]
         raise HarnessError(f"--model {req.model.name}: {entry.name} trains GPTs only (a CNN: {', '.join(able)})")
-    if req.network.mode == "emulated":  # the emulated cluster's dilation and headroom read the simulator's run
-        raise HarnessError(f"--model {req.model.name}: a CNN's run is not simulated yet, which the emulated "
-                           "cluster needs (its dilation, its headroom); --network none runs it on loopback")
     if req.run.checkpoint_every is not None or req.run.resume is not None:
         raise HarnessError(f"--model {req.model.name}: a CNN's run writes no checkpoints (--checkpoint-every, "
                            "--resume: GPTs only)")

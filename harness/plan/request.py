@@ -104,6 +104,11 @@ class ModelSection:
         return gpt_layer_profile(self.cfg)
 
     @property
+    def simulated(self) -> GPTConfig | LayerProfile:
+        """What the simulator's model of a run takes: a GPT's config, or a CNN's chain of layers."""
+        return self.profile if self.is_cnn else self.cfg
+
+    @property
     def bytes_per_value(self) -> int:
         return BYTES_PER_VALUE[self.dtype]
 

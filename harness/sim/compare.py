@@ -25,7 +25,7 @@ from ..plan import systems as registry
 from ..errors import HarnessError
 from ..layout import Layout, from_pipelines
 from ..compute.model import get_model
-from ..workloads.cnn import TRAINABLE_CNNS
+from ..workloads.cnn import TRAINABLE_CNNS, get_cnn
 from ..compute import BYTES_PER_VALUE
 from ..compute.profiles import OP_CLASSES, ComputeProfile, device_profiles
 from ..results import read_records
@@ -223,10 +223,8 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> 
     topo = _topology(rec).scaled(float(rec.get("bandwidth_scale") or 1.0) * payload_share(rec.get("backend")))
     if rec.get("transport"):
         topo = replace(topo, transport=_transport(rec["transport"]))
-    if rec["model"] in TRAINABLE_CNNS:
-        raise HarnessError(f"records: model {rec['model']}: sim compare predicts GPT runs only so far (a CNN's "
-                           "run is not simulated yet)")
-    cfg = get_model(rec["model"], int(rec["layers"]))
+    # a CNN's run is simulated on its chain of layers (the systems that train one take either)
+    cfg = get_cnn(rec["model"]) if rec["model"] in TRAINABLE_CNNS else get_model(rec["model"], int(rec["layers"]))
     mb, batch, system = int(rec["micro_batch"]), int(rec["batch"]), rec["system"]
     dtype = rec.get("dtype") or DEFAULT_DTYPE.get(rec.get("backend"), "fp16")
     if dtype not in BYTES_PER_VALUE:

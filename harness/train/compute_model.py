@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from ..compute import backward_shares, layer_phase_seconds, rank_phase_seconds
+from ..compute import backward_shares, layer_stage_phase_seconds, rank_phase_seconds
 from ..plan.request import RunSpec
 
 PHASES = ("forward", "backward", "optimizer")
@@ -129,10 +129,8 @@ def pacer_for(spec: RunSpec, stage: int, device_index: int, device: torch.device
     lay = spec.layout
     split = lay.pipeline(replica).layers_per_stage if replica is not None else lay.layers_per_stage
     if spec.model.is_cnn:  # a layer profile's stage: its layers' FLOPs and parameters
-        first = sum(split[:stage])
-        layers = spec.model.profile.layers[first:first + split[stage]]
-        modelled = layer_phase_seconds(sum(l.fwd_flop for l in layers), sum(l.params for l in layers),
-                                       spec.model.micro_batch, c.devices[device_index])
+        modelled = layer_stage_phase_seconds(spec.model.profile.layers, list(split), stage, spec.model.micro_batch,
+                                             c.devices[device_index])
         return ComputePacer({k: v * c.time_scale for k, v in modelled.items()}, device, (1.0,))
     recompute = lay.recompute if recompute is None else recompute
     modelled = rank_phase_seconds(spec.cfg, list(split), stage, spec.model.micro_batch,

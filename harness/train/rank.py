@@ -236,11 +236,18 @@ def warm_up_parent(spec: RunSpec) -> None:
     from dataclasses import replace
 
     from .gpt import GPT, lm_loss, synthetic_batch
+    from .nets import net_of
 
     torch.set_num_threads(1)
-    cfg = replace(spec.cfg, layers=1, hidden=64, heads=4, seq=16, vocab=256)
-    model = GPT(cfg, 0)
-    tokens, targets = synthetic_batch(cfg, 2, 0, 0)
-    lm_loss(model(tokens), targets).backward()
+    if spec.model.is_cnn:  # a small CNN: one step of it on two images
+        net = net_of(spec.model)
+        model = net.build()
+        images, labels = net.batch(0)
+        net.loss(model(images[:2]), labels[:2]).backward()
+    else:
+        cfg = replace(spec.cfg, layers=1, hidden=64, heads=4, seq=16, vocab=256)
+        model = GPT(cfg, 0)
+        tokens, targets = synthetic_batch(cfg, 2, 0, 0)
+        lm_loss(model(tokens), targets).backward()
     torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9).step()
     torch.cat([p.grad.reshape(-1) for p in model.parameters()]).tensor_split(2)

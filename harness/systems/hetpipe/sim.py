@@ -41,6 +41,28 @@ def _of_plan(system: str, p: hp.HetPipePlan, gpus: str | None) -> CNNCandidate:
 
 
 
+def _chain(cfg) -> LayerProfile:
+    """The model a run trains as its chain of layers: a CNN's profile as it is, a GPT's blocks."""
+    from ...workloads.gpt_layers import gpt_layer_profile
+
+    return cfg if isinstance(cfg, LayerProfile) else gpt_layer_profile(cfg)
+
+
+def _stage_phases(cfg, split, k: int, mb: int, profile) -> dict[str, float]:
+    """Stage k's forward, backward and local update on `profile` (the compute model's times, as the runtime's
+    pacer takes them: a GPT's blocks, or a CNN's layers)."""
+    from ...compute import layer_stage_phase_seconds, rank_phase_seconds
+
+    if isinstance(cfg, LayerProfile):
+        return layer_stage_phase_seconds(cfg.layers, split, k, mb, profile)
+    return rank_phase_seconds(cfg, split, k, mb, profile, False, 1, vocab_parallel=False)
+
+
+def _cut_bytes(layers: LayerProfile, split, k: int, mb: int, bpv: int) -> float:
+    """The activation stage k sends on (its last layer's output; the gradient back is as large)."""
+    return float(layers.layers[sum(split[:k + 1]) - 1].out_values * mb * bpv)
+
+
 def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int,
                         iterations: tuple[int, int] | None = None, options: dict | None = None) -> tuple[float, float]:
     """The model `sim compare` holds a real HetPipe run against (runtime.py): (seconds per iteration of
@@ -49,27 +71,25 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
     activations and gradients between stages over the links (the library's rendezvous included), and the
     wave's push and pull: each stage sends its blocks' fp32 update to their shards at once, the slowest
     shard's transfer is the push, and a pull is a request and the weights back (wsp.simulate).
+    `cfg`: a GPTConfig, or a CNN's LayerProfile (its layers are the blocks).
     `iterations` (warm-up, timed) of a measured run: its own length, whose timed iterations' mean is the figure
     (a run of D + 1 waves or fewer never reaches WSP's gate, and pulls nothing); None: the steady state.
     `options`: HetPipe's (hetpipe.OPTIONS); what they decided is in the layout's wsp section, read from there."""
     import numpy as np
 
-    from ...compute import activation_bytes, rank_phase_seconds
-    from ...workloads.gpt_layers import gpt_layer_profile
     from . import wsp
     from .planning import BYTES_PER_VALUE, VirtualWorker
 
     hosts = lay.wsp.ps_hosts
-    block_bytes = [layer.params * BYTES_PER_VALUE for layer in gpt_layer_profile(cfg).layers]
-    act = activation_bytes(cfg, mb, bpv)
-    hop = lambda a, b: (links.delay_s[a, b] * (1 + links.protocol.p2p_handshake)  # noqa: E731
-                        + (0.0 if a == b else float(links.serialization_s(a, b, act))))
+    chain = _chain(cfg)
+    block_bytes = [layer.params * BYTES_PER_VALUE for layer in chain.layers]
+    hop = lambda a, b, act: (links.delay_s[a, b] * (1 + links.protocol.p2p_handshake)  # noqa: E731
+                             + (0.0 if a == b else float(links.serialization_s(a, b, act))))
     per_vw = batch // (lay.dp * mb)  # minibatches of every VW in an iteration
     vws, push, pull, busiest = [], 0.0, 0.0, 0.0
     for pipe in lay.replica_pipelines():
         devs, split = pipe.devices, pipe.layers_per_stage
-        phases = [rank_phase_seconds(cfg, split, k, mb, profiles[d], False, 1, vocab_parallel=False)
-                  for k, d in enumerate(devs)]
+        phases = [_stage_phases(cfg, split, k, mb, profiles[d]) for k, d in enumerate(devs)]
         fwd = tuple(p["forward"] for p in phases)
         bwd = tuple(p["backward"] + p["optimizer"] for p in phases)  # the local update follows each backward
         for k, (d, (a, b)) in enumerate(zip(devs, pipe.stages)):
@@ -81,9 +101,10 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
                 if h in to:
                     push = max(push, links.delay_s[d, h] + ser)
                 pull = max(pull, 2 * links.delay_s[d, h] + ser)
+        cuts = [_cut_bytes(chain, split, k, mb, bpv) for k in range(len(devs) - 1)]
         vws.append(VirtualWorker(devs, pipe.stages, fwd, bwd,
-                                 tuple(hop(devs[k], devs[k + 1]) for k in range(len(devs) - 1)),
-                                 tuple(hop(devs[k + 1], devs[k]) for k in range(len(devs) - 1)),
+                                 tuple(hop(devs[k], devs[k + 1], cuts[k]) for k in range(len(devs) - 1)),
+                                 tuple(hop(devs[k + 1], devs[k], cuts[k]) for k in range(len(devs) - 1)),
                                  (0.0,) * len(devs), (0.0,) * len(devs)))
         busiest = max(busiest, per_vw * float(np.max(np.add(fwd, bwd))))
     N = lay.wsp.in_flight
@@ -101,19 +122,18 @@ def wsp_layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int)
     iteration of `batch` samples, in the steady state simulate_wsp_layout models: every minibatch's
     activations forward and their gradients back at each cut, and every wave each stage's push of its blocks'
     fp32 update to their shards and the pull of their weights back (the names a pull waits on left out)."""
-    from ...compute import activation_bytes
-    from ...workloads.gpt_layers import gpt_layer_profile
     from .planning import BYTES_PER_VALUE
 
     hosts = lay.wsp.ps_hosts
-    block_bytes = [layer.params * BYTES_PER_VALUE for layer in gpt_layer_profile(cfg).layers]
+    chain = _chain(cfg)
+    block_bytes = [layer.params * BYTES_PER_VALUE for layer in chain.layers]
     per_vw = batch // (lay.dp * mb)  # minibatches of every VW in an iteration
     waves = per_vw / lay.wsp.in_flight
-    cut = 2 * activation_bytes(cfg, mb, bpv)
     out = 0.0
     for pipe in lay.replica_pipelines():
-        devs = pipe.devices
-        out += per_vw * cut * sum(region[a] != region[b] for a, b in zip(devs, devs[1:]))
+        devs, split = pipe.devices, pipe.layers_per_stage
+        out += per_vw * sum(2 * _cut_bytes(chain, split, k, mb, bpv)
+                            for k in range(len(devs) - 1) if region[devs[k]] != region[devs[k + 1]])
         for d, (a, b) in zip(devs, pipe.stages):
             out += waves * 2 * sum(block_bytes[blk] for blk in range(a, b) if region[hosts[blk]] != region[d])
     return float(out)

@@ -65,13 +65,34 @@ def ring_cross_node_bytes(region, ring: list[int], grad_bytes: float) -> float:
     return crossing * 2 * (n - 1) / n * grad_bytes
 
 
+def simulate_horovod_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int) -> tuple[float, float]:
+    """The model `sim compare` holds its runs against: a GPT's, the baselines' runtime it hands them to; a CNN's
+    (`cfg` its LayerProfile), runtime.py's loop: each rank its share of the batch, micro-batch by micro-batch
+    (the compute model's times), then one ring all-reduce of every gradient in rank order once the slowest rank
+    is done, then the update. (seconds an iteration, the busiest device's compute)."""
+    if not isinstance(cfg, LayerProfile):
+        from ..baselines.sim import simulate_runtime_of_layout
+
+        return simulate_runtime_of_layout(links, profiles, cfg, batch, lay, mb, bpv)
+    from ...compute import layer_phase_seconds
+
+    n = lay.devices
+    phases = [layer_phase_seconds(cfg.fwd_flop, cfg.params, mb, profiles[d]) for d in range(n)]
+    steps = batch // n // mb  # micro-batches of a rank's share
+    compute = [steps * (p["forward"] + p["backward"]) for p in phases]
+    ring = np.arange(n)[None, :]
+    allreduce = float(collectives.ring_allreduce(links, ring, cfg.params * bpv).max()) if n > 1 else 0.0
+    update = [p["optimizer"] for p in phases]
+    return max(compute) + allreduce + max(update), max(c + u for c, u in zip(compute, update))
+
+
 def layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int) -> float:
-    """Its GPT runs' traffic between nodes an iteration (the baselines' runtime: one all-reduce of every
-    gradient, a ring in rank order; plan/systems.py `cross_node_bytes`)."""
+    """Its runs' traffic between nodes an iteration (a GPT's: the baselines' runtime; both: one all-reduce of
+    every gradient, a ring in rank order; plan/systems.py `cross_node_bytes`)."""
     from ...workloads.gpt_layers import gpt_layer_profile
 
-    grads = sum(layer.params for layer in gpt_layer_profile(cfg).layers) * bpv
-    return ring_cross_node_bytes(region, list(range(lay.devices)), grads)
+    params = cfg.params if isinstance(cfg, LayerProfile) else gpt_layer_profile(cfg).params
+    return ring_cross_node_bytes(region, list(range(lay.devices)), params * bpv)
 
 
 def candidates_horovod(topo: Topology, model: LayerProfile, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:
@@ -93,7 +114,7 @@ register(System(
     "simulator also runs it on --model vgg19|resnet152)",
     train="harness.systems.horovod.runtime:train_horovod", checkpoints=True, trains_cnn=True,
     fault_phases=("checkpoint",), layout_rule=horovod_layout,
-    simulate_layout="harness.systems.baselines.sim:simulate_runtime_of_layout",
+    simulate_layout="harness.systems.horovod:simulate_horovod_layout",
     cross_node_bytes="harness.systems.horovod:layout_cross_node_bytes",
     sweep_by_rule=False, simulate={"cnn": candidates_horovod}, style=("#8c564b", "P"),
 ))

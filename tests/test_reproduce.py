@@ -195,7 +195,7 @@ def test_hetpipe_emulated_directions_come_from_the_runs_and_their_predictions():
     """Seconds per iteration (measured, predicted): NP 2.0 (1.8), ED 1.0 (1.1), HD 1.25 (1.0), ED-local 0.8 (0.9),
     Horovod 1.6 (2.0). Measured: NP / slower of ED and HD 2.0 / 1.25 = 1.6, ED / ED-local 1.25, Horovod / ED-local
     2.0; predicted: 1.8 / 1.1, 1.1 / 0.9, 2.0 / 0.9."""
-    from harness.reproduce import hetpipe
+    from harness.reproduce import hetpipe_emulated as hetpipe
 
     seconds = {"np": (2.0, 1.8), "ed": (1.0, 1.1), "hd": (1.25, 1.0), "ed-local": (0.8, 0.9), "horovod": (1.6, 2.0)}
     runs = {k: {"seconds": m, "measured-over-sim": m / p, "host-bound": 0.0, "busy": 0.2}
@@ -210,19 +210,33 @@ def test_hetpipe_emulated_directions_come_from_the_runs_and_their_predictions():
 
 
 def test_hetpipe_emulated_claims_whose_runs_did_not_run_say_so():
-    from harness.reproduce import hetpipe
+    from harness.reproduce import hetpipe_emulated as hetpipe
 
     runs = {k: {"seconds": m, "measured-over-sim": 1.0, "host-bound": 0.0, "busy": 0.2}
-            for k, m in (("ed-local", 1.0), ("horovod", 3.0))}  # QUICK's pair
+            for k, m in (("ed-local", 1.0), ("horovod", 3.0))}  # a run failed or was left out
     s = hetpipe.emulated_section(runs)
     assert [f.verdict for f in s.findings] == ["not run", "not run", "holds"]
     assert s.findings[-1].measured == 3.0
 
 
+def test_hetpipe_fig3_at_the_testbeds_scale_from_the_runs_and_their_predictions():
+    """N_m = 1: 4.0 s measured (3.6 predicted), N_m = 4: 2.5 s (2.4): throughput grows 1.6x measured, 1.5x
+    predicted; without the N_m = 4 run, not run."""
+    from harness.reproduce import hetpipe_emulated
+
+    runs = {k: {"seconds": m, "measured-over-sim": m / p, "host-bound": 0.0, "busy": 0.3}
+            for k, (m, p) in {"N_m=1": (4.0, 3.6), "N_m=2": (3.0, 2.9), "N_m=4": (2.5, 2.4)}.items()}
+    (f,) = hetpipe_emulated.fig3_section(runs).findings
+    assert (f.measured, f.simulated) == (pytest.approx(1.6), pytest.approx(1.5))
+    assert f.verdict == f.measured_verdict == "holds"
+    del runs["N_m=4"]
+    assert hetpipe_emulated.fig3_section(runs).findings[0].verdict == "not run"
+
+
 def test_hetpipe_bytes_across_nodes_counted_beside_the_payload_model():
     """ED sends 10 MB an iteration across nodes by the model and 11 on the wire, ED-local 4 and 4.6: local placement
     cuts them to 0.4x (model) and 0.418x (counted); a run without a model of its own moves 0 payload (no ratio)."""
-    from harness.reproduce import hetpipe
+    from harness.reproduce import hetpipe_emulated as hetpipe
 
     runs = {"ed": {"cross-node": 11e6, "cross-node-payload": 10e6},
             "ed-local": {"cross-node": 4.6e6, "cross-node-payload": 4e6},
@@ -256,12 +270,14 @@ def test_hetpipe_convergence_claims_divide_samples_to_target_by_the_paper_scale_
     from harness.reproduce import hetpipe_convergence as hc
 
     def run(n, t):
-        return {"iterations": n, "time": t, "seconds": [t / n] * n, "losses": [1.0] * n, "overruns": 0}
+        return {"iterations": n, "time": t, "seconds": [t / n] * n, "losses": [1.0] * n, "overruns": 0,
+                "simulated": t / n * 0.9}
 
     runs = {"horovod": run(10, 20.0), "D=0": run(5, 8.0), "D=4": run(4, 6.0), "D=32": run(5, 7.5)}
     sps = {k: 100.0 for k in ("resnet152 horovod", "resnet152 D=0 12", "resnet152 D=0 16", "vgg19 horovod",
                                "vgg19 D=0", "vgg19 D=4", "vgg19 D=32")}
     s = hc.convergence_section(runs, sps, floor=0.85, target=1.2)
+    assert "| horovod | 2.00 | 1.80 | 10 | 640 | 20.0 |" in s.text  # measured and simulated seconds an iteration
     got = {f.claim.text: (f.simulated, f.measured) for f in s.findings}
     assert got["VGG-19: HetPipe D = 0 sooner than Horovod"] == pytest.approx((50.0, 60.0))
     assert got["VGG-19: D = 4 sooner than D = 0"] == pytest.approx((20.0, 25.0))

@@ -14,14 +14,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..plan.asked import merged, request_of
 from ..scenario import load_scenario
 from ..systems import hetpipe as hp
 from ..systems.hetpipe import report as hp_report
 from ..systems.hetpipe import wsp
 from ..systems.hetpipe.setting import MAX_NM
 from ..workloads.cnn import get_cnn
-from . import Context, Paper, Part, Setting, hetpipe_convergence
+from . import Context, Paper, Part, Setting, hetpipe_convergence, hetpipe_emulated
 from .claims import Claim, Section
 
 SCENARIO, BATCH = hp_report.SCENARIO, 32  # Sec. 8.1: "batch size of 32"
@@ -243,108 +242,6 @@ def _table4_figure(sw, out: Path) -> None:
     plt.close(fig)
 
 
-# Fig. 4 at the testbed's scale: the emulated cluster's 8 devices (two GPUs a node), the tiny GPT's blocks as
-# the layers, each device's compute its GPU's modelled time, dilated as the probe chooses (harness run's default)
-EMULATED = {"np": {"system": "hetpipe", "options": {"policy": "np"}},
-            "ed": {"system": "hetpipe", "options": {"policy": "ed"}},
-            "hd": {"system": "hetpipe", "options": {"policy": "hd"}},
-            "ed-local": {"system": "hetpipe", "options": {"policy": "ed", "ps_placement": "local"}},
-            "horovod": {"system": "horovod"}}
-EMULATED_BASE = {"network": {"scenario": SCENARIO, "devices": 8}, "compute": {"model": True}}
-WHY_TESTBED = ("the emulated runs train the tiny GPT (its blocks as the layers) on 8 of the 16 GPUs, not the paper's "
-               "CNNs on 16: a direction the paper states for both of its models is checked, not its numbers")
-
-
-WHY_LOCAL = ("the tiny GPT's parameters are few beside its activations, so where the parameter server's shards live "
-             "hardly matters at this scale; " + WHY_TESTBED)
-
-
-def fig4_emulated(ctx: Context) -> list[Section]:
-    """Fig. 4's policies against Horovod trained for real through the emulated cluster, one boot, each run
-    beside the simulator's prediction of it (sim compare: the same compute model, nothing fitted on the run)."""
-    from ..errors import HarnessError
-    from ..regress import run_figures
-    from ..train.experiment import execute_many
-
-    labels = tuple(EMULATED)  # about 24 minutes here: not in QUICK (Part.in_quick)
-    length = {"iters": 3, "warmup": 1}
-    ctx.progress(f"emulated: {', '.join(labels)} on {SCENARIO} (8 devices), {length['iters']} timed iteration(s) "
-                 "each, in one boot of the cluster")
-    asked = [merged(EMULATED_BASE, {"run": {**EMULATED[k], **length, "results_root": str(ctx.out / "emu")}})
-             for k in labels]
-    results = execute_many([request_of(a) for a in asked])
-    failed = [(label, r) for label, r in zip(labels, results) if not isinstance(r, Path)]
-    if failed:
-        label, why = failed[0]
-        raise HarnessError(f"reproduce hetpipe: emulated run {label} did not finish: {why or 'not started'}")
-    runs = {label: {**run_figures(r), "busy": _busy(r), **_cross_node(r)} for label, r in zip(labels, results)}
-    return [emulated_section(runs), bytes_section(runs)]
-
-
-def _cross_node(run: Path) -> dict:
-    from ..sim.compare import cross_node_traffic
-
-    counted, payload = cross_node_traffic(run)
-    return {"cross-node": counted, "cross-node-payload": payload}
-
-
-def _busy(run: Path) -> float:
-    import json
-
-    head = json.loads((run / "manifest.json").read_text()).get("headroom") or {}
-    return float(head.get("busy", np.nan)) if head.get("measured") else float("nan")
-
-
-def emulated_section(runs: dict[str, dict]) -> Section:
-    """Fig. 4's directions at the testbed's scale from each run's measured seconds and the simulator's
-    prediction of the same run (`runs`: label -> seconds, measured-over-sim, host-bound, busy); a claim
-    whose runs are not among them is "not run"."""
-    measured = {k: r["seconds"] for k, r in runs.items()}
-    predicted = {k: r["seconds"] / r["measured-over-sim"] for k, r in runs.items()}
-    rows = "\n".join(f"| {k} | {measured[k]:.3f} | {predicted[k]:.3f} | {r['measured-over-sim'] - 1:+.1%} | "
-                      f"{r['busy']:.0%} | {r['host-bound']:.0f} |" for k, r in runs.items())
-    s = Section("Fig. 4 at the testbed's scale: emulated runs and the simulator's prediction of each",
-                text="Trained for real through the emulated cluster (8 devices: two GPUs of each node; the tiny GPT; "
-                     "each device's compute its GPU's modelled time, dilated as the probe chose); *simulated* is the "
-                     "simulator's prediction of each run as it ran. Seconds per iteration (8 samples):\n\n"
-                     "| run | measured s | simulated s | measured vs simulated | emulated CPU busy | host-bound "
-                     "iterations |\n|---|---|---|---|---|---|\n" + rows)
-    # (claim, its runs, samples/s of the first over the second: the same batch each, so seconds the other way)
-    checks = [(Claim("Fig. 4", "testbed scale: NP below ED and HD (min(ED, HD) / NP, samples/s)", "Sec. 8.3",
-                     above=1.0, unit="x", why=WHY_TESTBED), ("np", "ed", "hd"),
-               lambda t: t["np"] / max(t["ed"], t["hd"])),
-              (Claim("Fig. 4", "testbed scale: local placement speeds ED up (ED-local / ED)", "Sec. 8.3", above=1.0,
-                     unit="x", why=WHY_LOCAL), ("ed", "ed-local"), lambda t: t["ed"] / t["ed-local"]),
-              (Claim("Fig. 4", "testbed scale: ED-local over Horovod", "Sec. 8.3", above=1.0, unit="x",
-                     why=WHY_TESTBED), ("ed-local", "horovod"), lambda t: t["horovod"] / t["ed-local"])]
-    for claim, needs, ratio in checks:
-        ran = all(k in runs for k in needs)
-        s.add(claim, ratio(predicted) if ran else None, measured=ratio(measured) if ran else None)
-    return s
-
-
-def bytes_section(runs: dict[str, dict]) -> Section:
-    """Sec. 8.3's bytes across nodes at the testbed's scale: what each emulated run's devices sent to devices of
-    other nodes, as their kernels counted it, beside the payload the system's model says the run sends (`runs`:
-    label -> "cross-node", "cross-node-payload", bytes an iteration)."""
-    rows = "\n".join(f"| {k} | {r['cross-node'] / 1e6:.3f} | {r['cross-node-payload'] / 1e6:.3f} | "
-                      f"{r['cross-node'] / r['cross-node-payload']:.3f} |" if r["cross-node-payload"] else
-                      f"| {k} | {r['cross-node'] / 1e6:.3f} | 0 | - |" for k, r in runs.items())
-    s = Section("Sec. 8.3 at the testbed's scale: bytes across nodes, counted on the wire",
-                text="The emulated runs of Fig. 4 at the testbed's scale (the tiny GPT, 8 devices): what every device's "
-                     "interface sent to devices of other nodes, as its kernel's per-destination classes counted it "
-                     "(frames: TCP/IP and Ethernet headers, acknowledgements and the parameter server's messages "
-                     "included), beside the payload the simulator's model of each run sends across (activations "
-                     "and their gradients at cuts between nodes, each wave's push and pull; Horovod: a ring "
-                     "all-reduce in rank order). MB an iteration (8 samples):\n\n"
-                     "| run | counted on the wire | payload (model) | counted / payload |\n|---|---|---|---|\n" + rows)
-    ran = all(k in runs for k in ("ed", "ed-local"))
-    ratio = lambda key: runs["ed-local"][key] / runs["ed"][key] if ran and runs["ed"][key] else None  # noqa: E731
-    s.add(Claim("Sec. 8.3", "testbed scale: local placement cuts the bytes across nodes (ED-local / ED)", "p. 10",
-                below=1.0, unit="x", why=WHY_TESTBED), ratio("cross-node-payload"), measured=ratio("cross-node"))
-    return s
-
-
 SETTINGS = (
     Setting("GPU speed", "fp32 peak x the dense-GEMM efficiency (harness/compute/profiles.py)",
             "no measured cuDNN convolution speed per GPU type is at hand; the same efficiency for every type"),
@@ -374,7 +271,10 @@ PAPER = Paper(
                 hetpipe_convergence.convergence, quick_seconds=180, measured=True),
            Part("sync", "Sec. 8.4: waiting and idle time against D (simulated; measured in the convergence runs)",
                 5, sync_overhead),
-           Part("fig4-emulated", "Fig. 4 at the testbed's scale (emulated runs, each predicted)", 1440, fig4_emulated,
+           Part("fig3-emulated", "Fig. 3 at the testbed's scale (emulated runs, each predicted)", 240,
+                hetpipe_emulated.fig3_emulated, measured=True, in_quick=False),
+           Part("fig4-emulated", "Fig. 4 and the bytes across nodes at the testbed's scale (emulated runs, each "
+                "predicted)", 360, hetpipe_emulated.fig4_emulated,
                 measured=True, in_quick=False)),
     settings=SETTINGS + hetpipe_convergence.settings(),
 )

@@ -52,8 +52,12 @@ def main(pairs: list[tuple[str, str]]) -> int:
         for spec in specs:
             systems.get(spec.run.system).train_fn()  # import every system once, before forking
         t_imported = time.time()
-        if any(spec.run.device_type == "cpu" for spec in specs):
-            warm_up_parent(specs[0])
+        kinds = {}  # one CPU run of each kind of model: a GPT's and a CNN's kernels differ
+        for spec in specs:
+            if spec.run.device_type == "cpu":
+                kinds.setdefault(spec.model.is_cnn, spec)
+        for spec in kinds.values():
+            warm_up_parent(spec)
         t_warm = time.time()
     except Exception as e:  # noqa: BLE001 - carried to the host as data
         for _, out in pairs:

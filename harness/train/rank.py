@@ -31,7 +31,8 @@ PROGRESS_PREFIX = "harness: "
 
 def progress(line: str) -> None:
     """One progress line on stderr (the emulated launcher forwards lines with this prefix)."""
-    print(f"{PROGRESS_PREFIX}{line}", file=sys.stderr, flush=True)
+    # one write with its newline: ranks share stderr, and an unbuffered stream would write the newline apart
+    print(f"{PROGRESS_PREFIX}{line}\n", end="", file=sys.stderr, flush=True)
 
 
 def iteration_progress(it: int, steps: int, warmup: int, seconds: float, mark: bool = True) -> None:

@@ -59,8 +59,8 @@ NEEDS_ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="creating network name
 @NEEDS_ROOT
 def test_egress_per_destination_is_what_the_kernel_sent(shaped_pair):
     ns, ifname = shaped_pair
-    with netns.inside(ns):
-        before = egress.read_egress(ifname)
+    with netns.inside(ns), egress.EgressReader(ifname) as reader:
+        before = reader.read()
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:
             for _ in range(10):
@@ -71,10 +71,11 @@ def test_egress_per_destination_is_what_the_kernel_sent(shaped_pair):
                 s.sendto(b"z" * 700, ("10.250.7.4", 9))
         finally:
             s.close()
-        sent = egress.read_egress(ifname).since(before)
-        assert egress.read_egress("lo") is None  # an interface without the harness's classes
+        sent = reader.read().since(before)
+        with egress.EgressReader("lo") as lo:
+            assert lo.read() is None  # an interface without the harness's classes
         with pytest.raises(RuntimeError, match="no interface"):
-            egress.read_egress("nosuch0")
+            egress.EgressReader("nosuch0")
     assert sent.to == {1: 10 * (1000 + UDP_HEADERS), 2: 3 * (500 + UDP_HEADERS)}
     # what no class carries: the unshaped pair's datagrams and ARP's frames (the neighbour was not known yet)
     assert 2 * (700 + UDP_HEADERS) <= sent.unclassified <= 2 * (700 + UDP_HEADERS) + 3 * 64

@@ -18,6 +18,12 @@ pytestmark = emulation.marks()
 SCALE = 0.002  # the testbed's 56 Gbps between nodes -> 112 Mbps
 
 
+def _label(run) -> tuple:
+    """(label, run directory): a tiny GPT's run by its system, the CNN's by its model."""
+    spec = json.loads((run / "manifest.json").read_text())["spec"]
+    return spec["run"]["system"] if spec["model"]["name"] == "tiny" else spec["model"]["name"], run
+
+
 def test_shards_traffic_crosses_the_shaped_links_and_wsp_holds(tmp_path, capsys):
     """Two VWs over the testbed's 4 nodes (one GPU each), N_m = 1, D = 0: every minibatch is a wave whose update
     goes to the shards and whose successor waits for the pull. Round-robin placement puts the shards of
@@ -30,8 +36,7 @@ def test_shards_traffic_crosses_the_shaped_links_and_wsp_holds(tmp_path, capsys)
                "--each", "--system horovod --layers 2",
                "--each", "--system horovod --model small-resnet"])
     assert rc == 0, capsys.readouterr().err
-    runs = {(lambda spec: spec["run"]["system"] if spec["model"]["name"] == "tiny" else spec["model"]["name"])(
-        json.loads((d / "manifest.json").read_text())["spec"]): d for d in tmp_path.glob("hetpipe-testbed/*") if d.is_dir()}
+    runs = dict(_label(d) for d in tmp_path.glob("hetpipe-testbed/*") if d.is_dir())
     hp = runs["hetpipe"]
     man = json.loads((hp / "manifest.json").read_text())
     assert man["status"] == "ok" and sorted(map(sorted, man["placement"]["vws"])) == [[0, 1], [2, 3]]

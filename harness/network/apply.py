@@ -17,7 +17,7 @@ from pyroute2.netlink.rtnl.tcmsg import common as tc_common
 from ..errors import HarnessError
 from ..scenario.transport import SYSCTL_NAMES
 from .plan import EGRESS_CLASS_MINOR, DevicePlan, RegionClass, ShapedLink
-from .tree import ROOT, TcOp, egress_ops, link_ops, region_class_op
+from .tree import ROOT, TC_H_ROOT, TcOp, egress_ops, link_ops, region_class_op
 
 ENOENT, ENODEV, EINVAL = 2, 19, 22
 SYSCTL_DIR = "/proc/sys/net/ipv4"
@@ -37,7 +37,7 @@ def _addr_key(addr: str) -> str:
 
 def clear_device(ipr: IPRoute, idx: int) -> None:
     try:
-        ipr.tc("del", index=idx, handle=ROOT, parent=0xFFFFFFFF)
+        ipr.tc("del", index=idx, handle=ROOT, parent=TC_H_ROOT)
     except NetlinkError as e:
         if e.code not in (ENOENT, EINVAL, ENODEV):
             raise

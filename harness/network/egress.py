@@ -13,8 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .plan import REGION_CLASS_BASE
-
-ROOT_PARENT = 0xFFFFFFFF  # TC_H_ROOT: the interface's root qdisc (the shaping plan's HTB)
+from .tree import TC_H_ROOT
 
 
 @dataclass(frozen=True)
@@ -52,24 +51,21 @@ class EgressReader:
                 to[minor - 1] = _bytes(m)
         if not to:
             return None
-        root = [m for m in self.ipr.get_qdiscs(index=self.idx) if m["parent"] == ROOT_PARENT]
+        root = [m for m in self.ipr.get_qdiscs(index=self.idx) if m["parent"] == TC_H_ROOT]
         return Egress(to, _bytes(root[0]) - sum(to.values()))
 
     def close(self) -> None:
         self.ipr.close()
 
+    def __enter__(self) -> "EgressReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def _bytes(msg) -> int:
     return int(msg.get_attr("TCA_STATS2").get_attr("TCA_STATS_BASIC")["bytes"])
-
-
-def read_egress(ifname: str) -> Egress | None:
-    """One reading of interface `ifname`'s egress (EgressReader.read)."""
-    reader = EgressReader(ifname)
-    try:
-        return reader.read()
-    finally:
-        reader.close()
 
 
 def interface_tx_bytes(ifname: str) -> int | None:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from .plan import EGRESS_CLASS_MINOR, DevicePlan, NetworkPlan, RegionClass, ShapedLink, transport_sysctls
 
 ROOT = 0x10000  # the HTB root qdisc, handle 1:
+TC_H_ROOT = 0xFFFFFFFF  # its parent: the interface itself
 #: HTB's rate tables are computed for packets up to this size (an MTU-1500 frame and its headers fit)
 HTB_MTU_BYTES = 2048
 HTB_R2Q = 10

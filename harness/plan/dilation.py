@@ -100,8 +100,9 @@ def modelled_seconds(spec: RunSpec, topo, factor: float, kernel: str = "uml") ->
     bpv = BYTES_PER_VALUE[spec.model.dtype]
     entry = registry.get(spec.run.system)
     run = {"iterations": (spec.run.warmup, spec.run.iters)} if entry.run_length else {}  # as sim compare does
-    return float(entry.simulate_layout_fn(spec.run.options)(links, profiles, spec.model.simulated, spec.model.batch, spec.layout,
-                                            spec.model.micro_batch, bpv, **run)[0])
+    model = entry.simulate_layout_fn(spec.run.options)
+    return float(model(links, profiles, spec.model.simulated, spec.model.batch, spec.layout, spec.model.micro_batch,
+                       bpv, **run)[0])
 
 
 def round_up(x: float) -> float:

@@ -164,16 +164,17 @@ def convergence_section(runs: dict[str, dict], sps: dict[str, float], floor: flo
     """The claims of Figs. 5-6 from the runs' times to target (testbed scale) and their samples to target over
     the simulator's samples/s (paper scale); a claim whose runs are missing is "not run"."""
     rows = "\n".join(
-        f"| {k} | {np.mean(r['seconds']):.2f} | {r['simulated']:.2f} | {'-' if r['iterations'] < 0 else r['iterations']} | "
+        f"| {k} | {np.mean(r['seconds']):.2f} | {r['simulated']:.2f} | "
+        f"{'-' if r['iterations'] < 0 else r['iterations']} | "
         f"{'-' if r['iterations'] < 0 else r['iterations'] * BATCH} | {r['time']:.1f} | "
         f"{r['time'] / TIME_SCALE * 1e3:.2f} | {r['losses'][-1]:.3f} | {r['overruns']} |" for k, r in runs.items())
     s = Section("Figs. 5-6: convergence against Horovod and against D (trained for real)",
                 text=f"The small CNN on teacher-labelled images (floor {floor:.3f} nats, chance {math.log(10):.3f}; "
                      f"target {target:.3f}) on the testbed's 8 devices, loopback, every device paced as its GPU (time "
                      f"scale {TIME_SCALE:g}; an overrun is a phase whose computation outran its modelled time, of "
-                     "thousands a run); *simulated* is the simulator's prediction of each run's iteration (sim compare: "
-                     "the same compute model, the testbed's links where loopback has none). Time to target = samples to target / samples per second: the paper-scale "
-                     "column divides each run's samples to target by the simulator's samples/s for the paper's "
+                     "thousands a run); *simulated* is the simulator's prediction of each run's iteration (sim "
+                     "compare: the same compute model, the testbed's links where loopback has none). Time to target = "
+                     "samples to target / samples per second: the paper-scale column divides each run's samples to target by the simulator's samples/s for the paper's "
                      "model and GPUs.\n\n"
                      "| run | s per iteration | simulated s | iterations to target | samples to target | seconds to "
                      "target | modelled GPU ms to target | last loss | compute overruns |\n"

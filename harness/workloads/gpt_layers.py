@@ -14,6 +14,12 @@ from ..compute.model import GPTConfig
 from .layers import Layer, LayerProfile
 
 
+def layer_chain(model: GPTConfig | LayerProfile) -> LayerProfile:
+    """A model as its chain of layers: a CNN's profile as it is, a GPT's blocks (what the simulator's models of
+    a run take either way)."""
+    return model if isinstance(model, LayerProfile) else gpt_layer_profile(model)
+
+
 def gpt_layer_profile(cfg: GPTConfig) -> LayerProfile:
     """The blocks of `cfg` as layers (HetPipe's planner reads any layer profile)."""
     act = cfg.seq * cfg.hidden

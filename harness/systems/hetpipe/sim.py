@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ...scenario import Topology
 from ...sim.cnn import CNNCandidate, CNNOptions
+from ...workloads.gpt_layers import layer_chain
 from ...workloads.layers import LayerProfile
 from . import planning as hp
 from .policies import POLICIES
@@ -41,13 +42,6 @@ def _of_plan(system: str, p: hp.HetPipePlan, gpus: str | None) -> CNNCandidate:
 
 
 
-def _chain(cfg) -> LayerProfile:
-    """The model a run trains as its chain of layers: a CNN's profile as it is, a GPT's blocks."""
-    from ...workloads.gpt_layers import gpt_layer_profile
-
-    return cfg if isinstance(cfg, LayerProfile) else gpt_layer_profile(cfg)
-
-
 def _stage_phases(cfg, split, k: int, mb: int, profile) -> dict[str, float]:
     """Stage k's forward, backward and local update on `profile` (the compute model's times, as the runtime's
     pacer takes them: a GPT's blocks, or a CNN's layers)."""
@@ -58,9 +52,9 @@ def _stage_phases(cfg, split, k: int, mb: int, profile) -> dict[str, float]:
     return rank_phase_seconds(cfg, split, k, mb, profile, False, 1, vocab_parallel=False)
 
 
-def _cut_bytes(layers: LayerProfile, split, k: int, mb: int, bpv: int) -> float:
+def _cut_bytes(chain: LayerProfile, split, k: int, mb: int, bpv: int) -> float:
     """The activation stage k sends on (its last layer's output; the gradient back is as large)."""
-    return float(layers.layers[sum(split[:k + 1]) - 1].out_values * mb * bpv)
+    return float(chain.layers[sum(split[:k + 1]) - 1].out_values * mb * bpv)
 
 
 def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int,
@@ -81,7 +75,7 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
     from .planning import BYTES_PER_VALUE, VirtualWorker
 
     hosts = lay.wsp.ps_hosts
-    chain = _chain(cfg)
+    chain = layer_chain(cfg)
     block_bytes = [layer.params * BYTES_PER_VALUE for layer in chain.layers]
     hop = lambda a, b, act: (links.delay_s[a, b] * (1 + links.protocol.p2p_handshake)  # noqa: E731
                              + (0.0 if a == b else float(links.serialization_s(a, b, act))))
@@ -125,7 +119,7 @@ def wsp_layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int)
     from .planning import BYTES_PER_VALUE
 
     hosts = lay.wsp.ps_hosts
-    chain = _chain(cfg)
+    chain = layer_chain(cfg)
     block_bytes = [layer.params * BYTES_PER_VALUE for layer in chain.layers]
     per_vw = batch // (lay.dp * mb)  # minibatches of every VW in an iteration
     waves = per_vw / lay.wsp.in_flight

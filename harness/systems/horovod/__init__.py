@@ -89,10 +89,9 @@ def simulate_horovod_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv:
 def layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int) -> float:
     """Its runs' traffic between nodes an iteration (a GPT's: the baselines' runtime; both: one all-reduce of
     every gradient, a ring in rank order; plan/systems.py `cross_node_bytes`)."""
-    from ...workloads.gpt_layers import gpt_layer_profile
+    from ...workloads.gpt_layers import layer_chain
 
-    params = cfg.params if isinstance(cfg, LayerProfile) else gpt_layer_profile(cfg).params
-    return ring_cross_node_bytes(region, list(range(lay.devices)), params * bpv)
+    return ring_cross_node_bytes(region, list(range(lay.devices)), layer_chain(cfg).params * bpv)
 
 
 def candidates_horovod(topo: Topology, model: LayerProfile, batch: int, opts: CNNOptions, progress=None) -> list[CNNCandidate]:

@@ -269,9 +269,9 @@ def test_hetpipe_convergence_claims_divide_samples_to_target_by_the_paper_scale_
     25 %."""
     from harness.reproduce import hetpipe_convergence as hc
 
-    def run(n, t):
+    def run(n, t, batch=64):
         return {"iterations": n, "time": t, "seconds": [t / n] * n, "losses": [1.0] * n, "overruns": 0,
-                "simulated": t / n * 0.9}
+                "simulated": t / n * 0.9, "batch": batch}
 
     runs = {"horovod": run(10, 20.0), "D=0": run(5, 8.0), "D=4": run(4, 6.0), "D=32": run(5, 7.5)}
     sps = {k: 100.0 for k in ("resnet152 horovod", "resnet152 D=0 12", "resnet152 D=0 16", "vgg19 horovod",
@@ -287,6 +287,16 @@ def test_hetpipe_convergence_claims_divide_samples_to_target_by_the_paper_scale_
     assert s.findings[1].simulated == pytest.approx(75.0)
     quick = hc.convergence_section({k: runs[k] for k in hc.QUICK_RUNS}, sps, floor=0.85, target=1.2)
     assert [f.verdict for f in quick.findings][3:] == ["not run"] * 3 and quick.findings[0].simulated is not None
+    assert "runs horovod, D=0;" in s.findings[0].note  # no run without the G node: the 8-device runs stand in
+    # Fig. 5's 12 GPUs: Horovod without the G node 12 iterations of 48 (576 samples) in 18 s, HetPipe 6 of 64 (384)
+    # in 9 s: at the paper's scale (100 samples/s each) 1/3 sooner, measured 50 %; HetPipe on 16 (D=0: 320
+    # samples at 200/s) against it: 1 - 1.6 / 5.76
+    runs.update({"horovod VRQ": run(12, 18.0, batch=48), "D=0 VRQ": run(6, 9.0)})
+    s = hc.convergence_section(runs, sps, floor=0.85, target=1.2)
+    assert (s.findings[0].simulated, s.findings[0].measured) == (pytest.approx(100 / 3), pytest.approx(50.0))
+    assert (s.findings[1].simulated, s.findings[1].measured) == (pytest.approx(100 * (1 - 1.6 / 5.76)),
+                                                                 pytest.approx(100 * (1 - 8 / 18)))
+    assert "| horovod VRQ | 1.50 | 1.35 | 12 | 576 | 18.0 |" in s.text
 
 
 def test_recorded_gate_waits_run_from_a_wave_end_to_the_pull_after_the_next():
@@ -302,3 +312,71 @@ def test_recorded_gate_waits_run_from_a_wave_end_to_the_pull_after_the_next():
             row(5, wave_done=3.0, pulled=2.8, blocked=0.4)]
     waiting, idle = wsp.recorded_gate_waits(rows, 2)
     assert waiting == pytest.approx([0.5, 0.8]) and idle == pytest.approx([0.2, 0.4])
+
+
+def test_hetpipe_table4_at_the_testbeds_scale_from_the_runs_and_their_predictions():
+    """Samples/s = batch / seconds. HetPipe (64 images) 1.0, 0.5, 0.4, 0.32 s measured: 64 -> 200 samples/s (3.125x),
+    steps 2.0, 1.25, 1.25, the smallest 1.25; predicted 0.9, 0.5, 0.45, 0.3: 3.0x, steps 1.8, 1.11, 1.5. Horovod (8
+    a GPU) 0.2, 0.3, 0.4, 0.5 s on 2, 4, 6, 8 GPUs: 80, 106.7, 120, 128 samples/s, 1.6x, smallest step 1.067; a
+    Horovod slower on VRQG than on VRQ differs; a set dilated twice as much ran twice as fast; a set that did not
+    run leaves every claim not run."""
+    from harness.reproduce import hetpipe_emulated as emulated
+
+    hetpipe = {"V2": (1.0, 0.9), "VR4": (0.5, 0.5), "VRQ6": (0.4, 0.45), "VRQG8": (0.32, 0.3)}
+    horovod = {"V2": 0.2, "VR4": 0.3, "VRQ6": 0.4, "VRQG8": 0.5}
+    common = {"time-scale": 1000.0}  # seconds of modelled time a second: samples per modelled ms = samples/s
+    runs = {g: {"ed-local": {"seconds": m, "measured-over-sim": m / p, "batch": 64, "busy": 0.2, **common},
+                "horovod": {"seconds": horovod[g], "measured-over-sim": 1.0, "batch": 8 * int(g[-1]), "busy": 0.3,
+                            **common}}
+            for g, (m, p) in hetpipe.items()}
+    s = emulated.table4_section(runs)
+    got = [(f.measured, f.simulated) for f in s.findings]
+    assert got == [pytest.approx((3.125, 3.0)), pytest.approx((1.25, 0.5 / 0.45)), pytest.approx((1.6, 1.6)),
+                   pytest.approx((128 / 120, 128 / 120))]
+    assert all(v == "holds" for f in s.findings for v in (f.verdict, f.measured_verdict))
+    assert "| VR4 | 128.0 | 128.0 | +0.0% | 106.7 | 106.7 | +0.0% | 30% |" in s.text
+    runs["VRQG8"]["horovod"]["seconds"] = 0.8  # 80 samples/s on 8 GPUs, below VRQ6's 120
+    assert emulated.table4_section(runs).findings[3].measured_verdict == "differs"
+    runs["V2"]["horovod"]["time-scale"] = 2000.0  # dilated twice as much: its 0.2 s are 0.1 of modelled time
+    assert emulated.table4_section(runs).findings[2].measured == pytest.approx(80 / 160)
+    del runs["VR4"]
+    assert {f.verdict for f in emulated.table4_section(runs).findings} == {"not run"}
+
+
+def test_hetpipe_table4_at_the_testbeds_scale_emulates_each_set_on_its_own_nodes_and_reuses_fig4s(tmp_path,
+                                                                                                 monkeypatch):
+    """V, VR and VRQ each boot a scenario of their nodes only (2 GPUs each; Horovod at 8 images a GPU); VRQG is
+    Fig. 4's ED-local and Horovod runs when that part ran, else its own."""
+    import json
+
+    import harness.regress
+    from harness.reproduce import hetpipe_emulated as emulated
+    from harness.scenario import load_scenario
+
+    booted = []
+
+    def emulate(ctx, what, asked):
+        net = {a["network"]["scenario"] for a in asked.values()}
+        assert len(net) == 1 and set(asked) == set(emulated.TABLE4_RUNS)
+        booted.append((load_scenario(net.pop(), asked["horovod"]["network"]["devices"]),
+                       asked["horovod"]["model"]["batch"], asked["ed-local"]["model"]["batch"]))
+        return {k: fake(k) for k in asked}
+
+    def fake(label):
+        run = tmp_path / f"run{len(list(tmp_path.glob('run*')))}"
+        run.mkdir()
+        (run / "manifest.json").write_text(json.dumps({"spec": {"compute": {"time_scale": 1000}}}))
+        return run
+
+    monkeypatch.setattr(emulated, "_emulate", emulate)
+    monkeypatch.setattr(harness.regress, "run_figures",
+                        lambda run: {"seconds": 1.0, "measured-over-sim": 1.0, "host-bound": 0.0})
+    ctx = Context(tmp_path, found={"fig4-emulated": {k: fake(k) for k in ("np", "ed-local", "horovod")}})
+    (s,) = emulated.table4_emulated(ctx)
+    assert [([r.name for r in t.regions], t.n, hv, ed) for t, hv, ed in booted] == [
+        (["V"], 2, 16, 64), (["V", "R"], 4, 32, 64), (["V", "R", "Q"], 6, 48, 64)]
+    assert (tmp_path / "scenarios" / "hetpipe-testbed-VR.yaml").exists()
+    assert "| VRQG8 | 64.0 | 64.0 |" in s.text  # Fig. 4's runs
+    booted.clear()
+    emulated.table4_emulated(Context(tmp_path))
+    assert [t.n for t, _, _ in booted] == [2, 4, 6, 8] and booted[-1][0].name == "hetpipe-testbed"

@@ -219,3 +219,27 @@ def test_nccl_sockets_must_be_an_integer_nccl_can_open(tmp_path, value):
                     f"nccl_sockets: {value!r}\n".replace("'", '"'))
     with pytest.raises(ScenarioError, match=r"nccl_sockets: must be an integer from 1 to 64"):
         load_scenario(path)
+
+
+def test_a_scenario_of_some_regions_keeps_their_gpus_and_links(tmp_path):
+    from harness.scenario import write_regions
+
+    full = load_scenario("hetpipe-testbed")
+    path = write_regions("hetpipe-testbed", "VQ", tmp_path / "vq.yaml")
+    t = load_scenario(str(path), 4)  # two of each, as --devices scales every region
+    assert t.name == "hetpipe-testbed-VQ" and [r.name for r in t.regions] == ["V", "Q"]
+    assert [p.gpu for p in t.profiles] == [full.profiles[0].gpu] * 2 + [full.profiles[12].gpu] * 2
+    assert t.bandwidth_gbps[0, 1] == full.bandwidth_gbps[0, 1] and t.bandwidth_gbps[0, 2] == full.bandwidth_gbps[0, 4]
+    assert t.delay_ms[1, 3] == full.delay_ms[1, 13]
+
+
+@pytest.mark.parametrize("scenario, regions, says", [("hetpipe-testbed", "VX", "distinct names of its regions"),
+                                                     ("hetpipe-testbed", "VV", "distinct names of its regions"),
+                                                     ("hetpipe-testbed", "", "distinct names of its regions"),
+                                                     ("5", ["Oregon"], "link matrix")])
+def test_a_scenario_of_some_regions_refuses_what_it_cannot_cut_in_one_line(tmp_path, scenario, regions, says):
+    from harness.scenario import write_regions
+
+    with pytest.raises(ScenarioError, match=says) as e:
+        write_regions(scenario, regions, tmp_path / "x.yaml")
+    assert "\n" not in str(e.value) and not (tmp_path / "x.yaml").exists()

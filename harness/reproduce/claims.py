@@ -93,6 +93,12 @@ class Section:
         self.findings.append(Finding(claim, simulated, measured, note))
 
 
+def smallest_step(values) -> float:
+    """A series' smallest ratio of a value to the one before it: above 1 when every step raises it (Table 4's
+    "performance increases when additional GPUs are used")."""
+    return min(b / a for a, b in zip(values, values[1:]))
+
+
 def fmt(value: float | None, unit: str = "") -> str:
     """A figure for a table: three significant digits, the unit after; '-' when there is none."""
     if value is None or (isinstance(value, float) and math.isnan(value)):

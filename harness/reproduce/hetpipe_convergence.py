@@ -55,6 +55,13 @@ HETPIPE = {"policy": "ed", "ps_placement": "local"}  # ED-local, as the paper's 
 RUNS = {"horovod": {"run": {"system": "horovod"}, "model": {"lr": LR["horovod"]}},
         **{f"D={d}": {"run": {"system": "hetpipe", "options": {**HETPIPE, "staleness": d}},
                       "model": {"lr": LR["hetpipe"]}} for d in STALENESS}}
+#: Fig. 5's 12 GPUs at the testbed's scale: the G node left out (the paper's ResNet-152 does not fit its GPUs), a
+#: scenario of V, R and Q (two GPUs each, loopback); Horovod at the same images a GPU (48 an iteration, its rate
+#: scaled linearly), HetPipe at the same 64 (2 VWs of 3 GPUs)
+NODES_12 = "VRQ"
+RUNS_12 = {f"horovod {NODES_12}": {"run": {"system": "horovod"},
+                                   "model": {"lr": LR["horovod"] * 6 / 8, "batch": 6 * MINIBATCH}},
+           f"D=0 {NODES_12}": RUNS["D=0"]}
 QUICK_RUNS = ("horovod", "D=0")
 ITERS = {True: 48, False: 100}  # quick, full
 
@@ -108,34 +115,44 @@ def paper_scale() -> dict[str, float]:
 
 
 def convergence(ctx: Context) -> list[Section]:
-    """Figs. 5-6: the runs, then the claims at both scales."""
+    """Figs. 5-6: the runs (QUICK: Horovod and D = 0 on the 8 devices only), then the claims at both scales."""
     from ..errors import HarnessError
     from ..results import read_records
+    from ..scenario import write_regions
     from ..sim.compare import compare, load_measured
     from ..train.experiment import execute_many
 
-    labels = QUICK_RUNS if ctx.quick else tuple(RUNS)
     iters = ITERS[ctx.quick]
-    ctx.progress(f"convergence: {', '.join(labels)} on {SCENARIO} (8 devices, loopback), {iters} iterations each")
-    base = {"network": {"scenario": SCENARIO, "devices": 8, "mode": "none"},
-            "compute": {"model": True, "time_scale": TIME_SCALE},
+    base = {"compute": {"model": True, "time_scale": TIME_SCALE},
             "model": {"name": "small-resnet", "batch": BATCH, "micro_batch": MINIBATCH}}
     length = {"run": {"iters": iters, "warmup": 0, "results_root": str(ctx.out / "runs")}}
-    asked = [merged(merged(base, RUNS[k]), length) for k in labels]
-    results = execute_many([request_of(a) for a in asked])
-    failed = [(label, r) for label, r in zip(labels, results) if not isinstance(r, Path)]
-    if failed:
-        raise HarnessError(f"reproduce hetpipe: convergence run {failed[0][0]} did not finish: "
-                           f"{failed[0][1] or 'not started'}")
-    ctx.found["convergence"] = dict(zip(labels, results))
-    floor = json.loads((results[0] / "manifest.json").read_text())["data"]["loss_floor"]
+    groups = [({"scenario": SCENARIO, "devices": 8}, QUICK_RUNS if ctx.quick else tuple(RUNS))]
+    if not ctx.quick:  # a network of its own: one execute_many each
+        nodes = write_regions(SCENARIO, NODES_12, ctx.out / "scenarios" / f"{SCENARIO}-{NODES_12}.yaml")
+        groups.append(({"scenario": str(nodes), "devices": 2 * len(NODES_12)}, tuple(RUNS_12)))
+    found: dict[str, Path] = {}
+    for network, labels in groups:
+        ctx.progress(f"convergence: {', '.join(labels)} on {Path(network['scenario']).stem} ({network['devices']} "
+                     f"devices, loopback), {iters} iterations each")
+        asked = [merged(merged(merged(base, {"network": {**network, "mode": "none"}}), {**RUNS, **RUNS_12}[k]),
+                        length) for k in labels]
+        results = execute_many([request_of(a) for a in asked])
+        failed = [(label, r) for label, r in zip(labels, results) if not isinstance(r, Path)]
+        if failed:
+            raise HarnessError(f"reproduce hetpipe: convergence run {failed[0][0]} did not finish: "
+                               f"{failed[0][1] or 'not started'}")
+        found.update(zip(labels, results))
+    ctx.found["convergence"] = found
+    manifests = {k: json.loads((r / "manifest.json").read_text()) for k, r in found.items()}
+    floor = manifests["horovod"]["data"]["loss_floor"]  # the teacher's: the same for every run
     target = floor + TARGET * (math.log(10) - floor)
     runs = {}
-    for label, r in zip(labels, results):
+    for label, r in found.items():
         recs = read_records(r / "records.csv")
         seconds, losses = [x["seconds"] for x in recs], [x["loss"] for x in recs]
         t, n = time_to_target(seconds, losses, target)
         runs[label] = {"seconds": seconds, "losses": losses, "time": t, "iterations": n,
+                       "batch": int(manifests[label]["spec"]["model"]["batch"]),
                        "overruns": sum(int(x["compute_overruns"]) for x in recs),
                        "simulated": compare(load_measured(r))[0].simulated_s}  # the simulator's run, no fitting
     ctx.progress("convergence: the paper's scale (simulated throughput)")
@@ -144,19 +161,20 @@ def convergence(ctx: Context) -> list[Section]:
 
 
 def recorded_waits(runs: dict[str, Path]) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-    """D -> (waiting, idle) per gate of each HetPipe run among `runs` (label -> run directory), from its
-    minibatches.csv (wsp.recorded_gate_waits); runs without a gate are left out."""
+    """D -> (waiting, idle) per gate of the 8-device HetPipe runs among `runs` (label -> run directory), from
+    their minibatches.csv (wsp.recorded_gate_waits); runs without a gate are left out."""
     from ..results import read_minibatches
     from ..systems.hetpipe import wsp
 
     out = {}
-    for label, run in runs.items():
-        if not label.startswith("D="):
+    for d in STALENESS:
+        run = runs.get(f"D={d}")
+        if run is None:
             continue
         n_m = json.loads((run / "manifest.json").read_text())["placement"]["N_m"]
         waiting, idle = wsp.recorded_gate_waits(read_minibatches(run / "minibatches.csv"), n_m)
         if len(waiting):
-            out[int(label[2:])] = (waiting, idle)
+            out[d] = (waiting, idle)
     return out
 
 
@@ -166,57 +184,59 @@ def convergence_section(runs: dict[str, dict], sps: dict[str, float], floor: flo
     rows = "\n".join(
         f"| {k} | {np.mean(r['seconds']):.2f} | {r['simulated']:.2f} | "
         f"{'-' if r['iterations'] < 0 else r['iterations']} | "
-        f"{'-' if r['iterations'] < 0 else r['iterations'] * BATCH} | {r['time']:.1f} | "
+        f"{'-' if r['iterations'] < 0 else r['iterations'] * r['batch']} | {r['time']:.1f} | "
         f"{r['time'] / TIME_SCALE * 1e3:.2f} | {r['losses'][-1]:.3f} | {r['overruns']} |" for k, r in runs.items())
     s = Section("Figs. 5-6: convergence against Horovod and against D (trained for real)",
                 text=f"The small CNN on teacher-labelled images (floor {floor:.3f} nats, chance {math.log(10):.3f}; "
-                     f"target {target:.3f}) on the testbed's 8 devices, loopback, every device paced as its GPU (time "
+                     f"target {target:.3f}) on the testbed's 8 devices (runs marked {NODES_12}: 6, the G node left "
+                     "out, as the paper's 12 GPUs of Fig. 5), loopback, every device paced as its GPU (time "
                      f"scale {TIME_SCALE:g}; an overrun is a phase whose computation outran its modelled time, of "
                      "thousands a run); *simulated* is the simulator's prediction of each run's iteration (sim "
                      "compare: the same compute model, the testbed's links where loopback has none). Time to target = "
-                     "samples to target / samples per second: the paper-scale column divides each run's samples to target by the simulator's samples/s for the paper's "
-                     "model and GPUs.\n\n"
+                     "samples to target / samples per second: the paper-scale column divides each run's samples "
+                     "to target by the simulator's samples/s for the paper's model and GPUs.\n\n"
                      "| run | s per iteration | simulated s | iterations to target | samples to target | seconds to "
                      "target | modelled GPU ms to target | last loss | compute overruns |\n"
                      "|---|---|---|---|---|---|---|---|---|\n"
                      + rows,
                 plots=["convergence.png"])
     time = {k: r["time"] for k, r in runs.items()}
-    samples = {k: (r["iterations"] * BATCH if r["iterations"] > 0 else math.nan) for k, r in runs.items()}
+    samples = {k: (r["iterations"] * r["batch"] if r["iterations"] > 0 else math.nan) for k, r in runs.items()}
 
-    def key(run: str, model: str, gpus: str = "") -> str:
-        return f"{model} {run}" + (f" {gpus}" if gpus else "")
-
-    def paper(run: str, model: str, gpus: str = "") -> float:
-        return samples.get(run, math.nan) / sps[key(run, model, gpus)] if run in samples else math.nan
+    def ran(run: str) -> str:
+        """A run of the G node left out, or where it did not run (QUICK), its 8-device counterpart."""
+        return run if run in runs else run.split()[0]
 
     def change(base: tuple, other: tuple, later: bool) -> tuple[float | None, float | None]:
-        """% less time `other` takes than `base` (later: % more), at the paper's scale and measured."""
-        if base[0] not in runs or other[0] not in runs:
+        """% less time `other` takes than `base` (later: % more), at the paper's scale and measured; each a
+        (run, its system at the paper's scale: a key of `sps`)."""
+        (b, b_sps), (o, o_sps) = (ran(base[0]), base[1]), (ran(other[0]), other[1])
+        if b not in runs or o not in runs:
             return None, None
-        pct = (lambda b, o: 100.0 * (o / b - 1)) if later else (lambda b, o: 100.0 * (1 - o / b))
-        return pct(paper(*base), paper(*other)), pct(time[base[0]], time[other[0]])
+        pct = (lambda x, y: 100.0 * (y / x - 1)) if later else (lambda x, y: 100.0 * (1 - y / x))
+        return pct(samples[b] / sps[b_sps], samples[o] / sps[o_sps]), pct(time[b], time[o])
 
+    horovod_12, d0_12 = (f"{k} {NODES_12}" for k in ("horovod", "D=0"))
     checks = [
         (Claim("Fig. 5", "ResNet-152: HetPipe (12 GPUs, D = 0) reaches the target sooner than Horovod (12)",
                "Sec. 8.4", paper=35.0, above=NOISE, unit="%", why=WHY_STATS),
-         ("horovod", "resnet152"), ("D=0", "resnet152", "12")),
+         (horovod_12, "resnet152 horovod"), (d0_12, "resnet152 D=0 12")),
         (Claim("Fig. 5", "ResNet-152: HetPipe (16 GPUs, D = 0) sooner than Horovod (12)", "Sec. 8.4", paper=39.0,
-               above=NOISE, unit="%", why=WHY_STATS), ("horovod", "resnet152"), ("D=0", "resnet152", "16")),
+               above=NOISE, unit="%", why=WHY_STATS), (horovod_12, "resnet152 horovod"), ("D=0", "resnet152 D=0 16")),
         (Claim("Fig. 6", "VGG-19: HetPipe D = 0 sooner than Horovod", "Sec. 8.4", paper=29.0, above=NOISE, unit="%",
-               why=WHY_STATS), ("horovod", "vgg19"), ("D=0", "vgg19")),
+               why=WHY_STATS), ("horovod", "vgg19 horovod"), ("D=0", "vgg19 D=0")),
         (Claim("Fig. 6", "VGG-19: D = 4 sooner than D = 0", "Sec. 8.4", paper=28.0, above=NOISE, unit="%",
-               why=WHY_SMALL), ("D=0", "vgg19"), ("D=4", "vgg19")),
+               why=WHY_SMALL), ("D=0", "vgg19 D=0"), ("D=4", "vgg19 D=4")),
         (Claim("Fig. 6", "VGG-19: D = 4 sooner than Horovod", "Sec. 8.4", paper=49.0, above=NOISE, unit="%",
-               why=WHY_STATS), ("horovod", "vgg19"), ("D=4", "vgg19")),
+               why=WHY_STATS), ("horovod", "vgg19 horovod"), ("D=4", "vgg19 D=4")),
         (Claim("Fig. 6", "VGG-19: D = 32 later than D = 4 (global staleness)", "Sec. 8.4", paper=4.7, above=NOISE,
-               unit="%", why=WHY_SMALL), ("D=4", "vgg19"), ("D=32", "vgg19")),
+               unit="%", why=WHY_SMALL), ("D=4", "vgg19 D=4"), ("D=32", "vgg19 D=32")),
     ]
     for claim, base, other in checks:
         later = claim.text.endswith("(global staleness)")  # the one claim of a run taking longer
         sim, emu = change(base, other, later)
-        s.add(claim, sim, measured=emu, note=f"simulated samples/s: {key(*base)} {sps[key(*base)]:.0f}, "
-                                            f"{key(*other)} {sps[key(*other)]:.0f}")
+        s.add(claim, sim, measured=emu, note=f"runs {ran(base[0])}, {ran(other[0])}; simulated samples/s: "
+                                            f"{base[1]} {sps[base[1]]:.0f}, {other[1]} {sps[other[1]]:.0f}")
     return s
 
 
@@ -232,7 +252,7 @@ def _figure(runs: dict[str, dict], floor: float, target: float, out: Path) -> No
     ax.axhline(target, color="gray", ls="--", label="target")
     ax.set_xlabel("modelled GPU time (ms)")
     ax.set_ylabel("training loss (nats)")
-    ax.set_title("Figs. 5-6 at the testbed's scale: small CNN, 8 GPUs")
+    ax.set_title(f"Figs. 5-6 at the testbed's scale: small CNN, 8 GPUs ({NODES_12}: 6)")
     ax.legend()
     save_figure(fig, out)
     plt.close(fig)

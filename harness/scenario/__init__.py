@@ -17,7 +17,7 @@ from pathlib import Path
 import yaml
 
 from ..errors import HarnessError
-from ..files import read_text
+from ..files import atomic_write_text, read_text
 from .parse import parse_scenario
 from .timeline import Timeline, parse_timeline, parse_trace_csv, region_names, trace_of
 from .topology import DeviceProfile, Link, Region, ScenarioError, Server, Topology, scale_down  # noqa: F401
@@ -85,6 +85,28 @@ def load_scenario(name: str, devices: int | None = None) -> Topology:
         raise _syntax_error(path, e) from None
     topo = parse_scenario(doc, path)
     return scale_down(topo, devices) if devices is not None else topo
+
+
+def write_regions(name: str, regions, out: Path) -> Path:
+    """A scenario of some of `name`'s regions, written to `out` (YAML), its links, GPUs and transport the
+    original's: a run on some of a cluster's nodes names a scenario of its own. `regions`: names, or one string
+    of one-letter names as `--gpus` and HetPipe's Table 4 write them ("VR": `<name>-VR`). A scenario whose links
+    between regions are a matrix, or that has a timeline, is refused: what they name would have to be cut too."""
+    source = resolve_scenario(name)
+    doc = load_yaml(source, "scenario YAML")
+    names, known = list(regions), [r.get("name") for r in doc.get("regions", [])]
+    if not names or any(r not in known for r in names) or len(set(names)) != len(names):
+        raise ScenarioError(f"{source}: regions: {regions!r} must be distinct names of its regions "
+                            f"({', '.join(map(str, known))})")
+    if "order" in (doc.get("inter_region") or {}) or "timeline" in doc:
+        raise ScenarioError(f"{source}: regions {regions!r}: a scenario with a link matrix or a timeline is not cut")
+    tag = "".join(names) if isinstance(regions, str) else "-".join(names)
+    doc.update(name=f"{doc['name']}-{tag}", description=f"{doc.get('description', doc['name'])} (only {tag})",
+               regions=[r for r in doc["regions"] if r["name"] in names])
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, yaml.safe_dump(doc, sort_keys=False))
+    return out
 
 
 def _syntax_error(path, e: yaml.YAMLError) -> ScenarioError:

@@ -221,12 +221,15 @@ def test_hetpipe_emulated_claims_whose_runs_did_not_run_say_so():
 
 def test_hetpipe_fig3_at_the_testbeds_scale_from_the_runs_and_their_predictions():
     """N_m = 1: 4.0 s measured (3.6 predicted), N_m = 4: 2.5 s (2.4): throughput grows 1.6x measured, 1.5x
-    predicted; without the N_m = 4 run, not run."""
+    predicted; the busiest stage computes 1.2 s an iteration: 30 % of 4.0 s busy (33 % of 3.6); without the N_m = 4
+    run, not run."""
     from harness.reproduce import hetpipe_emulated
 
-    runs = {k: {"seconds": m, "measured-over-sim": m / p, "host-bound": 0.0, "busy": 0.3}
+    runs = {k: {"seconds": m, "measured-over-sim": m / p, "host-bound": 0.0, "busy": 0.3, "compute": 1.2}
             for k, (m, p) in {"N_m=1": (4.0, 3.6), "N_m=2": (3.0, 2.9), "N_m=4": (2.5, 2.4)}.items()}
-    (f,) = hetpipe_emulated.fig3_section(runs).findings
+    s = hetpipe_emulated.fig3_section(runs)
+    assert "measured and simulated: N_m=1 30% and 33%, N_m=2 40% and 41%, N_m=4 48% and 50%." in s.text
+    (f,) = s.findings
     assert (f.measured, f.simulated) == (pytest.approx(1.6), pytest.approx(1.5))
     assert f.verdict == f.measured_verdict == "holds"
     del runs["N_m=4"]

@@ -262,6 +262,9 @@ SETTINGS = (
     Setting("bytes across nodes", "ED-local: one VW minibatch's forward activations at cuts between nodes; "
             "Horovod: one GPU's ring phase", "the paper states totals without their unit of work"),
     Setting("waves simulated", f"{wsp.WAVES} per VW, throughput over the second half", "a steady state"),
+    Setting("Table 4 at the testbed's scale", "two GPUs a node; HetPipe ED-local at 64 images an iteration (8 a "
+            "minibatch), Horovod at 8 images a GPU", "the paper's minibatch of 32 for both, scaled to the small "
+            "CNN's minibatch of the convergence runs; Horovod's batch grows with its GPUs, as on the testbed"),
 )
 
 PAPER = Paper(

@@ -136,11 +136,12 @@ def convergence(ctx: Context) -> list[Section]:
         nodes = write_regions(SCENARIO, NODES_12, ctx.out / "scenarios" / f"{SCENARIO}-{NODES_12}.yaml")
         groups.append(({"scenario": str(nodes), "devices": 2 * len(NODES_12)}, tuple(RUNS_12)))
     found: dict[str, Path] = {}
+    asked_of = {**RUNS, **RUNS_12}
     for network, labels in groups:
         ctx.progress(f"convergence: {', '.join(labels)} on {Path(network['scenario']).stem} ({network['devices']} "
                      f"devices, loopback), {iters} iterations each")
-        asked = [merged(merged(merged(base, {"network": {**network, "mode": "none"}}), {**RUNS, **RUNS_12}[k]),
-                        length) for k in labels]
+        asked = [merged(merged(merged(base, {"network": {**network, "mode": "none"}}), asked_of[k]), length)
+                 for k in labels]
         results = execute_many([request_of(a) for a in asked])
         failed = [(label, r) for label, r in zip(labels, results) if not isinstance(r, Path)]
         if failed:

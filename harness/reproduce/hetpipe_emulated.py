@@ -207,10 +207,10 @@ def table4_emulated(ctx: Context) -> list[Section]:
     for letters in TABLE4_SETS:
         devices = 2 * len(letters)
         batch = {"ed-local": EMULATED_BASE["model"]["batch"], "horovod": hetpipe_convergence.MINIBATCH * devices}
-        results = {k: r for k, r in ctx.found.get("fig4-emulated", {}).items() if k in TABLE4_RUNS} \
-            if letters == TABLE4_SETS[-1] else {}
+        every_node = letters == TABLE4_SETS[-1]
+        results = {k: r for k, r in ctx.found.get("fig4-emulated", {}).items() if k in TABLE4_RUNS and every_node}
         if not results:
-            scenario = SCENARIO if len(letters) == 4 else str(write_regions(
+            scenario = SCENARIO if every_node else str(write_regions(
                 SCENARIO, letters, ctx.out / "scenarios" / f"{SCENARIO}-{letters}.yaml"))
             base = merged(EMULATED_BASE, {"network": {"scenario": scenario, "devices": devices}})
             asked = {k: merged(base, {"model": {"batch": batch[k]}, "run": {

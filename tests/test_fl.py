@@ -146,8 +146,21 @@ def test_bad_federation_scenarios(tmp_path):
         inter_region: {delay_ms: 0.05, bandwidth_gbps: 5}
         server: {delay_ms: 0.05}
         """)
-    with pytest.raises(FLError, match="racks of >= 2 workers"):
-        federation(load_scenario(str(lonely)))
+    with pytest.raises(FLError, match="one worker; a federation needs two"):
+        federation(load_scenario(str(lonely)).subset([0]))
+    uneven = write(tmp_path, """\
+        name: uneven
+        device: {gpu: RTX 3080}
+        regions: [{name: a, devices: 1}, {name: b, devices: 1}, {name: c, devices: 1}]
+        intra_region: {delay_ms: 0.02, bandwidth_gbps: 10}
+        inter_region:
+          order: [a, b, c]
+          delay_ms: [[~, 0.05, 0.05], [0.05, ~, 0.05], [0.05, 0.05, ~]]
+          bandwidth_gbps: [[~, 1, 5], [1, ~, 5], [5, 5, ~]]
+        server: {delay_ms: 0.05}
+        """)
+    with pytest.raises(FLError, match="inter_region.bandwidth_gbps: a federation needs one value"):
+        federation(load_scenario(str(uneven)))
     empty = write(tmp_path, """\
         name: empty
         device: {gpu: RTX 3080}
@@ -245,10 +258,72 @@ def test_owl_within_ten_percent_of_the_optimum(model, scenario, devices):
     assert best.config["searched"] > 1
 
 
-def test_optimal_refuses_what_it_cannot_enumerate():
-    with pytest.raises(FLError, match="groupings of inception-v4"):
-        run("optimal", get_branchy("inception-v4"), load_federation("owl-testbed"), 32)
-    assert list(STRATEGIES) == ["naive", "overlap", "ipart", "owl", "optimal"]
+def test_optimal_searches_locally_where_groupings_are_too_many_to_enumerate():
+    fed, m = load_federation("owl-testbed", 10), get_branchy("inception-v4")
+    best, owl, bound = run("optimal", m, fed, 32), run("owl", m, fed, 32), run("oos", m, fed, 32)
+    assert best.config["method"] == "local search from owl" and best.config["searched"] > len(m.bases)
+    assert bound.seconds <= best.seconds <= owl.seconds * (1 + 1e-12)
+    assert list(STRATEGIES) == ["naive", "overlap", "ipart", "owl", "owl-de", "owl-a", "owl-b", "oos", "optimal"]
+
+
+@pytest.mark.parametrize("scenario,devices,alpha", [("owl-testbed", 10, 0.5), ("owl-4x20", 16, 0.2),
+                                                    ("owl-testbed", 10, 1.0)])
+def test_decentralized_deployment_pulls_every_group_from_the_server_and_is_never_faster(scenario, devices, alpha):
+    fed = load_federation(scenario, devices, alpha)
+    m = get_branchy("inception-v4")
+    de, ce = run("owl-de", m, fed, 32), run("owl", m, fed, 32)
+    assert de.server_bytes == pytest.approx(fed.workers * m.params * BYTES_PER_PARAM)
+    assert all(t.src == SERVER for t in de.transfers)
+    # at D = 2, each worker of a rack starts a base with its own communication group's group
+    base = next(i for i, b in enumerate(m.bases) if len(sized_branches(m, i)) == 4)
+    groupings = [[[j] for j in sized_branches(m, i)] if i != base else [[0, 1], [2, 3]] for i in range(len(m.bases))]
+    first = {}
+    for t in owl_transfers(m, fed, groupings, "decentralized"):
+        if m.layers[t.layers[0]][0] == base:
+            first.setdefault(t.dst, m.layers[t.layers[0]][1])
+    half = fed.racks[0] // 2  # the rack's workers in two communication groups, each starting with its own
+    assert [first[w] for w in fed.members(0)] == [0] * half + [2] * half
+    assert ce.seconds <= de.seconds  # eq. 15: t_ce / t_de <= 1 where B_inter <= B_intra
+
+
+def test_owl_a_deploys_through_each_racks_first_worker_and_owl_b_groups_at_random():
+    from harness.workloads.fl.grouping import random_groups
+    from harness.workloads.fl.strategies import owl_b
+
+    fed, m = load_federation("owl-8x10", 16), get_branchy("inception-v4")
+    a = run("owl-a", m, fed, 32)
+    assert {t.dst for t in a.transfers if t.src == SERVER} == {fed.members(r)[0] for r in range(2)}
+    assert a.config == {"D": 8, "deployment": "unbalanced"}
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        g = random_groups([5, 4, 3, 2, 1], 3, rng)
+        assert sorted(i for x in g for i in x) == [0, 1, 2, 3, 4] and len(g) == 3 and all(g)
+    draws = {tuple(map(tuple, random_groups([5, 4, 3, 2, 1], 2, rng))) for _ in range(30)}
+    assert len(draws) > 3  # sizes ignored: many groupings, not LPT's one
+    assert {owl_b(m, fed, 32, seed).seconds for seed in range(4)} != {run("owl", m, fed, 32).seconds}
+
+
+@pytest.mark.parametrize("scenario,devices", [("owl-testbed", 10), ("owl-8x10", 16), ("owl-norack", 10)])
+def test_oos_bounds_every_plan(scenario, devices):
+    fed = load_federation(scenario, devices)
+    for name in ("tiny", "dfn", "inception-v4"):
+        m = get_branchy(name)
+        bound = run("oos", m, fed, 32)
+        assert bound.transfers == () and bound.server_bytes == len(fed.racks) * m.params * BYTES_PER_PARAM
+        for s in ("naive", "overlap", "ipart", "owl", "owl-de", "owl-a", "owl-b"):
+            assert bound.seconds <= run(s, m, fed, 32).seconds * (1 + 1e-12), (name, s)
+
+
+def test_racks_of_one_worker_are_no_racks_and_owl_relays_across_them():
+    topo = load_topology("owl-norack", 10)
+    fed = federation(topo)
+    assert fed.flat and fed.racks == (10,) and fed.shape == "10x1" and fed.intra_Bps == fed.inter_Bps == 10e9 / 8
+    m = get_branchy("dfn")
+    owl, naive = run("owl", m, fed, 32), run("naive", m, fed, 32)
+    assert owl.server_bytes == m.params * BYTES_PER_PARAM and owl.seconds < naive.seconds
+    emu = emulated_topology(topo, fed).scaled(0.01)
+    assert emu.n == 11 and emu.region_of(10).name == "server"
+    assert emu.bandwidth_gbps[0, 9] == pytest.approx(0.1) and emu.bandwidth_gbps[10, 3] == pytest.approx(0.1)
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -309,7 +384,7 @@ def test_a_toy_strategy_is_one_registration_and_runs_and_reports(cli, tmp_path, 
     (("--backend", "emu", "--model", "dfn"), "dfn does not run on --backend emu"),
     (("--backend", "emu", "--devices", "3"), "not whole racks"),
     (("--backend", "emu", "--alpha", "1.2"), r"--alpha: must be numbers in \(0, 1\]"),
-    (("--strategy", "optimal", "--model", "inception-v4"), "groupings of inception-v4 on racks of 2"),
+    (("--backend", "emu", "--strategy", "owl,oos"), "oos is a bound, not a plan of transfers"),
 ])
 def test_fl_cli_bad_input_is_one_line(cli, tmp_path, args, message):
     rc, out, err = cli("fl", "--scenario", "owl-testbed", "--model", "tiny", *args, "--out", tmp_path / "run")

@@ -55,6 +55,9 @@ def emulated_federation(fed: Federation, bandwidth_scale: float, compute_time_sc
 
 def plan_rounds(model: BranchyModel, fed: Federation, strategies: list[str], batch: int) -> list[st.Round]:
     """Every strategy's round as the simulator plans it for the (scaled) federation."""
+    bounds = [n for n in strategies if not st.get(n).plan]
+    if bounds:
+        raise FLError(f"--strategy: {bounds[0]} is a bound, not a plan of transfers; --backend sim only")
     return [st.run(n, model, fed, batch) for n in strategies]
 
 

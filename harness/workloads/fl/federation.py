@@ -6,6 +6,8 @@ eq. 13) through its own uplink (the scenario's `server.uplink_gbps`, else B_inte
 network interface carries at most its fastest link (B_intra) in each direction, or the scenario's
 `interface_gbps` where that is less, as in harness/netmodel/links.py. `--alpha` replaces B_inter (and a defaulted uplink) by alpha * B_intra.
 Scaling down keeps the rack shape: it keeps whole racks, the same share of every scenario entry.
+A scenario whose racks each hold one worker has no racks (the paper's Fig. 11): one rack of every worker,
+B_intra = B_inter the workers' one link (they must be alike), so OWL's peers relay across the whole federation.
 
 The emulated cluster (`harness fl --backend emu`) runs this federation as a topology of its own
 (`emulated_topology`): the workers, then the server as one more device in a region of its own,
@@ -48,6 +50,7 @@ class Federation:
     gpu: str
     interface_Bps: float = math.inf  # a worker's interface limit (the scenario's interface_gbps), each direction
     per_pair: bool = False  # the emulated cluster: pairs shaped alone, an interface limits what it sends only
+    flat: bool = False  # no racks (the scenario's racks each of one worker): one rack of every worker, peers alike
 
     @property
     def worker_egress_Bps(self) -> float:
@@ -88,6 +91,8 @@ class Federation:
 
     @property
     def shape(self) -> str:
+        if self.flat:
+            return f"{self.workers}x1"
         sizes = sorted(set(self.racks))
         return f"{len(self.racks)}x{sizes[0]}" if len(sizes) == 1 else f"{len(self.racks)} racks"
 
@@ -108,11 +113,16 @@ def federation(topo: Topology, alpha: float | None = None) -> Federation:
     region = np.asarray(topo.device_region)
     same = region[:, None] == region[None, :]
     off = ~np.eye(topo.n, dtype=bool)
-    if not (same & off).any():
-        raise FLError(f"{topo.source}: regions: every rack has one worker; OWL needs racks of >= 2 workers")
-    intra = _uniform(topo, topo.bandwidth_gbps[same & off], "intra_region.bandwidth_gbps")
-    intra_delay = _uniform(topo, topo.delay_ms[same & off], "intra_region.delay_ms")
-    if len(topo.regions) > 1:
+    flat = not (same & off).any()  # every rack one worker: no racks (Fig. 11), the workers' links alike
+    if flat and topo.n < 2:
+        raise FLError(f"{topo.source}: regions: one worker; a federation needs two or more")
+    if flat:
+        intra = _uniform(topo, topo.bandwidth_gbps[off], "inter_region.bandwidth_gbps")
+        intra_delay = _uniform(topo, topo.delay_ms[off], "inter_region.delay_ms")
+    else:
+        intra = _uniform(topo, topo.bandwidth_gbps[same & off], "intra_region.bandwidth_gbps")
+        intra_delay = _uniform(topo, topo.delay_ms[same & off], "intra_region.delay_ms")
+    if len(topo.regions) > 1 and not flat:
         inter = _uniform(topo, topo.bandwidth_gbps[~same], "inter_region.bandwidth_gbps")
         inter_delay = _uniform(topo, topo.delay_ms[~same], "inter_region.delay_ms")
     else:
@@ -127,13 +137,13 @@ def federation(topo: Topology, alpha: float | None = None) -> Federation:
     interface = (math.inf if topo.interface_gbps is None
                  else _uniform(topo, np.asarray(topo.interface_gbps, dtype=float), "interface_gbps"))
     return Federation(
-        name=topo.name, source=topo.source, racks=tuple(r.devices for r in topo.regions),
+        name=topo.name, source=topo.source, racks=(topo.n,) if flat else tuple(r.devices for r in topo.regions),
         intra_Bps=gbps_to_bytes_per_s(intra), inter_Bps=gbps_to_bytes_per_s(inter),
         uplink_Bps=gbps_to_bytes_per_s(uplink),
         intra_delay_s=ms_to_s(intra_delay), inter_delay_s=ms_to_s(inter_delay),
         server_delay_s=ms_to_s(topo.server.delay_ms),
         flops_per_s=tuple(p.flops_per_s("transformer") for p in profs), gpu=topo.profiles[0].gpu,
-        interface_Bps=gbps_to_bytes_per_s(interface),
+        interface_Bps=gbps_to_bytes_per_s(interface), flat=flat,
     )
 
 
@@ -179,7 +189,9 @@ def emulated_topology(topo: Topology, fed: Federation) -> Topology:
     their racks, then the server (device `fed.workers`) in a region of its own, reached at B_inter after
     its delay, its interface limited to its uplink. Unscaled: Topology.scaled gives the run's."""
     W, R = fed.workers, len(fed.racks)
-    if tuple(topo.device_region) != tuple(fed.rack_of):
+    if fed.flat:  # no racks: every worker its own region, every pair at the workers' one link
+        R = len(topo.regions)
+    elif tuple(topo.device_region) != tuple(fed.rack_of):
         raise FLError(f"{topo.source}: a federation's racks must be its regions, in order")
     delay = np.full((R + 1, R + 1), s_to_ms(fed.inter_delay_s))  # a region per rack, then the server's
     np.fill_diagonal(delay, s_to_ms(fed.intra_delay_s))

@@ -3,7 +3,8 @@
 `greedy_groups` is Algorithm 1: branches in descending size, each into the group that is smallest
 so far (LPT; Theorem 2 bounds its largest group by (3/2 - 1/(2D)) x the optimum's).
 `exact_groups` is the optimum of the same problem (the smallest possible largest group), by
-depth-first search with the usual pruning, for the few branches of a base.
+depth-first search with the usual pruning, for the few branches of a base. `random_groups` is the
+grouping of OWL-B (the ablation without Algorithm 1).
 """
 from __future__ import annotations
 
@@ -36,6 +37,17 @@ def greedy_groups(sizes, groups: int) -> list[list[int]]:
         g = min(range(groups), key=lambda k: (load[k], k))
         out[g].append(i)
         load[g] += sizes[i]
+    return out
+
+
+def random_groups(sizes, groups: int, rng) -> list[list[int]]:
+    """A grouping that ignores the sizes (OWL-B's, Sec. 6.4): the branches shuffled, the first `groups` opening
+    one group each, every other one into a group drawn at random (`rng`: a numpy Generator)."""
+    _check(sizes, groups)
+    order = [int(i) for i in rng.permutation(len(sizes))]
+    out: list[list[int]] = [[i] for i in order[:groups]]
+    for i in order[groups:]:
+        out[int(rng.integers(groups))].append(i)
     return out
 
 

@@ -16,21 +16,25 @@ in which pieces.
   worker pulls it from that worker (constraint 9), its own communication group's first (Fig. 6,
   centralized deployment); Algorithm 2 tries D = 1..n (D_r = min(D, branches)) and keeps the
   fastest round.
-- optimal: the same plans as owl over every grouping of every base's branches (every set
-  partition into at most n groups), the fastest round found by exhaustive search: the yardstick
-  for owl, for instances small enough to enumerate.
+- owl-de: OWL's groups deployed decentralized (Sec. 4.4, eq. 14, Fig. 6): every worker pulls every group from
+  the server itself, starting with its communication group's; Algorithm 2 over D as for owl.
+- owl-a, owl-b: the ablations of Sec. 6.4: Algorithm 1's groups without the deploying algorithm (D = n, every
+  group through the rack's first worker: an unbalanced deployment), and Algorithm 2 over random groupings.
+- oos: the paper's offline optimum as a bound: the rack-fed fluid limit, fully overlapped (no transfers).
+- optimal: the same deployment as owl over every grouping of every base (every set partition into at most
+  n groups): exhaustive where they number at most OPTIMAL_LIMIT, else a local search from owl's plan.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
 
 from .federation import Federation, FLError
 from .flows import SERVER, Transfer, arrivals, forward_end, layer_bytes, layer_ready, layer_seconds
-from .grouping import bell, greedy_groups, partitions
+from .grouping import bell, greedy_groups, partitions, random_groups
 from .models import BYTES_PER_PARAM, BranchyModel
 
 OPTIMAL_LIMIT = 2000  # groupings the exhaustive search may simulate
@@ -56,15 +60,16 @@ class Strategy:
     run: Callable[[BranchyModel, Federation, int], Round]
     summary: str
     in_all: bool = True  # run by `--strategy all` (the exhaustive search only when named)
+    plan: bool = True  # its round is a plan of transfers the emulated cluster can run (False: a bound)
 
 
 STRATEGIES: dict[str, Strategy] = {}
 NORMALISE_TO = "naive"  # the paper normalises training time to Naive FL's (Sec. 6.1)
 
 
-def register(name: str, summary: str, in_all: bool = True):
+def register(name: str, summary: str, in_all: bool = True, plan: bool = True):
     def deco(fn):
-        STRATEGIES[name] = Strategy(name, fn, summary, in_all)
+        STRATEGIES[name] = Strategy(name, fn, summary, in_all, plan)
         return fn
     return deco
 
@@ -185,8 +190,17 @@ def sized_branches(model: BranchyModel, base: int) -> list[int]:
     return [j for j, br in enumerate(model.bases[base].branches) if br.params > 0]
 
 
-def owl_transfers(model: BranchyModel, fed: Federation, groupings: list[list[list[int]]]) -> list[Transfer]:
-    """Centralized deployment of `groupings` (per base: groups of branch indices) in every rack."""
+#: how a rack's groups reach its workers (Sec. 4.4, Fig. 6): centralized, each group through one central worker
+#: of its communication group (the chunks' central workers spread); decentralized, every worker pulls every group
+#: from the server itself, starting with its own; unbalanced, every group through the rack's first worker (OWL-A)
+DEPLOYMENTS = ("centralized", "decentralized", "unbalanced")
+
+
+def owl_transfers(model: BranchyModel, fed: Federation, groupings: list[list[list[int]]],
+                  deployment: str = "centralized") -> list[Transfer]:
+    """`deployment` (DEPLOYMENTS) of `groupings` (per base: groups of branch indices) in every rack."""
+    if deployment not in DEPLOYMENTS:
+        raise ValueError(f"deployment: {deployment!r} is not one of {DEPLOYMENTS}")
     nbytes = layer_bytes(model)
     layers_of = _branch_layers(model)
     server_lane: list[Transfer] = []
@@ -198,9 +212,19 @@ def owl_transfers(model: BranchyModel, fed: Federation, groupings: list[list[lis
             if not groups:
                 continue
             chunks = np.array_split(np.array(members), len(groups))
-            central = [int(c[i % len(c)]) for c in chunks]  # rotates over the bases: spreads the server pulls
             payload = [tuple(l for j in g for l in layers_of[i][j]) for g in groups]
             size = [float(nbytes[list(p)].sum()) for p in payload]
+            if deployment == "decentralized":
+                for g0, chunk in enumerate(chunks):
+                    for w in chunk:
+                        for step in range(len(groups)):
+                            g = (g0 + step) % len(groups)
+                            server_lane.append(Transfer(int(w), SERVER, payload[g], size[g], "server"))
+                continue
+            if deployment == "unbalanced":
+                central = [members[0]] * len(groups)
+            else:
+                central = [int(c[i % len(c)]) for c in chunks]  # rotates over the bases: spreads the server pulls
             for g, c in enumerate(central):
                 index[(r, i, g)] = len(server_lane)
                 server_lane.append(Transfer(c, SERVER, payload[g], size[g], "server"))
@@ -215,43 +239,123 @@ def owl_transfers(model: BranchyModel, fed: Federation, groupings: list[list[lis
     return transfers
 
 
-def _owl_round(name, model, fed, batch, groupings, config) -> Round:
-    return simulate(name, model, fed, batch, owl_transfers(model, fed, groupings), config)
+def _owl_round(name, model, fed, batch, groupings, config, deployment="centralized") -> Round:
+    return simulate(name, model, fed, batch, owl_transfers(model, fed, groupings, deployment),
+                    {**config, "deployment": deployment} if deployment != "centralized" else config)
+
+
+def _grouped(model: BranchyModel, D: int, grouping) -> list[list[list[int]]]:
+    """Every base's sized branches in min(D, branches) groups by `grouping(sizes, groups)` (indices of sizes)."""
+    out = []
+    for i in range(len(model.bases)):
+        sized = sized_branches(model, i)
+        sizes = [model.bases[i].branches[j].params for j in sized]
+        out.append([[sized[k] for k in g] for g in grouping(sizes, min(D, len(sized)))] if sized else [])
+    return out
+
+
+def deploying(name: str, model: BranchyModel, fed: Federation, batch: int, grouping=greedy_groups,
+              deployment: str = "centralized") -> Round:
+    """Algorithm 2: D = 1..n communication groups (D_r = min(D, the base's branches)), each grouped by
+    `grouping` and deployed, the fastest round kept. D beyond every base's branches changes nothing: not tried."""
+    best, tried = None, set()
+    widths = [len(sized_branches(model, i)) for i in range(len(model.bases))]
+    for D in range(1, max(fed.racks) + 1):
+        key = tuple(min(D, w) for w in widths)
+        if key in tried:
+            continue
+        tried.add(key)
+        r = _owl_round(name, model, fed, batch, _grouped(model, D, grouping), {"D": D}, deployment)
+        if best is None or r.seconds < best.seconds - 1e-12:
+            best = r
+    return best
 
 
 @register("owl", "Algorithm 1 grouping + Algorithm 2 deploying: rack peers relay the groups they pulled")
 def owl(model: BranchyModel, fed: Federation, batch: int) -> Round:
-    best = None
-    for D in range(1, max(fed.racks) + 1):
-        groupings = []
-        for i in range(len(model.bases)):
-            sized = sized_branches(model, i)
-            sizes = [model.bases[i].branches[j].params for j in sized]
-            groupings.append([[sized[k] for k in g] for g in greedy_groups(sizes, min(D, len(sized)))] if sized else [])
-        r = _owl_round("owl", model, fed, batch, groupings, {"D": D})
-        if best is None or r.seconds < best.seconds - 1e-12:
-            best = r
-    return best
+    return deploying("owl", model, fed, batch)
 
 
-@register("optimal", "every grouping of every base under the same deployment: the exact optimum (small cases)",
+@register("owl-de", "OWL's groups, decentralized (eq. 14, Fig. 6): every worker pulls every group from the server",
           in_all=False)
+def owl_decentralized(model: BranchyModel, fed: Federation, batch: int) -> Round:
+    return deploying("owl-de", model, fed, batch, deployment="decentralized")
+
+
+@register("owl-a", "ablation (Sec. 6.4): Algorithm 1's groups, no deploying algorithm (D = n, every group "
+          "through the rack's first worker)", in_all=False)
+def owl_a(model: BranchyModel, fed: Federation, batch: int) -> Round:
+    D = max(fed.racks)
+    return _owl_round("owl-a", model, fed, batch, _grouped(model, D, greedy_groups), {"D": D}, "unbalanced")
+
+
+OWL_B_SEED = 0  # the random grouping's seed; the reproduction averages several
+
+
+def owl_b(model: BranchyModel, fed: Federation, batch: int, seed: int = OWL_B_SEED) -> Round:
+    """Ablation (Sec. 6.4): Algorithm 2 over random groupings (grouping.random_groups), one draw per D."""
+    rng = np.random.default_rng(seed)
+    r = deploying("owl-b", model, fed, batch, grouping=lambda sizes, D: random_groups(sizes, D, rng))
+    return replace(r, config={**r.config, "seed": seed})
+
+
+register("owl-b", "ablation (Sec. 6.4): Algorithm 2's deploying over random groupings", in_all=False)(owl_b)
+
+
+@register("oos", "the offline optimum as a bound: every rack's parameters at the server's fair share, in forward "
+          "order, no set-up, no delay, fully overlapped", in_all=False, plan=False)
+def oos(model: BranchyModel, fed: Federation, batch: int) -> Round:
+    """The paper's OOS (Sec. 6.1): communication and computation fully overlapped, set-up time and delay hidden.
+    Where the server feeds every rack (the paper's architecture: eq. 13's first term), each rack receives the
+    whole model through the server's uplink, so no worker has the first k bytes before k x racks / uplink (nor
+    faster than the server reaches it, B_inter, or its interface takes in); layers land in forward order at that
+    rate, and the forward runs as the simulator runs it."""
+    nbytes = layer_bytes(model)
+    rate = min(fed.uplink_Bps / len(fed.racks), fed.inter_Bps, fed.worker_ingress_Bps)
+    ready = np.where(nbytes > 0, np.cumsum(nbytes) / rate, 0.0)
+    secs = layer_seconds(model, fed, batch)
+    fwd = max(forward_end(model, row, ready) for row in np.unique(secs, axis=0))
+    e0 = e0_seconds(model, fed, batch)
+    return Round("oos", fwd + e0, float(ready.max()), fwd, e0, float(len(fed.racks) * nbytes.sum()),
+                 {"bound": "rack-fed fluid"})
+
+
+@register("optimal", "every grouping of every base under OWL's deployment: exhaustive where they number at most "
+          f"{OPTIMAL_LIMIT}, else a local search from owl's plan", in_all=False)
 def optimal(model: BranchyModel, fed: Federation, batch: int) -> Round:
+    """The fastest round over every grouping of every base (any number of groups per base, centralized). Where
+    the groupings number more than OPTIMAL_LIMIT (Inception-v4: about 10^14 on racks of 2), a local search
+    instead: from owl's plan, each base in turn takes its best grouping with the others held, until no base
+    changes; a local optimum, not proven the global one (config "method" says which; `oos` bounds both)."""
     n = max(fed.racks)
     per_base = [sized_branches(model, i) for i in range(len(model.bases))]
-    count = int(np.prod([bell(len(s), min(n, len(s))) if s else 1 for s in per_base], dtype=float))
-    if count > OPTIMAL_LIMIT:
-        raise FLError(f"--strategy optimal: {count} groupings of {model.name} on racks of {n} (more than "
-                      f"{OPTIMAL_LIMIT}); use a smaller model or racks (e.g. --model tiny)")
+    count = float(np.prod([bell(len(s), min(n, len(s))) if s else 1 for s in per_base], dtype=float))
     choices = [[[[s[k] for k in g] for g in p] for p in partitions(len(s), min(n, len(s)))] if s else [[]]
                for s in per_base]
-    best = None
-    for groupings in itertools.product(*choices):
-        r = _owl_round("optimal", model, fed, batch, list(groupings),
-                       {"groups": [len(g) for g in groupings], "searched": count})
-        if best is None or r.seconds < best.seconds - 1e-12:
-            best = r
-    return best
+    if count <= OPTIMAL_LIMIT:
+        best = None
+        for groupings in itertools.product(*choices):
+            r = _owl_round("optimal", model, fed, batch, list(groupings),
+                           {"groups": [len(g) for g in groupings], "searched": int(count), "method": "exhaustive"})
+            if best is None or r.seconds < best.seconds - 1e-12:
+                best = r
+        return best
+    start = owl(model, fed, batch)
+    current = _grouped(model, start.config["D"], greedy_groups)
+    best, tried, changed = start, 1, True
+    while changed:
+        changed = False
+        for i, options in enumerate(choices):
+            for c in options:
+                if c == current[i]:
+                    continue
+                trial = current[:i] + [c] + current[i + 1:]
+                r = _owl_round("optimal", model, fed, batch, trial, {})
+                tried += 1
+                if r.seconds < best.seconds - 1e-12:
+                    best, current, changed = r, trial, True
+    return replace(best, strategy="optimal", config={"groups": [len(g) for g in current], "searched": tried,
+                                                     "method": "local search from owl"})
 
 
 def run(strategy: str, model: BranchyModel, fed: Federation, batch: int) -> Round:

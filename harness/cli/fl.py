@@ -17,8 +17,8 @@ def register(sub) -> None:
         "fl", help="OWL's FL workload: distribute a branchy model to racks of workers by strategy (`fl report`: plots)",
         description="One federated-learning round per strategy (Han et al. 2024, OWL): a server sends the model to "
                     "every worker of every rack, which computes its forward as the parameters arrive, then backward "
-                    "and a gradient all-reduce. Strategies: naive, overlap, ipart, owl, optimal (exhaustive, small "
-                    "cases), a comma-separated list, or all. --backend sim simulates; --backend emu runs the server "
+                    "and a gradient all-reduce. Strategies: naive, overlap, ipart, owl, owl-de, owl-a, owl-b, oos (a "
+                    "bound), optimal (exhaustive, or a local search), a comma-separated list, or all. --backend sim simulates; --backend emu runs the server "
                     "and every worker as processes of the emulated cluster (the model `tiny`, parameters as tensors "
                     "over the shaped links, compute held to the device's modelled time x --compute-time-scale) and "
                     "records what was measured, bytes counted as sent. Prints a table and writes "
@@ -29,8 +29,9 @@ def register(sub) -> None:
     p.add_argument("--alpha", type=fractions, help="B_inter / B_intra in (0, 1]; several comma-separated; "
                    "none: the scenario's")
     p.add_argument("--model", default="inception-v4", help="inception-v4, dfn or tiny")
-    p.add_argument("--strategy", default="all", help="naive, overlap, ipart, owl, optimal, a comma-separated list, "
-                   "or all (every one but optimal, which runs only when named)")
+    p.add_argument("--strategy", default="all", help="naive, overlap, ipart, owl; owl-de (decentralized), owl-a, "
+                   "owl-b (the ablations), oos (a bound; sim only), optimal; a comma-separated list, or all (naive, "
+                   "overlap, ipart and owl)")
     p.add_argument("--backend", default="sim", choices=["sim", "emu"],
                    help="sim: the flow simulator; emu: processes in the emulated cluster (tc/netem shaped links)")
     p.add_argument("--batch", type=positive_int, default=32, help="minibatch per worker")

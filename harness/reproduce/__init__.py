@@ -70,7 +70,7 @@ class Paper:
 
 
 #: every paper `harness reproduce` knows: name -> "module:attribute" of its Paper
-PAPERS = {"hetpipe": "harness.reproduce.hetpipe:PAPER"}
+PAPERS = {"hetpipe": "harness.reproduce.hetpipe:PAPER", "owl": "harness.reproduce.owl:PAPER"}
 
 
 def get(name: str) -> Paper:

@@ -254,6 +254,12 @@ def _grouped(model: BranchyModel, D: int, grouping) -> list[list[list[int]]]:
     return out
 
 
+def deployed(name: str, model: BranchyModel, fed: Federation, batch: int, D: int, deployment: str = "centralized",
+             grouping=greedy_groups) -> Round:
+    """One deployment at D communication groups, without Algorithm 2's search."""
+    return _owl_round(name, model, fed, batch, _grouped(model, D, grouping), {"D": D}, deployment)
+
+
 def deploying(name: str, model: BranchyModel, fed: Federation, batch: int, grouping=greedy_groups,
               deployment: str = "centralized") -> Round:
     """Algorithm 2: D = 1..n communication groups (D_r = min(D, the base's branches)), each grouped by
@@ -285,8 +291,7 @@ def owl_decentralized(model: BranchyModel, fed: Federation, batch: int) -> Round
 @register("owl-a", "ablation (Sec. 6.4): Algorithm 1's groups, no deploying algorithm (D = n, every group "
           "through the rack's first worker)", in_all=False)
 def owl_a(model: BranchyModel, fed: Federation, batch: int) -> Round:
-    D = max(fed.racks)
-    return _owl_round("owl-a", model, fed, batch, _grouped(model, D, greedy_groups), {"D": D}, "unbalanced")
+    return deployed("owl-a", model, fed, batch, max(fed.racks), "unbalanced")
 
 
 OWL_B_SEED = 0  # the random grouping's seed; the reproduction averages several

@@ -1,0 +1,54 @@
+"""`harness reproduce owl`: OWL's evaluation simulated at the paper's scale, a verdict per claim."""
+import csv
+from pathlib import Path
+
+import pytest
+
+from harness.reproduce import Context, get, reproduce
+from harness.reproduce import owl
+
+
+def test_eq_15_is_the_ratio_of_eqs_13_and_14():
+    S, B_intra = 170e6, 10e9 / 8
+    for alpha in (0.2, 0.5, 1.0):
+        for n, D in ((2, 1), (4, 2), (8, 4), (8, 8)):
+            B_inter = alpha * B_intra
+            t_ce = S / B_inter + (n * S / D - S) / B_intra  # eq. 13
+            t_de = n * S / (B_inter * D)  # eq. 14, M_r = D_r groups
+            assert owl.eq15(alpha, D, n) == pytest.approx(t_ce / t_de)
+    assert owl.eq15(0.5, 8, 8) == 1.0 and owl.eq15(0.2, 4, 8) < owl.eq15(0.5, 4, 8) < 1
+
+
+def test_the_deployment_part_puts_each_simulated_ratio_beside_eq_15(tmp_path):
+    [s] = owl.deployment(Context(tmp_path))
+    assert len(s.findings) == 6
+    for f in s.findings:
+        label, alpha = f.claim.text.split(",")[0], float(f.claim.text.split("alpha ")[1].split(":")[0])
+        D = int(f.claim.text.split("D = ")[1].split(" ")[0])
+        n = {"4x20": 4, "8x10": 8}[label]
+        assert f.claim.paper == pytest.approx(owl.eq15(alpha, D, n))
+        assert 0 < f.simulated < 1  # centralized is the faster (the paper's direction), here by more than eq. 15
+
+
+def test_owl_reproduced_end_to_end_writes_every_figures_claims(tmp_path, monkeypatch):
+    monkeypatch.setattr(owl, "WORKERS", (4, 10, 20))  # the shape of the paper's 10..100, smaller
+    monkeypatch.setattr(owl, "ALPHAS", (0.2, 1.0))
+    monkeypatch.setattr(owl, "OWL_B_SEEDS", range(2))
+    said = []
+    report = reproduce("owl", tmp_path, quick=True, progress=said.append)
+    text = report.read_text()
+    for fig in ("Fig. 7", "Fig. 8a", "Fig. 9", "Fig. 10a", "Fig. 10b", "Fig. 11", "eqs. 13-15"):
+        assert fig in text
+    for png in ("fig7.png", "fig9.png", "fig11.png"):
+        assert (tmp_path / png).stat().st_size > 0
+    rows = list(csv.DictReader((tmp_path / "claims.csv").open()))
+    assert len(rows) > 30 and all(r["simulated"] not in ("", "-") for r in rows)
+    oos = [r for r in rows if "offline optimum" in r["claim"]]
+    assert len(oos) == 2 and all(float(r["simulated"]) >= 0 for r in oos)  # OOS bounds OWL from below
+    assert any(m.startswith("[1/7]") for m in said)
+    assert get("owl").parts[0].name == "fig7"
+
+
+def test_owl_is_a_make_target():
+    make = Path(__file__).resolve().parents[1] / "Makefile"
+    assert any(line.startswith("REPRODUCE_PAPERS :=") and "owl" in line.split() for line in make.read_text().splitlines())

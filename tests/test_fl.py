@@ -83,11 +83,14 @@ def test_the_emulated_federation_puts_the_server_behind_its_uplink():
     assert emu.bandwidth_gbps[0, 1] == pytest.approx(0.1) and emu.bandwidth_gbps[1, 2] == pytest.approx(0.02)
     assert emu.bandwidth_gbps[4, 0] == emu.bandwidth_gbps[0, 4] == pytest.approx(0.02)
     assert (emu.delay_ms[0, 1], emu.delay_ms[1, 2], emu.delay_ms[4, 3]) == pytest.approx((0.025, 0.05, 0.05))
-    # only the server's interface has a limit: its uplink (here alpha x B_intra too), scaled with every link
-    assert list(emu.interface_gbps[:4]) == [np.inf] * 4 and emu.interface_gbps[4] == pytest.approx(0.02)
-    # what the simulator predicts for such a run: the same rates, compute slowed, the workers' interfaces per pair
+    # the server's interface sends at most its uplink (here alpha x B_intra too), a worker's at most its fastest
+    # link (B_intra), as the simulator limits them; scaled with every link
+    assert list(emu.interface_gbps[:4]) == pytest.approx([0.1] * 4) and emu.interface_gbps[4] == pytest.approx(0.02)
+    # what the simulator predicts for such a run: the same rates, compute slowed, what a worker sends limited by its
+    # interface, what it receives by each pair alone
     sc = fed.scaled(0.01, 100.0)
-    assert sc.uplink_Bps == pytest.approx(0.02e9 / 8) and sc.worker_egress_Bps == sc.worker_ingress_Bps == np.inf
+    assert sc.uplink_Bps == pytest.approx(0.02e9 / 8) and sc.worker_egress_Bps == pytest.approx(sc.intra_Bps)
+    assert sc.worker_ingress_Bps == np.inf
     assert sc.flops_per_s[0] == pytest.approx(fed.flops_per_s[0] / 100)
 
 

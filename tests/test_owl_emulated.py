@@ -1,5 +1,6 @@
 """OWL in the emulated cluster (one boot): the server and four workers in their own namespaces, parameters over
-the shaped links, the server's uplink shared by everything it sends, bytes counted as sent, and `sim compare`
+the shaped links, the server's uplink shared by everything it sends, each worker's interface by everything it
+sends, bytes counted as sent, and `sim compare`
 predicting each round from the run's scenario and scales."""
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ def test_five_strategies_over_shaped_links_with_a_shared_uplink(tmp_path, capsys
     # the server (device 4) has its uplink as one parent class above the workers' classes
     server = man["boots"][0]["readback"]["4"]["classes"]
     assert {c["classid"]: c["rate_bps"] for c in server}[0xFFFE] == 5e9 * SCALE
+    # and every worker what it sends to all its peers together as the simulator limits it: its fastest link
+    for w in range(4):
+        worker = man["boots"][0]["readback"][str(w)]["classes"]
+        assert {c["classid"]: c["rate_bps"] for c in worker}[0xFFFE] == 10e9 * SCALE
     recs = {r.strategy: r for r in read([out])}
     assert set(recs) == {"naive", "overlap", "ipart", "owl", "optimal"}
     # every round's headroom measured over its own window: the emulated CPU's share, in the records and manifest

@@ -11,9 +11,10 @@ B_intra = B_inter the workers' one link (they must be alike), so OWL's peers rel
 
 The emulated cluster (`harness fl --backend emu`) runs this federation as a topology of its own
 (`emulated_topology`): the workers, then the server as one more device in a region of its own,
-whose interface is limited to the uplink (Topology.interface_gbps); the workers' interfaces send at most
-the scenario's `interface_gbps` and receive unlimited beyond their pairs (the emulated cluster's per-pair
-shaping), which `scaled` says to the simulator when it predicts such a run.
+whose interface is limited to the uplink (Topology.interface_gbps); a worker's interface sends at most what
+the simulator lets it send (its fastest link, or the scenario's `interface_gbps` where less: a relay to 7
+peers shares one link's rate, as on the testbed) and receives limited by each pair alone (the emulated
+cluster shapes what leaves an interface), which `scaled` says to the simulator when it predicts such a run.
 """
 from __future__ import annotations
 
@@ -66,12 +67,13 @@ class Federation:
         """The federation as the emulated cluster runs it: every bandwidth x bandwidth_scale, of which the
         parameters get `payload_share` (the rest is the frames' headers: netmodel/tcp.tcp_efficiency), every
         computation compute_time_scale times longer, and the workers' interfaces limited as the emulated
-        cluster shapes them: what each sends under the scenario's interface_gbps (one HTB parent class) where
-        it sets one, else unlimited beyond their pairs; the server's uplink stays one shared limit."""
+        cluster shapes them: what each sends, all its pairs together, under its interface's limit (one HTB
+        parent class: worker_egress_Bps), what it receives only by each pair; the server's uplink stays one
+        shared limit."""
         s, c = bandwidth_scale * payload_share, compute_time_scale
         return replace(self, intra_Bps=self.intra_Bps * s, inter_Bps=self.inter_Bps * s,
                        uplink_Bps=self.uplink_Bps * s, flops_per_s=tuple(f / c for f in self.flops_per_s),
-                       interface_Bps=self.interface_Bps * s, per_pair=True)
+                       interface_Bps=self.worker_egress_Bps * s, per_pair=True)
 
     @property
     def workers(self) -> int:
@@ -198,7 +200,7 @@ def emulated_topology(topo: Topology, fed: Federation) -> Topology:
     delay[R, :] = delay[:, R] = s_to_ms(fed.server_delay_s)
     bw = np.full((R + 1, R + 1), bytes_per_s_to_gbps(fed.inter_Bps))
     np.fill_diagonal(bw[:R, :R], bytes_per_s_to_gbps(fed.intra_Bps))
-    interface = np.full(W + 1, bytes_per_s_to_gbps(fed.interface_Bps))
+    interface = np.full(W + 1, bytes_per_s_to_gbps(fed.worker_egress_Bps))  # as the simulator limits what it sends
     interface[W] = bytes_per_s_to_gbps(fed.uplink_Bps)
     host = Region("server", 1, Link(s_to_ms(fed.server_delay_s), bytes_per_s_to_gbps(fed.inter_Bps)),
                   topo.regions[0].profile)

@@ -162,8 +162,16 @@ def test_bad_federation_scenarios(tmp_path):
           bandwidth_gbps: [[~, 1, 5], [1, ~, 5], [5, 5, ~]]
         server: {delay_ms: 0.05}
         """)
-    with pytest.raises(FLError, match="inter_region.bandwidth_gbps: a federation needs one value"):
-        federation(load_scenario(str(uneven)))
+    geo = federation(load_scenario(str(uneven)))  # racks of one whose links differ: racks, not no racks
+    assert not geo.flat and geo.racks == (1, 1, 1) and geo.rack_Bps[0][1] == 1e9 / 8
+    with pytest.raises(FLError, match="--alpha: .*racks have links of their own"):
+        federation(load_scenario(str(uneven)), 0.5)
+    text = uneven.read_text()
+    for server, message in (("{delay_ms: 0.05, region: a}", "server: needs delay_ms .* or region"),
+                            ("{region: z}", r"server.region: not a region \(regions: a, b, c\)")):
+        bad = write(tmp_path, text.replace("server: {delay_ms: 0.05}", f"server: {server}"))
+        with pytest.raises(ScenarioError, match=message):
+            load_scenario(str(bad))
     empty = write(tmp_path, """\
         name: empty
         device: {gpu: RTX 3080}
@@ -176,6 +184,36 @@ def test_bad_federation_scenarios(tmp_path):
         load_scenario(str(empty))
     with pytest.raises(FLError, match="server: missing"):
         federation(load_scenario("5"))
+
+
+def test_a_geo_distributed_federation_keeps_each_pair_of_racks_links_and_its_server_in_a_region():
+    topo = load_topology("owl-regional")
+    fed = federation(topo)
+    rates, delays = fed.rack_links()
+    names = [r.name for r in topo.regions]
+    ca, oh, va = names.index("California"), names.index("Ohio"), names.index("Virginia")
+    assert rates[oh, va] == pytest.approx(1.12e9 / 8) and delays[ca, va] == pytest.approx(0.059)
+    assert rates[ca, ca] == fed.intra_Bps == 2e9 / 8 and fed.alpha == pytest.approx(1.02 / 2)  # the slowest pair
+    srates, sdelays = fed.server_links()  # the server in California: California's links
+    assert list(srates) == pytest.approx(list(rates[ca])) and sdelays[ca] == pytest.approx(0.005)
+    nbytes = 1e8
+    w_va, w_ca = fed.members(va)[0], fed.members(ca)[0]
+    a = arrivals(fed, [Transfer(w_va, SERVER, (0,), nbytes, "server"), Transfer(w_ca, SERVER, (0,), nbytes, "server"),
+                       Transfer(fed.members(oh)[0], w_va, (0,), nbytes, "peer", after=0)])
+    # each at most its pair's rate, the two sharing the server's uplink (its fastest link, 2 Gbps) for a while
+    assert 2 * 0.059 + nbytes / (1.05e9 / 8) < a[0] < 2 * 0.059 + nbytes / (1e9 / 8) * (1 + 1e-9)
+    assert 2 * 0.005 + nbytes / (2e9 / 8) < a[1] < a[0]
+    assert a[2] == pytest.approx(a[0] + 2 * 0.011 + nbytes / (1.12e9 / 8))
+    # the emulated cluster shapes the same pairs: rack pairs as the scenario's regions, the server California's
+    emu = emulated_topology(topo, fed)
+    assert emu.bandwidth_gbps[w_va, fed.workers] == pytest.approx(1.05) and emu.delay_ms[w_ca, 8] == pytest.approx(5)
+    assert emu.bandwidth_gbps[fed.members(oh)[0], w_va] == pytest.approx(1.12)
+    # scaled for a prediction: every pair's rate
+    sc = fed.scaled(0.01, 10.0)
+    assert sc.rack_links()[0][oh, va] == pytest.approx(0.01 * 1.12e9 / 8) and sc.server_links()[0][va] == pytest.approx(
+        0.01 * 1.05e9 / 8)
+    with pytest.raises(FLError, match="server.region: 'California' is not among the racks kept"):
+        federation(topo.subset(fed.members(oh) + fed.members(va)))
 
 
 # ----------------------------------------------------------------------------- flows

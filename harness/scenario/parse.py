@@ -18,7 +18,7 @@ from .topology import LINK_CLASSES, DeviceProfile, Link, Region, ScenarioError, 
 
 _TOP_KEYS = {"name", "description", "device", "regions", "intra_region", "inter_region", "interface_gbps", "server",
              "transport", "timeline", "nccl_sockets", "link_classes"}
-_SERVER_KEYS = {"delay_ms", "uplink_gbps"}
+_SERVER_KEYS = {"delay_ms", "uplink_gbps", "region"}
 _REGION_KEYS = {"name", "devices", "count", "intra_region", "interface_gbps", "shared_nic_gbps", "device"}
 _LINK_KEYS = {"delay_ms", "bandwidth_gbps"}
 _MATRIX_KEYS = {"order", "delay_ms", "bandwidth_gbps"}
@@ -180,7 +180,7 @@ def parse_scenario(doc, path: Path) -> Topology:
     np.fill_diagonal(inter_delay, [reg.intra.delay_ms for reg in regions])
     np.fill_diagonal(inter_bw, [reg.intra.bandwidth_gbps for reg in regions])
     device_region = tuple(r for r, reg in enumerate(regions) for _ in range(reg.devices))
-    server = _server(path, doc["server"]) if "server" in doc else None
+    server = _server(path, doc["server"], regions) if "server" in doc else None
     return Topology(
         name=str(doc["name"]),
         description=str(doc.get("description", "")),
@@ -214,13 +214,19 @@ def _link_classes(path, v) -> str:
     return v
 
 
-def _server(path, d) -> Server:
+def _server(path, d, regions: list[Region]) -> Server:
+    """`server`: outside every rack after `delay_ms`, or in `region` (its links that region's), not both."""
     _check_keys(path, "server", d, _SERVER_KEYS)
-    if "delay_ms" not in d:
-        _fail(path, "server.delay_ms", "missing")
+    if ("delay_ms" in d) == ("region" in d):
+        _fail(path, "server", "needs delay_ms (a server outside every region) or region (one inside it), not both",
+              sorted(d))
     uplink = d.get("uplink_gbps")
-    return Server(_number(path, "server.delay_ms", d["delay_ms"], positive=False),
-                  None if uplink is None else _number(path, "server.uplink_gbps", uplink, positive=True))
+    uplink = None if uplink is None else _number(path, "server.uplink_gbps", uplink, positive=True)
+    if "region" in d:
+        if d["region"] not in {r.name for r in regions}:
+            _fail(path, "server.region", f"not a region (regions: {', '.join(r.name for r in regions)})", d["region"])
+        return Server(0.0, uplink, str(d["region"]))
+    return Server(_number(path, "server.delay_ms", d["delay_ms"], positive=False), uplink)
 
 
 def _inter(path, d, regions: list[Region]) -> tuple[np.ndarray, np.ndarray]:

@@ -79,8 +79,9 @@ class Server:
     every worker pulls the model from. uplink_gbps None: its uplink is the inter-region link (it sits
     behind the same fabric as a rack)."""
 
-    delay_ms: float
+    delay_ms: float  # one way to a worker, where the server is outside every region
     uplink_gbps: float | None = None
+    region: str | None = None  # a region it sits in: its links to the workers are that region's (delay_ms unused)
 
 
 @dataclass(frozen=True)

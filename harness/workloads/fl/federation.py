@@ -52,6 +52,33 @@ class Federation:
     interface_Bps: float = math.inf  # a worker's interface limit (the scenario's interface_gbps), each direction
     per_pair: bool = False  # the emulated cluster: pairs shaped alone, an interface limits what it sends only
     flat: bool = False  # no racks (the scenario's racks each of one worker): one rack of every worker, peers alike
+    # a geo-distributed federation: rack pairs' own links (R x R, bytes/s and s; the diagonal B_intra), where they
+    # differ; None: every pair at inter_Bps after inter_delay_s (then B_inter is the slowest pair, inter_delay_s
+    # the longest)
+    rack_Bps: tuple[tuple[float, ...], ...] | None = None
+    rack_delay_s: tuple[tuple[float, ...], ...] | None = None
+    # the server's link to each rack where it sits in a region (`server.region`); None: inter_Bps after
+    # server_delay_s to every rack
+    server_Bps: tuple[float, ...] | None = None
+    server_rack_delay_s: tuple[float, ...] | None = None
+
+    def rack_links(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, one-way s) between racks, R x R; the diagonal a rack's own link (B_intra)."""
+        R = len(self.racks)
+        if self.rack_Bps is not None:
+            rate, delay = np.array(self.rack_Bps), np.array(self.rack_delay_s)
+        else:
+            rate, delay = np.full((R, R), self.inter_Bps), np.full((R, R), self.inter_delay_s)
+        np.fill_diagonal(rate, self.intra_Bps)
+        np.fill_diagonal(delay, self.intra_delay_s)
+        return rate, delay
+
+    def server_links(self) -> tuple[np.ndarray, np.ndarray]:
+        """(bytes/s, one-way s) from the server to a worker of each rack."""
+        R = len(self.racks)
+        if self.server_Bps is None:
+            return np.full(R, self.inter_Bps), np.full(R, self.server_delay_s)
+        return np.array(self.server_Bps), np.array(self.server_rack_delay_s)
 
     @property
     def worker_egress_Bps(self) -> float:
@@ -71,9 +98,12 @@ class Federation:
         parent class: worker_egress_Bps), what it receives only by each pair; the server's uplink stays one
         shared limit."""
         s, c = bandwidth_scale * payload_share, compute_time_scale
+        times = (lambda row: tuple(x * s for x in row))
         return replace(self, intra_Bps=self.intra_Bps * s, inter_Bps=self.inter_Bps * s,
                        uplink_Bps=self.uplink_Bps * s, flops_per_s=tuple(f / c for f in self.flops_per_s),
-                       interface_Bps=self.worker_egress_Bps * s, per_pair=True)
+                       interface_Bps=self.worker_egress_Bps * s, per_pair=True,
+                       rack_Bps=None if self.rack_Bps is None else tuple(times(r) for r in self.rack_Bps),
+                       server_Bps=None if self.server_Bps is None else times(self.server_Bps))
 
     @property
     def workers(self) -> int:
@@ -112,41 +142,67 @@ def federation(topo: Topology, alpha: float | None = None) -> Federation:
         raise FLError(f"{topo.source}: server: missing (an FL scenario names its server, e.g. owl-testbed)")
     if alpha is not None and (isinstance(alpha, bool) or not (0 < alpha <= 1)):
         raise FLError(f"--alpha: must be in (0, 1] (B_inter = alpha x B_intra; got {alpha!r})")
-    region = np.asarray(topo.device_region)
-    same = region[:, None] == region[None, :]
-    off = ~np.eye(topo.n, dtype=bool)
-    flat = not (same & off).any()  # every rack one worker: no racks (Fig. 11), the workers' links alike
-    if flat and topo.n < 2:
+    if topo.n < 2:
         raise FLError(f"{topo.source}: regions: one worker; a federation needs two or more")
+    R = len(topo.regions)
+    bw, delay = np.asarray(topo.region_bandwidth_gbps, dtype=float), np.asarray(topo.region_delay_ms, dtype=float)
+    off = ~np.eye(R, dtype=bool)
+    single = all(r.devices == 1 for r in topo.regions)
+    flat = single and len(np.unique(bw[off])) == 1 and len(np.unique(delay[off])) == 1  # Fig. 11: no racks
     if flat:
-        intra = _uniform(topo, topo.bandwidth_gbps[off], "inter_region.bandwidth_gbps")
-        intra_delay = _uniform(topo, topo.delay_ms[off], "inter_region.delay_ms")
+        intra, intra_delay = float(bw[off][0]), float(delay[off][0])
     else:
-        intra = _uniform(topo, topo.bandwidth_gbps[same & off], "intra_region.bandwidth_gbps")
-        intra_delay = _uniform(topo, topo.delay_ms[same & off], "intra_region.delay_ms")
-    if len(topo.regions) > 1 and not flat:
-        inter = _uniform(topo, topo.bandwidth_gbps[~same], "inter_region.bandwidth_gbps")
-        inter_delay = _uniform(topo, topo.delay_ms[~same], "inter_region.delay_ms")
+        intra = _uniform(topo, np.diag(bw), "intra_region.bandwidth_gbps")
+        intra_delay = _uniform(topo, np.diag(delay), "intra_region.delay_ms")
+    geo = R > 1 and not flat and (len(np.unique(bw[off])) > 1 or len(np.unique(delay[off])) > 1)
+    if geo and alpha is not None:
+        raise FLError(f"--alpha: {topo.source}'s racks have links of their own (a geo-distributed federation); "
+                      "alpha sets one B_inter for every pair of racks")
+    if R > 1 and not flat:
+        inter, inter_delay = float(bw[off].min()), float(delay[off].max())  # geo: the slowest pair of racks
     else:
         inter, inter_delay = intra, intra_delay
-    if inter > intra and alpha is None:
+    if inter > intra and alpha is None and not geo:
         raise FLError(f"{topo.source}: inter_region.bandwidth_gbps: above the intra-rack one ({inter} > {intra}); "
                       "alpha = B_inter / B_intra must be in (0, 1]")
     if alpha is not None:
         inter = alpha * intra
-    uplink = topo.server.uplink_gbps if topo.server.uplink_gbps is not None else inter
+    server = _server_links(topo, bw, delay, flat)
+    uplink = topo.server.uplink_gbps
+    if uplink is None:
+        uplink = inter if server is None else float(max(server[0]))
     profs = device_profiles(topo, dtype=DTYPE)
     interface = (math.inf if topo.interface_gbps is None
                  else _uniform(topo, np.asarray(topo.interface_gbps, dtype=float), "interface_gbps"))
+    rates = (lambda m: tuple(tuple(gbps_to_bytes_per_s(x) for x in row) for row in m))
+    waits = (lambda m: tuple(tuple(ms_to_s(x) for x in row) for row in m))
     return Federation(
         name=topo.name, source=topo.source, racks=(topo.n,) if flat else tuple(r.devices for r in topo.regions),
         intra_Bps=gbps_to_bytes_per_s(intra), inter_Bps=gbps_to_bytes_per_s(inter),
         uplink_Bps=gbps_to_bytes_per_s(uplink),
         intra_delay_s=ms_to_s(intra_delay), inter_delay_s=ms_to_s(inter_delay),
-        server_delay_s=ms_to_s(topo.server.delay_ms),
+        server_delay_s=ms_to_s(topo.server.delay_ms if server is None else max(server[1])),
         flops_per_s=tuple(p.flops_per_s("transformer") for p in profs), gpu=topo.profiles[0].gpu,
         interface_Bps=gbps_to_bytes_per_s(interface), flat=flat,
+        rack_Bps=rates(bw) if geo else None, rack_delay_s=waits(delay) if geo else None,
+        server_Bps=None if server is None else rates([server[0]])[0],
+        server_rack_delay_s=None if server is None else waits([server[1]])[0],
     )
+
+
+def _server_links(topo: Topology, bw: np.ndarray, delay: np.ndarray, flat: bool):
+    """(Gbps, ms) from the server to each rack where it sits in a region (`server.region`): that region's links;
+    None where it sits outside every rack."""
+    name = topo.server.region
+    if name is None:
+        return None
+    names = [r.name for r in topo.regions]
+    if name not in names:
+        raise FLError(f"{topo.source}: server.region: {name!r} is not among the racks kept ({', '.join(names)})")
+    x = names.index(name)
+    if flat:  # one rack of every worker: the server is one more peer
+        return [float(bw[x, (x + 1) % len(names)])], [float(delay[x, (x + 1) % len(names)])]
+    return [float(v) for v in bw[x]], [float(v) for v in delay[x]]
 
 
 def whole_racks(topo: Topology, devices: int) -> Topology:
@@ -188,22 +244,29 @@ def load_federation(name: str, devices: int | None = None, alpha: float | None =
 
 def emulated_topology(topo: Topology, fed: Federation) -> Topology:
     """`fed` (the federation of `topo`, at its alpha) as devices of the emulated cluster: the workers in
-    their racks, then the server (device `fed.workers`) in a region of its own, reached at B_inter after
-    its delay, its interface limited to its uplink. Unscaled: Topology.scaled gives the run's."""
-    W, R = fed.workers, len(fed.racks)
+    their racks, then the server (device `fed.workers`) in a region of its own, reached as the federation
+    says (B_inter after its delay, or its region's links), its interface limited to its uplink. Unscaled:
+    Topology.scaled gives the run's."""
+    W = fed.workers
     if fed.flat:  # no racks: every worker its own region, every pair at the workers' one link
         R = len(topo.regions)
+        rate, wait = np.full((R, R), fed.intra_Bps), np.full((R, R), fed.intra_delay_s)
     elif tuple(topo.device_region) != tuple(fed.rack_of):
         raise FLError(f"{topo.source}: a federation's racks must be its regions, in order")
-    delay = np.full((R + 1, R + 1), s_to_ms(fed.inter_delay_s))  # a region per rack, then the server's
-    np.fill_diagonal(delay, s_to_ms(fed.intra_delay_s))
-    delay[R, :] = delay[:, R] = s_to_ms(fed.server_delay_s)
-    bw = np.full((R + 1, R + 1), bytes_per_s_to_gbps(fed.inter_Bps))
-    np.fill_diagonal(bw[:R, :R], bytes_per_s_to_gbps(fed.intra_Bps))
+    else:
+        R = len(fed.racks)
+        rate, wait = fed.rack_links()
+    srate, swait = fed.server_links()
+    rack = np.zeros(R, dtype=int) if fed.flat else np.arange(R)
+    bw, delay = np.zeros((R + 1, R + 1)), np.zeros((R + 1, R + 1))  # a region per rack, then the server's
+    bw[:R, :R], delay[:R, :R] = rate, wait
+    bw[R, :R] = bw[:R, R] = srate[rack]
+    delay[R, :R] = delay[:R, R] = swait[rack]
+    bw[R, R], delay[R, R] = srate.max(), swait.min()  # unused: the server's region has one device
+    bw, delay = bytes_per_s_to_gbps(bw), s_to_ms(delay)
     interface = np.full(W + 1, bytes_per_s_to_gbps(fed.worker_egress_Bps))  # as the simulator limits what it sends
     interface[W] = bytes_per_s_to_gbps(fed.uplink_Bps)
-    host = Region("server", 1, Link(s_to_ms(fed.server_delay_s), bytes_per_s_to_gbps(fed.inter_Bps)),
-                  topo.regions[0].profile)
+    host = Region("server", 1, Link(float(delay[R, R]), float(bw[R, R])), topo.regions[0].profile)
     return Topology(name=topo.name, description=topo.description, source=topo.source,
                     regions=topo.regions + (host,), device_region=tuple(topo.device_region) + (len(topo.regions),),
                     region_delay_ms=delay, region_bandwidth_gbps=bw, bandwidth_scale=topo.bandwidth_scale,

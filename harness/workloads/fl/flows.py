@@ -69,10 +69,10 @@ def layer_seconds(model: BranchyModel, fed: Federation, batch: int) -> np.ndarra
 def _pair(fed: Federation, rack: np.ndarray, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(bytes/s, one-way delay s) of every (src, dst), src SERVER or a worker."""
     server = src == SERVER
-    same = ~server & (rack[np.where(server, 0, src)] == rack[dst])
-    rate = np.where(server, fed.inter_Bps, np.where(same, fed.intra_Bps, fed.inter_Bps))
-    delay = np.where(server, fed.server_delay_s, np.where(same, fed.intra_delay_s, fed.inter_delay_s))
-    return rate, delay
+    rates, delays = fed.rack_links()
+    srates, sdelays = fed.server_links()
+    a, b = rack[np.where(server, 0, src)], rack[dst]
+    return np.where(server, srates[b], rates[a, b]), np.where(server, sdelays[b], delays[a, b])
 
 
 def arrivals(fed: Federation, transfers: list[Transfer]) -> np.ndarray:

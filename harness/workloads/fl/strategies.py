@@ -93,10 +93,12 @@ def e0_seconds(model: BranchyModel, fed: Federation, batch: int) -> float:
     over all workers in rack order (2(W-1) steps of 1/W of the model; the ring's slowest hop is an
     inter-rack one when there are several racks) (Sec. 2.1: aggregation through all-reduce)."""
     backward = 2 * model.fwd_flop * batch / min(fed.flops_per_s)
-    W = fed.workers
-    multi = len(fed.racks) > 1
-    rate = fed.inter_Bps if multi else fed.intra_Bps
-    delay = fed.inter_delay_s if multi else fed.intra_delay_s
+    W, R = fed.workers, len(fed.racks)
+    rates, delays = fed.rack_links()
+    hops = [(r, (r + 1) % R) for r in range(R)] if R > 1 else []  # the ring's hops between racks
+    hops += [(r, r) for r in range(R) if fed.racks[r] > 1]  # and inside them
+    rate = min(rates[a, b] for a, b in hops)
+    delay = max(delays[a, b] for a, b in hops)
     nbytes = model.params * BYTES_PER_PARAM
     allreduce = 2 * (W - 1) * (nbytes / W / rate + delay) if W > 1 else 0.0
     return backward + allreduce
@@ -146,8 +148,9 @@ def ipart_packs(model: BranchyModel, fed: Federation, batch: int) -> list[list[i
     nbytes = layer_bytes(model)
     secs = layer_seconds(model, fed, batch).max(0)
     L = len(nbytes)
-    share = min(fed.uplink_Bps / fed.workers, fed.inter_Bps)
-    setup = 2 * fed.server_delay_s
+    srates, sdelays = fed.server_links()
+    share = min(fed.uplink_Bps / fed.workers, srates.min())
+    setup = 2 * sdelays.max()
     sent = np.concatenate([[0.0], np.cumsum(nbytes / share)])  # transfer seconds of layers [0, i)
     work = np.concatenate([[0.0], np.cumsum(secs)])
     # done[p][i]: the earliest end of computing layers [0, i) in p packs; cut[p][i]: where the last pack starts
@@ -313,16 +316,18 @@ def oos(model: BranchyModel, fed: Federation, batch: int) -> Round:
     """The paper's OOS (Sec. 6.1): communication and computation fully overlapped, set-up time and delay hidden.
     Where the server feeds every rack (the paper's architecture: eq. 13's first term), each rack receives the
     whole model through the server's uplink, so no worker has the first k bytes before k x racks / uplink (nor
-    faster than the server reaches it, B_inter, or its interface takes in); layers land in forward order at that
-    rate, and the forward runs as the simulator runs it."""
+    faster than the server's link to its rack, or its interface, takes them in); layers land in forward order at
+    that rate, and the forward runs as the simulator runs it; the slowest rack's decides."""
     nbytes = layer_bytes(model)
-    rate = min(fed.uplink_Bps / len(fed.racks), fed.inter_Bps, fed.worker_ingress_Bps)
-    ready = np.where(nbytes > 0, np.cumsum(nbytes) / rate, 0.0)
+    srates, _ = fed.server_links()
     secs = layer_seconds(model, fed, batch)
-    fwd = max(forward_end(model, row, ready) for row in np.unique(secs, axis=0))
+    fwd, dist = 0.0, 0.0
+    for rate in np.unique(np.minimum(np.minimum(srates, fed.uplink_Bps / len(fed.racks)), fed.worker_ingress_Bps)):
+        ready = np.where(nbytes > 0, np.cumsum(nbytes) / rate, 0.0)
+        dist = max(dist, float(ready.max()))
+        fwd = max([fwd] + [forward_end(model, row, ready) for row in np.unique(secs, axis=0)])
     e0 = e0_seconds(model, fed, batch)
-    return Round("oos", fwd + e0, float(ready.max()), fwd, e0, float(len(fed.racks) * nbytes.sum()),
-                 {"bound": "rack-fed fluid"})
+    return Round("oos", fwd + e0, dist, fwd, e0, float(len(fed.racks) * nbytes.sum()), {"bound": "rack-fed fluid"})
 
 
 @register("optimal", "every grouping of every base under OWL's deployment: exhaustive where they number at most "

@@ -35,7 +35,7 @@ def test_owl_reproduced_end_to_end_writes_every_figures_claims(tmp_path, monkeyp
     monkeypatch.setattr(owl, "ALPHAS", (0.2, 1.0))
     monkeypatch.setattr(owl, "OWL_B_SEEDS", range(2))
     said = []
-    report = reproduce("owl", tmp_path, quick=True, progress=said.append)
+    report = reproduce("owl", tmp_path, quick=True, progress=said.append, emulated=False)
     text = report.read_text()
     for fig in ("Fig. 7", "Fig. 8a", "Fig. 9", "Fig. 10a", "Fig. 10b", "Fig. 11", "eqs. 13-15"):
         assert fig in text
@@ -46,9 +46,49 @@ def test_owl_reproduced_end_to_end_writes_every_figures_claims(tmp_path, monkeyp
     oos = [r for r in rows if "offline optimum" in r["claim"]]
     assert len(oos) == 2 and all(float(r["simulated"]) >= 0 for r in oos)  # OOS bounds OWL from below
     assert any(m.startswith("[1/7]") for m in said)
-    assert get("owl").parts[0].name == "fig7"
+    assert get("owl").parts[0].name == "fig7" and "`--no-emulated`" in text  # the measured part named as left out
 
 
 def test_owl_is_a_make_target():
     make = Path(__file__).resolve().parents[1] / "Makefile"
-    assert any(line.startswith("REPRODUCE_PAPERS :=") and "owl" in line.split() for line in make.read_text().splitlines())
+    lines = make.read_text().splitlines()
+    assert any(line.startswith("REPRODUCE_PAPERS :=") and "owl" in line.split() for line in lines)
+
+
+def test_the_emulated_part_puts_each_measured_round_beside_its_prediction(tmp_path, monkeypatch):
+    """The boots faked: each run's records are the simulator's rounds at the run's scales, every measured round
+    `slower` times its prediction, so the claims' two columns and emu.md's errors are known."""
+    from dataclasses import replace
+
+    from harness.reproduce import owl_emulated as oe
+    from harness.systems.owl.emulated import emulated_federation
+    from harness.workloads.fl import strategies as st
+    from harness.workloads.fl.records import to_record
+
+    slower, scale, compute = {"naive": 1.0, "owl": 1.25}, 0.001, 500.0
+    runs = []
+
+    def fake(topo, feds, model, names, batch, setting, out, *, run_id, finish=None, **_):
+        runs.append(topo.name)
+        fed = feds[0]
+        sc = emulated_federation(fed, scale, compute)
+        recs = [replace(to_record(st.run(n, model, sc, batch), run_id=run_id, fed=fed, model=model, batch=batch),
+                        backend="emu", bandwidth_scale=scale, compute_time_scale=compute, cpu_busy=0.2)
+                for n in names]
+        recs = [replace(r, seconds=r.seconds * slower.get(r.strategy, 1.1)) for r in recs]
+        head = {"line": "emulated CPU 20% busy over the rounds: measured the network"}
+        finish(recs, setting, head)
+        return recs, setting, head
+
+    monkeypatch.setattr(oe, "run_recorded", fake)
+    [s] = oe.emulated(Context(tmp_path, quick=True))
+    assert runs == ["owl-regional"]  # QUICK: the geo-distributed federation only
+    [naive, ipart] = s.findings
+    assert naive.measured == pytest.approx(naive.simulated * 1.25)  # OWL's round measured 1.25 x its prediction
+    assert ipart.measured == pytest.approx(ipart.simulated * 1.25 / 1.1)
+    assert naive.simulated < 1  # the simulator puts OWL ahead of naive on the regional federation
+    table = (tmp_path / "emu.md").read_text()
+    assert "| regional | owl |" in table and "-20.0%" in table and "| regional | naive |" in table
+    assert (tmp_path / "emu" / "regional" / "records.json").exists()
+    [*_] = oe.emulated(Context(tmp_path / "full"))
+    assert runs[1:] == ["owl-testbed", "owl-8x10", "owl-norack", "owl-regional"]

@@ -18,7 +18,8 @@ def register(sub) -> None:
         description="One federated-learning round per strategy (Han et al. 2024, OWL): a server sends the model to "
                     "every worker of every rack, which computes its forward as the parameters arrive, then backward "
                     "and a gradient all-reduce. Strategies: naive, overlap, ipart, owl, owl-de, owl-a, owl-b, oos (a "
-                    "bound), optimal (exhaustive, or a local search), a comma-separated list, or all. --backend sim simulates; --backend emu runs the server "
+                    "bound), optimal (exhaustive, or a local search), a comma-separated list, or all. --backend sim "
+                    "simulates; --backend emu runs the server "
                     "and every worker as processes of the emulated cluster (the model `tiny`, parameters as tensors "
                     "over the shaped links, compute held to the device's modelled time x --compute-time-scale) and "
                     "records what was measured, bytes counted as sent. Prints a table and writes "
@@ -129,12 +130,8 @@ def _emulated(args, model, names) -> int:
     """One boot of the emulated cluster per alpha, every strategy's round in it; the manifest says running
     first, and failed (naming the process) or ok at the end. Without --compute-time-scale, a probe boot first
     runs each round undilated and the time dilation is chosen from what it cost the host."""
-    from ..files import atomic_write_json
-    from ..network import reaper
-    from ..results import manifest, new_run_id, run_dir
-    from ..errors import HarnessError
-    from ..systems.owl.emulated import (EmuSetting, check_runnable, emulated_federation, fastest_rounds,
-                                        plan_rounds, run_fl_emulated)
+    from ..results import new_run_id, run_dir
+    from ..systems.owl.emulated import EmuSetting, check_runnable, emulated_federation, plan_rounds, run_recorded
     from ..train.launch import RankFailure
     from ..workloads.fl.federation import FLError, federation, load_topology
 
@@ -147,80 +144,24 @@ def _emulated(args, model, names) -> int:
                          timeout_s=getattr(args, "timeout", None), kernel=getattr(args, "kernel", "auto"),
                          seed=args.seed)
     # every plan before anything is written: a strategy that cannot plan is one line, not a failed run
-    plans = [plan_rounds(model, emulated_federation(f, setting.bandwidth_scale, setting.compute_time_scale), names,
-                         args.batch) for f in feds]
-    repeat = getattr(args, "repeat", 1)
+    for f in feds:
+        plan_rounds(model, emulated_federation(f, setting.bandwidth_scale, setting.compute_time_scale), names,
+                    args.batch)
     run_id = new_run_id("fl")
     out = Path(args.out or run_dir(topo.name, run_id, args.results))
-    man = out / "manifest.json"
-    extra = dict(backend="emu", workload="fl", strategies=names, model=model.name, batch=args.batch, repeat=repeat,
-                 bandwidth_scale=setting.bandwidth_scale, compute_time_scale=setting.compute_time_scale)
-    atomic_write_json(man, manifest(run_id, "running", **extra))
-    records, boots = [], []
+
+    def finish(records, chosen, head):
+        _print_and_write(args, records, feds, model, out)
+        print(head["line"])
+        if "advice" in head:
+            print(head["advice"])
+
     try:
-        with reaper.guarded([str(man)]) as work:
-            if dilate:
-                setting, dilation = _dilate(topo, model, feds, args.batch, setting, plans[0], work, run_id)
-                plans = [plan_rounds(model, emulated_federation(f, setting.bandwidth_scale,
-                                                                setting.compute_time_scale), names, args.batch)
-                         for f in feds]
-                extra.update(bandwidth_scale=setting.bandwidth_scale, compute_time_scale=setting.compute_time_scale,
-                             dilation=dilation.to_json())
-                atomic_write_json(man, manifest(run_id, "running", **extra))
-            for fed, rounds in zip(feds, plans):
-                print(f"alpha {fed.alpha:g}: {len(names) * repeat} rounds in the emulated cluster ({fed.workers} workers, "
-                      f"1 server)", file=sys.stderr, flush=True)
-                recs, info = run_fl_emulated(topo, fed, model, rounds * repeat, args.batch, setting, work,
-                                             run_id=run_id, stream=sys.stderr)
-                records += fastest_rounds(recs)
-                boots.append({"alpha": fed.alpha, **info,
-                              "rounds_s": {n: [r.seconds for r in recs if r.strategy == n] for n in names}})
-            _print_and_write(args, records, feds, model, out)
-            head, line = _headroom(records, setting)
-            print(line)
-            if "advice" in head:
-                print(head["advice"])
-            atomic_write_json(man, manifest(run_id, "ok", **extra, boots=boots, headroom=head))  # before the guard lets go
-    except (HarnessError, KeyboardInterrupt) as e:
-        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
-        atomic_write_json(man, manifest(run_id, "failed", reason=reason, **extra, boots=boots))
-        if isinstance(e, RankFailure):
-            raise FLError(f"fl --backend emu: {reason}") from None
-        raise
+        run_recorded(topo, feds, model, names, args.batch, setting, out, run_id=run_id,
+                     repeat=getattr(args, "repeat", 1), dilate=dilate, stream=sys.stderr, finish=finish)
+    except RankFailure as e:
+        raise FLError(f"fl --backend emu: {e}") from None
     return 0
-
-
-def _dilate(topo, model, feds, batch, setting, rounds, work, run_id):
-    """The probe: each strategy's round once, undilated, in a boot of its own (said on stderr); then the setting
-    at the dilation chosen from what the rounds cost this host (systems/owl/emulated.choose_dilation)."""
-    from dataclasses import replace
-
-    from ..systems.owl.emulated import choose_dilation, probes_of, run_fl_emulated
-
-    print(f"harness: time dilation: probing this host's cost of a round ({len(rounds)} round(s), undilated, one "
-          f"boot)", file=sys.stderr, flush=True)
-    recs, info = run_fl_emulated(topo, feds[0], model, rounds, batch, replace(setting, timeout_s=None), work,
-                                 run_id=run_id)
-    d = choose_dilation(model, feds, batch, setting.bandwidth_scale, probes_of(recs, info["kernel"]))
-    print(f"harness: {d.line()}", file=sys.stderr, flush=True)
-    return replace(setting, bandwidth_scale=d.bandwidth_scale, compute_time_scale=d.factor), d
-
-
-def _headroom(records, setting) -> tuple[dict, str]:
-    """The manifest's account of the emulated CPU over the recorded rounds, and the summary's line."""
-    from ..systems.owl.emulated import advice
-
-    busy = [r.cpu_busy for r in records if r.cpu_busy is not None]
-    if not busy:
-        return {"measured": False}, "emulated CPU: not measured"
-    bound = sum(r.host_bound for r in records)
-    mean = sum(busy) / len(busy)
-    out = {"measured": True, "busy": round(mean, 4), "host_bound_rounds": bound, "rounds": len(records),
-           "host_bound": bound > 0}
-    if bound:
-        out["advice"] = advice(bound, len(records), setting)
-    return out, (f"emulated CPU {mean:.0%} busy over the rounds: "
-                 + (f"HOST-BOUND, {bound}/{len(records)} rounds host-bound" if bound else "measured the network"))
 
 
 def cmd_report(args) -> int:

@@ -53,7 +53,9 @@ def compare_fl(records: list[FLRecord]) -> list[FLComparison]:
         key = (r.scenario, r.workers)
         if key not in topos:
             topos[key] = load_topology(r.scenario, r.workers)
-        fed = emulated_federation(federation(topos[key], r.alpha), r.bandwidth_scale, r.compute_time_scale)
+        own = federation(topos[key])  # at the scenario's alpha (a geo-distributed one has no other)
+        at = own if abs(r.alpha - own.alpha) <= 1e-6 else federation(topos[key], r.alpha)  # records keep 6 digits
+        fed = emulated_federation(at, r.bandwidth_scale, r.compute_time_scale)
         sim = st.run(r.strategy, get_branchy(r.model), fed, r.batch)
         out.append(FLComparison(r, sim, sum(traffic(fed, sim.transfers)[1])))
     return out

@@ -114,6 +114,98 @@ def run_fl_emulated(topo: Topology, fed: Federation, model: BranchyModel, rounds
                      "headroom": [None if h is None else h.to_json() for h in heads]}
 
 
+def run_boots(topo: Topology, feds: list[Federation], model: BranchyModel, names: list[str], batch: int,
+              setting: EmuSetting, work: Path, *, run_id: str, repeat: int = 1, dilate: bool = True, stream=None,
+              boots: list | None = None, on_dilation=None) -> tuple[list[FLRecord], EmuSetting]:
+    """Every strategy's round in one boot per federation (`feds`: one per alpha), each strategy's fastest of
+    `repeat` kept; where `dilate`, a probe boot first runs each round undilated and the setting takes the
+    dilation chosen from what they cost this host (said on `stream`; `on_dilation(setting, dilation)`).
+    Each boot's manifest entry is appended to `boots` as it ends. Returns (records, the setting run)."""
+    boots = [] if boots is None else boots
+    if dilate:
+        rounds = plan_rounds(model, emulated_federation(feds[0], setting.bandwidth_scale, setting.compute_time_scale),
+                             names, batch)
+        _say(stream, f"harness: time dilation: probing this host's cost of a round ({len(rounds)} round(s), "
+                     "undilated, one boot)")
+        recs, info = run_fl_emulated(topo, feds[0], model, rounds, batch, replace(setting, timeout_s=None), work,
+                                     run_id=run_id)
+        d = choose_dilation(model, feds, batch, setting.bandwidth_scale, probes_of(recs, info["kernel"]))
+        _say(stream, f"harness: {d.line()}")
+        setting = replace(setting, bandwidth_scale=d.bandwidth_scale, compute_time_scale=d.factor)
+        if on_dilation is not None:
+            on_dilation(setting, d)
+    records = []
+    for fed in feds:
+        rounds = plan_rounds(model, emulated_federation(fed, setting.bandwidth_scale, setting.compute_time_scale),
+                             names, batch)
+        _say(stream, f"alpha {fed.alpha:g}: {len(names) * repeat} rounds in the emulated cluster ({fed.workers} "
+                     "workers, 1 server)")
+        recs, info = run_fl_emulated(topo, fed, model, rounds * repeat, batch, setting, work, run_id=run_id,
+                                     stream=stream)
+        records += fastest_rounds(recs)
+        boots.append({"alpha": fed.alpha, **info, "rounds_s": {n: [r.seconds for r in recs if r.strategy == n]
+                                                               for n in names}})
+    return records, setting
+
+
+def run_recorded(topo: Topology, feds: list[Federation], model: BranchyModel, names: list[str], batch: int,
+                 setting: EmuSetting, out: Path, *, run_id: str, repeat: int = 1, dilate: bool = True, stream=None,
+                 finish=None) -> tuple[list[FLRecord], EmuSetting, dict]:
+    """run_boots under the reaper, its manifest in `out`: `running` first (with the dilation once chosen), then
+    `ok` with every boot and the headroom once `finish(records, setting, headroom)` (which writes the records)
+    has returned, or `failed` with the reason. Returns (records, the setting run, the headroom)."""
+    from ...errors import HarnessError
+    from ...network import reaper
+    from ...results import manifest
+
+    man = Path(out) / "manifest.json"
+    extra = dict(backend="emu", workload="fl", strategies=names, model=model.name, batch=batch, repeat=repeat,
+                 bandwidth_scale=setting.bandwidth_scale, compute_time_scale=setting.compute_time_scale)
+    atomic_write_json(man, manifest(run_id, "running", **extra))
+    boots: list[dict] = []
+
+    def dilated(chosen, dilation):
+        extra.update(bandwidth_scale=chosen.bandwidth_scale, compute_time_scale=chosen.compute_time_scale,
+                     dilation=dilation.to_json())
+        atomic_write_json(man, manifest(run_id, "running", **extra))
+
+    try:
+        with reaper.guarded([str(man)]) as work:
+            records, setting = run_boots(topo, feds, model, names, batch, setting, work, run_id=run_id, repeat=repeat,
+                                         dilate=dilate, stream=stream, boots=boots, on_dilation=dilated)
+            head = headroom_summary(records, setting)
+            if finish is not None:
+                finish(records, setting, head)
+            atomic_write_json(man, manifest(run_id, "ok", **extra, boots=boots,
+                                            headroom={k: v for k, v in head.items() if k != "line"}))
+    except (HarnessError, KeyboardInterrupt) as e:
+        reason = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+        atomic_write_json(man, manifest(run_id, "failed", reason=reason, **extra, boots=boots))
+        raise
+    return records, setting, head
+
+
+def headroom_summary(records: list[FLRecord], setting: EmuSetting) -> dict:
+    """The manifest's account of the emulated CPU over the recorded rounds, with the summary's `line`."""
+    busy = [r.cpu_busy for r in records if r.cpu_busy is not None]
+    if not busy:
+        return {"measured": False, "line": "emulated CPU: not measured"}
+    bound = sum(r.host_bound for r in records)
+    mean = sum(busy) / len(busy)
+    out = {"measured": True, "busy": round(mean, 4), "host_bound_rounds": bound, "rounds": len(records),
+           "host_bound": bound > 0}
+    if bound:
+        out["advice"] = advice(bound, len(records), setting)
+    out["line"] = (f"emulated CPU {mean:.0%} busy over the rounds: "
+                   + (f"HOST-BOUND, {bound}/{len(records)} rounds host-bound" if bound else "measured the network"))
+    return out
+
+
+def _say(stream, line: str) -> None:
+    if stream is not None:
+        print(line, file=stream, flush=True)
+
+
 def round_headroom(cpu: CpuMonitor, workers: list[dict], guest: list) -> Headroom | None:
     """The cluster's CPU over one round: from its workers' first start to their last end, on the wall clock
     the guest shares with the host."""

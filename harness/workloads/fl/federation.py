@@ -4,7 +4,8 @@ Racks are the scenario's regions. Inside a rack workers talk at B_intra, across 
 B_inter = alpha * B_intra, and the server reaches a worker at B_inter (it is outside every rack,
 eq. 13) through its own uplink (the scenario's `server.uplink_gbps`, else B_inter). A worker's
 network interface carries at most its fastest link (B_intra) in each direction, or the scenario's
-`interface_gbps` where that is less, as in harness/netmodel/links.py. `--alpha` replaces B_inter (and a defaulted uplink) by alpha * B_intra.
+`interface_gbps` where that is less, as in harness/netmodel/links.py. `--alpha` replaces B_inter (and a
+defaulted uplink) by alpha * B_intra.
 Scaling down keeps the rack shape: it keeps whole racks, the same share of every scenario entry.
 A scenario whose racks each hold one worker has no racks (the paper's Fig. 11): one rack of every worker,
 B_intra = B_inter the workers' one link (they must be alike), so OWL's peers relay across the whole federation.

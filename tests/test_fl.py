@@ -110,7 +110,8 @@ def test_a_scenarios_interface_limit_holds_the_workers_interfaces_in_the_model_a
         federation(replace(topo, interface_gbps=np.array([0.5, 0.5, 1.0, 1.0])))
     # a worker that relays to its rack sends through its interface: a binding limit slows the round
     model = get_branchy("tiny")
-    assert run("owl", model, fed, 8).distribution_seconds > run("owl", model, federation(topo, 0.2), 8).distribution_seconds
+    free = federation(topo, 0.2)
+    assert run("owl", model, fed, 8).distribution_seconds > run("owl", model, free, 8).distribution_seconds
 
 
 def test_strategies_by_list_and_the_records_bytes_by_where_they_go():
@@ -456,20 +457,21 @@ def test_ipart_packs_pay_fewer_setups_and_keep_the_overlap():
         assert rounds["ipart"].seconds <= min(rounds["naive"].seconds, rounds["overlap"].seconds) * (1 + 1e-3)
 
 
-def test_tiny_trains_on_cpu_and_matches_its_profile():
+@pytest.mark.parametrize("name", ["tiny", "mini-inception"])
+def test_a_runnable_model_builds_from_its_profile_and_trains_on_cpu(name):
     import torch
 
-    from harness.workloads.fl.nets import Concat, Tiny
+    from harness.workloads.fl.nets import BranchyNet
 
     torch.manual_seed(0)
-    net, profile = Tiny(), get_branchy("tiny")
-    modules = list(net.bases) + [net.classifier]
-    assert len(modules) == len(profile.bases)
-    for module, base in zip(modules, profile.bases):
-        branches = list(module.branches) if isinstance(module, Concat) else [module]
-        assert [sum(p.numel() for p in b.parameters()) for b in branches] == [br.params for br in base.branches]
+    profile = get_branchy(name)
+    net = BranchyNet(profile)
+    for units, base in zip(net.bases, profile.bases):  # every branch's layers: the profile's parameters, in order
+        assert [[sum(p.numel() for p in u.parameters()) for u in br] for br in units] == \
+            [[l.params for l in br.layers] for br in base.branches]
     assert sum(p.numel() for p in net.parameters()) == profile.params
-    x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+    assert max(len(b.branches) for b in profile.bases) == 4  # Inception-style: four branches a block
+    x, y = torch.randn(16, 3, profile.image, profile.image), torch.randint(0, 10, (16,))
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     losses = []
     for _ in range(5):
@@ -479,3 +481,11 @@ def test_tiny_trains_on_cpu_and_matches_its_profile():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+def test_a_profile_that_is_not_a_chain_of_layers_does_not_build():
+    from harness.workloads.fl.nets import BranchyNet
+
+    for name, branch in (("inception-v4", "stem.mixed3a.b0"), ("dfn", "stem.b0")):
+        with pytest.raises(FLError, match=f"branch {re.escape(branch)} is not a chain of layers"):
+            BranchyNet(get_branchy(name))

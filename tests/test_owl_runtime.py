@@ -14,7 +14,7 @@ from harness.train.launch import RankFailure
 from harness.workloads.fl.flows import layer_bytes, traffic
 from harness.workloads.fl.federation import load_federation
 from harness.workloads.fl.models import BYTES_PER_PARAM, get_branchy
-from harness.workloads.fl.nets import Tiny, forward_by_units, layer_units
+from harness.workloads.fl.nets import BranchyNet, forward_by_units
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,11 +27,14 @@ def _spec(strategies, **kw):
 
 
 def test_units_compute_the_profiles_layers_with_their_parameters():
-    net, model = Tiny().eval(), get_branchy("tiny")
-    units = [u for base in layer_units(net) for branch in base for u in branch]
-    assert [sum(p.numel() for p in u.parameters()) * BYTES_PER_PARAM for u in units] == list(layer_bytes(model))
-    x = torch.randn(2, 3, 32, 32)
-    assert torch.allclose(forward_by_units(layer_units(net), x), net(x))
+    for name in ("tiny", "mini-inception"):
+        model = get_branchy(name)
+        net = BranchyNet(model).eval()
+        units = [u for base in net.bases for branch in base for u in branch]
+        assert [sum(p.numel() for p in u.parameters()) * BYTES_PER_PARAM for u in units] == list(layer_bytes(model))
+        x = torch.randn(2, 3, 32, 32)
+        assert torch.allclose(forward_by_units(net.bases, net.joins, x), net(x))
+        assert net(x).shape == (2, 10)
 
 
 def test_every_worker_gets_the_servers_model_and_owl_relays_inside_racks():
@@ -78,7 +81,7 @@ def test_a_process_that_dies_mid_round_fails_it_naming_the_process(who, name):
 def test_the_receivers_check_catches_a_parameter_that_differs_from_the_servers():
     from harness.systems.owl.runtime import _Model, check_received
 
-    received, server = _Model(0), _Model(0)
+    received, server = _Model("tiny", 0), _Model("tiny", 0)
     check_received(received, server, 3)  # the same seed: the same model
     with torch.no_grad():
         received.params[5][0].view(-1)[0] += 1e-6

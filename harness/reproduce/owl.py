@@ -217,7 +217,8 @@ def fig11(ctx: Context) -> list[Section]:
                     paper=21.0 if model == "inception-v4" else 15.0, above=0.0, unit="%", why=WHY_NORACK),
               _cut(top, "ipart"))
         s.add(Claim("Fig. 11", f"{NAMES[model]}: OWL's lead over IPart grows with the workers (cut at "
-                    f"{WORKERS[-1]} less at {WORKERS[0]}, points)", "Sec. 6.5", above=0.0, unit="points", why=WHY_NORACK),
+                    f"{WORKERS[-1]} less at {WORKERS[0]}, points)", "Sec. 6.5", above=0.0, unit="points",
+                    why=WHY_NORACK),
               _cut(top, "ipart") - _cut(by_w[WORKERS[0]], "ipart"))
         if model == "inception-v4":
             half, most = WORKERS[-2], WORKERS[-1]  # the paper's 50 and 100

@@ -4,7 +4,8 @@ settings of Figs. 7, 10a and 11 and on a geo-distributed federation the paper co
 
 The model is `tiny` (the branchy model a worker process builds), eight or ten workers (whole racks) and the
 server: the most this machine's emulated CPU runs at a dilation its probe chooses in a few minutes a setting.
-Each setting is a boot of its own (its probe first), written to emu/<setting>/ as `harness fl --backend emu` writes a run.
+Each setting is a boot of its own (its probe first), written to emu/<setting>/ as `harness fl --backend emu`
+writes a run.
 """
 from __future__ import annotations
 
@@ -38,6 +39,23 @@ WHY_SCALE = ("at the testbed's scale the model is `tiny` (0.05 M parameters) on 
              "delays weigh more against its bytes than against Inception-v4's")
 
 
+class _Progress:
+    """A stream for run_recorded's lines (the probe, the dilation, each round) that says them as progress."""
+
+    def __init__(self, say):
+        self.say, self.buf = say, ""
+
+    def write(self, text: str) -> None:
+        self.buf += text
+        *lines, self.buf = self.buf.split("\n")
+        for line in lines:
+            if line.strip():
+                self.say(line.strip())
+
+    def flush(self) -> None:
+        pass
+
+
 def _write(out, records) -> None:
     from ..files import atomic_write_json
 
@@ -48,7 +66,8 @@ def emulated(ctx: Context) -> list[Section]:
     runs = [r for r in RUNS if not ctx.quick or r["label"] in QUICK_RUNS]
     s = Section("At the testbed's scale: every strategy measured through the emulated cluster, each predicted",
                 text=f"`{MODEL}` (batch {BATCH} a worker), eight or ten workers and the server, each a process in the "
-                     "emulated cluster over the scenario's shaped links (the server's uplink and every worker's interface "
+                     "emulated cluster over the scenario's shaped links (the server's uplink and every worker's "
+                     "interface "
                      "one shaped limit each), at the dilation a probe boot chose; each round beside the flow "
                      "simulator's prediction at the run's scales, uncalibrated. The rounds side by side: `emu.md`.")
     model = get_branchy(MODEL)
@@ -59,7 +78,8 @@ def emulated(ctx: Context) -> list[Section]:
         topo = load_topology(run["scenario"], run["devices"])
         out = ctx.out / "emu" / run["label"]
         records, _, head = run_recorded(topo, [federation(topo)], model, list(STRATEGIES), BATCH, EmuSetting(), out,
-                                        run_id=new_run_id("fl"), finish=lambda recs, _s, _h, out=out: _write(out, recs))
+                                        run_id=new_run_id("fl"), stream=_Progress(ctx.progress),
+                                        finish=lambda recs, _s, _h, out=out: _write(out, recs))
         rows = {c.record.strategy: c for c in compare_fl(records)}
         for n in STRATEGIES:
             c = rows[n]

@@ -29,8 +29,8 @@ from ...workloads.fl.models import BranchyModel
 from ...workloads.fl.records import FLRecord, to_record
 from .runtime import FLSpec, RoundSpec, Transfer
 
-#: The model a worker process builds (harness/workloads/fl/nets.py); the others exist as profiles only.
-RUNNABLE = ("tiny",)
+#: The models a worker process builds (harness/workloads/fl/nets.py) and this machine runs; the others are profiles.
+RUNNABLE = ("tiny", "mini-inception")
 #: Wall-clock allowance per strategy's round on top of the simulated round (warm-up, connections, checks).
 ROUND_OVERHEAD_S = 60.0
 

@@ -39,7 +39,8 @@ from ...train.compute_model import ComputePacer
 from ...train.rank import leave_together, progress
 from ...train.wire import WireCounter
 from ...workloads.fl.flows import SERVER
-from ...workloads.fl.nets import Tiny, forward_by_units, layer_units
+from ...workloads.fl.models import get_branchy
+from ...workloads.fl.nets import BranchyNet, forward_by_units, join
 
 WARMUP_TAG = 1 << 20
 WARMUP_NUMEL = 256
@@ -137,12 +138,12 @@ class RankRound:
 
 
 class _Model:
-    """The tiny model's units and their parameters by profile layer (nets.layer_units order)."""
+    """A runnable model's units and their parameters by profile layer (nets.BranchyNet's order)."""
 
-    def __init__(self, seed: int):
+    def __init__(self, name: str, seed: int):
         torch.manual_seed(seed)
-        self.net = Tiny()
-        self.bases = layer_units(self.net)
+        self.net = BranchyNet(get_branchy(name))
+        self.bases, self.joins, self.image = self.net.bases, self.net.joins, get_branchy(name).image
         self.units = [u for base in self.bases for branch in base for u in branch]
         self.params = [list(u.parameters()) for u in self.units]
 
@@ -286,7 +287,7 @@ class _Worker:
                 for p in ps:
                     p.fill_(float("nan"))
         g = torch.Generator().manual_seed(spec.seed * 1000 + rank)
-        x = torch.randn(spec.batch, 3, 32, 32, generator=g)
+        x = torch.randn(spec.batch, 3, model.image, model.image, generator=g)
         y = torch.randint(0, 10, (spec.batch,), generator=g)
         pacer = ComputePacer({**{f"layer{l}": s for l, s in enumerate(spec.layer_seconds[rank])},
                               "backward": spec.backward_seconds[rank]})
@@ -330,7 +331,7 @@ class _Worker:
     def _forward(self, x: torch.Tensor, pacer: ComputePacer) -> torch.Tensor:
         """The bases in order; inside a base, its branches' layers in the order their parameters arrive."""
         model, first = self.model, 0
-        for base in model.bases:
+        for base, how in zip(model.bases, model.joins):
             pos = [first + sum(len(br) for br in base[:j]) for j in range(len(base))]  # each branch's first layer
             h = [x] * len(base)
             step = [0] * len(base)
@@ -344,7 +345,7 @@ class _Worker:
                 pacer.finish(f"layer{l}", t)
                 step[j] += 1
                 left -= 1
-            x = h[0] if len(h) == 1 else torch.cat(h, dim=1)
+            x = join(h, how)
             first += sum(len(br) for br in base)
         return x
 
@@ -368,14 +369,15 @@ def fl_rank_main(rank: int, spec: FLSpec, master_addr: str, master_port: int, if
     dist.init_process_group("gloo", init_method="env://", rank=rank, world_size=W + 1,
                             timeout=timedelta(seconds=spec.group_timeout_s))
     workers_group = dist.new_group(list(range(W)))
-    reference = _Model(spec.seed)
+    reference = _Model(spec.model, spec.seed)
     if rank < W:  # the first forward and backward are slow (allocations, kernels): not in a round
-        forward_by_units(reference.bases, torch.randn(spec.batch, 3, 32, 32)).sum().backward()
+        size = reference.image
+        forward_by_units(reference.bases, reference.joins, torch.randn(spec.batch, 3, size, size)).sum().backward()
     out = []
     for k, rs in enumerate(spec.rounds):
         fault = k == 0 and spec.fault_rank == rank
         _warm_up(rank, W, rs, workers_group)
-        model = _Model(spec.seed)  # the server's model, every round (the workers' update stays theirs)
+        model = _Model(spec.model, spec.seed)  # the server's model, every round (the workers' update stays theirs)
         if rank == W:
             out.append(server_round(spec, rs, model, fault, ifname))
         else:

@@ -4,7 +4,7 @@ parameters reach it. Not GPT training: its own models (branch graphs), plans, si
 
 federation.py  scenario -> server + racks (alpha, scale-down by whole racks)
 models.py      branchy models: Inception-v4, DFN, a tiny CPU model, as bases of parallel branches
-nets.py        the tiny model as a PyTorch module (same parameters per branch)
+nets.py        a runnable model (tiny, mini-inception) as a PyTorch module, built from its profile
 grouping.py    Algorithm 1 (largest branch into the smallest group) and the exact grouping
 flows.py       max-min fair transfers from the server and between workers, then each worker's forward
 strategies.py  naive / overlap / ipart / owl / optimal: one registry, one interface

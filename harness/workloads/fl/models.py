@@ -15,12 +15,13 @@ architecture (convolutions without bias, each followed by BatchNorm with its sca
   deep path of three 3x3 convolutions and a shallow path of one, fused by a sum, two blocks in each
   of ResNet-18's four stages (64, 128, 256, 512 channels, 224 x 224 input), a strided 3x3
   convolution between stages. 27.16 M parameters against the paper's 25.41 M (+6.9 %).
-- tiny: two small Inception-style blocks on 32 x 32 images (CIFAR-10): trains on a CPU (harness/workloads/fl/nets.py
-  builds it in PyTorch with the same parameters per branch).
+- tiny: two small Inception-style blocks on 32 x 32 images (CIFAR-10), and mini-inception: Inception-v4's shape
+  at that size: both train on a CPU (harness/workloads/fl/nets.py builds any chain-of-layers profile in PyTorch,
+  the same parameters per layer, from the operations the builder records).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...compute import BYTES_PER_VALUE, conv_flop
 from ..layers import Layer, LayerSums
@@ -32,12 +33,18 @@ BYTES_PER_PARAM = BYTES_PER_VALUE["fp32"]  # OWL distributes fp32 parameters
 @dataclass(frozen=True)
 class Branch(LayerSums):
     layers: tuple[Layer, ...]
+    # how each layer computes, for nets.py to build it: per layer its operations in order, a pooling before its
+    # convolution included (("conv", cin, cout, kh, kw, stride, valid), ("pool", k, stride, valid), ("fc", cin,
+    # cout)); `runnable` False where the branch is more than a chain of them (a pooling that ends it, a split)
+    units: tuple[tuple[tuple, ...], ...] = field(default=(), compare=False, repr=False)
+    runnable: bool = field(default=True, compare=False, repr=False)
 
 
 @dataclass(frozen=True)
 class Base:
     name: str
     branches: tuple[Branch, ...]
+    join: str = "concat"  # how the branches' outputs meet: along channels, or summed (DFN's fusion)
 
     @property
     def params(self) -> int:
@@ -71,6 +78,9 @@ class _Builder:
     def __init__(self, name: str, size: int, channels: int):
         self.name, self.size, self.channels = name, size, channels
         self.layers: list[Layer] = []
+        self.units: list[tuple[tuple, ...]] = []
+        self.pending: list[tuple] = []  # operations without parameters, computed with the next layer
+        self.chain = True  # False once the branch stops being a chain of layers (_split)
 
     def conv(self, cout: int, kh: int, kw: int | None = None, stride: int = 1, valid: bool = False) -> "_Builder":
         kw = kh if kw is None else kw
@@ -81,21 +91,28 @@ class _Builder:
         params = kh * kw * self.channels * cout + 2 * cout  # weights + BatchNorm scale and shift
         flop = conv_flop(self.channels, cout, kh, kw, self.size, self.size)
         self.layers.append(Layer(f"{self.name}.{len(self.layers)}", params, flop))
+        self._unit(("conv", self.channels, cout, kh, kw, stride, valid))
         self.channels = cout
         return self
 
     def pool(self, stride: int = 1, valid: bool = False, k: int = 3) -> "_Builder":
         if stride > 1:
             self.size = (self.size - k) // stride + 1 if valid else (self.size + stride - 1) // stride
+        self.pending.append(("pool", k, stride, valid))
         return self
 
     def fc(self, cout: int) -> "_Builder":
         self.layers.append(Layer(f"{self.name}.fc", self.channels * cout + cout, 2.0 * self.channels * cout))
+        self._unit(("fc", self.channels, cout))
         self.channels = cout
         return self
 
+    def _unit(self, op: tuple) -> None:
+        self.units.append(tuple(self.pending) + (op,))
+        self.pending = []
+
     def branch(self) -> Branch:
-        return Branch(tuple(self.layers))
+        return Branch(tuple(self.layers), tuple(self.units), self.chain and not self.pending)
 
 
 class _Net:
@@ -115,7 +132,7 @@ class _Net:
         self.size = sizes.pop()
         self.channels = (sum(b.channels for b in built) if join == "concat" else built[0].channels)
         branches = tuple(b.branch() for b in built)
-        self.bases.append(Base(name, branches))
+        self.bases.append(Base(name, branches, join))
 
     def model(self, name: str, image: int) -> BranchyModel:
         return BranchyModel(name, tuple(self.bases), image)
@@ -154,6 +171,7 @@ def inception_v4(classes: int = 1000) -> BranchyModel:
 
 
 def _split(b: _Builder, cout: int) -> _Builder:
+    b.chain = False  # two convolutions on one input, side by side: not a chain nets.py builds
     cin = b.channels
     b.conv(cout, 1, 3)
     b.channels = cin
@@ -186,7 +204,24 @@ def tiny(classes: int = 10) -> BranchyModel:
     return n.model("tiny", 32)
 
 
-BRANCHY_MODELS = {"inception-v4": inception_v4, "dfn": dfn, "tiny": tiny}
+def mini_inception(classes: int = 10) -> BranchyModel:
+    """Inception-v4's shape at CIFAR-10's size: three Inception-A blocks of four branches, a reduction, two
+    Inception-B blocks with factorised 7x7 convolutions (0.50 M parameters, ten times tiny's): the largest branchy
+    model the emulated cluster runs here."""
+    n = _Net(32, 3)
+    n.base("stem", lambda b: b.conv(32, 3))
+    for i in range(3):
+        n.base(f"inception_a{i}", lambda b: b.conv(32, 1), lambda b: b.conv(24, 1).conv(32, 3),
+               lambda b: b.conv(24, 1).conv(32, 3).conv(32, 3), lambda b: b.pool().conv(32, 1))
+    n.base("reduction", lambda b: b.conv(128, 3, stride=2))
+    for i in range(2):
+        n.base(f"inception_b{i}", lambda b: b.conv(64, 1), lambda b: b.conv(48, 1).conv(56, 1, 7).conv(64, 7, 1),
+               lambda b: b.conv(48, 1).conv(48, 7, 1).conv(64, 1, 7), lambda b: b.pool().conv(64, 1))
+    n.base("classifier", lambda b: b.fc(classes))
+    return n.model("mini-inception", 32)
+
+
+BRANCHY_MODELS = {"inception-v4": inception_v4, "dfn": dfn, "tiny": tiny, "mini-inception": mini_inception}
 
 
 def get_branchy(name: str) -> BranchyModel:

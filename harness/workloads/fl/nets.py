@@ -1,97 +1,87 @@
-"""The `tiny` branchy model as a PyTorch module, for training on a CPU (OWL part 2 runs it for real).
+"""Branchy models as PyTorch modules, for training on a CPU (OWL's emulated runs, harness/systems/owl/).
 
-Built from the same widths as models.tiny(), base by base and branch by branch, so that its
-parameters per branch are the profile's (tests/test_fl.py checks it): convolutions without bias,
-each followed by BatchNorm and ReLU; a base's branches are joined by concatenation.
+Built from the profile itself (models.py records how each layer computes), so a module's parameters per
+layer are the profile's by construction: every layer a unit that runs alone once its parameters are here
+(a convolution without bias with its BatchNorm and ReLU, a pooling before it included; the classifier a
+global mean and a linear layer), a base's branches read its input and meet along channels or in a sum.
+Only a profile whose branches are chains of such layers builds (`tiny`, `mini-inception`; not
+Inception-v4's split branches nor DFN's stem).
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-
-def _conv(cin: int, cout: int, k: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, padding=k // 2, bias=False), nn.BatchNorm2d(cout),
-                         nn.ReLU(inplace=False))
-
-
-class Concat(nn.Module):
-    """A nonlinear base: parallel branches on one input, outputs concatenated along channels."""
-
-    def __init__(self, *branches: nn.Module):
-        super().__init__()
-        self.branches = nn.ModuleList(branches)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([b(x) for b in self.branches], dim=1)
-
-
-def _block(cin: int) -> Concat:
-    return Concat(
-        _conv(cin, 8, 1),
-        nn.Sequential(_conv(cin, 8, 1), _conv(8, 16, 3)),
-        nn.Sequential(_conv(cin, 8, 1), _conv(8, 8, 3), _conv(8, 16, 3)),
-        nn.Sequential(nn.AvgPool2d(3, 1, 1, count_include_pad=False), _conv(cin, 8, 1)),
-    )
-
-
-class Tiny(nn.Module):
-    """models.tiny(): stem, (Inception-style block, strided conv) x 2, global pooling and the classifier."""
-
-    def __init__(self, classes: int = 10):
-        super().__init__()
-        self.bases = nn.ModuleList([_conv(3, 16, 3), _block(16), _conv(48, 48, 3, 2), _block(48), _conv(48, 48, 3, 2)])
-        self.classifier = nn.Linear(48, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for base in self.bases:
-            x = base(x)
-        return self.classifier(x.mean(dim=(2, 3)))
+from .federation import FLError
+from .models import BranchyModel
 
 
 class GlobalMean(nn.Module):
-    """Tiny's global pooling before the classifier."""
+    """The global pooling before a classifier."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.mean(dim=(2, 3))
 
 
-def _branch_units(branch: nn.Module) -> list[nn.Module]:
-    """A branch's layers as units that run one after another: each ends with a module that has parameters
-    (a convolution with its BatchNorm and ReLU, or a linear layer); a pooling before it runs with it."""
-    if isinstance(branch, nn.Sequential) and isinstance(branch[0], nn.Conv2d):
-        return [branch]  # one convolution layer (_conv)
-    units, pending = [], []
-    for m in (branch.children() if isinstance(branch, nn.Sequential) else [branch]):
-        pending.append(m)
-        if any(True for _ in m.parameters()):
-            units.append(pending[0] if len(pending) == 1 else nn.Sequential(*pending))
-            pending = []
-    if pending:
-        raise ValueError(f"a branch ends without a layer that has parameters: {pending}")
-    return units
+def _op(op: tuple) -> nn.Module:
+    kind, *a = op
+    if kind == "conv":
+        cin, cout, kh, kw, stride, valid = a
+        pad = (0, 0) if valid else (kh // 2, kw // 2)
+        return nn.Sequential(nn.Conv2d(cin, cout, (kh, kw), stride, padding=pad, bias=False), nn.BatchNorm2d(cout),
+                             nn.ReLU(inplace=False))
+    if kind == "pool":
+        k, stride, valid = a
+        if stride == 1:
+            return nn.AvgPool2d(k, 1, k // 2, count_include_pad=False)
+        return nn.MaxPool2d(k, stride, padding=0 if valid else k // 2)
+    if kind == "fc":
+        cin, cout = a
+        return nn.Sequential(GlobalMean(), nn.Linear(cin, cout))
+    raise ValueError(f"unknown operation {kind!r}")
 
 
-def layer_units(net: Tiny) -> list[list[list[nn.Module]]]:
-    """Per base, per branch, the units that compute the profile's layers (models.tiny(): same order, same
-    parameters each), sharing the net's parameters: a worker runs them one at a time as they arrive."""
-    bases = []
-    for base in net.bases:
-        branches = base.branches if isinstance(base, Concat) else [base]
-        bases.append([_branch_units(b) for b in branches])
-    bases.append([[nn.Sequential(GlobalMean(), net.classifier)]])
-    return bases
+def _unit(ops: tuple[tuple, ...]) -> nn.Module:
+    mods = [_op(op) for op in ops]
+    return mods[0] if len(mods) == 1 else nn.Sequential(*mods)
 
 
-def forward_by_units(bases: list[list[list[nn.Module]]], x: torch.Tensor) -> torch.Tensor:
+def check_buildable(model: BranchyModel) -> None:
+    bad = [f"{base.name}.b{j}" for base in model.bases for j, br in enumerate(base.branches) if not br.runnable]
+    if bad:
+        raise FLError(f"{model.name}: branch {bad[0]} is not a chain of layers; it does not build as a module")
+
+
+class BranchyNet(nn.Module):
+    """`model` as a module: `bases[i][j]` the units of base i's branch j, one per profile layer, in order."""
+
+    def __init__(self, model: BranchyModel):
+        super().__init__()
+        check_buildable(model)
+        self.bases = [[[_unit(ops) for ops in br.units] for br in base.branches] for base in model.bases]
+        self.joins = [base.join for base in model.bases]
+        self.units = nn.ModuleList(u for base in self.bases for br in base for u in br)  # registers the parameters
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return forward_by_units(self.bases, self.joins, x)
+
+
+def join(outputs: list[torch.Tensor], how: str) -> torch.Tensor:
+    """A base's branches' outputs met: one alone, concatenated along channels, or summed."""
+    if len(outputs) == 1:
+        return outputs[0]
+    return torch.cat(outputs, dim=1) if how == "concat" else torch.stack(outputs).sum(0)
+
+
+def forward_by_units(bases: list[list[list[nn.Module]]], joins: list[str], x: torch.Tensor) -> torch.Tensor:
     """The net's forward from its units in forward order (what a worker computes, in whatever order its
-    layers arrive): a base's branches read the base's input and are concatenated."""
-    for branches in bases:
+    layers arrive): a base's branches read the base's input and are joined."""
+    for branches, how in zip(bases, joins):
         outs = []
         for units in branches:
             h = x
             for u in units:
                 h = u(h)
             outs.append(h)
-        x = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        x = join(outs, how)
     return x

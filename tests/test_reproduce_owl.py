@@ -82,7 +82,7 @@ def test_the_emulated_part_puts_each_measured_round_beside_its_prediction(tmp_pa
 
     monkeypatch.setattr(oe, "run_recorded", fake)
     [s] = oe.emulated(Context(tmp_path, quick=True))
-    assert runs == ["owl-regional"]  # QUICK: the geo-distributed federation only
+    assert runs == ["owl-regional"] and "QUICK: the geo-distributed federation only" in s.text
     [naive, ipart] = s.findings
     assert naive.measured == pytest.approx(naive.simulated * 1.25)  # OWL's round measured 1.25 x its prediction
     assert ipart.measured == pytest.approx(ipart.simulated * 1.25 / 1.1)

@@ -73,7 +73,8 @@ def emulated(ctx: Context) -> list[Section]:
                      "workers and the server, each a process in the emulated cluster over the scenario's shaped links "
                      "(the server's uplink and every worker's interface one shaped limit each), at the dilation a "
                      "probe boot chose; each round beside the flow simulator's prediction at the run's scales, "
-                     "uncalibrated. The rounds side by side: `emu.md`.")
+                     "uncalibrated. The rounds side by side: `emu.md`."
+                     + (" QUICK: the geo-distributed federation only." if ctx.quick else ""))
     table = ["| setting | model | strategy | measured s | predicted s | error | emulated CPU busy | measured |",
              "|---|---|---|---|---|---|---|---|"]
     for run in runs:

@@ -12,7 +12,7 @@ writes a run.
 """
 from __future__ import annotations
 
-from ..files import atomic_write_text
+from ..files import atomic_write_json, atomic_write_text
 from ..results import new_run_id
 from ..systems.owl.compare import compare_fl
 from ..systems.owl.emulated import EmuSetting, run_recorded
@@ -61,8 +61,6 @@ class _Progress:
 
 
 def _write(out, records) -> None:
-    from ..files import atomic_write_json
-
     atomic_write_json(out / "records.json", as_json(records))
 
 

@@ -274,7 +274,7 @@ def deploying(name: str, model: BranchyModel, fed: Federation, batch: int, group
         if key in tried:
             continue
         tried.add(key)
-        r = _owl_round(name, model, fed, batch, _grouped(model, D, grouping), {"D": D}, deployment)
+        r = deployed(name, model, fed, batch, D, deployment, grouping)
         if best is None or r.seconds < best.seconds - 1e-12:
             best = r
     return best

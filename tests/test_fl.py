@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from harness.workloads.fl.federation import FLError, emulated_topology, federation, load_federation, load_topology
-from harness.workloads.fl.flows import SERVER, Transfer, arrivals, forward_end
+from harness.workloads.fl.activity import busy_intervals, busy_over_time, busy_share
+from harness.workloads.fl.flows import SERVER, Transfer, arrivals, forward_end, forward_schedule, layer_seconds
 from harness.workloads.fl.grouping import bell, bound, exact_groups, greedy_groups, largest, partitions
 from harness.workloads.fl.models import BYTES_PER_PARAM, Base, Branch, BranchyModel, Layer, check, get_branchy
 from harness.workloads.fl.strategies import STRATEGIES, owl_transfers, run, sized_branches
@@ -240,6 +241,31 @@ def test_forward_waits_for_parameters_and_runs_branches_in_arrival_order():
     assert forward_end(two, secs, np.array([5.0, 0.0, 0.0])) == 7.0
     assert forward_end(two, secs, np.zeros(3)) == 3.0
     assert forward_end(two, secs, np.array([0.0, 0.0, 10.0])) == 11.0
+    starts, ends = forward_schedule(two, secs, np.array([5.0, 0.0, 0.0]))
+    assert starts.tolist() == [5.0, 0.0, 6.0] and ends.tolist() == [6.0, 1.0, 7.0]
+
+
+def test_a_rounds_gpu_timeline_is_its_forward_as_scheduled_then_its_backward():
+    """Fig. 8b's model: each worker's kernels (its forward's layers, then a backward of twice their time)."""
+    fed, model = load_federation("owl-testbed", 4), get_branchy("tiny")
+    secs = layer_seconds(model, fed, 8)
+    naive, owl = run("naive", model, fed, 8), run("owl", model, fed, 8)
+    iv = busy_intervals(model, fed, 8, naive)
+    assert len(iv) == 4
+    for w, spans in enumerate(iv):
+        assert (spans[:, 1] - spans[:, 0]).sum() == pytest.approx(3 * secs[w].sum())
+        assert spans[0, 0] >= naive.distribution_seconds - 1e-12  # naive computes only once the model is whole
+        assert spans[-1, 1] <= naive.seconds
+        assert (spans[1:, 0] >= spans[:-1, 1] - 1e-12).all()  # one kernel at a time
+    share = busy_share(iv, naive.seconds)
+    assert share == pytest.approx(3 * secs.sum(axis=1).mean() / naive.seconds)
+    t, busy = busy_over_time(iv, naive.seconds, bins=50)
+    assert t[-1] == pytest.approx(naive.seconds) and busy.mean() == pytest.approx(share)
+    assert busy[: int(50 * naive.distribution_seconds / naive.seconds)].max() == 0.0
+    # the same kernels in a shorter round: OWL's GPUs are busy a larger share of it
+    assert busy_share(busy_intervals(model, fed, 8, owl), owl.seconds) > share
+    with pytest.raises(ValueError, match="a bound, not a plan"):
+        busy_intervals(model, fed, 8, run("oos", model, fed, 8))
 
 
 # ----------------------------------------------------------------------------- strategies

@@ -37,9 +37,9 @@ def test_owl_reproduced_end_to_end_writes_every_figures_claims(tmp_path, monkeyp
     said = []
     report = reproduce("owl", tmp_path, quick=True, progress=said.append, emulated=False)
     text = report.read_text()
-    for fig in ("Fig. 7", "Fig. 8a", "Fig. 9", "Fig. 10a", "Fig. 10b", "Fig. 11", "eqs. 13-15"):
+    for fig in ("Fig. 7", "Fig. 8a", "Fig. 8b", "Fig. 9", "Fig. 10a", "Fig. 10b", "Fig. 11", "eqs. 13-15"):
         assert fig in text
-    for png in ("fig7.png", "fig9.png", "fig11.png"):
+    for png in ("fig7.png", "fig8b.png", "fig9.png", "fig11.png"):
         assert (tmp_path / png).stat().st_size > 0
     rows = list(csv.DictReader((tmp_path / "claims.csv").open()))
     assert len(rows) > 30 and all(r["simulated"] not in ("", "-") for r in rows)

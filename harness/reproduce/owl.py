@@ -1,7 +1,7 @@
 """OWL (Han et al. 2024; seed 002): its evaluation (Sec. 6) regenerated on `owl-testbed` and its device settings.
 
-Fig. 7 (training time against the number of workers, with the offline optimum), Fig. 8a (the round's
-communication share), Fig. 9 (alpha), Fig. 10a (rack settings), Fig. 10b (the OWL-A / OWL-B ablation),
+Fig. 7 (training time against the number of workers, with the offline optimum), Fig. 8 (the round's
+communication share; GPU memory utilization), Fig. 9 (alpha), Fig. 10a (rack settings), Fig. 10b (the OWL-A / OWL-B ablation),
 Fig. 11 (no racks: `owl-norack`) and Sec. 4.4's centralized against decentralized deployment (eqs. 13-15),
 each simulated at the paper's scale by harness/workloads/fl/ (DFN and Inception-v4, up to 100 workers), and
 every strategy measured at the testbed's scale through the emulated cluster (owl_emulated.py).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..workloads.fl import activity
 from ..workloads.fl import strategies as st
 from ..workloads.fl.federation import load_federation
 from ..workloads.fl.flows import layer_seconds
@@ -108,11 +109,17 @@ def fig7(ctx: Context) -> list[Section]:
 
 
 def fig8(ctx: Context) -> list[Section]:
-    """Fig. 8a: the share of a round that is communication: the round less the slowest worker's computation."""
+    """Fig. 8a: the share of a round that is communication: the round less the slowest worker's computation.
+    Fig. 8b: the share of the round the workers' GPU memory is read or written (activity.py: while kernels run)."""
     most = WORKERS[-1]
-    s = Section(f"Fig. 8a: time breakdown at {most} workers",
-                text="Communication share = 1 - (forward + backward computation of the slowest worker) / round, "
-                     f"at {most} workers in racks of 2. Fig. 8b (GPU memory over time) is not modelled.")
+    s = Section(f"Fig. 8: time breakdown and GPU memory utilization at {most} workers",
+                text="Fig. 8a: communication share = 1 - (forward + backward computation of the slowest worker) / "
+                     f"round, at {most} workers in racks of 2. Fig. 8b: GPU memory utilization, nvidia-smi's "
+                     "(the share of time device memory is read or written), modelled as the share of the round a "
+                     "worker's GPU runs kernels (each forward layer as the simulator schedules it, then the "
+                     "backward; parameters landing at the network's rate barely touch device memory), the "
+                     "workers' mean; `fig8b.png` draws it over one round.")
+    timelines = {}
     for model in MODELS:
         ctx.progress(f"fig. 8: {model}")
         fed, m = load_federation(SCENARIO, most), get_branchy(model)
@@ -125,7 +132,38 @@ def fig8(ctx: Context) -> list[Section]:
         s.add(Claim("Fig. 8a", f"{NAMES[model]}: OWL's communication share below every baseline's (OWL's / the "
                     "smallest baseline's)", "Sec. 6.2", below=1.0, unit="x"),
               share["owl"] / min(share[n] for n in BASELINES))
+        busy = {n: activity.busy_intervals(m, fed, BATCH, r) for n, r in rounds.items()}
+        memory = {n: 100 * activity.busy_share(busy[n], rounds[n].seconds) for n in rounds}
+        timelines[model] = {n: activity.busy_over_time(busy[n], rounds[n].seconds) for n in rounds}
+        s.add(Claim("Fig. 8b", f"{NAMES[model]}: OWL's average GPU memory utilization over a round", "Sec. 6.2",
+                    paper=83.0, unit="%", why=WHY_COMM),
+              memory["owl"], note=", ".join(f"{n} {memory[n]:.2f} %" for n in BASELINES))
+        s.add(Claim("Fig. 8b", f"{NAMES[model]}: OWL's GPU memory utilization above every baseline's (OWL's / the "
+                    "largest baseline's)", "Sec. 6.2", above=1.0, unit="x"),
+              memory["owl"] / max(memory[n] for n in BASELINES))
+    s.plots.append(_plot_busy(ctx, timelines))
     return [s]
+
+
+def _plot_busy(ctx: Context, timelines: dict) -> str:
+    """Fig. 8b's drawing: the workers' mean GPU memory utilization in each 1 % of one round, per strategy."""
+    import matplotlib.pyplot as plt
+
+    from ..plots import series_style
+    from ..plots.figures import save_figure
+
+    fig, axes = plt.subplots(1, len(timelines), figsize=(5.5 * len(timelines), 4), squeeze=False)
+    for ax, (model, by_name) in zip(axes[0], timelines.items()):
+        for n, (t, busy) in by_name.items():
+            ax.step(t, 100 * busy, where="post", color=series_style(n)[0], label=n)
+        ax.set_xlabel("seconds into the round", fontsize=8)
+        ax.set_ylabel("GPU memory utilization, %", fontsize=8)
+        ax.set_title(f"Fig. 8b, {NAMES[model]}: {WORKERS[-1]} workers (simulated)", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    save_figure(fig, ctx.out / "fig8b.png")
+    plt.close(fig)
+    return "fig8b.png"
 
 
 def fig9(ctx: Context) -> list[Section]:
@@ -272,6 +310,10 @@ SETTINGS = (
     Setting("link latency", "25 us inside a rack, 50 us across racks and to the server", "the paper gives none"),
     Setting("the server's uplink", "B_inter (it sits behind the inter-rack fabric); without racks, 10 Gbps",
             "the paper says the server is one more machine of the testbed, on the same switch"),
+    Setting("GPU memory utilization (Fig. 8b)", "the share of the round a worker's GPU runs kernels (its forward's "
+            "layers as scheduled, then the backward), the workers' mean",
+            "the paper's \"percentage of GPU memory used per unit time\" read as nvidia-smi's memory utilization "
+            "(the share of time device memory is read or written); parameters landing at 10 Gbps barely load it"),
     Setting("OOS", "the rack-fed fluid bound: each rack's layers in forward order at the server's fair share, no "
             "set-up, no delay, fully overlapped", "the paper: \"complete overlap ... without communication delay\""),
     Setting("OWL-A", "Algorithm 1's groups at D = n, every group through the rack's first worker",
@@ -289,7 +331,7 @@ PAPER = Paper(
     "(Algorithm 2), against Naive FL, Overlap FL and IPart, on the paper's testbed (`scenarios/owl-testbed.yaml`: "
     "100 RTX 3080 in 50 racks of 2, 10 Gbps inside a rack, alpha 0.5 across).",
     parts=(Part("fig7", "Fig. 7: training time against the workers, with the offline optimum (simulated)", 40, fig7),
-           Part("fig8", "Fig. 8a: the round's communication share (simulated)", 5, fig8),
+           Part("fig8", "Fig. 8: the round's communication share, GPU memory utilization (simulated)", 5, fig8),
            Part("fig9", "Fig. 9: OWL against IPart over alpha (simulated)", 10, fig9),
            Part("fig10a", "Fig. 10a: rack settings (simulated)", 5, fig10a),
            Part("fig10b", "Fig. 10b: the OWL-A / OWL-B ablation (simulated)", 15, fig10b),

@@ -153,6 +153,11 @@ def arrivals(fed: Federation, transfers: list[Transfer]) -> np.ndarray:
 
 def forward_end(model: BranchyModel, seconds: np.ndarray, ready: np.ndarray) -> float:
     """When one worker's forward ends: `seconds` and `ready` (parameters arrived) per layer."""
+    return float(forward_schedule(model, seconds, ready)[1].max()) if model.layers else 0.0
+
+
+def forward_schedule(model: BranchyModel, seconds: np.ndarray, ready: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """When one worker's GPU runs each layer of its forward: (start, end) per layer, by the rule above."""
     layers = model.layers
     n = len(layers)
     base_of = np.array([i for i, _, _ in layers], dtype=int)
@@ -161,7 +166,6 @@ def forward_end(model: BranchyModel, seconds: np.ndarray, ready: np.ndarray) -> 
     base_left = np.bincount(base_of, minlength=len(model.bases))
     gpu, base_end, base = 0.0, 0.0, 0
     candidates: list[int] = []
-    end = 0.0
 
     def open_bases():
         nonlocal base
@@ -171,11 +175,13 @@ def forward_end(model: BranchyModel, seconds: np.ndarray, ready: np.ndarray) -> 
 
     open_bases()
     inputs = {k: 0.0 for k in candidates}
+    starts, ends = np.zeros(n), np.zeros(n)
     for _ in range(n):
         # the layer that can start first; ties: parameters that arrived first, then forward order
         best = min(candidates, key=lambda k: (max(gpu, ready[k], inputs[k]), ready[k], k))
         start = max(gpu, ready[best], inputs[best])
         gpu = end = start + seconds[best]
+        starts[best], ends[best] = start, end
         candidates.remove(best)
         if best in nxt:
             candidates.append(nxt[best])
@@ -186,7 +192,7 @@ def forward_end(model: BranchyModel, seconds: np.ndarray, ready: np.ndarray) -> 
             open_bases()
             for k in candidates:
                 inputs.setdefault(k, base_end)
-    return float(end) if n else 0.0
+    return starts, ends
 
 
 def layer_ready(model: BranchyModel, fed: Federation, transfers: list[Transfer], arrive: np.ndarray) -> np.ndarray:

@@ -275,11 +275,6 @@ def fig11(ctx: Context) -> list[Section]:
     return sections
 
 
-def eq15(alpha: float, D: int, n: int) -> float:
-    """The paper's eq. 15: t_ce / t_de = alpha + D / n (1 - alpha), for a rack of n workers in D groups."""
-    return alpha + D / n * (1 - alpha)
-
-
 def deployment(ctx: Context) -> list[Section]:
     s = Section("Sec. 4.4 (eqs. 13-15, Fig. 6): centralized against decentralized deployment",
                 text="Inception-v4, OWL's groups at the D Algorithm 2 chooses, deployed centralized (central workers "
@@ -294,7 +289,7 @@ def deployment(ctx: Context) -> list[Section]:
             D = ce.config["D"]
             de = st.deployed("owl-de", m, fed, BATCH, D, "decentralized")
             s.add(Claim("Sec. 4.4", f"{label}, alpha {a:g}: t_ce / t_de at D = {D} (the paper: eq. 15)", "eq. 15",
-                        paper=eq15(a, D, fed.racks[0]), below=1.0 + 1e-6, unit="x",
+                        paper=st.eq15(a, D, fed.racks[0]), below=1.0 + 1e-6, unit="x",
                         why="eq. 15 counts a rack alone; in the model every rack's pulls share the server's uplink, "
                             "which both deployments wait on"), ce.distribution_seconds / de.distribution_seconds)
     return [s]
@@ -339,7 +334,8 @@ PAPER = Paper(
            Part("deployment", "Sec. 4.4: centralized against decentralized deployment, eq. 15 (simulated)", 10,
                 deployment),
            Part("emulated", "at the testbed's scale: every strategy measured through the emulated cluster in the "
-                "settings of Figs. 7, 10a, 11 and on a geo-distributed federation, each predicted", 1200,
+                "settings of Figs. 7, 9, 10a, 10b, 11 and Sec. 4.4 and on a geo-distributed federation, each "
+                "predicted", 1560,
                 owl_emulated.emulated, quick_seconds=360, measured=True)),
     settings=SETTINGS,
 )

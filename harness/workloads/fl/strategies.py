@@ -257,6 +257,12 @@ def _grouped(model: BranchyModel, D: int, grouping) -> list[list[list[int]]]:
     return out
 
 
+def eq15(alpha: float, D: int, n: int) -> float:
+    """The paper's eq. 15: t_ce / t_de = alpha + D / n (1 - alpha), for a rack of n workers in D groups (eqs. 13
+    and 14: the centralized and decentralized deployments' distribution times, bytes alone)."""
+    return alpha + D / n * (1 - alpha)
+
+
 def deployed(name: str, model: BranchyModel, fed: Federation, batch: int, D: int, deployment: str = "centralized",
              grouping=greedy_groups) -> Round:
     """One deployment at D communication groups, without Algorithm 2's search."""

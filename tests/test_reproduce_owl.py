@@ -95,12 +95,17 @@ def test_the_emulated_part_puts_each_measured_round_beside_its_prediction(tmp_pa
                for line in table.splitlines())
     assert (tmp_path / "emu" / "regional" / "records.json").exists()
     [full] = oe.emulated(Context(tmp_path / "full"))
-    assert runs[1:] == ["owl-testbed", "owl-8x10", "owl-norack", "owl-regional", "owl-testbed"]
+    assert runs[1:] == ["owl-testbed", "owl-8x10", "owl-norack", "owl-regional"] + ["owl-testbed"] * 3
     by = {f.claim.text.split(":")[0].split(" (")[0] + " " + f.claim.figure: [] for f in full.findings}
     for f in full.findings:
         by[f.claim.text.split(":")[0].split(" (")[0] + " " + f.claim.figure].append(f)
     assert [len(by[k]) for k in ("testbed Fig. 7", "8x10 Fig. 10a", "8x10 Fig. 10b", "8x10 Sec. 4.4",
-                                 "norack Fig. 11", "regional beyond the paper", "alpha Fig. 9")] == [2, 2, 2, 1, 2, 2, 3]
+                                 "norack Fig. 11", "regional beyond the paper", "alpha Fig. 9", "workers-4 Fig. 7",
+                                 "workers-20 Fig. 7")] == [2, 2, 2, 1, 2, 2, 3, 1, 1]
+    [widens] = [f for f in full.findings if "widens with the workers" in f.claim.text]
+    most, four = by["workers-20 Fig. 7"][0], by["workers-4 Fig. 7"][0]  # OWL's round / naive's at 20 and 4 workers
+    assert widens.simulated == pytest.approx(most.simulated / four.simulated) and widens.simulated < 1
+    assert widens.measured == pytest.approx(most.measured / four.measured)
     owl_a, owl_b = by["8x10 Fig. 10b"]
     assert owl_a.measured == pytest.approx(owl_a.simulated * 1.1 / 1.25) and owl_a.simulated > 1  # one relay: slower
     [ce_de] = by["8x10 Sec. 4.4"]

@@ -13,23 +13,27 @@ EMU_ONLY = ("bandwidth_scale", "compute_time_scale", "timeout", "kernel", "repea
 
 
 def register(sub) -> None:
+    from ..workloads.fl.models import BRANCHY_MODELS
+
     p = sub.add_parser(
         "fl", help="OWL's FL workload: distribute a branchy model to racks of workers by strategy (`fl report`: plots)",
         description="One federated-learning round per strategy (Han et al. 2024, OWL): a server sends the model to "
                     "every worker of every rack, which computes its forward as the parameters arrive, then backward "
                     "and a gradient all-reduce. Strategies: naive, overlap, ipart, owl, owl-de, owl-a, owl-b, oos (a "
                     "bound), optimal (exhaustive, or a local search), a comma-separated list, or all. --backend sim "
-                    "simulates; --backend emu runs the server "
-                    "and every worker as processes of the emulated cluster (the model `tiny`, parameters as tensors "
-                    "over the shaped links, compute held to the device's modelled time x --compute-time-scale) and "
-                    "records what was measured, bytes counted as sent. Prints a table and writes "
+                    "simulates; --backend emu runs the server and every worker as processes of the emulated "
+                    "cluster (a model small enough to train here, parameters as tensors over the shaped links, "
+                    "compute held to the device's modelled time x --compute-time-scale) and records what was "
+                    "measured, bytes counted as sent. Prints a table and writes "
                     "results/<scenario>/<run-id>/records.json.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--scenario", type=scenario_name, help="an FL scenario: owl-testbed, owl-8x10, owl-4x20 or a path")
+    p.add_argument("--scenario", type=scenario_name, help="an FL scenario: owl-testbed, owl-8x10, owl-4x20, "
+                   "owl-norack, owl-regional or a path")
     p.add_argument("--devices", type=positive_int, help="keep this many workers, in whole racks")
     p.add_argument("--alpha", type=fractions, help="B_inter / B_intra in (0, 1]; several comma-separated; "
                    "none: the scenario's")
-    p.add_argument("--model", default="inception-v4", help="inception-v4, dfn or tiny")
+    p.add_argument("--model", default="inception-v4", help=f"{', '.join(BRANCHY_MODELS)} (--backend emu: "
+                   "the ones small enough to train here; it names them when it refuses another)")
     p.add_argument("--strategy", default="all", help="naive, overlap, ipart, owl; owl-de (decentralized), owl-a, "
                    "owl-b (the ablations), oos (a bound; sim only), optimal; a comma-separated list, or all (naive, "
                    "overlap, ipart and owl)")

@@ -1,4 +1,4 @@
-"""`harness fl report`: OWL's comparison from FL records, the paper's relations beside them as references.
+"""`harness fl report`: OWL's comparison from FL records; the paper's claims are `harness reproduce owl`'s.
 
 Figures: (a) normalised training time (seconds / naive's, per setting) of every strategy in every
 setting; (b) where a model and rack shape ran at several alphas, OWL's and the baselines' normalised
@@ -13,11 +13,9 @@ from ..workloads.fl.records import FLRecord, normalised
 from .. import plots
 from ..plots.figures import save_figure
 
-# Han et al. 2024, Sec. 6.2-6.3: references for the report only
-PAPER = ("the paper, at 100 workers (50 racks x 2, alpha 0.5): OWL cuts the training time of Naive FL by 63-69 %, "
-         "of Overlap FL by 27-30 %, of IPart by 20-24 %, within 10 % of the offline optimum; over alpha in [0.2, 1] "
-         "OWL beats IPart by 16.7-29 %, the gap widening as alpha falls; vs Naive FL 58 % on 8 GPUs x 10 racks and "
-         "43 % on 4 GPUs x 20 racks.")
+# Han et al. 2024: its numbers and their verdicts live in one place (harness/reproduce/owl.py)
+REFERENCE = ("the paper's claims, each beside the harness's figure and a verdict: `harness reproduce owl` "
+             "(results/reproduce/owl/report.md)")
 
 
 def _label(r: FLRecord) -> str:
@@ -63,7 +61,7 @@ def markdown(records: list[FLRecord]) -> str:
         vs = f"{norm[k]:.3f}" if k in norm else "-"
         L.append(f"| {r.scenario} | {r.model} | {r.rack_shape} | {r.alpha:g} | {r.strategy} | {r.seconds:.3f} | "
                  f"{r.distribution_seconds:.3f} | {r.server_bytes / 1e9:.2f} | {vs} | `{r.config}` |")
-    L += ["", f"Reference: {PAPER}", "", "![fl](fl.png)", ""]
+    L += ["", f"Reference: {REFERENCE}.", "", "![fl](fl.png)", ""]
     return "\n".join(L) + "\n"
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from harness import reproduce
 from harness.reproduce import Context, Paper, Part, Setting
-from harness.reproduce.claims import Claim, Section, verdict
+from harness.reproduce.claims import Claim, Section, fmt, verdict
 from harness.systems.hetpipe import wsp
 from harness.systems.hetpipe.planning import VirtualWorker
 
@@ -36,6 +36,12 @@ def test_a_direction_holds_or_differs_and_its_threshold_is_not_past_it():
     assert verdict(below, 0.9) == "direction holds"
     with pytest.raises(ValueError, match="needs the paper's number or a direction"):
         Claim("Fig. 1", "nothing to check", "p. 1")
+
+
+def test_a_figure_beside_a_threshold_is_not_rounded_onto_it():
+    assert fmt(1.003, "x") == "1.003x" and fmt(0.9996, "x") == "0.9996x"  # not "1x" beside "> 1x"
+    assert fmt(0.58412, "x") == "0.584x" and fmt(2.0, "x") == "2x" and fmt(41.62, "%") == "41.6%"
+    assert fmt(1234.5, "samples/s") == "1234 samples/s" and fmt(None) == "-"
 
 
 def _toy_paper(fail: bool = False) -> Paper:

@@ -100,10 +100,15 @@ def smallest_step(values) -> float:
 
 
 def fmt(value: float | None, unit: str = "") -> str:
-    """A figure for a table: three significant digits, the unit after; '-' when there is none."""
+    """A figure for a table: three significant digits (more where three would round it onto a whole number it is
+    not: 1.003x beside a threshold of 1x), the unit after; '-' when there is none."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     text = f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    digits = 3
+    while abs(value) < 1000 and digits < 6 and float(text) != value and float(text).is_integer():
+        digits += 1
+        text = f"{value:.{digits}g}"
     return f"{text}{unit}" if unit in ("x", "%") else (f"{text} {unit}" if unit else text)
 
 

@@ -101,7 +101,11 @@ def test_the_emulated_part_puts_each_measured_round_beside_its_prediction(tmp_pa
         by[f.claim.text.split(":")[0].split(" (")[0] + " " + f.claim.figure].append(f)
     assert [len(by[k]) for k in ("testbed Fig. 7", "8x10 Fig. 10a", "8x10 Fig. 10b", "8x10 Sec. 4.4",
                                  "norack Fig. 11", "regional beyond the paper", "alpha Fig. 9", "workers-4 Fig. 7",
-                                 "workers-20 Fig. 7")] == [2, 2, 2, 1, 2, 2, 3, 1, 1]
+                                 "workers-20 Fig. 7", "testbed Fig. 8a", "testbed Fig. 8b")
+            ] == [2, 2, 2, 1, 2, 2, 3, 1, 1, 1, 1]
+    [share], [busy], owl_naive = by["testbed Fig. 8a"], by["testbed Fig. 8b"], by["testbed Fig. 7"][0]
+    assert 0 < share.simulated < share.measured < 100  # OWL's round measured longer: more of it communication
+    assert busy.simulated > 1 and busy.measured == pytest.approx(1 / owl_naive.measured)  # naive: the fastest
     [widens] = [f for f in full.findings if "widens with the workers" in f.claim.text]
     most, four = by["workers-20 Fig. 7"][0], by["workers-4 Fig. 7"][0]  # OWL's round / naive's at 20 and 4 workers
     assert widens.simulated == pytest.approx(most.simulated / four.simulated) and widens.simulated < 1

@@ -334,7 +334,7 @@ PAPER = Paper(
            Part("deployment", "Sec. 4.4: centralized against decentralized deployment, eq. 15 (simulated)", 10,
                 deployment),
            Part("emulated", "at the testbed's scale: every strategy measured through the emulated cluster in the "
-                "settings of Figs. 7, 9, 10a, 10b, 11 and Sec. 4.4 and on a geo-distributed federation, each "
+                "settings of Figs. 7, 8, 9, 10a, 10b, 11 and Sec. 4.4 and on a geo-distributed federation, each "
                 "predicted", 1860,
                 owl_emulated.emulated, quick_seconds=360, measured=True)),
     settings=SETTINGS,

@@ -15,7 +15,6 @@ import numpy as np
 from ..workloads.fl import activity
 from ..workloads.fl import strategies as st
 from ..workloads.fl.federation import load_federation
-from ..workloads.fl.flows import layer_seconds
 from ..workloads.fl.models import get_branchy
 from . import Context, Paper, Part, Setting, owl_emulated
 from .claims import Claim, Section
@@ -123,7 +122,7 @@ def fig8(ctx: Context) -> list[Section]:
     for model in MODELS:
         ctx.progress(f"fig. 8: {model}")
         fed, m = load_federation(SCENARIO, most), get_branchy(model)
-        compute = 3 * float(layer_seconds(m, fed, BATCH).sum(axis=1).max())  # backward: twice the forward
+        compute = float(activity.computation_seconds(m, fed, BATCH).max())
         rounds = _rounds(SCENARIO, most, model, BASELINES + ("owl",))
         share = {n: 100 * (1 - compute / r.seconds) for n, r in rounds.items()}
         s.add(Claim("Fig. 8a", f"{NAMES[model]}: OWL's communication share of a round", "Sec. 6.2", paper=12.0,

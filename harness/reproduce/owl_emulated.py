@@ -21,11 +21,11 @@ from ..files import atomic_write_json, atomic_write_text
 from ..results import new_run_id
 from ..systems.owl.compare import compare_fl
 from ..systems.owl.emulated import EmuSetting, emulated_federation, run_recorded
+from ..workloads.fl.activity import computation_seconds
 from ..workloads.fl.federation import federation, load_topology
-from ..workloads.fl.flows import layer_seconds
-from ..workloads.fl.strategies import eq15
 from ..workloads.fl.models import get_branchy
 from ..workloads.fl.records import as_json
+from ..workloads.fl.strategies import eq15
 from . import Context
 from .claims import Claim, Section
 
@@ -139,12 +139,12 @@ def _claims(run: dict, rows: dict, feds: list) -> list[tuple[Claim, float, float
 
     head = f"{run['label']} ({run['what']}; {run['model']})"
     out = []
-    if run["label"] == "alpha":
-        cut = {a: [100 * (1 - v) for v in ratio(fed.alpha, "owl", "ipart")] for a, fed in zip(ALPHAS, feds)}
-        for a in ALPHAS:
+    if len(feds) > 1:  # Fig. 9: OWL against IPart at each alpha
+        cut = {a: [100 * (1 - v) for v in ratio(fed.alpha, "owl", "ipart")] for a, fed in zip(run["alphas"], feds)}
+        for a in run["alphas"]:
             out.append((Claim("Fig. 9", f"{head}: OWL cuts IPart's round at alpha {a:g}", run["where"], above=0.0,
                               unit="%", why=WHY_SCALE), *cut[a]))
-        lo, hi = ALPHAS[0], ALPHAS[-1]
+        lo, hi = run["alphas"][0], run["alphas"][-1]
         out.append((Claim("Fig. 9", f"{head}: the gap widens as alpha falls (cut at {lo:g} less cut at {hi:g}, "
                           "points)", run["where"], above=0.0, unit="points", why=WHY_SCALE),
                     cut[lo][0] - cut[hi][0], cut[lo][1] - cut[hi][1]))
@@ -177,8 +177,8 @@ def _breakdown(run: dict, rows: dict, fed, model) -> list[tuple[Claim, float, fl
     head = f"{run['label']} ({run['what']}; {run['model']})"
     alpha = round(fed.alpha, 6)
     rec = rows[(alpha, "owl")].record
-    compute = 3 * float(layer_seconds(model, emulated_federation(fed, rec.bandwidth_scale, rec.compute_time_scale),
-                                      BATCH).sum(axis=1).max())  # forward and a backward of twice its time
+    scaled = emulated_federation(fed, rec.bandwidth_scale, rec.compute_time_scale)
+    compute = float(computation_seconds(model, scaled, BATCH).max())
     names = [n for n in BASELINES if (alpha, n) in rows]
     busy = {n: (compute / rows[(alpha, n)].simulated.seconds, compute / rows[(alpha, n)].record.seconds)
             for n in names + ["owl"]}

@@ -17,16 +17,21 @@ from .models import BranchyModel
 from .strategies import Round
 
 
+def computation_seconds(model: BranchyModel, fed: Federation, batch: int) -> np.ndarray:
+    """Per worker, the seconds its GPU computes in a round: the forward's layers and a backward of twice them."""
+    return 3 * layer_seconds(model, fed, batch).sum(axis=1)
+
+
 def busy_intervals(model: BranchyModel, fed: Federation, batch: int, r: Round) -> list[np.ndarray]:
     """Per worker, (k, 2) [start, end) seconds its GPU runs kernels in round `r`: each forward layer, the backward."""
     if not r.transfers:
         raise ValueError(f"{r.strategy}: a bound, not a plan: it has no timeline")
     ready = layer_ready(model, fed, list(r.transfers), arrivals(fed, list(r.transfers)))
-    secs = layer_seconds(model, fed, batch)
+    secs, computation = layer_seconds(model, fed, batch), computation_seconds(model, fed, batch)
     out = []
     for w in range(fed.workers):
         starts, ends = forward_schedule(model, secs[w], ready[w])
-        backward = 2 * float(secs[w].sum())
+        backward = float(computation[w] - secs[w].sum())
         last = float(ends.max()) if len(ends) else 0.0
         spans = np.column_stack([np.append(starts, last), np.append(ends, last + backward)])
         out.append(spans[spans[:, 1] > spans[:, 0]])

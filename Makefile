@@ -98,7 +98,7 @@ $(addprefix scenario-,$(SCENARIO_CASES)): scenario-%: $(STAMP) system-deps
 
 # A paper's evaluation regenerated beside its published numbers, a verdict per claim: `make reproduce-hetpipe`
 # writes results/reproduce/hetpipe/report.md (QUICK=1: a first look, into results/reproduce/hetpipe/quick/).
-REPRODUCE_PAPERS := hetpipe owl
+REPRODUCE_PAPERS := hetpipe owl sky
 .PHONY: $(addprefix reproduce-,$(REPRODUCE_PAPERS))
 $(addprefix reproduce-,$(REPRODUCE_PAPERS)): reproduce-%: $(STAMP) system-deps
 	$(HARNESS) reproduce $* $(if $(QUICK),--quick)

@@ -70,7 +70,8 @@ class Paper:
 
 
 #: every paper `harness reproduce` knows: name -> "module:attribute" of its Paper
-PAPERS = {"hetpipe": "harness.reproduce.hetpipe:PAPER", "owl": "harness.reproduce.owl:PAPER"}
+PAPERS = {"hetpipe": "harness.reproduce.hetpipe:PAPER", "owl": "harness.reproduce.owl:PAPER",
+          "sky": "harness.reproduce.sky:PAPER"}
 
 
 def get(name: str) -> Paper:

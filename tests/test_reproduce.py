@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import math
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -107,8 +108,34 @@ def test_quick_leaves_out_the_parts_too_long_for_a_first_look_and_names_them(tmp
 def test_an_unknown_paper_is_one_line(tmp_path):
     from harness.errors import HarnessError
 
-    with pytest.raises(HarnessError, match=r"unknown paper 'nope' \(known: hetpipe, owl\)"):
+    with pytest.raises(HarnessError, match=r"unknown paper 'nope' \(known: hetpipe, owl, sky\)"):
         reproduce.reproduce("nope", tmp_path)
+
+
+def test_all_reproduces_every_paper_and_indexes_their_verdicts_going_past_one_that_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(reproduce, "PAPERS", {"toy": "tests.test_reproduce:TOY",
+                                              "broken": "tests.test_reproduce:BROKEN"})
+    monkeypatch.setattr(sys.modules[__name__], "TOY", _toy_paper(), raising=False)
+    monkeypatch.setattr(sys.modules[__name__], "BROKEN", replace(_toy_paper(fail=True), name="broken",
+                                                                 title="A broken paper"), raising=False)
+    said = []
+    index, failed = reproduce.reproduce_all(tmp_path, quick=True, progress=said.append)
+    assert index == tmp_path / "index-quick.md" and failed == ["broken"]
+    text = index.read_text()
+    assert "| A toy paper | [toy/quick/report.md](toy/quick/report.md) | 1 | 1 | 0 | 0 | 0 | 0 | 1 |" in text
+    assert "| A broken paper | failed: RuntimeError: part failed |" in text
+    assert (tmp_path / "toy" / "quick" / "report.md").exists()
+    assert not (tmp_path / "broken" / "quick" / "report.md").exists()
+    assert said[0] == "paper 1/2: toy" and "paper 2/2: broken" in said
+
+
+def test_every_paper_is_a_make_target_and_make_reproduce_all_runs_them():
+    from pathlib import Path
+
+    make = (Path(__file__).resolve().parents[1] / "Makefile").read_text().splitlines()
+    [listed] = [line.split(":=")[1].split() for line in make if line.startswith("REPRODUCE_PAPERS :=")]
+    assert listed == list(reproduce.PAPERS)
+    assert any(line.startswith("$(addprefix reproduce-,$(REPRODUCE_PAPERS) all)") for line in make)
 
 
 # ------------------------------------------------------------------ WSP's waiting and idle time (Sec. 8.4)
@@ -377,7 +404,7 @@ def test_hetpipe_table4_at_the_testbeds_scale_emulates_each_set_on_its_own_nodes
         (run / "manifest.json").write_text(json.dumps({"spec": {"compute": {"time_scale": 1000}}}))
         return run
 
-    monkeypatch.setattr(emulated, "_emulate", emulate)
+    monkeypatch.setattr(emulated, "emulate", emulate)
     monkeypatch.setattr(harness.regress, "run_figures",
                         lambda run: {"seconds": 1.0, "measured-over-sim": 1.0, "host-bound": 0.0})
     ctx = Context(tmp_path, found={"fig4-emulated": {k: fake(k) for k in ("np", "ed-local", "horovod")}})

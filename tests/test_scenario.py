@@ -60,6 +60,22 @@ def test_scale_down_shrinks_groups_of_nodes_evenly_so_both_links_survive():
     assert [r.devices for r in load_scenario("sky", devices=16).regions] == [1] * 16  # 1-GPU nodes: whole
 
 
+def test_a_scenario_is_found_by_its_whole_name_before_a_case_prefix():
+    """`sky` is a scenario of its own and the first word of `sky-worldwide`: the whole name wins; a prefix that
+    is no scenario's whole name (`owl`) stays ambiguous."""
+    assert load_scenario("sky").name == "sky" and load_scenario("sky-worldwide").name == "sky-worldwide"
+    assert load_scenario("5").name == "5-worldwide"
+    with pytest.raises(ScenarioError, match="owl: unknown scenario"):
+        load_scenario("owl")
+
+
+def test_sky_worldwide_puts_skys_nodes_in_case_5s_regions():
+    geo, sky, case5 = load_scenario("sky-worldwide"), load_scenario("sky", devices=8), load_scenario("5", devices=8)
+    assert [p.slowdown for p in geo.profiles] == pytest.approx([p.slowdown for p in sky.profiles], abs=5e-4)
+    assert {p.gpu for p in geo.profiles} == {"P100"}
+    assert (geo.bandwidth_gbps == case5.bandwidth_gbps).all() and (geo.delay_ms == case5.delay_ms).all()
+
+
 def test_scale_down_that_breaks_structure_lists_valid_counts():
     with pytest.raises(ScenarioError, match=r"5-worldwide.yaml: --devices: 12 .*valid: 8, 16, 32, 64"):
         load_scenario("5", devices=12)

@@ -110,3 +110,23 @@ def reproduce(name: str, out: Path, quick: bool = False, progress: Callable[[str
     left_out = [(p, "`--no-emulated`" if p.measured and not emulated else "QUICK") for p in paper.parts
                 if p not in parts]
     return write_report(Reproduction(paper, quick, sections, time.monotonic() - t0, left_out), out)
+
+
+def reproduce_all(root: Path, quick: bool = False, progress: Callable[[str], None] | None = None,
+                  emulated: bool = True) -> tuple[Path, list[str]]:
+    """Every paper of PAPERS in turn, each into root/<paper>/ (QUICK: root/<paper>/quick/), then root/index.md
+    (QUICK: index-quick.md) linking their reports with their verdict counts. A paper that fails is named in the
+    index and the others go on; returns (the index's path, the papers that failed)."""
+    from .report import write_index
+
+    say = progress or (lambda _msg: None)
+    root = Path(root)
+    done: dict[str, Path | str] = {}
+    for k, name in enumerate(PAPERS, 1):
+        say(f"paper {k}/{len(PAPERS)}: {name}")
+        try:
+            done[name] = reproduce(name, root / name / ("quick" if quick else ""), quick, say, emulated)
+        except Exception as e:  # noqa: BLE001 -- one paper's failure (a user error or a bug) does not stop the others
+            say(f"{name}: failed: {e}")
+            done[name] = str(e) if isinstance(e, HarnessError) else f"{type(e).__name__}: {e}"
+    return write_index(root, done, quick), [n for n, r in done.items() if not isinstance(r, Path)]

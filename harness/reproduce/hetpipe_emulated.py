@@ -12,39 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..plan.asked import merged, request_of
+from ..plan.asked import merged
 from . import Context, hetpipe_convergence
+from .emulated import busy, emulate, runs_table, seconds
 from .claims import Claim, Section, smallest_step
 
 SCENARIO = hetpipe_convergence.SCENARIO
 LENGTH = {"iters": 3, "warmup": 1}  # timed iterations of every run, after one of warm-up
-
-
-def _emulate(ctx: Context, what: str, asked: dict[str, dict]) -> dict[str, Path]:
-    """Run `asked` (label -> run request as asked) in one boot of the cluster; label -> run directory."""
-    from ..errors import HarnessError
-    from ..train.experiment import execute_many
-
-    ctx.progress(f"emulated: {what}: {', '.join(asked)}, {LENGTH['iters']} timed iteration(s) each, in one boot")
-    results = execute_many([request_of(a) for a in asked.values()])
-    for label, r in zip(asked, results):
-        if not isinstance(r, Path):
-            raise HarnessError(f"reproduce hetpipe: emulated run {label} did not finish: {r or 'not started'}")
-    return dict(zip(asked, results))
-
-
-def _seconds(runs: dict[str, dict]) -> tuple[dict, dict]:
-    """Each run's measured seconds an iteration, and the simulator's."""
-    return ({k: r["seconds"] for k, r in runs.items()},
-            {k: r["seconds"] / r["measured-over-sim"] for k, r in runs.items()})
-
-
-def _runs_table(runs: dict[str, dict]) -> str:
-    measured, predicted = _seconds(runs)
-    return ("| run | measured s | simulated s | measured vs simulated | emulated CPU busy | host-bound iterations |\n"
-            "|---|---|---|---|---|---|\n" +
-            "\n".join(f"| {k} | {measured[k]:.3f} | {predicted[k]:.3f} | {r['measured-over-sim'] - 1:+.1%} | "
-                      f"{r['busy']:.0%} | {r['host-bound']:.0f} |" for k, r in runs.items()))
 
 
 # Fig. 4 at the testbed's scale: the emulated cluster's 8 devices (two GPUs a node), the small CNN of the convergence
@@ -70,9 +44,9 @@ def fig4_emulated(ctx: Context) -> list[Section]:
 
     asked = {k: merged(EMULATED_BASE, {"run": {**EMULATED[k], **LENGTH, "results_root": str(ctx.out / "emu")}})
              for k in EMULATED}
-    results = _emulate(ctx, f"Fig. 4 on {SCENARIO} (8 devices)", asked)
+    results = emulate(ctx, f"Fig. 4 on {SCENARIO} (8 devices)", asked)
     ctx.found["fig4-emulated"] = results  # Table 4's set of every node at the testbed's scale runs the same two
-    runs = {k: {**run_figures(r), "busy": _busy(r), **_cross_node(r)} for k, r in results.items()}
+    runs = {k: {**run_figures(r), "busy": busy(r), **_cross_node(r)} for k, r in results.items()}
     return [emulated_section(runs), bytes_section(runs)]
 
 
@@ -83,20 +57,15 @@ def _cross_node(run: Path) -> dict:
     return {"cross-node": counted, "cross-node-payload": payload}
 
 
-def _busy(run: Path) -> float:
-    head = json.loads((run / "manifest.json").read_text()).get("headroom") or {}
-    return float(head.get("busy", np.nan)) if head.get("measured") else float("nan")
-
-
 def emulated_section(runs: dict[str, dict]) -> Section:
     """Fig. 4's directions at the testbed's scale from each run's measured seconds and the simulator's
     prediction of the same run (`runs`: label -> seconds, measured-over-sim, host-bound, busy); a claim
     whose runs are not among them is "not run"."""
-    measured, predicted = _seconds(runs)
+    measured, predicted = seconds(runs)
     s = Section("Fig. 4 at the testbed's scale: emulated runs and the simulator's prediction of each",
                 text=f"Trained for real through the emulated cluster ({EMULATED_WHAT}; each device's compute its "
                      "GPU's modelled time, dilated as the probe chose); *simulated* is the simulator's prediction of "
-                     "each run as it ran. Seconds per iteration:\n\n" + _runs_table(runs))
+                     "each run as it ran. Seconds per iteration:\n\n" + runs_table(runs))
     # (claim, its runs, samples/s of the first over the second: the same batch each, so seconds the other way)
     checks = [(Claim("Fig. 4", "testbed scale: NP below ED and HD (min(ED, HD) / NP, samples/s)", "Sec. 8.3",
                      above=1.0, unit="x", why=WHY_TESTBED), ("np", "ed", "hd"),
@@ -151,8 +120,8 @@ def fig3_emulated(ctx: Context) -> list[Section]:
     asked = {f"N_m={n}": merged(FIG3_BASE, {"run": {
         "system": "hetpipe", "options": {"policy": "0,1,2,3", "in_flight": n, "staleness": 0}, **LENGTH,
         "results_root": str(ctx.out / "emu-fig3")}}) for n in FIG3_IN_FLIGHT}
-    results = _emulate(ctx, f"Fig. 3 on {SCENARIO} (4 devices: V, R, G, Q)", asked)
-    return [fig3_section({k: {**run_figures(r), "busy": _busy(r), "compute": _busiest_compute(r)}
+    results = emulate(ctx, f"Fig. 3 on {SCENARIO} (4 devices: V, R, G, Q)", asked)
+    return [fig3_section({k: {**run_figures(r), "busy": busy(r), "compute": _busiest_compute(r)}
                           for k, r in results.items()})]
 
 
@@ -167,14 +136,14 @@ def fig3_section(runs: dict[str, dict]) -> Section:
     """Fig. 3's direction at the testbed's scale (`runs`: "N_m=n" -> seconds, measured-over-sim, host-bound,
     busy, compute): the same images an iteration at every N_m, so throughput is seconds the other way; the busiest
     stage's utilisation is its computation (the compute model's time, the simulator's too) over the iteration."""
-    measured, predicted = _seconds(runs)
+    measured, predicted = seconds(runs)
     busiest = ", ".join(f"{k} {r['compute'] / measured[k]:.0%} and {r['compute'] / predicted[k]:.0%}"
                         for k, r in runs.items() if "compute" in r)
     s = Section("Fig. 3 at the testbed's scale: one virtual worker against N_m (emulated runs, each predicted)",
                 text="One VW of one GPU of each node (V, R, G, Q: the emulated cluster's 4 devices), the small CNN, "
                      f"{FIG3_BASE['model']['batch']} images an iteration in minibatches of "
                      f"{FIG3_BASE['model']['micro_batch']}, N_m of them in flight, D = 0; each device's compute its "
-                     "GPU's modelled time, dilated as the probe chose. Seconds per iteration:\n\n" + _runs_table(runs)
+                     "GPU's modelled time, dilated as the probe chose. Seconds per iteration:\n\n" + runs_table(runs)
                      + "\n\nThe busiest stage's utilisation (the paper's \"maximum average GPU utilization among "
                      f"partitions\"), measured and simulated: {busiest}.")
     first, last = f"N_m={FIG3_IN_FLIGHT[0]}", f"N_m={FIG3_IN_FLIGHT[-1]}"
@@ -215,8 +184,8 @@ def table4_emulated(ctx: Context) -> list[Section]:
             base = merged(EMULATED_BASE, {"network": {"scenario": scenario, "devices": devices}})
             asked = {k: merged(base, {"model": {"batch": batch[k]}, "run": {
                 **EMULATED[k], **LENGTH, "results_root": str(ctx.out / "emu-table4")}}) for k in TABLE4_RUNS}
-            results = _emulate(ctx, f"Table 4's {letters}{devices}", asked)
-        runs[f"{letters}{devices}"] = {k: {**run_figures(r), "batch": batch[k], "busy": _busy(r),
+            results = emulate(ctx, f"Table 4's {letters}{devices}", asked)
+        runs[f"{letters}{devices}"] = {k: {**run_figures(r), "batch": batch[k], "busy": busy(r),
                                            "time-scale": _time_scale(r)} for k, r in results.items()}
     return [table4_section(runs)]
 

@@ -22,6 +22,33 @@ def write_report(rep, out: Path) -> Path:
     return path
 
 
+def write_index(root: Path, reports: dict, quick: bool) -> Path:
+    """root/index.md (QUICK: index-quick.md): each paper's report linked, with its verdict counts read back from
+    its claims.csv (simulated and measured), or the line that stopped it (`reports`: paper -> report.md's path, or
+    the error)."""
+    from . import get
+
+    L = [f"# Reproductions{' (QUICK)' if quick else ''}", "",
+         f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `harness reproduce all"
+         f"{' --quick' if quick else ''}` at commit `{git_commit()}`. Verdicts per claim (simulated at the paper's "
+         "scale / measured here); every report says what each claim is and why one may differ.", "",
+         "| paper | report | " + " | ".join(VERDICTS) + " | measured: " + " | ".join(VERDICTS[:3]) + " |",
+         "|" + "---|" * (2 + len(VERDICTS) + 3)]
+    for name, rep in reports.items():
+        title = get(name).title
+        if not isinstance(rep, Path):
+            L.append(f"| {title} | failed: {rep} |" + " |" * (len(VERDICTS) + 3))
+            continue
+        rows = list(csv.DictReader((rep.parent / "claims.csv").open()))
+        sim = [sum(r["verdict"] == v for r in rows) for v in VERDICTS]
+        meas = [sum(r["measured_verdict"] == v for r in rows) for v in VERDICTS[:3]]
+        L.append(f"| {title} | [{rep.relative_to(root)}]({rep.relative_to(root)}) | " + " | ".join(map(str, sim))
+                 + " | " + " | ".join(map(str, meas)) + " |")
+    path = Path(root) / ("index-quick.md" if quick else "index.md")  # a first look does not replace the full run's
+    atomic_write_text(path, "\n".join(L) + "\n")
+    return path
+
+
 def claims_csv(sections: list[Section]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")

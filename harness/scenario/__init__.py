@@ -59,7 +59,8 @@ def resolve_scenario(name: str) -> Path:
         if not p.is_file():
             raise ScenarioError(f"{p}: not a scenario file (a directory?)")
         return p
-    matches = [s for s in list_scenarios() if s == name or s.split("-", 1)[0] == name]
+    known = list_scenarios()
+    matches = [name] if name in known else [s for s in known if s.split("-", 1)[0] == name]  # a name before a case
     if len(matches) != 1:
         raise ScenarioError(
             f"{name}: unknown scenario (known: {', '.join(list_scenarios())}, or a path to a .yaml file)"

@@ -71,7 +71,7 @@ class Paper:
 
 #: every paper `harness reproduce` knows: name -> "module:attribute" of its Paper
 PAPERS = {"hetpipe": "harness.reproduce.hetpipe:PAPER", "owl": "harness.reproduce.owl:PAPER",
-          "sky": "harness.reproduce.sky:PAPER"}
+          "sky": "harness.reproduce.sky:PAPER", "dtfm": "harness.reproduce.dtfm:PAPER"}
 
 
 def get(name: str) -> Paper:

@@ -129,4 +129,5 @@ def reproduce_all(root: Path, quick: bool = False, progress: Callable[[str], Non
         except Exception as e:  # noqa: BLE001 -- one paper's failure (a user error or a bug) does not stop the others
             say(f"{name}: failed: {e}")
             done[name] = str(e) if isinstance(e, HarnessError) else f"{type(e).__name__}: {e}"
-    return write_index(root, done, quick), [n for n, r in done.items() if not isinstance(r, Path)]
+    index = write_index(root, {get(n).title: r for n, r in done.items()}, quick)
+    return index, [n for n, r in done.items() if not isinstance(r, Path)]

@@ -24,18 +24,15 @@ def write_report(rep, out: Path) -> Path:
 
 def write_index(root: Path, reports: dict, quick: bool) -> Path:
     """root/index.md (QUICK: index-quick.md): each paper's report linked, with its verdict counts read back from
-    its claims.csv (simulated and measured), or the line that stopped it (`reports`: paper -> report.md's path, or
-    the error)."""
-    from . import get
-
+    its claims.csv (simulated and measured), or the line that stopped it (`reports`: paper's title -> report.md's
+    path, or the error)."""
     L = [f"# Reproductions{' (QUICK)' if quick else ''}", "",
          f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `harness reproduce all"
          f"{' --quick' if quick else ''}` at commit `{git_commit()}`. Verdicts per claim (simulated at the paper's "
          "scale / measured here); every report says what each claim is and why one may differ.", "",
          "| paper | report | " + " | ".join(VERDICTS) + " | measured: " + " | ".join(VERDICTS[:3]) + " |",
          "|" + "---|" * (2 + len(VERDICTS) + 3)]
-    for name, rep in reports.items():
-        title = get(name).title
+    for title, rep in reports.items():
         if not isinstance(rep, Path):
             L.append(f"| {title} | failed: {rep} |" + " |" * (len(VERDICTS) + 3))
             continue

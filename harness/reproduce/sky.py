@@ -241,6 +241,6 @@ PAPER = Paper(
            Part("gap", "Sec. IV: the heuristic against the optimum; the paper's program by HiGHS (simulated)", 100,
                 gap),
            Part("emulated", "at the testbed's scale: every allocator trained for real on the paper's LAN and a "
-                "world-wide network, each predicted", 880, sky_emulated.emulated, quick_seconds=330, measured=True)),
+                "world-wide network, each predicted", 880, sky_emulated.emulated, quick_seconds=420, measured=True)),
     settings=SETTINGS,
 )

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compute import pflop_per_iteration
 from ..compute.model import get_model
 from . import Context, Paper, Part, Setting
 from .claims import Claim, Section

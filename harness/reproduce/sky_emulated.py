@@ -22,10 +22,11 @@ from .emulated import busy, emulate, runs_table, seconds
 NETWORKS = {"LAN": "sky", "world-wide": "sky-worldwide"}  # label -> scenario
 QUICK_NETWORKS = ("LAN",)
 ALLOCATORS = ("even", "sky-heuristic", "sky-mip", "optimal")
+MODEL, DTYPE = "tiny", "fp32"  # a CPU rank's model and precision (the run's default)
 DEVICES, LAYERS, BATCH = 8, 16, 8  # two blocks a device when even; the batch in one pass
 LENGTH = {"iters": 2, "warmup": 1}
 QUICK_LENGTH = {"iters": 1, "warmup": 1}
-BASE = {"compute": {"model": True}, "model": {"name": "tiny", "layers": LAYERS, "batch": BATCH, "micro_batch": BATCH},
+BASE = {"compute": {"model": True}, "model": {"name": MODEL, "layers": LAYERS, "batch": BATCH, "micro_batch": BATCH},
         "layout": {"pp": DEVICES, "dp": 1}}
 WHY_TESTBED = ("the tiny GPT's 16 blocks over 8 devices, not BERT's 80 over 15 to 63: an allocation here moves whole "
                "blocks of an eighth of the model, so the directions the paper states are checked, not its numbers")
@@ -59,15 +60,14 @@ def benchmark(scenario: str, run: Path) -> tuple[list[int], np.ndarray, np.ndarr
     from .. import compute as work
     from ..compute.model import get_model
     from ..compute.profiles import device_profiles
-    from ..results import read_records
     from ..scenario import load_scenario
 
     manifest = json.loads((run / "manifest.json").read_text())
-    config = json.loads(read_records(run / "records.csv")[0]["config"])
+    config = _layout(run)
     pipeline = [stage[0][0] for stage in config["mesh"]]
     split = [b - a for a, b in config["stages"]]
     measured = np.array(manifest["compute_model"]["rank_compute_seconds"])[pipeline]
-    cfg, profiles = get_model("tiny", LAYERS), device_profiles(load_scenario(scenario, DEVICES), dtype="fp32")
+    cfg, profiles = get_model(MODEL, LAYERS), device_profiles(load_scenario(scenario, DEVICES), dtype=DTYPE)
     modelled = np.array([sum(work.rank_phase_seconds(cfg, split, k, BATCH, profiles[d], recompute=False).values())
                          for k, d in enumerate(pipeline)]) * manifest["compute_model"]["time_scale"]
     return pipeline, measured, modelled
@@ -82,7 +82,7 @@ def benchmark_text(scenario: str, even_run: Path, runs: dict[str, dict]) -> str:
 
     pipeline, measured, modelled = benchmark(scenario, even_run)
     topo = load_scenario(scenario, DEVICES)
-    problem = problem_for(get_model("tiny", LAYERS), topo, pipeline, BATCH, 1, "fp32", recompute=False)
+    problem = problem_for(get_model(MODEL, LAYERS), topo, pipeline, BATCH, 1, DTYPE, recompute=False)
     benchmarked = replace(problem, seconds_per_flop=problem.seconds_per_flop * measured / modelled)
     rows = "\n".join(f"| {d} | {topo.profiles[d].slowdown:.3g} | {m:.3f} | {p:.3f} | {m / p:.3f} |"
                       for d, m, p in zip(pipeline, measured, modelled))
@@ -101,12 +101,16 @@ def benchmark_text(scenario: str, even_run: Path, runs: dict[str, dict]) -> str:
             "stage, and HiGHS returns one of them).")
 
 
-def _blocks(run: Path) -> list[int]:
-    """Each stage's blocks, as the run ran them (its records' layout)."""
+def _layout(run: Path) -> dict:
+    """The layout the run ran on (its records' config: mesh, stages)."""
     from ..results import read_records
 
-    stages = json.loads(read_records(run / "records.csv")[0]["config"])["stages"]
-    return [b - a for a, b in stages]
+    return json.loads(read_records(run / "records.csv")[0]["config"])
+
+
+def _blocks(run: Path) -> list[int]:
+    """Each stage's blocks, as the run ran them."""
+    return [b - a for a, b in _layout(run)["stages"]]
 
 
 def network_section(label: str, scenario: str, runs: dict[str, dict]) -> Section:

@@ -88,8 +88,13 @@ def test_a_link_changed_live_keeps_its_packets_and_takes_the_new_delay(tmp_path)
     # while cut nothing arrives; once back the stream goes on with nothing lost from then on (how many packets
     # that leaves depends on how late the guest applied "back": beside two busy loops, 127 of the 5.6 s stream;
     # at least 20, as in each window above)
+    # (a packet stamped just before `back` may arrive: its sender, stamped, waited for the guest's one CPU while the
+    # controller brought the link back, so it left after the link was up and arrives no earlier than the link's
+    # 60 ms after `back`, where one let through the cut would have arrived within them; found beside ci-local:
+    # stamped 2.6 ms before `back`)
     during = (send > cut_on) & (send < back)
-    assert not np.any(during), (send[during] - cut_on, cut_on - cut, back - cut_on)
+    late_sent = recv[during] >= back + 0.059
+    assert np.all(late_sent), (send[during] - cut_on, recv[during] - back, cut_on - cut, back - cut_on)
     after = seq[send > back + 0.005]
     assert len(after) >= 20 and set(after) == set(range(int(after.min()), int(after.max()) + 1)), len(after)
 

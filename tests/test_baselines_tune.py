@@ -22,6 +22,19 @@ ARGS = ["--scenario", "3", "--devices", "4", "--network", "none", "--model", "ti
         "--batch", "4", "--micro-batch", "1", "--iters", "2", "--warmup", "0"]
 
 
+def each(execute):
+    """execute_many of a one-request execute: its directory or its error, per request."""
+    def many(reqs):
+        out = []
+        for r in reqs:
+            try:
+                out.append(execute(r))
+            except HarnessError as e:
+                out.append(e)
+        return out
+    return many
+
+
 def request(tmp_path, schedule=None) -> RunRequest:
     return RunRequest(network=NetworkSection("3", devices=4, mode="none"),
                       model=ModelSection("tiny", layers=2, batch=4, micro_batch=1),
@@ -63,7 +76,7 @@ def test_failed_point_is_recorded_and_the_search_goes_on(tmp_path):
                                          f"{r.run.run_id},5-worldwide,megatron,local,4,{secs},{1 / secs},5.0\n")
         return out
 
-    result = tune(req, "megatron", progress=False, execute=fake_execute)
+    result = tune(req, "megatron", progress=False, execute_many=each(fake_execute))
     assert len(seen) == len(result.points) == len(layouts.megatron_grid(get_model("tiny", 2), 4, 4, 1))
     assert all(r.run.system == "megatron" and r.layout.explicit.schedule == "gpipe" for r in seen)
     failed = [p for p in result.points if p.status == "failed"]
@@ -80,7 +93,7 @@ def test_rank_order_seed_applies_one_permutation_to_every_point(tmp_path):
         orders.append(r.layout.explicit)
         raise HarnessError("not run")
 
-    result = tune(request(tmp_path), "megatron", rank_order=2022, progress=False, execute=fake_execute)
+    result = tune(request(tmp_path), "megatron", rank_order=2022, progress=False, execute_many=each(fake_execute))
     assert result.best is None and all(result.points[k].status == "failed" for k in range(len(orders)))
     for p, lay in zip(result.points, orders):
         assert lay.mesh == layouts.seeded(p.d_tp, p.d_pp, p.d_dp, 2, 2022).mesh and lay.placement == "seed-2022"
@@ -94,3 +107,41 @@ def test_tune_user_errors_are_one_line(cli, tmp_path):
     rc, out, err = cli("tune", "--system", "megatron", "--scenario", "3", "--devices", "4", "--rank-order", "x",
                        "--network", "none", "--layers", "2", "--batch", "4", "--results", tmp_path)
     assert rc == 2 and "--rank-order" in err and err.count("\n") == 1
+
+
+def test_budget_runs_the_points_the_simulator_predicts_fastest(tmp_path):
+    """--budget K: the K points of least predicted seconds run (in one call, one boot when emulated); the rest are
+    listed as skipped with their predictions. On case 5's world-wide links at 1/100 of their bandwidth, tensor
+    parallelism across regions is the slowest layout the model predicts."""
+    req = RunRequest(network=NetworkSection("5", devices=8, mode="none", bandwidth_scale=0.01),
+                     model=ModelSection("tiny", layers=4, batch=8, micro_batch=1),
+                     layout=LayoutRequest(), run=RunSection(iters=1, warmup=0, results_root=str(tmp_path)))
+    calls = []
+
+    def fake_many(reqs):
+        calls.append(reqs)
+        return [HarnessError("not run here") for _ in reqs]
+
+    result = tune(req, "megatron", budget=2, progress=False, execute_many=fake_many)
+    assert len(calls) == 1 and len(calls[0]) == 2
+    ran = [p for p in result.points if p.status == "failed"]
+    skipped = [p for p in result.points if p.status == "skipped"]
+    assert len(ran) == 2 and len(skipped) == len(result.points) - 2 >= 1
+    assert all(math.isfinite(p.predicted) and p.predicted > 0 for p in result.points)
+    assert max(p.predicted for p in ran) <= min(p.predicted for p in skipped)
+    assert {r.layout.explicit.label() for r in calls[0]} == {p.label for p in ran}
+    assert all("outside the budget of 2" in p.reason for p in skipped)
+    slowest = max(result.points, key=lambda p: p.predicted)
+    assert slowest.d_tp == max(p.d_tp for p in result.points) > 1
+    saved = json.loads((result.summary_dir / "tune.json").read_text())
+    assert [p["status"] for p in saved["points"]] == [p.status for p in result.points]
+
+
+def test_budget_from_the_cli_runs_one_point(cli, tmp_path):
+    rc, out, err = cli("tune", "--system", "deepspeed", *ARGS, "--budget", "1", "--results", tmp_path)
+    assert rc == 0, err
+    summary = json.loads(next(tmp_path.rglob("tune.json")).read_text())
+    statuses = [p["status"] for p in summary["points"]]
+    assert statuses.count("ok") == 1 and statuses.count("skipped") == len(statuses) - 1 >= 1
+    assert summary["best"]["status"] == "ok" and "the 1 the simulator predicts fastest" in err
+    assert summary["best"]["predicted"] == min(p["predicted"] for p in summary["points"])

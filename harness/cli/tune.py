@@ -13,7 +13,9 @@ def register(sub) -> None:
         help="run every parallel layout of megatron or deepspeed on a scenario and report the best",
         description="megatron: every (D_TP, D_PP, D_DP) in {1,2,4,8} with product = devices that the model allows; "
                     "deepspeed: ZeRO-3 and ZeRO-1 + pipeline. Each point is a `harness run` (records kept under "
-                    "results/<scenario>/<run-id>/); the summary goes to results/<scenario>/tune-<system>-<stamp>/.",
+                    "results/<scenario>/<run-id>/; emulated, all in one boot of the cluster at one time dilation); "
+                    "the summary, with the simulator's prediction of every point, goes to "
+                    "results/<scenario>/tune-<system>-<stamp>/.",
     )
     add_training_arguments(p)
     p.add_argument("--system", required=True, choices=systems.names(tunable=True))
@@ -23,6 +25,9 @@ def register(sub) -> None:
                    help="pipeline schedule of every point (default 1f1b, as Megatron and DeepSpeed)")
     p.add_argument("--rank-order", default="default", type=rank_order_text,
                    help="default (rank order) or a seed of a random layout, e.g. 2022 (default: default)")
+    p.add_argument("--budget", type=positive_int, default=None,
+                   help="run only the K layouts the simulator predicts fastest (default: every layout); the others "
+                        "are listed as skipped with their predictions")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before a point is failed")
     p.set_defaults(func=_tune)
 
@@ -32,7 +37,7 @@ def _tune(args) -> int:
     from ..plan.request import LayoutRequest
 
     req = request_from_args(args, LayoutRequest(schedule=args.schedule))
-    result = tune(req, args.system, rank_order=rank_order(args.rank_order))
+    result = tune(req, args.system, rank_order=rank_order(args.rank_order), budget=args.budget)
     print(result.table())
     print(f"summary: {result.summary_dir}")
     return 0 if result.best is not None else 1

@@ -4,14 +4,15 @@ Fig. 3c (the five cases, L 24/32/40 x B 1024/2048/4096: ours against Megatron an
 layout of the grid the paper searched, App. D.2), the scheduler against random assignments (Fig. 3c's "w/o
 scheduler"), Fig. 4 (the search strategies: ours' local search, Kernighan-Lin's, random), Fig. 5 (ZeRO-3 alone),
 Fig. 6 (the runtime of an iteration) and App. D.5 (FluidStack's percent of peak), simulated by the same sweep as
-`harness sim report` (harness/report/sim.py), with the paper's published runtime (`dtfm`) in ours' role.
+`harness sim report` (harness/report/sim.py), with the paper's published runtime (`dtfm`) in ours' role; then
+every case trained for real at the testbed's scale, the baselines tuned per case (dtfm_emulated.py).
 """
 from __future__ import annotations
 
 import numpy as np
 
 from ..compute.model import get_model
-from . import Context, Paper, Part, Setting
+from . import Context, Paper, Part, Setting, dtfm_emulated
 from .claims import Claim, Section
 
 WHY_FAST_LINKS = ("with fast links every system is compute-bound at the same fp16 GEMM efficiency in the model; the "
@@ -25,6 +26,7 @@ WHY_KL = ("ga-kl's Kernighan-Lin passes (harness/scheduler/genetic.py) improve t
 WHY_ZERO3 = ("the model overlaps ZeRO-3's gathers and reductions with the compute at nominal link rates: on case 1's "
              "NVLink and 25 Gbps they hide behind it, where the paper's ZeRO-3 lost time the model does not charge")
 SCHEDULER_SEEDS = (0, 1, 2)  # App. D: Fig. 4 averages the schedulers' costs over these seeds
+QUICK_SCHEDULER_SEEDS = (0,)
 CASES, LAYERS, BATCHES = ("1", "2", "3", "4", "5"), (24, 32, 40), (1024, 2048, 4096)  # Sec. 4.1
 SIM: dict = {}  # the simulator's options over its defaults (the scheduler's budget: its default, 5000)
 
@@ -102,16 +104,17 @@ def fig4(ctx: Context) -> list[Section]:
     from ..scheduler import DEFAULT_BUDGET
 
     cfg, batch = get_model("gpt3-xl"), 1024
+    seeds = QUICK_SCHEDULER_SEEDS if ctx.quick else SCHEDULER_SEEDS
     s = Section("Fig. 4: the search strategies",
                 text="Ours' local search (`ga`), the same search with Kernighan-Lin's local step (`ga-kl`) and "
                      f"random assignments, the best COMM-COST after the default budget, the mean of seeds "
-                     f"{', '.join(map(str, SCHEDULER_SEEDS))} (gpt3-xl, batch 1024, D_PP 8 x D_DP 8).")
+                     f"{', '.join(map(str, seeds))} (gpt3-xl, batch 1024, D_PP 8 x D_DP 8).")
     for case in CASES:
-        ctx.progress(f"fig. 4: case {case}: random, ga-kl, ga x seeds {SCHEDULER_SEEDS}")
+        ctx.progress(f"fig. 4: case {case}: random, ga-kl, ga x seeds {seeds}")
         out = ctx.out / f"fig4-case{case}"
         out.mkdir(parents=True, exist_ok=True)
         compare_schedulers(load_scenario(case), 8, 8, c_pp_bytes(cfg, batch, 8), c_dp_bytes(cfg, 8),
-                           ("random", "ga-kl", "ga"), SCHEDULER_SEEDS, SIM.get("budget", DEFAULT_BUDGET), out)
+                           ("random", "ga-kl", "ga"), seeds, SIM.get("budget", DEFAULT_BUDGET), out)
         final = pd.read_csv(out / "final.csv").groupby("scheduler")["total_s"].mean()
         s.add(Claim("Fig. 4", f"case {case}: ours' local search below Kernighan-Lin's (cost, ga / ga-kl)", "Sec. 4.2",
                     below=1.0 + 1e-9, unit="x"), float(final["ga"] / final["ga-kl"]))
@@ -177,6 +180,9 @@ SETTINGS = (
             "classifier head)", "App. D; this harness's own runtime is in `harness sim report`'s last column"),
     Setting("the baselines' layouts", "the best of the paper's grid in every setting (App. D.2), placed in rank "
             "order or at random", "the paper reports each baseline's best layout without every grid point"),
+    Setting("the baselines' tuning, emulated", "the points of the grid the simulator predicts fastest (2 a "
+            "baseline), run on the random layout of seed 2022; QUICK runs none", "an emulated grid point is "
+            "minutes (case 5: 2-4 min); App. D.2 ran every point on the paper's cluster"),
     Setting("GEMM efficiency", "one fp16 dense-GEMM efficiency per GPU type (harness/compute/profiles.py)",
             "no per-kernel timing of the paper's V100s is at hand"),
 )
@@ -188,9 +194,12 @@ PAPER = Paper(
     "parallel tasklets on the devices (eqs. 1-4, an evolutionary search), against Megatron and DeepSpeed.",
     parts=(Part("fig3c", "Fig. 3c: the five cases against Megatron and DeepSpeed (simulated)", 130, fig3c),
            Part("scheduler", "Fig. 3c: the scheduler against random assignments (simulated)", 1, scheduler),
-           Part("fig4", "Fig. 4: the search strategies (simulated)", 120, fig4),
+           Part("fig4", "Fig. 4: the search strategies (simulated; QUICK: seed 0)", 210, fig4, quick_seconds=70),
            Part("fig5", "Fig. 5: ZeRO-3 alone (simulated)", 5, fig5),
            Part("fig6", "Fig. 6: the runtime of an iteration (simulated)", 10, fig6),
-           Part("fluidstack", "App. D.5: FluidStack's percent of peak (simulated)", 20, fluidstack)),
+           Part("fluidstack", "App. D.5: FluidStack's percent of peak (simulated)", 20, fluidstack),
+           Part("emulated", "every case at the testbed's scale: ours, ours on random layouts and the baselines "
+                "tuned per case, trained for real (QUICK: case 5's scheduler against a random layout)", 2700,
+                dtfm_emulated.emulated, quick_seconds=280, measured=True)),
     settings=SETTINGS,
 )

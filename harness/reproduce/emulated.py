@@ -8,19 +8,21 @@ from pathlib import Path
 import numpy as np
 
 from ..plan.asked import request_of
+from ..plan.request import RunRequest
 from . import Context
 
 
-def emulate(ctx: Context, what: str, asked: dict[str, dict]) -> dict[str, Path]:
-    """Run `asked` (label -> run request as asked) in one boot of the cluster; label -> run directory. A run that
-    does not finish stops the reproduction with one line naming it."""
+def emulate(ctx: Context, what: str, asked: dict[str, dict | RunRequest]) -> dict[str, Path]:
+    """Run `asked` (label -> run request, as asked or built) in one boot of the cluster; label -> run directory. A
+    run that does not finish stops the reproduction with one line naming it."""
     from ..errors import HarnessError
     from ..train.experiment import execute_many
 
-    iters = {a.get("run", {}).get("iters", "?") for a in asked.values()}
+    reqs = [a if isinstance(a, RunRequest) else request_of(a) for a in asked.values()]
+    iters = sorted({r.run.iters for r in reqs})
     ctx.progress(f"emulated: {what}: {', '.join(asked)}, {'/'.join(map(str, iters))} timed iteration(s) each, "
                  "in one boot")
-    results = execute_many([request_of(a) for a in asked.values()])
+    results = execute_many(reqs)
     for label, r in zip(asked, results):
         if not isinstance(r, Path):
             raise HarnessError(f"reproduce: emulated run {label} ({what}) did not finish: {r or 'not started'}")

@@ -42,7 +42,7 @@ def emulated(ctx: Context) -> list[Section]:
         grids = {b: tuned_grid(base, b, 0 if ctx.quick else BUDGET) for b in BASELINES}
         for b, g in grids.items():
             asked.update({f"{b} {g['labels'][k]}": g["requests"][k] for k in g["run"]})
-        results = emulate(ctx, f"case {case}: ours, ours on random layouts, the tuned baselines", asked)
+        results = emulate(ctx, f"case {case}", asked)
         runs = {label: {**run_figures(r), "busy": busy(r)} for label, r in results.items()}
         sections.append(case_section(case, runs, grids))
     return sections

@@ -116,5 +116,6 @@ def test_the_emulated_part_boots_once_a_case_with_every_run_of_it(tmp_path, monk
     assert len(de.emulated(Context(tmp_path))) == len(de.CASES) == len(booted)
     assert all(len(b) == 1 + len(de.RANDOM_SEEDS) + 2 * de.BUDGET for b in booted)
     reqs = [a if isinstance(a, RunRequest) else request_of(a) for a in booted[-1].values()]
-    assert [r.run.system for r in reqs] == ["ours"] + ["ours-random"] * 3 + ["megatron"] * 2 + ["deepspeed"] * 2
+    assert [r.run.system for r in reqs] == (["ours"] + ["ours-random"] * len(de.RANDOM_SEEDS) + ["megatron"] * de.BUDGET
+                                            + ["deepspeed"] * de.BUDGET)
     assert {r.layout.explicit.placement for r in reqs[4:]} == {"seed-2022"}

@@ -130,11 +130,16 @@ def test_budget_runs_the_points_the_simulator_predicts_fastest(tmp_path):
     assert all(math.isfinite(p.predicted) and p.predicted > 0 for p in result.points)
     assert max(p.predicted for p in ran) <= min(p.predicted for p in skipped)
     assert {r.layout.explicit.label() for r in calls[0]} == {p.label for p in ran}
-    assert all("outside the budget of 2" in p.reason for p in skipped)
+    assert all("not among the fastest predicted" in p.reason for p in skipped)
     slowest = max(result.points, key=lambda p: p.predicted)
     assert slowest.d_tp == max(p.d_tp for p in result.points) > 1
     saved = json.loads((result.summary_dir / "tune.json").read_text())
     assert [p["status"] for p in saved["points"]] == [p.status for p in result.points]
+    calls.clear()
+    close = tune(req, "megatron", budget=8, within=2.0, progress=False, execute_many=fake_many).points
+    best = min(p.predicted for p in close)
+    assert {r.layout.explicit.label() for r in calls[0]} == {p.label for p in close if p.predicted <= 2 * best}
+    assert 1 <= len(calls[0]) < len(close)  # the widest tensor parallelism is far slower than 2x the best
 
 
 def test_budget_from_the_cli_runs_one_point(cli, tmp_path):

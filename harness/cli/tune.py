@@ -28,6 +28,9 @@ def register(sub) -> None:
     p.add_argument("--budget", type=positive_int, default=None,
                    help="run only the K layouts the simulator predicts fastest (default: every layout); the others "
                         "are listed as skipped with their predictions")
+    p.add_argument("--within", type=positive_float, default=None,
+                   help="run no layout the simulator predicts more than this many times slower than its fastest "
+                        "(e.g. 2; default: no limit)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before a point is failed")
     p.set_defaults(func=_tune)
 
@@ -37,7 +40,8 @@ def _tune(args) -> int:
     from ..plan.request import LayoutRequest
 
     req = request_from_args(args, LayoutRequest(schedule=args.schedule))
-    result = tune(req, args.system, rank_order=rank_order(args.rank_order), budget=args.budget)
+    result = tune(req, args.system, rank_order=rank_order(args.rank_order), budget=args.budget,
+                  within=args.within)
     print(result.table())
     print(f"summary: {result.summary_dir}")
     return 0 if result.best is not None else 1

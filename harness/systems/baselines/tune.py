@@ -105,10 +105,11 @@ def grid(system: str, request, rank_order: int | None = None) -> list[Layout]:
 
 
 def tune(request, system: str, rank_order: int | None = None, budget: int | None = None, progress: bool = True,
-         execute_many=None) -> TuneResult:
+         execute_many=None, within: float | None = None) -> TuneResult:
     """Run the grid points of `system` with `request`'s scenario/model/batch (every one, or the `budget` the
     simulator predicts fastest); returns all points.
 
+    `within`: run no point predicted more than that many times the fastest prediction (`fastest`).
     `request` is a `config.RunRequest`; rank_order is None (rank order) or a seed of the seeded placement
     (harness/layout/). A point that cannot be planned or fails is recorded as failed and the search goes on;
     every run directory is kept. `execute_many(requests)`: each request's run directory or the error that failed
@@ -120,10 +121,11 @@ def tune(request, system: str, rank_order: int | None = None, budget: int | None
     grid_layouts, reqs = grid_requests(request, system, rank_order, stamp)
     devices = grid_layouts[0].devices
     predicted, unplanned = predict(reqs)
-    chosen = fastest(predicted, unplanned, budget)
+    chosen = fastest(predicted, unplanned, budget, within)
     if progress:
         print(f"tune {system}: {len(chosen)} of {len(reqs)} layouts"
               + (f" (the {budget} the simulator predicts fastest)" if budget is not None else "")
+              + (f" (predicted within {within:g}x of the fastest)" if within is not None else "")
               + (", in one boot of the cluster" if request.network.mode == "emulated" else ""),
               file=sys.stderr, flush=True)
     ran = dict(zip(chosen, execute_many([reqs[k] for k in chosen]))) if chosen else {}
@@ -136,7 +138,7 @@ def tune(request, system: str, rank_order: int | None = None, budget: int | None
             points.append(TunePoint(*head, "failed", where, math.nan, math.nan, reason=unplanned[k]))
         elif k not in ran:
             points.append(TunePoint(*head, "skipped", where, math.nan, math.nan, predicted=predicted[k],
-                                    reason=f"outside the budget of {budget} (predicted {predicted[k]:.3g} s)"))
+                                    reason=f"not among the fastest predicted (predicted {predicted[k]:.3g} s)"))
         elif isinstance(out, Path):
             recs = read_records(out / "records.csv")
             points.append(TunePoint(*head, "ok", str(out), sum(r["seconds"] for r in recs) / len(recs),
@@ -160,9 +162,15 @@ def grid_requests(request, system: str, rank_order: int | None = None, stamp: st
                           layout=replace(request.layout, explicit=lay)) for lay in lays]
 
 
-def fastest(predicted: list[float], unplanned: dict[int, str], budget: int | None) -> list[int]:
-    """The points to run: every plannable one, or the `budget` of least predicted seconds (fastest first)."""
+def fastest(predicted: list[float], unplanned: dict[int, str], budget: int | None,
+            within: float | None = None) -> list[int]:
+    """The points to run: every plannable one, or the `budget` of least predicted seconds (fastest first); with
+    `within`, none predicted more than `within` times the fastest prediction (it would have to beat the model by
+    that factor to be the best, and an emulated run lasts its predicted time times the dilation)."""
     runnable = [k for k in range(len(predicted)) if k not in unplanned]
+    if within is not None and runnable:
+        best = min(predicted[k] for k in runnable)
+        runnable = [k for k in runnable if predicted[k] <= within * best]
     return sorted(runnable, key=lambda k: predicted[k])[:budget] if budget is not None else runnable
 
 

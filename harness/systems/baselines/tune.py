@@ -28,7 +28,7 @@ from ...plan import systems as registry
 from ...errors import HarnessError
 from ...layout import Layout
 from ...files import atomic_write_json, atomic_write_text
-from ...results import read_records, results_root
+from ...results import read_records, results_root, run_dir
 from ...scenario import load_scenario
 
 
@@ -73,11 +73,11 @@ class TuneResult:
 
     def table(self) -> str:
         """Every point and the best, as aligned text."""
-        lines = [f"{'layout':<28} {'status':<7} {'predicted s':>11} {'iter s':>9} {'PFLOPS':>10}  run"]
+        lines = [f"{'layout':<34} {'status':<7} {'predicted s':>11} {'iter s':>9} {'PFLOPS':>10}  run"]
         best = self.best
         for p in self.points:
             mark = " *" if p is best else ""
-            lines.append(f"{p.label:<28} {p.status:<7} {p.predicted:>11.3f} {p.seconds:>9.3f} {p.pflops:>10.3g}  "
+            lines.append(f"{p.label:<34} {p.status:<7} {p.predicted:>11.3f} {p.seconds:>9.3f} {p.pflops:>10.3g}  "
                          f"{p.run_dir if p.status != 'skipped' else p.reason}{mark}")
         lines.append("best: " + (f"{best.label} ({best.seconds:.3f} s/iter)" if best else "none (every point failed)"))
         return "\n".join(lines)
@@ -129,10 +129,11 @@ def tune(request, system: str, rank_order: int | None = None, budget: int | None
               + (", in one boot of the cluster" if request.network.mode == "emulated" else ""),
               file=sys.stderr, flush=True)
     ran = dict(zip(chosen, execute_many([reqs[k] for k in chosen]))) if chosen else {}
+    scenario = load_scenario(request.network.scenario, devices=request.network.devices).name
     points = []
     for k, (lay, req) in enumerate(zip(grid_layouts, reqs)):
         head = (lay.label(), lay.to_json(), lay.tp, lay.pp, lay.dp)
-        where = str(_run_dir(request, req.run.run_id))
+        where = str(run_dir(scenario, req.run.run_id, request.run.results_root))
         out = ran.get(k)
         if k in unplanned:
             points.append(TunePoint(*head, "failed", where, math.nan, math.nan, reason=unplanned[k]))
@@ -146,7 +147,6 @@ def tune(request, system: str, rank_order: int | None = None, budget: int | None
         else:
             points.append(TunePoint(*head, "failed", where, math.nan, math.nan, predicted=predicted[k],
                                     reason=str(out) if out else "not run: the search was stopped"))
-    scenario = load_scenario(request.network.scenario, devices=request.network.devices).name
     summary = results_root(request.run.results_root) / scenario / f"tune-{system}-{stamp}"
     result = TuneResult(system, scenario, devices, points, summary)
     atomic_write_json(summary / "tune.json", result.to_json())
@@ -196,13 +196,6 @@ def predict(reqs) -> tuple[list[float], dict[int, str]]:
         kernel = "uml" if req.network.mode == "emulated" and req.network.kernel != "host" else "host"
         predicted.append(modelled_seconds(spec, plan.topo, 1.0, kernel))
     return predicted, unplanned
-
-
-def _run_dir(request, run_id: str) -> Path:
-    from ...results import run_dir
-
-    return run_dir(load_scenario(request.network.scenario, devices=request.network.devices).name, run_id,
-                   request.run.results_root)
 
 
 def _slug(lay: Layout) -> str:

@@ -114,22 +114,49 @@ MINIBATCH_FIELDS = ("vw", "minibatch", "clock", "global_version", "admitted", "p
 GATE_FIELDS = ("wave_done", "pulled", "blocked")
 
 
-def write_minibatches(path: Path, rows: list[dict]) -> None:
+def _write_rows(path: Path, fields: tuple[str, ...], rows: list[dict]) -> None:
+    """A CSV of `rows` under `fields` (NaN where a row has none)."""
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=MINIBATCH_FIELDS + GATE_FIELDS, extrasaction="ignore", restval="nan")
+    w = csv.DictWriter(buf, fieldnames=fields, extrasaction="ignore", restval="nan")
     w.writeheader()
     w.writerows(rows)
     atomic_write_text(path, buf.getvalue())
 
 
+def _read_rows(path: Path, what: str, required: tuple[str, ...], ints: tuple[str, ...]) -> list[dict]:
+    """The rows of a CSV `what` written by _write_rows, `ints` as int, the rest float; one line if it is not one."""
+    with io.StringIO(read_text(Path(path), what), newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [k for k in required if k not in (reader.fieldnames or ())]
+        if missing:
+            raise HarnessError(f"{path}: not a {what} (no column {missing[0]!r})")
+        return [{k: (int(v) if k in ints else float(v)) for k, v in row.items()} for row in reader]
+
+
+def write_minibatches(path: Path, rows: list[dict]) -> None:
+    _write_rows(path, MINIBATCH_FIELDS + GATE_FIELDS, rows)
+
+
 def read_minibatches(path: Path) -> list[dict]:
     """The rows of a minibatches.csv, typed (vw, minibatch, clock, global_version: int; the rest float)."""
-    with io.StringIO(read_text(Path(path), "minibatches CSV"), newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [k for k in MINIBATCH_FIELDS if k not in (reader.fieldnames or ())]
-        if missing:
-            raise HarnessError(f"{path}: not a minibatches CSV (no column {missing[0]!r})")
-        return [{k: (int(v) if k in MINIBATCH_FIELDS[:4] else float(v)) for k, v in row.items()} for row in reader]
+    return _read_rows(path, "minibatches CSV", MINIBATCH_FIELDS, MINIBATCH_FIELDS[:4])
+
+
+# outer_syncs.csv: one row per outer sync of each rank of a DiLoCo run (harness/systems/diloco/runtime.py): the
+# iteration it ended, the outer step after it, the fragment, how long it blocked, the bytes the rank sent for it,
+# the quorum's replicas, and when it ended (time.monotonic(), the run's clock)
+OUTER_SYNC_FIELDS = ("iteration", "rank", "replica", "outer_step", "fragment", "seconds", "bytes", "participants",
+                     "end")
+
+
+def write_outer_syncs(path: Path, rows: list[dict]) -> None:
+    _write_rows(path, OUTER_SYNC_FIELDS, sorted(rows, key=lambda r: (r["iteration"], r["rank"])))
+
+
+def read_outer_syncs(path: Path) -> list[dict]:
+    """The rows of an outer_syncs.csv, typed (seconds and end: float; the rest int)."""
+    return _read_rows(path, "outer syncs CSV", OUTER_SYNC_FIELDS,
+                      tuple(k for k in OUTER_SYNC_FIELDS if k not in ("seconds", "end")))
 
 
 CORE_COLUMNS = ("run_id", "scenario", "system", "backend", "devices", "seconds")  # of every records.csv ever written

@@ -172,6 +172,10 @@ def bad_values(action: argparse.Action, files: dict[str, str], text: list[str]) 
         return [*text, files["missing"], files["binary"], files["dir"]]
     if t is None or t is F.nonempty:
         return text
+    if getattr(t, "__qualname__", "").startswith("number_in."):  # arg_types.number_in(...): just outside
+        low, high, low_open, high_open = t.bounds
+        return [repr(low) if low_open else repr(low - 0.5), repr(high) if high_open else repr(high + 0.5),
+                "nan", "x"]
     if getattr(t, "__qualname__", "").startswith("one_of."):  # arg_types.one_of(...)
         return ["bogus", ""]
     if t is rank_order_text:

@@ -232,7 +232,7 @@ def test_sim_cli_writes_records_and_bad_inputs_are_one_line(cli, tmp_path):
     rc, out, err = cli("sim", "--scenario", "1", "--policy", "ed", "--out", tmp_path / "y")
     assert rc == 2 and err.strip() == ("harness: error: --policy: an option of hetpipe, not of the systems `harness "
                                        "sim` runs on --model gpt3-xl here (ours, ours-random, megatron, deepspeed, "
-                                       "dtfm, dtfm-random)")
+                                       "dtfm, dtfm-random, diloco, streaming-diloco)")
 
 
 @pytest.mark.parametrize("flag", [("--budget", "10"), ("--ps-mode", "rounds"), ("--protocol", "gloo"),

@@ -21,11 +21,12 @@ SMALL = ["--scenario", "5", "--devices", "8", "--layers", "8", "--batch", "64", 
 def test_sim_prints_every_system_and_writes_records_and_json(cli, tmp_path):
     rc, out, err = cli("sim", *SMALL, "--json", tmp_path / "s.json", "--out", tmp_path / "run")
     assert rc == 0, err
-    for system in ("ours", "ours-random", "megatron", "deepspeed", "dtfm", "dtfm-random"):
+    for system in ("ours", "ours-random", "megatron", "deepspeed", "dtfm", "dtfm-random", "diloco", "streaming-diloco"):
         assert f"\n{system} " in out
     docs = json.loads((tmp_path / "s.json").read_text())
     best = [d for d in docs if d["best"]]
-    assert sorted(d["system"] for d in best) == ["deepspeed", "dtfm", "dtfm-random", "megatron", "ours", "ours-random"]
+    assert sorted(d["system"] for d in best) == ["deepspeed", "diloco", "dtfm", "dtfm-random", "megatron", "ours",
+                                                 "ours-random", "streaming-diloco"]
     for d in docs:
         assert {"system", "config", "seconds", "pflops", "best"} <= set(d)
         assert d["backend"] == "sim" and d["seconds"] > 0

@@ -37,7 +37,7 @@ def _toy(registry) -> None:
         return layouts.in_rank_order(1, 1, topo.n, req.model.cfg.layers), None
 
     def train(ctx, spec):
-        every, weight = spec.run.options["sync_every"], spec.run.options["weight"]
+        every, weight = spec.run.options["all_reduce_every"], spec.run.options["weight"]
         out = []
         for i in range(spec.run.warmup + spec.run.iters):
             t0 = time.monotonic()
@@ -48,14 +48,14 @@ def _toy(registry) -> None:
         return out[spec.run.warmup:]
 
     def simulate(links, profiles, cfg, batch, lay, mb, bpv, options):
-        """The data-parallel runtime's iteration, its gradient exchange paid once every sync_every iterations."""
+        """The data-parallel runtime's iteration, its gradient exchange paid once every all_reduce_every iterations."""
         seconds, compute = simulate_runtime_of_layout(links, profiles, cfg, batch, lay, mb, bpv)
-        return compute + (seconds - compute) / options["sync_every"], compute
+        return compute + (seconds - compute) / options["all_reduce_every"], compute
 
     registry.register(registry.System(
         "toy-dp", "every device a data-parallel replica", train=train, layout_rule=every_device_a_replica,
         simulate_layout=simulate,
-        options=(registry.Option("sync_every", positive_int, "all-reduce every N iterations", default=1),
+        options=(registry.Option("all_reduce_every", positive_int, "all-reduce every N iterations", default=1),
                  registry.Option("weight", positive_float, "what every rank adds", default=1.0))))
 
 
@@ -77,26 +77,26 @@ def test_a_toy_system_with_options_of_its_own_runs_and_simulates_without_touchin
     assert {(r["d_pp"], r["d_dp"], r["devices"]) for r in rows} == {(1, 4, 4)}
     assert {r["loss"] for r in rows} == {1.0 + 2 + 3 + 4}  # the all-reduce ran on all four ranks
     assert json.loads(rows[0]["config"])["mesh"] == [[[0], [1], [2], [3]]]
-    assert _spec(tmp_path / "runs")["run"]["options"] == {"sync_every": 1, "weight": 1.0}  # its defaults
+    assert _spec(tmp_path / "runs")["run"]["options"] == {"all_reduce_every": 1, "weight": 1.0}  # its defaults
     # its options reach every rank: weight 0.5, the replicas meet every second iteration only
     rc, out, err = cli("run", "--system", "toy-dp", *TOY_RUN, "--network", "none", "--iters", "2", "--warmup", "0",
-                       "--sync-every", "2", "--weight", "0.5", "--results", tmp_path / "runs2")
+                       "--all-reduce-every", "2", "--weight", "0.5", "--results", tmp_path / "runs2")
     assert rc == 0, err
     rows = read_records(next((tmp_path / "runs2").rglob("records.csv")))
     assert [r["loss"] for r in rows] == [0.5 * (1 + 2 + 3 + 4) / 4, 0.5 * (1 + 2 + 3 + 4)]  # the ranks' mean, then the sum
-    assert _spec(tmp_path / "runs2")["run"]["options"] == {"sync_every": 2, "weight": 0.5}
+    assert _spec(tmp_path / "runs2")["run"]["options"] == {"all_reduce_every": 2, "weight": 0.5}
     from harness.sim.compare import load_measured, simulate_record
 
     # sim compare holds the run against its model at the run's options
     rec = load_measured(tmp_path / "runs2")[0]
-    assert json.loads(rec["options"]) == {"sync_every": 2, "weight": 0.5}
-    every_run = simulate_record({**rec, "options": json.dumps({"sync_every": 1})})
+    assert json.loads(rec["options"]) == {"all_reduce_every": 2, "weight": 0.5}
+    every_run = simulate_record({**rec, "options": json.dumps({"all_reduce_every": 1})})
     assert simulate_record(rec) < every_run
 
     seconds = {}
     for every in ("1", "4"):
         rc, out, err = cli("sim", "--system", "toy-dp", *TOY_RUN, "--model", "tiny", "--no-cache",
-                           "--sync-every", every, "--json", tmp_path / "sim.json", "--out", tmp_path / "sim")
+                           "--all-reduce-every", every, "--json", tmp_path / "sim.json", "--out", tmp_path / "sim")
         assert rc == 0, err
         docs = json.loads((tmp_path / "sim.json").read_text())
         assert [(d["system"], d["d_pp"], d["d_dp"], d["best"]) for d in docs] == [("toy-dp", 1, 4, True)]
@@ -112,8 +112,8 @@ def test_flags_and_help_come_from_the_registry(registry, cli):
     assert rc == 2 and err.strip() == "harness: error: --d-pp: not an option of --system toy-dp (it takes no layout flags)"
     # a system's own options: refused on another system, their type checked by the flag, in --help with their owner
     for command, *where in (("run", "--network", "none"), ("sim", "--no-cache")):
-        rc, out, err = cli(command, "--system", "ours", *TOY_RUN, *where, "--sync-every", "2")
-        assert rc == 2 and err.strip() == ("harness: error: --sync-every: not an option of --system ours "
+        rc, out, err = cli(command, "--system", "ours", *TOY_RUN, *where, "--all-reduce-every", "2")
+        assert rc == 2 and err.strip() == ("harness: error: --all-reduce-every: not an option of --system ours "
                                            "(its own: none)"), err
         rc, out, err = cli(command, "--system", "toy-dp", *TOY_RUN, *where, "--weight", "-1")
         assert rc == 2 and "--weight" in err and err.count("\n") == 1, err

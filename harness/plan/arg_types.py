@@ -54,6 +54,25 @@ def non_negative_float(text: str) -> float:
     return v
 
 
+def number_in(low: float, high: float, *, low_open: bool = False, high_open: bool = False):
+    """An argparse type: a number in the interval from `low` to `high` (`low_open`/`high_open`: the bound
+    itself excluded), e.g. a learning rate in (0, 1]; `.bounds` says which (what tests draw bad values from)."""
+    shown = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            v = math.nan
+        inside = (v > low if low_open else v >= low) and (v < high if high_open else v <= high)
+        if not inside:  # NaN is never inside
+            raise argparse.ArgumentTypeError(f"must be a number in {shown} (got {text!r})")
+        return v
+
+    parse.bounds = (low, high, low_open, high_open)
+    return parse
+
+
 def nonempty(text: str) -> str:
     """argparse type: a name or a value that is not empty (an empty one would silently mean the default)."""
     if not text.strip():

@@ -15,7 +15,8 @@ torchtitan's train-spec idea: a `System` bundles
   LayerProfile, minibatch, CNNOptions) -> list[CNNCandidate]` (harness/systems/hetpipe/sim.py);
 - `simulate_layout`: `(Links, profiles, cfg, batch, Layout, micro_batch, bytes_per_value) ->
   (seconds, busiest compute seconds)`, the model `sim compare` holds a measured run against;
-- `cross_node_bytes`: `(region, cfg, batch, Layout, micro_batch, bytes_per_value) -> bytes`, the payload its runtime
+- `cross_node_bytes`: `(region, cfg, batch, Layout, micro_batch, bytes_per_value) -> bytes` (and `options=` for a
+  system with options, as simulate_layout), the payload its runtime
   sends between devices of different nodes (`region[d]`) in an iteration, as its simulate_layout models it (what
   an emulated run's count on the wire is held against);
 - `run_length`: its simulate_layout also takes `iterations=(warm-up, timed)`, a measured run's length, because
@@ -192,12 +193,13 @@ class System:
                                "simulate_layout), so nothing predicts its runs")
         return functools.partial(fn, options=self.resolve_options(options or {})) if self.options else fn
 
-    def cross_node_bytes_fn(self) -> Callable:
+    def cross_node_bytes_fn(self, options: dict | None = None) -> Callable:
+        """Its cross_node_bytes, given its options as simulate_layout_fn gives them."""
         fn = _resolve(self.cross_node_bytes)
         if fn is None:
             raise HarnessError(f"--system {self.name}: no model of its traffic between nodes (its registry entry "
                                "gives no cross_node_bytes)")
-        return fn
+        return functools.partial(fn, options=self.resolve_options(options or {})) if self.options else fn
 
     def record_layout_fn(self) -> Callable:
         return _resolve(self.record_layout)

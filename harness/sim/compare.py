@@ -272,7 +272,7 @@ def cross_node_traffic(run: Path) -> tuple[float, float]:
     model = run_model(rec)
     region = model.topo.device_region
     sent = sum(b for s, row in enumerate(counted["bytes"]) for d, b in enumerate(row) if region[s] != region[d])
-    payload = registry.get(rec["system"]).cross_node_bytes_fn()(
+    payload = registry.get(rec["system"]).cross_node_bytes_fn(json.loads(rec.get("options") or "{}"))(
         region, model.cfg, int(rec["batch"]), model.layout, int(rec["micro_batch"]), model.bytes_per_value)
     return sent / counted["iterations"], float(payload)
 

@@ -6,4 +6,4 @@ it has them. baselines/ is the runtime and the simulator models megatron and dee
 Importing this package registers the systems in this order (the order of --help and of every table);
 the registry imports it, so every lookup sees them. A new system: its package here and its line below.
 """
-from . import ours, megatron, deepspeed, hetpipe, horovod, dtfm  # noqa: F401,E401  (registration)
+from . import ours, megatron, deepspeed, hetpipe, horovod, dtfm, diloco  # noqa: F401,E401  (registration)

@@ -105,9 +105,16 @@ class _NoPacer:
     """Without the compute model: phases run as they run."""
 
     overruns = total_overruns = phases = 0
+    seconds: dict = {}
 
     def phase(self, name: str):
         return contextlib.nullcontext()
+
+    def begin(self) -> float:
+        return time.perf_counter()
+
+    def finish(self, name: str, t0: float) -> None:
+        pass
 
     def take(self) -> int:
         return 0

@@ -23,7 +23,7 @@ from ..errors import HarnessError
 from ..compute import pflop_per_iteration
 from ..layout import Layout
 from ..files import atomic_write_json, atomic_write_text
-from ..results import IterationRecord, manifest, run_dir, write_minibatches, write_records
+from ..results import IterationRecord, manifest, run_dir, write_minibatches, write_outer_syncs, write_records
 from ..scenario import Topology
 from ..plan.request import RunRequest, RunSpec
 from ..plan import systems as registry
@@ -32,7 +32,7 @@ from ..plan.dilation import advice
 from ..network.headroom import HOST_BOUND_BUSY, LATE_SHARE, host_bound
 from .nets import net_of
 from . import probe
-from .stats import IterationStats, egress_summary, merge_stats
+from .stats import IterationStats, egress_summary, merge_stats, outer_sync_summary
 
 
 def to_records(spec: RunSpec, stats: list[IterationStats], cpu: list | None = None) -> list[IterationRecord]:
@@ -354,6 +354,10 @@ def record_run(plan: RunPlan, launch, shared: dict | None = None) -> Path:
         rows = [row for r in per_rank for s in r if s.minibatches for row in s.minibatches]
         if rows:
             write_minibatches(out / "minibatches.csv", rows)
+        syncs = [row for r in per_rank for s in r if s.outer_syncs for row in s.outer_syncs]
+        if syncs:  # DiLoCo's outer syncs, every rank's
+            write_outer_syncs(out / "outer_syncs.csv", syncs)
+            extra = {**extra, "outer_syncs": outer_sync_summary(syncs)}
         if "elastic" in extra:  # one row per restart of the elastic agent (train/elastic.py)
             write_recoveries(out / "recoveries.csv", [e for e in extra["elastic"]["events"] if e["event"] == "restart"])
         replans = [row for r in per_rank for s in r if s.replans for row in s.replans]

@@ -25,6 +25,8 @@ class IterationStats:
     # records them (HetPipe: VW, minibatch, clock, global version, ...); written as minibatches.csv
     replans: list | None = None  # ours with --replan, on its last iteration: what this rank did in each re-plan
     layout: dict | None = None  # the layout it ran on, when devices left or came back (train/elastic.py)
+    outer_syncs: list | None = None  # DiLoCo: the outer syncs this rank ended in the iteration, a row each
+    # (systems/diloco/runtime.py); written as outer_syncs.csv
 
 
 class Journal(list):
@@ -89,3 +91,16 @@ def egress_summary(per_rank: list[list]) -> dict | None:
                 sent[src][int(dst)] += int(b)
             other[src] += int(it.egress_bytes["unclassified"])
     return {"iterations": n, "bytes": sent, "unclassified": other}
+
+
+def outer_sync_summary(rows: list[dict]) -> dict:
+    """A DiLoCo run's outer syncs (every rank's rows, IterationStats.outer_syncs) per outer step: how many, the
+    longest rank's blocking seconds on average, and the bytes all ranks sent for one, on average."""
+    steps: dict[int, list[dict]] = {}
+    for r in rows:
+        steps.setdefault(r["iteration"], []).append(r)
+    per = list(steps.values())
+    return {"outer_steps": len(per),
+            "seconds": sum(max(r["seconds"] for r in s) for s in per) / len(per),
+            "bytes": sum(sum(r["bytes"] for r in s) for s in per) / len(per),
+            "participants": min(r["participants"] for r in rows)}

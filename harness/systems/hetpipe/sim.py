@@ -111,11 +111,13 @@ def simulate_wsp_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int
     return r.run_seconds(per_vw, warmup, timed), busiest
 
 
-def wsp_layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int) -> float:
+def wsp_layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int,
+                                options: dict | None = None) -> float:
     """The payload a HetPipe run on `lay` sends between devices of different nodes (`region[d]`) in an
     iteration of `batch` samples, in the steady state simulate_wsp_layout models: every minibatch's
     activations forward and their gradients back at each cut, and every wave each stage's push of its blocks'
-    fp32 update to their shards and the pull of their weights back (the names a pull waits on left out)."""
+    fp32 update to their shards and the pull of their weights back (the names a pull waits on left out).
+    `options`: its own, which the layout already carries."""
     from .planning import BYTES_PER_VALUE
 
     hosts = lay.wsp.ps_hosts

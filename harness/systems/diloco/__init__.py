@@ -1,0 +1,75 @@
+"""DiLoCo (Douillard et al. 2023) and Streaming DiLoCo (Douillard et al. 2025) on torchft: low-communication
+data parallelism, where replicas take H local steps between syncs of their pseudo-gradients.
+
+The implementation its users run: torchft's `local_sgd.DiLoCo` with its `Manager`, Lighthouse and
+ProcessGroupGloo (runtime.py); what torchft lacks on a CPU is ours: int8 pseudo-gradients (its quantized
+all-reduce is fp8 in Triton kernels, CUDA only) and bf16 ones (codec.py). The knobs and their defaults are in
+settings.py; the simulator's model in sim.py. Every device holds the whole model (one stage, every device a
+data-parallel rank); `--replicas R` groups them into R replicas of consecutive devices.
+"""
+from __future__ import annotations
+
+from ...layout import in_rank_order
+from ...layout.memory import stage_bytes
+from ...plan.arg_types import non_negative_int, number_in, one_of, positive_float, positive_int
+from ...plan.systems import Option, System, register
+from .settings import WIRE_FORMATS, DiLoCoSettings
+
+D = DiLoCoSettings  # the defaults
+OUTER_STATE_BYTES_PER_PARAM = 8  # the parameters at the last sync (fp32, torchft's backup) and the outer momentum
+
+OPTIONS = (
+    Option("sync_every", positive_int, "H, inner steps between two syncs of the pseudo-gradients (torchft's "
+           "sync_every)", default=D.sync_every),
+    Option("outer_lr", number_in(0, 1, low_open=True), "the outer SGD's learning rate, in (0, 1] (DiLoCo: 0.7)",
+           default=D.outer_lr),
+    Option("outer_momentum", number_in(0, 1, high_open=True), "the outer SGD's Nesterov momentum, in [0, 1) (0: "
+           "plain SGD)", default=D.outer_momentum),
+    Option("inner_optimizer", one_of("adamw", "sgd"), "adamw (DiLoCo's, at --inner-lr) | sgd (every other "
+           "system's, SGD with momentum at --lr)", default=D.inner_optimizer),
+    Option("inner_lr", positive_float, "the inner AdamW's learning rate", default=D.inner_lr),
+    Option("wire", one_of(*WIRE_FORMATS), "the pseudo-gradients on the wire: fp32 | bf16 | int8 (INTELLECT-1's)",
+           default=D.wire),
+    Option("replicas", positive_int, "replicas, each of devices / replicas consecutive devices (default: one per "
+           "device)", default=D.replicas),
+    Option("lighthouse_device", non_negative_int, "the device whose rank runs torchft's Lighthouse (default 0)",
+           default=D.lighthouse_device),
+)
+STREAMING = (
+    Option("fragments", positive_int, "Streaming DiLoCo's fragments of consecutive blocks, synced in turn",
+           default=2),
+    Option("fragment_sync_delay", non_negative_int, "tau: inner steps a fragment's all-reduce overlaps before it is "
+           "needed", default=1),
+    Option("fragment_update_alpha", number_in(0, 1), "how much of the local parameters a synced fragment keeps, in "
+           "[0, 1] (torchft's default 0: the synced ones)", default=D.fragment_update_alpha),
+)
+
+
+def diloco_layout(req, topo):
+    """Every device a replica's rank holding the whole model; the knobs checked against the devices and model."""
+    layers = len(req.model.profile.layers)
+    DiLoCoSettings.of(req.run.options, topo.n, layers)
+    return in_rank_order(1, 1, topo.n, layers, schedule="1f1b"), None
+
+
+def diloco_stage_bytes(layout, cfg, batch: int, micro_batch: int, bytes_per_value: int):
+    """This harness's runtime's memory plus torchft's DiLoCo state: the parameters at the last sync and the outer
+    optimizer's momentum, fp32 each."""
+    return stage_bytes(layout, cfg, batch, micro_batch, bytes_per_value) + OUTER_STATE_BYTES_PER_PARAM * cfg.params
+
+
+COMMON = dict(
+    train="harness.systems.diloco.runtime:train_diloco", layout_rule=diloco_layout,
+    simulate_layout="harness.systems.diloco.sim:simulate_diloco_layout",
+    cross_node_bytes="harness.systems.diloco.sim:layout_cross_node_bytes", stage_memory=diloco_stage_bytes,
+)
+register(System(
+    "diloco", "DiLoCo on torchft: replicas take --sync-every inner AdamW steps, then average their "
+    "pseudo-gradients for an outer Nesterov step (--outer-lr, --outer-momentum, --wire fp32|bf16|int8, --replicas)",
+    options=OPTIONS, style=("#17becf", "v"), **COMMON,
+))
+register(System(
+    "streaming-diloco", "Streaming DiLoCo on torchft: DiLoCo syncing --fragments in turn, each all-reduce "
+    "overlapping --fragment-sync-delay inner steps",
+    options=OPTIONS + STREAMING, style=("#bcbd22", "^"), **COMMON,
+))

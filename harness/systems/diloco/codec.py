@@ -1,0 +1,121 @@
+"""The pseudo-gradients on the wire: fp32 as torchft sends them, bf16, or int8 as INTELLECT-1 sends them.
+
+torchft's Manager averages a pseudo-gradient by calling its process group's `allreduce([t], SUM)` and dividing
+by the participants; a replica's process group here is torchft's reconfigurable ProcessGroupGloo (the quorum
+rebuilds it), with the encoding in that one call:
+- fp32: gloo's ring all-reduce of the tensor, as torchft does;
+- bf16: the same ring on a bf16 copy (gloo sums bf16), the sum copied back: half the bytes;
+- int8: torchft's own quantized all-reduce (collectives.allreduce_quantized: all-to-all of quantized chunks,
+  each rank sums its chunk, all-gather of the requantized sums) is fp8 in Triton kernels, CUDA only, so this
+  is the same algorithm with torch's CPU ops: int8 values with one fp32 scale per block of BLOCK values
+  (absmax), 2 (p - 1) / p bytes a value leave each rank (a quarter of fp32's, scales aside). Every replica ends
+  with the same dequantized sum, so the replicas stay identical; the error is that of two roundings to
+  1/127 of a block's largest value.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+from torch.distributed import ReduceOp
+from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
+from torchft.process_group import ProcessGroupGloo
+
+from .settings import BYTES_ON_WIRE, WIRE_FORMATS
+
+BLOCK = 1024  # values per int8 scale
+
+
+class FutureWork(dist._Work):
+    """A Work that completes with a future (what the Manager chains its averaging on)."""
+
+    def __init__(self, fut: torch.futures.Future):
+        super().__init__()
+        self.fut = fut
+
+    def wait(self, timeout=None) -> bool:
+        self.fut.wait()
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self.fut
+
+
+def quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 values and an fp32 scale per block of BLOCK values (x's length a multiple of BLOCK)."""
+    blocks = x.view(-1, BLOCK)
+    scale = blocks.abs().amax(dim=1).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
+    return torch.round(blocks / scale[:, None]).clamp_(-127, 127).to(torch.int8).view(-1), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (q.view(-1, BLOCK).float() * scale[:, None]).view(-1)
+
+
+def int8_allreduce_sum(pg, x: torch.Tensor) -> None:
+    """Sum flat fp32 `x` over `pg` in place: quantized all-to-all, local sum, quantized all-gather."""
+    p, n = pg.size(), x.numel()
+    chunk = -(-n // (p * BLOCK)) * BLOCK  # each rank's share, whole blocks
+    padded = torch.zeros(chunk * p, dtype=torch.float32)
+    padded[:n] = x.reshape(-1)
+    q, s = quantize(padded)
+    got_q, got_s = torch.empty_like(q), torch.empty_like(s)
+    splits, scale_splits = [chunk] * p, [chunk // BLOCK] * p
+    pg.alltoall_base(got_q, q, splits, splits, AllToAllOptions()).wait()
+    pg.alltoall_base(got_s, s, scale_splits, scale_splits, AllToAllOptions()).wait()
+    mine = dequantize(got_q, got_s).view(p, chunk).sum(dim=0)
+    q, s = quantize(mine)
+    all_q = [torch.empty_like(q) for _ in range(p)]
+    all_s = [torch.empty_like(s) for _ in range(p)]
+    pg.allgather([all_q], [q], AllgatherOptions()).wait()
+    pg.allgather([all_s], [s], AllgatherOptions()).wait()
+    whole = torch.cat([dequantize(a, b) for a, b in zip(all_q, all_s)])
+    x.copy_(whole[:n].view_as(x))
+
+
+class WireProcessGroup(ProcessGroupGloo):
+    """torchft's ProcessGroupGloo whose sum all-reduces send `wire` values; `on_send(bytes)` is told what each
+    call puts on the wire from this rank (the ring's and the quantized algorithm's payload: wire.py's rules)."""
+
+    def __init__(self, wire: str, timeout, on_send: Callable[[int], None] = lambda b: None):
+        super().__init__(timeout=timeout)
+        if wire not in WIRE_FORMATS:
+            raise ValueError(f"wire: must be one of {', '.join(WIRE_FORMATS)} (got {wire!r})")
+        self.wire, self.on_send = wire, on_send
+        self._int8 = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="int8-allreduce")
+
+    def _charge(self, nbytes: float) -> None:
+        p = self.size()
+        self.on_send(int(2 * (p - 1) / p * nbytes))
+
+    def allreduce(self, tensors, opts) -> dist._Work:
+        op = opts.reduceOp if hasattr(opts, "reduceOp") else opts
+        t = tensors[0] if len(tensors) == 1 else None
+        if self.wire == "fp32" or t is None or op != ReduceOp.SUM or t.dtype != torch.float32:
+            for x in tensors:
+                self._charge(x.numel() * x.element_size())
+            return super().allreduce(tensors, opts)
+        if self.wire == "bf16":
+            self._charge(t.numel() * 2)
+            low = t.to(torch.bfloat16)
+            work = super().allreduce([low], opts)
+            return FutureWork(work.get_future().then(lambda _: t.copy_(low)))
+        p = self.size()
+        self._charge(-(-t.numel() // (p * BLOCK)) * BLOCK * p * (1 + 4 / BLOCK))  # values and scales
+        fut = torch.futures.Future()
+
+        def run():
+            try:
+                int8_allreduce_sum(self, t)
+                fut.set_result([t])
+            except Exception as e:  # the Manager sees it as a failed all-reduce (its quorum goes on)
+                fut.set_exception(e)
+
+        self._int8.submit(run)
+        return FutureWork(fut)
+
+    def shutdown(self) -> None:
+        self._int8.shutdown(wait=False, cancel_futures=True)
+        super().shutdown()

@@ -1,0 +1,80 @@
+"""DiLoCo's knobs, as the papers and torchft name them, checked once for the layout rule, the ranks and the
+simulator alike (a bad one is one line naming its flag).
+
+Defaults: the outer optimizer of DiLoCo (Douillard et al. 2023): SGD with Nesterov momentum 0.9 at lr 0.7; H
+(`sync_every`) 100 inner steps, INTELLECT-1's (DiLoCo's paper found 500 as good at its scale; a short emulated
+run wants fewer: `--sync-every`); the inner AdamW at lr 1e-3 (DiLoCo's 4e-4 is for its 150M-parameter model
+with warm-up; this harness trains small GPTs for few steps). `--inner-optimizer sgd` is every other system's
+optimizer (SGD with momentum at `--lr`): with it, H = 1, an outer lr of 1 and no outer momentum is synchronous
+data parallelism exactly (the average of the replicas' steps is the step on the averaged gradient, since SGD's
+step and momentum are linear in the gradient; AdamW's are not).
+
+Streaming DiLoCo (Douillard et al. 2025): the model in `fragments` of consecutive blocks (the embedding with the
+first, the head with the last); torchft syncs one fragment every H / fragments steps in turn, so each is synced
+every H steps; a fragment's all-reduce starts `fragment_sync_delay` inner steps before it is needed (tau, overlap
+with compute), and `fragment_update_alpha` mixes the local parameters into the synced ones (0: the synced only).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ...errors import HarnessError
+
+WIRE_FORMATS = ("fp32", "bf16", "int8")  # the pseudo-gradients on the wire (codec.py)
+BYTES_ON_WIRE = {"fp32": 4, "bf16": 2, "int8": 1}  # a value's bytes (int8's scales aside)
+
+
+@dataclass(frozen=True)
+class DiLoCoSettings:
+    sync_every: int = 100
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
+    inner_optimizer: str = "adamw"
+    inner_lr: float = 1e-3
+    wire: str = "fp32"
+    replicas: int | None = None  # None: one per device
+    lighthouse_device: int = 0
+    fragments: int = 1
+    fragment_sync_delay: int = 0
+    fragment_update_alpha: float = 0.0
+
+    @classmethod
+    def of(cls, options: dict, devices: int, layers: int | None = None) -> "DiLoCoSettings":
+        """The settings of a run's options (the system's, resolved) on `devices` devices, checked."""
+        known = {k: v for k, v in options.items() if k in cls.__dataclass_fields__ and v is not None}
+        s = cls(**known)
+        s.check(devices, layers)
+        return s
+
+    def devices_per_replica(self, devices: int) -> int:
+        return devices // (self.replicas or devices)
+
+    def check(self, devices: int, layers: int | None = None) -> None:
+        if self.sync_every < 1:
+            raise HarnessError(f"--sync-every: must be at least 1 inner step (got {self.sync_every})")
+        if not 0 < self.outer_lr <= 1:
+            raise HarnessError(f"--outer-lr: must be in (0, 1] (got {self.outer_lr})")
+        if not 0 <= self.outer_momentum < 1:
+            raise HarnessError(f"--outer-momentum: must be in [0, 1) (got {self.outer_momentum})")
+        if self.wire not in WIRE_FORMATS:
+            raise HarnessError(f"--wire: must be one of {', '.join(WIRE_FORMATS)} (got {self.wire!r})")
+        r = self.replicas or devices
+        if r < 1 or devices % r:
+            raise HarnessError(f"--replicas: {r} replicas do not split the {devices} devices evenly (a replica is "
+                               f"devices / replicas consecutive devices)")
+        if r < 2:
+            raise HarnessError(f"--replicas: DiLoCo needs at least 2 replicas (got {r} on {devices} devices)")
+        if not 0 <= self.lighthouse_device < devices:
+            raise HarnessError(f"--lighthouse-device: device {self.lighthouse_device} is not in the run "
+                               f"(devices 0..{devices - 1})")
+        if layers is not None and not 1 <= self.fragments <= layers:
+            raise HarnessError(f"--fragments: must be 1 to the model's {layers} blocks (got {self.fragments})")
+        if self.sync_every % self.fragments:
+            raise HarnessError(f"--sync-every: {self.sync_every} inner steps do not split into {self.fragments} "
+                               "fragments' turns (torchft syncs one fragment every H / fragments steps)")
+        turn = self.sync_every // self.fragments
+        if not 0 <= self.fragment_sync_delay < turn:
+            raise HarnessError(f"--fragment-sync-delay: must be 0 to {turn - 1}, under a fragment's turn of "
+                               f"{turn} inner steps (got {self.fragment_sync_delay})")
+        if not 0 <= self.fragment_update_alpha <= 1:
+            raise HarnessError(f"--fragment-update-alpha: must be in [0, 1] (got {self.fragment_update_alpha})")

@@ -1,0 +1,250 @@
+"""DiLoCo and Streaming DiLoCo on torchft (harness/systems/diloco/): the runtime on forked gloo ranks over loopback,
+its knobs' one-line refusals, the wire encodings and the simulator's model.
+
+The anchor: with SGD as the inner optimizer, H = 1, an outer lr of 1 and no outer momentum, an outer step sets
+every replica to the average of their locally stepped parameters, which is synchronous data parallelism's step on
+the averaged gradient (SGD's step and momentum are linear in the gradient): the run must match the single-process
+reference as every system does.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from harness import layout as layouts
+from harness.compute.model import get_model
+from harness.errors import HarnessError
+from harness.plan import systems as registry
+from harness.train.gpt import GPT
+from harness.train.local import local_spec, run_local
+from harness.train.reference import reference_train
+
+pytestmark = pytest.mark.timeout(120)
+
+MODEL, LAYERS, BATCH, MICRO, STEPS, SEED, LR = "tiny", 2, 8, 2, 3, 0, 0.1
+REL = 1e-5
+
+
+def options(system: str = "diloco", **given) -> dict:
+    return registry.get(system).resolve_options(given)
+
+
+def run(devices: int, system: str = "diloco", steps: int = STEPS, **given):
+    lay = layouts.in_rank_order(1, 1, devices, LAYERS, schedule="1f1b")
+    spec = local_spec(lay, system, name=MODEL, batch=BATCH, micro_batch=MICRO, iters=steps, seed=SEED, lr=LR,
+                      timeout_s=90, options=options(system, **given))
+    return run_local(spec, collect_state=True)
+
+
+def test_h1_outer_lr_1_no_momentum_is_synchronous_data_parallelism():
+    ref_losses, ref_state = reference_train(get_model(MODEL, LAYERS), BATCH, MICRO, STEPS, SEED, LR)
+    r = run(2, sync_every=1, outer_lr=1.0, outer_momentum=0.0, inner_optimizer="sgd")
+    losses = [s.loss for s in r.stats]
+    assert len(losses) == STEPS
+    for got, want in zip(losses, ref_losses):
+        assert math.isfinite(got) and abs(got - want) <= REL * abs(want), (losses, ref_losses)
+    state = r.state_dict()
+    worst = max(((state[k] - v).abs().max() / v.abs().max().clamp_min(1e-6)).item() for k, v in ref_state.items())
+    assert worst <= REL
+    init = GPT(get_model(MODEL, LAYERS), SEED).state_dict()
+    assert max((state[k] - init[k]).abs().max().item() for k in init) > 1e-3  # it trained
+
+
+def test_local_steps_diverge_from_data_parallelism_and_sync_every_h():
+    """H = 2 with the papers' outer optimizer is not data parallelism: the loss differs from the reference after
+    the first sync, and every rank records one outer sync each H inner steps, with the bytes of one fp32 ring
+    all-reduce of the model."""
+    ref_losses, _ = reference_train(get_model(MODEL, LAYERS), BATCH, MICRO, 4, SEED, LR)
+    r = run(2, steps=4, sync_every=2, inner_optimizer="sgd")
+    losses = [s.loss for s in r.stats]
+    assert abs(losses[0] - ref_losses[0]) <= REL * ref_losses[0]  # the first step: same start, same data
+    assert abs(losses[3] - ref_losses[3]) > 1e-4 * ref_losses[3]
+    syncs = [row for rank in r.ranks for s in rank.stats if s.outer_syncs for row in s.outer_syncs]
+    assert sorted((row["iteration"], row["rank"]) for row in syncs) == [(1, 0), (1, 1), (3, 0), (3, 1)]
+    params = get_model(MODEL, LAYERS).params
+    assert all(row["bytes"] == pytest.approx(params * 4, rel=1e-3) for row in syncs)  # 2 (p - 1) / p = 1 at p = 2
+    assert [row["outer_step"] for row in syncs if row["rank"] == 0] == [1, 2]
+    assert all(row["participants"] == 2 for row in syncs)
+
+
+def test_streaming_fragments_and_replicas_of_two_devices_keep_replicas_identical():
+    """Streaming DiLoCo (2 fragments) on 4 devices as 2 replicas of 2: it trains, a fragment syncs every H / 2
+    steps in turn, the devices of a replica stay identical (their gradients all-reduced every step) and the
+    replicas agree on a fragment right after its sync."""
+    r = run(4, "streaming-diloco", steps=4, sync_every=2, fragments=2, fragment_sync_delay=0, replicas=2)
+    assert all(math.isfinite(s.loss) for s in r.stats)
+    syncs = [row for rank in r.ranks for s in rank.stats if s.outer_syncs for row in s.outer_syncs]
+    assert sorted({(row["iteration"], row["fragment"]) for row in syncs}) == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    assert {row["participants"] for row in syncs} == {2}
+    states = [rank.state for rank in r.ranks]  # ranks 0, 1: replica 0; ranks 2, 3: replica 1
+    assert all(torch.equal(states[0][k], states[1][k]) and torch.equal(states[2][k], states[3][k]) for k in states[0])
+    # the last step synced fragment 1 (block 1 and the head): the replicas agree on it, and not on fragment 0,
+    # which took a local step since its sync
+    last = [k for k in states[0] if k.startswith(("blocks.1.", "head."))]
+    first = [k for k in states[0] if k.startswith(("blocks.0.", "embed."))]
+    assert last and all(torch.equal(states[0][k], states[2][k]) for k in last)
+    assert any(not torch.equal(states[0][k], states[2][k]) for k in first)
+
+
+@pytest.mark.parametrize("wire,share", [("bf16", 0.5), ("int8", 0.25)])
+def test_wire_encodings_send_less_and_keep_replicas_identical(wire, share):
+    """bf16 and int8 pseudo-gradients: the bytes of an outer sync are that share of fp32's (int8: plus a scale a
+    block and the padding of whole blocks), the replicas agree, and the model trains as fp32's does."""
+    fp32 = run(2, steps=2, sync_every=1, inner_optimizer="sgd")
+    low = run(2, steps=2, sync_every=1, inner_optimizer="sgd", wire=wire)
+    sent = lambda r: sum(row["bytes"] for rank in r.ranks for s in rank.stats for row in s.outer_syncs or [])
+    assert sent(low) / sent(fp32) == pytest.approx(share, rel=0.02)
+    states = [rank.state for rank in low.ranks]
+    assert all(torch.equal(states[0][k], states[1][k]) for k in states[0])
+    a, b = fp32.state_dict(), low.state_dict()
+    init = GPT(get_model(MODEL, LAYERS), SEED).state_dict()
+    moved = sum(float((a[k] - init[k]).norm() ** 2) for k in init) ** 0.5
+    off = sum(float((a[k] - b[k]).norm() ** 2) for k in init) ** 0.5
+    assert off < 0.05 * moved  # rounding, not another update
+
+
+def _int8_rank(rank: int, port: int, n: int):
+    from datetime import timedelta
+
+    from torch.distributed import ReduceOp
+    from torch.distributed.distributed_c10d import AllreduceOptions
+
+    from harness.systems.diloco.codec import WireProcessGroup
+
+    sent = []
+    pg = WireProcessGroup("int8", timedelta(seconds=30), sent.append)
+    pg.configure(f"127.0.0.1:{port}/int8", f"r{rank}", rank, n)
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(rank)) * (rank + 1)
+    mine = x.clone()
+    opts = AllreduceOptions()
+    opts.reduceOp = ReduceOp.SUM
+    pg.allreduce([x], opts).wait()
+    pg.shutdown()
+    return mine, x, sent
+
+
+def test_int8_all_reduce_sums_within_its_rounding():
+    """The int8 codec on 3 gloo ranks: every rank gets the same sum, within the two roundings (each of half a step
+    of 1/127 of a block's largest value, the first on every rank's values), and is charged 2 (p - 1) / p of a byte
+    a value plus the scales."""
+    from torch.distributed import TCPStore
+
+    from harness.systems.diloco.codec import BLOCK
+    from harness.train.launch import fork_ranks
+
+    n = 3
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    out = fork_ranks(n, lambda r: _int8_rank(r, store.port, n), timeout_s=60)
+    exact = sum(o[0] for o in out)
+    for _, got, _ in out:
+        assert torch.equal(got, out[0][1])
+    bound = sum(o[0].abs().max() for o in out) / 127 + exact.abs().max() / 127  # generous: per block it is less
+    assert (out[0][1] - exact).abs().max() <= bound
+    assert (out[0][1] - exact).abs().max() > 0  # it did round: the values went as int8
+    padded = -(-3000 // (n * BLOCK)) * BLOCK * n
+    assert out[0][2] == [int(2 * (n - 1) / n * padded * (1 + 4 / BLOCK))]
+
+
+def test_harness_run_writes_the_outer_syncs_and_refuses_bad_knobs_in_one_line(cli, tmp_path):
+    """`harness run --system diloco` on loopback: its records, every rank's outer syncs in outer_syncs.csv and their
+    sum per outer step in the manifest; knobs that do not fit the devices or the model are one line, exit 2, and
+    leave no run behind."""
+    import json
+
+    from harness.results import read_outer_syncs, read_records
+
+    base = ["--scenario", "3", "--devices", "4", "--layers", "2", "--batch", "8", "--network", "none"]
+    rc, _, err = cli("run", "--system", "diloco", *base, "--iters", "4", "--warmup", "0", "--sync-every", "2",
+                     "--results", tmp_path / "runs")
+    assert rc == 0, err
+    run_dir = next((tmp_path / "runs").rglob("records.csv")).parent
+    assert len(read_records(run_dir / "records.csv")) == 4
+    rows = read_outer_syncs(run_dir / "outer_syncs.csv")
+    assert sorted({(r["iteration"], r["outer_step"]) for r in rows}) == [(1, 1), (3, 2)]
+    assert len(rows) == 8 and {r["participants"] for r in rows} == {4}
+    summary = json.loads((run_dir / "manifest.json").read_text())["outer_syncs"]
+    assert summary["outer_steps"] == 2
+    assert summary["bytes"] == pytest.approx(sum(r["bytes"] for r in rows) / 2)
+    for flags, says in [(["--replicas", "3"], "--replicas: 3 replicas do not split the 4 devices"),
+                        (["--replicas", "1"], "--replicas: DiLoCo needs at least 2 replicas"),
+                        (["--lighthouse-device", "4"], "--lighthouse-device: device 4 is not in the run"),
+                        (["--system", "streaming-diloco", "--fragments", "3"],
+                         "--fragments: must be 1 to the model's 2")]:
+        system = [] if "--system" in flags else ["--system", "diloco"]
+        rc, out, err = cli("run", *system, *base, *flags, "--results", tmp_path / "bad")
+        assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "bad").exists()
+
+
+# ----------------------------------------------------------------------------- the simulator's model
+def _model(scenario: str = "5", devices: int | None = None):
+    from harness.scenario import load_scenario
+    from harness.sim.sweep import Simulator
+
+    topo = load_scenario(scenario, devices=devices) if devices else load_scenario(scenario)
+    sim = Simulator(topo, placements=("default",))
+    return sim, layouts.in_rank_order(1, 1, topo.n, 24, schedule="1f1b"), get_model("gpt3-xl")
+
+
+def test_sim_outer_sync_is_the_ring_all_reduce_of_the_model_once_every_h_steps():
+    """At paper scale (case 5, GPT3-XL): an iteration is the inner step plus the ring all-reduce of the model's
+    pseudo-gradients over the replicas spread over H steps; H = 1 is that all-reduce every step (fp32), and as H
+    grows the iteration tends to the inner step alone."""
+    from harness.netmodel import collectives
+    from harness.systems.diloco import sim as dsim
+
+    sim, lay, cfg = _model()
+    batch, mb, bpv = 1024, 1, 4  # fp32 parameters: the pseudo-gradients go as fp32
+    sims = {h: dsim.simulate_diloco_layout(sim.links, sim.profiles, cfg, batch, lay, mb, bpv,
+                                           options=options(sync_every=h, outer_momentum=0.0))[0]
+            for h in (1, 10, 100)}
+    steps, _ = dsim.inner_step_seconds(sim.links, sim.profiles, cfg, batch, lay, mb, bpv,
+                                       dsim.DiLoCoSettings.of(options(), lay.devices, cfg.layers))
+    ring = float(collectives.ring_allreduce(sim.links, np.arange(lay.devices)[None, :], cfg.params * 4).max())
+    outer = max(dsim.optimizer_seconds(cfg.params, p) for p in sim.profiles)
+    assert sims[1] == pytest.approx(steps.max() + ring + outer, rel=1e-9)
+    assert sims[10] == pytest.approx(steps.max() + (ring + outer) / 10, rel=1e-9)
+    assert sims[1] > sims[10] > sims[100] > steps.max()
+
+
+def test_sim_bytes_per_iteration_fall_with_h_and_the_wire_format():
+    """Between regions, an iteration carries 1 / H of the fp32 ring's bytes (at H = 1: Horovod's ring of the same
+    gradients) and bf16 half of that; int8's all-to-all sends a quarter of the bytes, but from every device to
+    every other."""
+    from harness.systems.diloco import sim as dsim
+    from harness.systems.horovod import ring_cross_node_bytes
+
+    sim, lay, cfg = _model()
+    region = sim.topo.device_region
+    at = lambda **o: dsim.layout_cross_node_bytes(region, cfg, 1024, lay, 1, 4, options=options(**o))  # noqa: E731
+    ring = ring_cross_node_bytes(region, list(range(lay.devices)), cfg.params * 4)
+    assert at(sync_every=1) == pytest.approx(ring)
+    assert at(sync_every=100) == pytest.approx(ring / 100)
+    assert at(sync_every=100, wire="bf16") == pytest.approx(ring / 200)
+    # int8 goes as torchft's quantized all-reduce: an all-to-all and an all-gather, every device sending a chunk to
+    # every other, so between regions go the cross-region pairs' share of every device's 2 (n - 1) / n bytes a value
+    n = lay.devices
+    cross = sum(region[a] != region[b] for a in range(n) for b in range(n) if a != b) / (n * (n - 1))
+    every = n * 2 * (n - 1) / n * cfg.params * (1 + 4 / 1024)
+    assert at(sync_every=100, wire="int8") == pytest.approx(every * cross / 100, rel=1e-6)
+    # fp16 parameters send fp16 pseudo-gradients whatever --wire says, unless it is narrower
+    assert dsim.layout_cross_node_bytes(region, cfg, 1024, lay, 1, 2, options=options(sync_every=100)) == \
+        pytest.approx(ring / 200)
+
+
+def test_sim_streaming_overlap_hides_a_fragment_sync_behind_inner_steps():
+    """Streaming: each fragment's all-reduce overlaps fragment_sync_delay inner steps; on case 5's slow links a
+    delay of one step hides part of it, so the iteration is shorter than with no overlap, and never shorter than
+    the inner step."""
+    from harness.systems.diloco import sim as dsim
+
+    sim, lay, cfg = _model()
+    run = lambda delay: dsim.simulate_diloco_layout(  # noqa: E731
+        sim.links, sim.profiles, cfg, 1024, lay, 1, 2,
+        options=options("streaming-diloco", sync_every=8, fragments=4, fragment_sync_delay=delay))[0]
+    steps, _ = dsim.inner_step_seconds(sim.links, sim.profiles, cfg, 1024, lay, 1, 2,
+                                       dsim.DiLoCoSettings.of(options(), lay.devices, cfg.layers))
+    assert steps.max() < run(1) < run(0)

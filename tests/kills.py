@@ -21,8 +21,13 @@ EMULATE = ["emulate", "--scenario", NET4, "--kernel", "uml", "--timeout", "60", 
            "sh", "-c", "echo command-started; sleep 1; echo command-finished"]
 TRAIN = ["run", "--scenario", "3", "--devices", "4", "--model", "tiny", "--layers", "2", "--batch", "4",
          "--micro-batch", "1", "--d-pp", "2", "--d-dp", "2", "--iters", "2", "--warmup", "1", "--timeout", "120"]
+#: DiLoCo on torchft: its Lighthouse and each replica's store and manager server live in the ranks
+DILOCO = ["run", "--system", "diloco", "--scenario", "3", "--devices", "4", "--model", "tiny", "--layers", "2",
+          "--batch", "4", "--micro-batch", "1", "--sync-every", "2", "--iters", "2", "--warmup", "1",
+          "--timeout", "120"]
 ARGV = {"emulate": EMULATE, "run": [*TRAIN, "--network", "emulated", "--kernel", "uml"],
-        "loopback": [*TRAIN, "--network", "none", "--iters", "50"]}
+        "loopback": [*TRAIN, "--network", "none", "--iters", "50"],
+        "loopback-diloco": [*DILOCO, "--network", "none", "--iters", "50"]}
 CLEAN_DEADLINE_S = 10.0
 #: How long the command may take to show the sign of a phase (a boot and the guest's imports, on a loaded machine).
 SIGN_DEADLINE_S = 120.0

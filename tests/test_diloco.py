@@ -248,3 +248,32 @@ def test_sim_streaming_overlap_hides_a_fragment_sync_behind_inner_steps():
     steps, _ = dsim.inner_step_seconds(sim.links, sim.profiles, cfg, 1024, lay, 1, 2,
                                        dsim.DiLoCoSettings.of(options(), lay.devices, cfg.layers))
     assert steps.max() < run(1) < run(0)
+
+
+def test_a_replica_preempted_mid_run_is_left_out_and_the_rest_go_on_without_a_restart(cli, tmp_path):
+    """torchft's quorum through a lost replica (train/quorum_agent.py): device 2 is preempted as iteration 3 begins;
+    the three replicas left finish the run with no restart (one job each, never stopped), their outer syncs from
+    then on counting three participants, and recoveries.csv says when the quorum went on without it and how many
+    inner steps of the lost replica no outer step holds."""
+    import json
+
+    from harness.results import read_outer_syncs, read_records
+
+    rc, _, err = cli("run", "--system", "diloco", "--scenario", "3", "--devices", "4", "--layers", "2", "--batch", "8",
+                     "--network", "none", "--iters", "6", "--warmup", "0", "--sync-every", "2", "--data", "markov",
+                     "--results", tmp_path, "--debug", "fault_mode=preempt", "--debug", "fault_rank=2",
+                     "--debug", "fault_iteration=3", "--debug", "fault_phase=forward")
+    assert rc == 0, err
+    run_dir = next(tmp_path.rglob("records.csv")).parent
+    assert [r["iteration"] for r in read_records(run_dir / "records.csv")] == list(range(6))
+    syncs = read_outer_syncs(run_dir / "outer_syncs.csv")
+    assert {r["participants"] for r in syncs if r["iteration"] == 1} == {4}
+    assert {r["participants"] for r in syncs if r["iteration"] >= 3} == {3}
+    assert 2 not in {r["rank"] for r in syncs if r["iteration"] >= 3}
+    elastic = json.loads((run_dir / "manifest.json").read_text())["elastic"]
+    assert len(elastic["generations"]) == 4  # a job per device, none restarted
+    (row,) = [r for r in elastic["events"] if r["event"] == "restart"]
+    assert row["after"] == "preempt" and row["devices"] == [2] and row["from"] == "quorum"
+    assert row["lost_iterations"] == 1  # iteration 2, after the sync at 1; iteration 3 never ran
+    assert row["detect_s"] > 0
+    assert (run_dir / "recoveries.csv").read_text().count("\n") == 2

@@ -3,7 +3,8 @@
 Before its reaper exists (`harness emulate` at once after its start), while the user-mode Linux kernel boots (its
 pid just written to the registry), at the launch gate (a launcher killed between starting the kernel's process and
 letting it run), mid-iteration (`harness run --network emulated` once rank 0 has reported its first iteration; and
-the same on loopback, `--network none`, whose forked ranks must go too), and during the teardown (`harness emulate`
+the same on loopback, `--network none`, whose forked ranks must go too, DiLoCo's with the torchft Lighthouse and
+servers in them), and during the teardown (`harness emulate`
 once its command has finished). After each, within 10 s and without `net clean`: no host process of any user-mode
 Linux kernel of the harness (so no rank inside it), no reaper, no registry entry, no namespace, no temporary
 directory, no `~/.uml` directory of it, and no manifest still `running` (the killed run's is `failed`, naming the
@@ -32,6 +33,7 @@ POINTS = [
     ("emulate", "boot", lambda c: bool((c.entry("uml") or {}).get("uml_pid"))),
     ("run", "mid-iteration", lambda c: "harness: iteration 1/" in c.text()),
     ("loopback", "mid-iteration", lambda c: "harness: iteration 1/" in c.text()),
+    ("loopback-diloco", "mid-iteration", lambda c: "harness: iteration 1/" in c.text()),
     ("emulate", "teardown", lambda c: "command-finished" in c.text()),
 ]
 #: mid-iteration: enough iterations after the first that the run is still training when the kill comes

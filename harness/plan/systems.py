@@ -96,7 +96,7 @@ LAYOUT_FLAGS = {
 BASELINE_FLAGS = ("--tp", "--pp", "--dp", "--rank-order", "--schedule")
 PAPER_ROLES = ("ours", "ours-random", "megatron", "deepspeed")  # Yuan et al. 2022, sec. 4
 LAYOUT_WORKLOAD = "gpt"  # the workload layout rules place (harness/workloads/)
-RECOVERIES = ("replan", "restart")
+RECOVERIES = ("replan", "restart", "quorum")
 
 
 def _resolve(ref: Ref | None) -> Callable | None:
@@ -130,7 +130,8 @@ class System:
     gate_runs: dict = field(default_factory=dict)  # "wire" | "measured" -> its run's sections as asked
     report_section: Ref | None = None  # a ReportSection
     sweep_by_rule: bool = True  # `harness sim` of the GPT runs its layout rule (False: its runs are compared only)
-    # when a device leaves: "replan" (the survivors re-plan and go on: ours) or "restart" (from the last
+    # when a device leaves: "replan" (the survivors re-plan and go on: ours), "quorum" (the replicas left go on and
+    # one back heals from a peer, no restart: torchft's, train/quorum_agent.py) or "restart" (from the last
     # checkpoint on the devices left, as torchrun's elastic agent restarts a job: every other system)
     recovery: str = "restart"
     checkpoints: bool = False  # its runtime writes checkpoints and resumes from them (--checkpoint-every, --resume)

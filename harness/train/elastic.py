@@ -32,9 +32,7 @@ it went on from and the iterations lost.
 """
 from __future__ import annotations
 
-import json
 import os
-import pickle
 import shutil
 import signal
 import tempfile
@@ -49,7 +47,7 @@ from ..plan import systems as registry
 from ..plan.request import RunRequest, RunSpec
 from ..plan.survivors import layout_on, request_of
 from ..scenario.preemption import KEEPALIVE_MISSED
-from . import checkpoint, snapshots
+from . import checkpoint, journals, snapshots
 from .launch import GRACE_S, RankFailure, describe_exit, run_child, stop_children
 from .stats import IterationStats, merge_stats
 
@@ -72,7 +70,12 @@ def run_elastic(spec: RunSpec, topo, start_rank: Callable[[RunSpec, tuple, int, 
     iterations (IterationStats, in order), "generations": [...], "events": [...], and for a system that
     recovers from memory "memory": the directory its devices' memory was in (removed)}; raises RankFailure when a rank
     fails by itself, no layout fits the devices left, or the run's timeout passes."""
-    if registry.get(spec.run.system).recovery != "replan":
+    recovery = registry.get(spec.run.system).recovery
+    if recovery == "quorum":  # no restart: torchft's quorum goes on without a replica lost
+        from .quorum_agent import run_quorum
+
+        return run_quorum(spec, topo, start_rank, workdir=workdir, label=label)
+    if recovery != "replan":
         return _agent(spec, topo, start_rank, workdir, label, None)
     # the devices' memory: the node's tmpfs where there is one (what a rank keeps there is the size of its stage)
     memory = Path(tempfile.mkdtemp(prefix="harness-memory-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK)
@@ -168,14 +171,14 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
                     raise RankFailure(f"elastic agent: timed out after {run.timeout_s:g} s")
                 for kind, d, _ in take_notices():
                     if kind == "preempt" and d in devices:  # the machine is gone: its processes with it
-                        _kill(procs[devices.index(d)])
+                        journals.kill(procs[devices.index(d)])
                         hit.add(d)
                     elif kind == "return":  # its agent starts and waits to join
                         waiting.add(d)
                 codes = [p.exitcode for p in procs]
                 if fault and fault.fault_rank in devices:  # the debug fault's device (rank.arm_fault)
                     d = fault.fault_rank
-                    told = None if d in warned else _read_time(journal / f"notice-{devices.index(d)}")
+                    told = None if d in warned else journals.read_time(journal / f"notice-{devices.index(d)}")
                     if told is not None:  # warned at the point the fault names
                         warn(d, told, **fault_why)
                         due = (d, told + fault.fault_notice_s)
@@ -216,9 +219,9 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
         finally:
             stop_children(procs, GRACE_S)
         if why == "done":  # every rank's own account (a system that journals nothing has it here too)
-            per_rank = [_result(outdir, r).stats for r in range(len(devices))]
+            per_rank = [journals.result(outdir, r).stats for r in range(len(devices))]
         else:
-            per_rank = [_journaled(journal / f"stats-{r}.jsonl") for r in range(len(devices))]
+            per_rank = [journals.journaled(journal / f"stats-{r}.jsonl") for r in range(len(devices))]
         first = max(run.warmup, start)
         for i, s in enumerate(_iterations(per_rank, layout.to_json())):
             kept[first + i] = s
@@ -226,7 +229,7 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
                 began = s.end - s.seconds
         gen["iterations"] = min(map(len, per_rank), default=0)
         if pending is not None:
-            restarted, marks = pending.pop("restart_began"), _marks(journal, len(devices))
+            restarted, marks = pending.pop("restart_began"), journals.marks(journal, len(devices))
             # forked to training, every rank; and to each milestone on the way (process group, state moved, ...)
             pending["restart_s"] = marks["training"] - restarted if "training" in marks else None
             pending["restart_marks_s"] = {m: at - restarted for m, at in marks.items()}
@@ -281,27 +284,11 @@ def _agent(spec: RunSpec, topo, start_rank, workdir: Path, label, memory: Path |
     return {"stats": stats, "generations": generations, "events": events}
 
 
-def _kill(p) -> None:
-    if p.pid is not None and p.exitcode is None:
-        try:
-            os.kill(p.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 def _last_beat(journal: Path, rank: int, since: float) -> float:
     """The time.monotonic() of rank `rank`'s last keep-alive (rank.keep_alive; the launcher and its ranks share
     one kernel's clock), or `since` before its first."""
-    beat = _read_time(journal / f"alive-{rank}")
+    beat = journals.read_time(journal / f"alive-{rank}")
     return since if beat is None else beat
-
-
-def _read_time(path: Path) -> float | None:
-    """The time.monotonic() a rank wrote to `path`; None before it did."""
-    try:
-        return float(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _kept(memory: Path, generation: int, devices) -> list[int | None]:
@@ -316,7 +303,8 @@ def _at_boundary(memory: Path, generation: int, devices, target: int, journal: P
     kept = _kept(memory, generation, devices)
     if any(k is None for k in kept) or min(kept) < target:
         return False
-    return all(len(_journaled(journal / f"stats-{r}.jsonl")) >= target - timed_from for r in range(len(devices)))
+    return all(len(journals.journaled(journal / f"stats-{r}.jsonl")) >= target - timed_from
+               for r in range(len(devices)))
 
 
 def _covered(layout, devices, leaving) -> bool:
@@ -336,24 +324,6 @@ def _last_call(wait_s: float, n: int, alive: set, take_notices) -> float:
     return time.monotonic() - t0
 
 
-def _result(outdir: Path, rank: int):
-    with open(outdir / f"rank{rank}.pkl", "rb") as f:
-        return pickle.load(f)
-
-
-def _journaled(path: Path) -> list[IterationStats]:
-    if not path.exists():
-        return []
-    lines = path.read_text().splitlines()
-    out = []
-    for line in lines:
-        try:
-            out.append(IterationStats(**json.loads(line)))
-        except (ValueError, TypeError):  # the line the rank was writing when it was stopped
-            break
-    return out
-
-
 def _iterations(per_rank: list[list[IterationStats]], layout: dict) -> list[IterationStats]:
     """The iterations every rank of a generation finished: merged (one clock), with their end and layout."""
     n = min(map(len, per_rank), default=0)
@@ -365,16 +335,3 @@ def _iterations(per_rank: list[list[IterationStats]], layout: dict) -> list[Iter
         s.end = max(r[i].end for r in cut)
         s.layout = layout
     return merged
-
-
-def _marks(journal: Path, ranks: int) -> dict[str, float]:
-    """When the last rank of a generation reached each milestone every rank reached (time.monotonic()):
-    "process_group", "model", "training" (ready to train: process group, model, state loaded), ..."""
-    every: dict[str, list[float]] = {}
-    for r in range(ranks):
-        path = journal / f"marks-{r}.jsonl"
-        marks = {} if not path.exists() else {k: v for line in path.read_text().splitlines() if line.endswith("}")
-                                              for k, v in json.loads(line).items()}
-        for k, v in marks.items():
-            every.setdefault(k, []).append(v)
-    return {k: max(v) for k, v in every.items() if len(v) == ranks}

@@ -25,6 +25,8 @@ class IterationStats:
     # records them (HetPipe: VW, minibatch, clock, global version, ...); written as minibatches.csv
     replans: list | None = None  # ours with --replan, on its last iteration: what this rank did in each re-plan
     layout: dict | None = None  # the layout it ran on, when devices left or came back (train/elastic.py)
+    iteration: int | None = None  # which iteration it was, where a rank's list may not start at the run's first
+    # timed one (a DiLoCo replica back mid-run: train/quorum_agent.py)
     outer_syncs: list | None = None  # DiLoCo: the outer syncs this rank ended in the iteration, a row each
     # (systems/diloco/runtime.py); written as outer_syncs.csv
 

@@ -46,9 +46,23 @@ STREAMING = (
 
 
 def diloco_layout(req, topo):
-    """Every device a replica's rank holding the whole model; the knobs checked against the devices and model."""
+    """Every device a replica's rank holding the whole model; the knobs checked against the devices, the model and
+    the timeline: replicas that leave and come back are one device each (each its own job: train/quorum_agent.py),
+    and the Lighthouse's device stays (the quorum would go with it)."""
+    from ...errors import HarnessError
+
     layers = len(req.model.profile.layers)
-    DiLoCoSettings.of(req.run.options, topo.n, layers)
+    s = DiLoCoSettings.of(req.run.options, topo.n, layers)
+    events = topo.timeline.devices if topo.timeline is not None else ()
+    if events or req.debug.fault_mode == "preempt":
+        if s.devices_per_replica(topo.n) > 1:
+            raise HarnessError(f"--replicas: devices leave and come back in this run: a replica must be one device "
+                               f"(got {s.replicas} replicas of {topo.n} devices)")
+        gone = [e for e in events if e.device == s.lighthouse_device and e.kind == "preempt"]
+        if gone or (req.debug.fault_mode == "preempt" and req.debug.fault_rank == s.lighthouse_device):
+            where = gone[0].where if gone else "--debug fault_rank"
+            raise HarnessError(f"--lighthouse-device: device {s.lighthouse_device} leaves in this run ({where}), and "
+                               "the Lighthouse with it: give a device that stays")
     return in_rank_order(1, 1, topo.n, layers, schedule="1f1b"), None
 
 
@@ -59,7 +73,8 @@ def diloco_stage_bytes(layout, cfg, batch: int, micro_batch: int, bytes_per_valu
 
 
 COMMON = dict(
-    train="harness.systems.diloco.runtime:train_diloco", layout_rule=diloco_layout,
+    train="harness.systems.diloco.runtime:train_diloco", layout_rule=diloco_layout, recovery="quorum",
+    fault_phases=("forward", "dp_sync"),
     simulate_layout="harness.systems.diloco.sim:simulate_diloco_layout",
     cross_node_bytes="harness.systems.diloco.sim:layout_cross_node_bytes", stage_memory=diloco_stage_bytes,
 )

@@ -39,6 +39,7 @@ import torch.distributed as dist
 os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers (read when it loads) log every quorum at info
 
 from ...plan.request import RunSpec
+from ...files import atomic_write_text
 from ...train import wire
 from ...train.compute_model import pacer_for
 from ...train.gpt import GPT, lm_loss, synthetic_batch
@@ -65,7 +66,7 @@ def fragments_of(model: GPT, fragments: int) -> list[torch.nn.Module]:
     return out
 
 
-def _lighthouse(ctx: RankContext, replicas: int, timeout: timedelta):
+def _lighthouse(ctx: RankContext, timeout: timedelta):
     """torchft's Lighthouse on this rank's device: any quorum of at least one replica, formed as soon as every
     replica still heartbeating has asked (or after the join timeout)."""
     from torchft.coordination import LighthouseServer
@@ -73,6 +74,37 @@ def _lighthouse(ctx: RankContext, replicas: int, timeout: timedelta):
     server = LighthouseServer(bind=f"{ctx.addr}:0", min_replicas=1, join_timeout_ms=int(timeout.total_seconds() * 1000))
     port = int(server.address().rsplit(":", 1)[1])  # it names itself by host name: peers need the address
     return server, f"http://{ctx.addr}:{port}"
+
+
+def _meet_lighthouse(ctx: RankContext, mine: str | None, timeout_s: float) -> str:
+    """A replica started on its own (train/quorum_agent.py) learns the Lighthouse's address from the file its rank
+    writes in the run's quorum directory (the parent of every replica's journal)."""
+    from ...train.quorum_agent import lighthouse_file
+
+    path = lighthouse_file(ctx.journal)
+    if mine is not None:
+        atomic_write_text(path, mine)
+        return mine
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no Lighthouse address in {path} after {timeout_s:g} s")
+        time.sleep(0.05)
+    return path.read_text()
+
+
+def _all_heartbeating(ctx: RankContext, devices: int, timeout_s: float) -> None:
+    """A replica started on its own says its manager is up (heartbeating) and waits until every device's has been,
+    so that the first quorum waits for them all; a replica back mid-run finds them all there and goes on."""
+    from ...train.quorum_agent import lighthouse_file
+
+    here = lighthouse_file(ctx.journal).parent
+    atomic_write_text(here / f"up-{ctx.device_index}", "")
+    deadline = time.monotonic() + timeout_s
+    while len(list(here.glob("up-*"))) < devices:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"not every replica's manager was up after {timeout_s:g} s")
+        time.sleep(0.05)
 
 
 def _checkpoint_transport(addr: str, timeout: timedelta):
@@ -99,22 +131,27 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     from torchft.local_sgd import DiLoCo
 
     logging.getLogger("torchft").setLevel(logging.WARNING)
-    s = DiLoCoSettings.of(spec.run.options, ctx.world_size, spec.cfg.layers)
-    m, n, k = spec.model, ctx.world_size, s.devices_per_replica(ctx.world_size)
-    replica, group_rank = divmod(ctx.rank, k)
+    devices = spec.layout.devices
+    s = DiLoCoSettings.of(spec.run.options, devices, spec.cfg.layers)
+    m, k = spec.model, s.devices_per_replica(devices)
+    replica, group_rank = divmod(ctx.device_index, k)
     timeout = timedelta(seconds=spec.run.group_timeout_s)
-    inner_groups = [dist.new_group(list(range(r * k, (r + 1) * k))) for r in range(n // k)] if k > 1 else None
+    one_job = ctx.world_size == devices  # else this replica is a job of its own (train/quorum_agent.py)
+    inner_groups = [dist.new_group(list(range(r * k, (r + 1) * k))) for r in range(devices // k)] if k > 1 else None
 
-    lighthouse, store = None, None
+    lighthouse, lighthouse_addr, store = None, None, None
     if ctx.device_index == s.lighthouse_device:
-        lighthouse, lighthouse_addr = _lighthouse(ctx, n // k, timeout)
+        lighthouse, lighthouse_addr = _lighthouse(ctx, timeout)
     if group_rank == 0:
         store = TCPStore(ctx.addr, 0, is_master=True, wait_for_workers=False)
-    mine = [ctx.addr, store.port if store else None, lighthouse_addr if lighthouse else None]
-    every = [None] * n
-    dist.all_gather_object(every, mine)
-    leader = every[replica * k]
-    lighthouse_addr = next(e[2] for e in every if e[2])
+    if one_job:  # every rank's addresses over the default group
+        every = [None] * devices
+        dist.all_gather_object(every, [ctx.addr, store.port if store else None, lighthouse_addr])
+        leader = every[replica * k]
+        lighthouse_addr = next(e[2] for e in every if e[2])
+    else:  # a replica of one device: its own store; the Lighthouse's address where its rank wrote it
+        leader = [ctx.addr, store.port]
+        lighthouse_addr = _meet_lighthouse(ctx, lighthouse_addr, spec.run.group_timeout_s)
 
     model = GPT(spec.cfg, m.seed).to(torch_dtype(spec))
     params = list(model.parameters())
@@ -130,15 +167,25 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     def on_send(b: int) -> None:
         sent[0] += b
 
+    where = {"it": spec.resolved.start_iteration}  # the iteration under way ("healed": a peer's, once healed)
+
+    def load_state(sd: dict) -> None:  # a replica behind heals: the peer's model, inner optimizer and iteration
+        model.load_state_dict(sd["model"])
+        inner.load_state_dict(sd["inner"])
+        where["healed"] = sd["iteration"]
+
     manager = Manager(
         pg=WireProcessGroup(s.wire, timeout, on_send), min_replica_size=1, use_async_quorum=False,
-        load_state_dict=lambda sd: (model.load_state_dict(sd["model"]), inner.load_state_dict(sd["inner"])),
-        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict()},
+        load_state_dict=load_state,
+        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict(), "iteration": where["it"]},
         rank=group_rank, world_size=k, store_addr=leader[0], store_port=leader[1], lighthouse_addr=lighthouse_addr,
         replica_id=f"replica{replica}", hostname=ctx.addr, init_sync=False, timeout=timeout,
         quorum_timeout=timeout, connect_timeout=timeout,
         checkpoint_transport=_checkpoint_transport(ctx.addr, timeout))
-    dist.barrier()  # every manager heartbeats before the first quorum: it waits for them all
+    if one_job:
+        dist.barrier()  # every manager heartbeats before the first quorum: it waits for them all
+    else:
+        _all_heartbeating(ctx, devices, spec.run.group_timeout_s)
     pacer = pacer_for(spec, 0, ctx.device_index, ctx.device)
     paced = [0.0, 0.0]  # when the inner step began and when its paced time ended
 
@@ -155,7 +202,7 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         with DiLoCo(manager, fragments, inner, outer, sync_every=s.sync_every, backup_device=torch.device("cpu"),
                     pin_memory=False, use_bucketization=True, fragment_sync_delay=s.fragment_sync_delay,
                     fragment_update_alpha=s.fragment_update_alpha):
-            stats = _train(ctx, spec, s, model, inner, manager, pacer, paced, inner_groups, replica, k, sent)
+            stats = _train(ctx, spec, s, model, inner, manager, pacer, paced, inner_groups, replica, k, sent, where)
         ctx.save_state(dict(model.named_parameters()))
         return stats
     finally:
@@ -164,19 +211,24 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
             lighthouse.shutdown()
 
 
-def _train(ctx, spec, s, model, inner, manager, pacer, paced: list, inner_groups, replica: int, k: int, sent: list):
-    m, n = spec.model, ctx.world_size
+def _train(ctx, spec, s, model, inner, manager, pacer, paced: list, inner_groups, replica: int, k: int, sent: list,
+           where: dict):
+    """The inner steps from spec.resolved.start_iteration on (a replica back mid-run starts where the others are);
+    `where["it"]`: the iteration under way, which a peer's state carries to a replica that heals from it."""
+    m, n = spec.model, spec.layout.devices
     share = m.batch // n  # this device's samples an inner step
     per_sync = s.sync_every // s.fragments  # inner steps between two fragments' syncs
     steps = spec.run.warmup + spec.run.iters
     stats = ctx.iteration_log()
     ctx.mark("training")
-    end = time.monotonic()
-    for it in range(steps):
+    end, taken, it = time.monotonic(), 0, spec.resolved.start_iteration
+    while it < steps:
+        where["it"] = it
         tokens, targets = synthetic_batch(spec.cfg, m.batch, it, m.seed, m.data)
         inner.zero_grad(set_to_none=True)
         compute, losses = 0.0, []
-        for lo in range(ctx.rank * share, (ctx.rank + 1) * share, m.micro_batch):
+        ctx.reached("forward", it)
+        for lo in range(ctx.device_index * share, (ctx.device_index + 1) * share, m.micro_batch):
             t0 = time.perf_counter()
             with pacer.phase("forward"):
                 loss = lm_loss(model(tokens[lo:lo + m.micro_batch]), targets[lo:lo + m.micro_batch])
@@ -190,24 +242,28 @@ def _train(ctx, spec, s, model, inner, manager, pacer, paced: list, inner_groups
             dist.all_reduce(flat, group=inner_groups[replica])
             flat /= k
             torch.nn.utils.vector_to_parameters(flat, [p.grad for p in model.parameters()])
+        fragment, taken = manager.current_step() % s.fragments, taken + 1
+        if taken % per_sync == 0:
+            ctx.reached("dp_sync", it)  # as the outer sync begins
         inner.step()  # paced by the hooks; then DiLoCo's post-step hook syncs a fragment every per_sync steps
         synced = time.perf_counter()
         compute += paced[1] - paced[0]
         now = time.monotonic()
         seconds, end = now - end, now
         syncs = None
-        if (it + 1) % per_sync == 0:
-            syncs = [{"iteration": it, "rank": ctx.rank, "replica": replica, "outer_step": manager.current_step(),
-                      "fragment": ((it + 1) // per_sync - 1) % s.fragments, "seconds": synced - paced[1],
+        if taken % per_sync == 0:
+            syncs = [{"iteration": it, "rank": ctx.device_index, "replica": replica,
+                      "outer_step": manager.current_step(), "fragment": fragment, "seconds": synced - paced[1],
                       "bytes": sent[0] - sent[1], "participants": manager.num_participants(), "end": now}]
             sent[1] = sent[0]  # a fragment's bytes leave from its prepare step on (fragment_sync_delay)
         if it >= spec.run.warmup:
             busy = min(compute, seconds)
-            stats.append(IterationStats(seconds, busy, seconds - busy, float(np.mean(losses)), now,
+            stats.append(IterationStats(seconds, busy, seconds - busy, float(np.mean(losses)), now, iteration=it,
                                         outer_syncs=syncs, **pacer.take_iteration(), **wire.take_iteration()))
         else:
             pacer.take()
             wire.take_iteration()
-        if ctx.rank == 0:
+        if ctx.device_index == s.lighthouse_device:  # the device that stays to the end
             iteration_progress(it, steps, spec.run.warmup, seconds)
+        it = where.pop("healed", it) + 1  # healed in this step's sync: the peer's iteration
     return stats

@@ -1,0 +1,174 @@
+"""torchft's way through a device that leaves and comes back: no restart. Every replica is a job of its own (as
+torchft deploys them: one per replica group, nothing shared but the Lighthouse), so a preempted device takes only
+its replica; the others go on, and the Lighthouse's next quorum leaves it out (its heartbeats stopped). A device
+that comes back starts a new job for its replica, which asks to join at its first sync and heals from a peer
+(torchft's checkpoint transport: the peer's parameters, optimizers and iteration), then trains with the rest.
+
+The agent (for a system whose registry entry says recovery="quorum": DiLoCo, one device a replica) starts a job
+per device, kills a preempted device's (the cloud took the machine), starts one for a device back at the
+iteration the others are in, and waits for every job still there to finish. The jobs find the Lighthouse's
+address in the run's quorum directory (LIGHTHOUSE_FILE), where the Lighthouse's rank writes it; its device must
+stay to the end. Its account, as the elastic agent's (elastic.py): the run's iterations (every job's merged by
+iteration), the jobs started ("generations"), the events, and per loss or return a "restart" row for
+recoveries.csv: when the quorum went on without the device (detect_s: from the preemption to the first outer sync
+without it), the inner steps the lost replica had taken since its last sync (lost_iterations: work no outer step
+holds), and for a return the job's start (restart_s: its fork to training) and its heal (state_moved_s: its fork
+to the end of its first sync, where it took a peer's state).
+"""
+from __future__ import annotations
+
+import math
+import multiprocessing as mp
+import os
+import signal
+import time
+from pathlib import Path
+
+from ..network.timeline_program import device_notices, notices_end
+from ..plan.request import RunSpec
+from . import journals
+from .launch import GRACE_S, RankFailure, describe_exit, run_child, stop_children
+from .stats import IterationStats, merge_stats
+
+POLL_S = 0.05
+LIGHTHOUSE_FILE = "lighthouse"  # in the quorum directory: the Lighthouse's address, as its rank wrote it
+
+
+def lighthouse_file(journal: str) -> Path:
+    """Where a job finds the Lighthouse's address: in the quorum directory, the parent of every job's journal."""
+    return Path(journal).parent / LIGHTHOUSE_FILE
+
+
+class _Job:
+    def __init__(self, index: int, device: int, begin: int, journal: Path, proc, forked: float):
+        self.index, self.device, self.begin, self.journal, self.proc = index, device, begin, journal, proc
+        self.forked, self.killed = forked, None
+
+    def to_json(self, t0: float) -> dict:
+        return {"generation": self.index, "devices": [self.device], "start_iteration": self.begin,
+                "started_s": self.forked - t0, **({} if self.killed is None else {"preempted_s": self.killed - t0})}
+
+
+def run_quorum(spec: RunSpec, topo, start_rank, *, workdir: Path, label=lambda d: f"device {d}") -> dict:
+    """Train `spec` on `topo`'s devices, a job per device (module docstring). `start_rank(spec, devices, generation,
+    journal)` gives the function a job's one rank runs. Returns {"stats", "generations", "events"} as
+    elastic.run_elastic; raises RankFailure when a job fails by itself or the run's timeout passes."""
+    ctx = mp.get_context("fork")
+    run, fault = spec.run, spec.debug if spec.debug.fault_mode == "preempt" else None
+    t0 = time.monotonic()
+    deadline, pos = t0 + run.timeout_s, notices_end()
+    jobs: list[_Job] = []
+    events: list[dict] = []
+
+    def start(device: int, begin: int) -> None:
+        journal = Path(workdir) / f"job-{len(jobs)}-device-{device}"
+        (journal / "results").mkdir(parents=True)
+        target = start_rank(spec.with_resolved(start_iteration=begin), (device,), len(jobs), str(journal))
+        p = ctx.Process(target=run_child, args=(0, target, str(journal / "results"), os.getpid()),
+                        name=f"device{device}")
+        p.start()
+        jobs.append(_Job(len(jobs), device, begin, journal, p, time.monotonic()))
+
+    def preempted(job: _Job, at: float, **why) -> None:
+        journals.kill(job.proc)
+        job.killed = at
+        events.append({"event": "preempt", "device": job.device, "at_s": at - t0, **why})
+
+    for d in range(topo.n):
+        start(d, spec.resolved.start_iteration)
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                raise RankFailure(f"quorum agent: timed out after {run.timeout_s:g} s")
+            got, pos = device_notices(pos)
+            for kind, d, at in got:
+                live = [j for j in jobs if j.device == d and j.killed is None and j.proc.exitcode is None]
+                if kind == "preempt":
+                    for j in live:
+                        preempted(j, at)
+                elif kind == "return" and not live:
+                    events.append({"event": "return", "device": d, "at_s": at - t0})
+                    start(d, _iteration_under_way(jobs))
+                elif kind == "notice":  # torchft knows nothing of notices: the replica trains until it goes
+                    events.append({"event": "notice", "device": d, "at_s": at - t0})
+            for j in jobs:
+                code = j.proc.exitcode
+                if fault is not None and j.device == fault.fault_rank and code == -signal.SIGKILL:
+                    j.killed, fault = time.monotonic(), None  # the debug section's preemption: the rank took itself
+                    events.append({"event": "preempt", "device": j.device, "at_s": j.killed - t0, "by": "debug fault"})
+                elif code not in (None, 0) and j.killed is None:
+                    raise RankFailure(describe_exit(0, code, j.journal / "results", lambda r: label(j.device)))
+            if all(j.killed is not None or j.proc.exitcode == 0 for j in jobs):
+                break
+            time.sleep(POLL_S)
+    finally:
+        stop_children([j.proc for j in jobs], GRACE_S)
+    per_job = [(j, journals.result(j.journal / "results", 0).stats if j.killed is None else
+                journals.journaled(j.journal / "stats-0.jsonl")) for j in jobs]
+    stats = _merged(per_job, max(run.warmup, spec.resolved.start_iteration), run.warmup + run.iters, topo.n)
+    return {"stats": stats, "generations": [j.to_json(t0) for j in jobs],
+            "events": events + _recoveries(per_job, events, t0)}
+
+
+def _iteration_under_way(jobs: list[_Job]) -> int:
+    """The iteration the replicas still there are in: one past the last any of them journaled (0 before any)."""
+    done = [s.iteration for j in jobs if j.killed is None for s in journals.journaled(j.journal / "stats-0.jsonl")]
+    return max(done) + 1 if done else 0
+
+
+def _merged(per_job: list[tuple[_Job, list[IterationStats]]], first: int, end: int,
+            devices: int) -> list[IterationStats]:
+    """The run's iterations: for each, every job that took it (each job's a different device), merged on one clock;
+    an iteration's time from the end of the one before. A job started for a device back counts from after its
+    first sync, where it healed: its steps before it were on a stale model, and lost."""
+    by_it: dict[int, list[IterationStats]] = {}
+    for job, stats in per_job:
+        healed = job.index < devices
+        for s in stats:
+            if healed:
+                by_it.setdefault(s.iteration, []).append(s)
+            healed = healed or bool(s.outer_syncs)
+    missing = [i for i in range(first, end) if i not in by_it]
+    if missing:
+        raise RankFailure(f"quorum agent: iteration {missing[0]} was never completed")
+    out = []
+    for i in range(first, end):
+        merged = merge_stats([[s] for s in by_it[i]])[0]
+        merged.end, merged.iteration = max(s.end for s in by_it[i]), i
+        merged.outer_syncs = [row for s in by_it[i] for row in (s.outer_syncs or [])] or None
+        out.append(merged)
+    for prev, s in zip(out, out[1:]):
+        s.seconds = s.end - prev.end
+        s.exposed_comm_seconds = max(0.0, s.seconds - s.compute_seconds)
+    return out
+
+
+def _recoveries(per_job, events: list[dict], t0: float) -> list[dict]:
+    """A "restart" row (recoveries.csv) per device lost and per device back (module docstring)."""
+    rows = []
+    for ev in (e for e in events if e["event"] in ("preempt", "return")):
+        d, at = ev["device"], t0 + ev["at_s"]
+        if ev["event"] == "preempt":
+            job, stats = next((j, s) for j, s in per_job if j.device == d and j.killed is not None
+                              and math.isclose(j.killed, at))
+            synced = [row["iteration"] for s in stats for row in (s.outer_syncs or [])]
+            last_sync = max(synced, default=job.begin - 1)
+            lost = sum(1 for s in stats if s.iteration > last_sync)
+            without = [row["end"] for _, ss in per_job for s in ss for row in (s.outer_syncs or [])
+                       if row["end"] > at and row["rank"] != d]
+            rows.append({"event": "restart", "after": "preempt", "devices": [d], "generation": job.index,
+                         "at_s": (min(without) if without else at) - t0,
+                         "detect_s": (min(without) - at) if without else None, "stop_s": 0.0, "last_call_s": 0.0,
+                         "replan_s": 0.0, "from": "quorum", "resumed_from": None, "lost_iterations": lost,
+                         "in_flight": 0})
+        else:
+            job, stats = next((j, s) for j, s in per_job if j.device == d and j.forked >= at)
+            marks = journals.marks(job.journal, 1)
+            syncs = sorted(row["end"] for s in stats for row in (s.outer_syncs or []))
+            before = sum(1 for s in stats if syncs and s.end < syncs[0])
+            rows.append({"event": "restart", "after": "return", "devices": [d], "generation": job.index,
+                         "at_s": at - t0, "detect_s": None, "stop_s": 0.0, "last_call_s": 0.0, "replan_s": 0.0,
+                         "restart_s": marks["training"] - job.forked if "training" in marks else None,
+                         "restart_marks_s": {"state_moved": syncs[0] - job.forked} if syncs else {},
+                         "from": "peer", "resumed_from": job.begin, "lost_iterations": before, "in_flight": 0})
+    return rows

@@ -216,6 +216,7 @@ class RunModel:
     bytes_per_value: int
     links: Callable[[object], Links]
     simulate: Callable[..., tuple[float, float]]
+    profiles: list = ()  # each device's compute profile (the compute model's)
 
 
 def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> RunModel:
@@ -257,7 +258,7 @@ def run_model(rec: dict, overrides: dict[str, ComputeProfile] | None = None) -> 
 
     def simulate(now, layout: Layout | None = None) -> tuple[float, float]:
         return model(links(now), sim.profiles, cfg, batch, layout or lay, mb, bpv, **run)
-    return RunModel(sim.topo, lay, cfg, bpv, links, simulate)
+    return RunModel(sim.topo, lay, cfg, bpv, links, simulate, sim.profiles)
 
 
 def cross_node_traffic(run: Path) -> tuple[float, float]:

@@ -165,7 +165,7 @@ def _recoveries(per_job, events: list[dict], t0: float) -> list[dict]:
             job, stats = next((j, s) for j, s in per_job if j.device == d and j.forked >= at)
             marks = journals.marks(job.journal, 1)
             syncs = sorted(row["end"] for s in stats for row in (s.outer_syncs or []))
-            before = sum(1 for s in stats if syncs and s.end < syncs[0])
+            before = sum(1 for s in stats if syncs and s.end <= syncs[0])  # its heal's step was stale too
             rows.append({"event": "restart", "after": "return", "devices": [d], "generation": job.index,
                          "at_s": at - t0, "detect_s": None, "stop_s": 0.0, "last_call_s": 0.0, "replan_s": 0.0,
                          "restart_s": marks["training"] - job.forked if "training" in marks else None,

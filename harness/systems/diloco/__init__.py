@@ -34,6 +34,8 @@ OPTIONS = (
            "device)", default=D.replicas),
     Option("lighthouse_device", non_negative_int, "the device whose rank runs torchft's Lighthouse (default 0)",
            default=D.lighthouse_device),
+    Option("join_timeout", positive_float, "seconds a quorum waits for a replica of the last one that has not asked "
+           "(torchft's Lighthouse: 60)", default=D.join_timeout),
 )
 STREAMING = (
     Option("fragments", positive_int, "Streaming DiLoCo's fragments of consecutive blocks, synced in turn",

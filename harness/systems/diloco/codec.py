@@ -5,12 +5,13 @@ by the participants; a replica's process group here is torchft's reconfigurable 
 rebuilds it), with the encoding in that one call:
 - fp32: gloo's ring all-reduce of the tensor, as torchft does;
 - bf16: the same ring on a bf16 copy (gloo sums bf16), the sum copied back: half the bytes;
-- int8: torchft's own quantized all-reduce (collectives.allreduce_quantized: all-to-all of quantized chunks,
-  each rank sums its chunk, all-gather of the requantized sums) is fp8 in Triton kernels, CUDA only, so this
-  is the same algorithm with torch's CPU ops: int8 values with one fp32 scale per block of BLOCK values
-  (absmax), 2 (p - 1) / p bytes a value leave each rank (a quarter of fp32's, scales aside). Every replica ends
-  with the same dequantized sum, so the replicas stay identical; the error is that of two roundings to
-  1/127 of a block's largest value.
+- int8: a ring of int8 chunks with one fp32 scale per block of BLOCK values (absmax), each rank adding its own
+  chunk and quantizing again on the way (INTELLECT-1's all-reduce), then the sums gathered round the ring: 2 (p - 1)
+  / p bytes a value leave each rank, a quarter of fp32's (scales aside), over the ring's links as fp32's do.
+  torchft's own quantized all-reduce (collectives.allreduce_quantized) is fp8 in Triton kernels, CUDA only, and an
+  all-to-all: every rank sends to every other, so across slow links (regions, continents) it would carry more than
+  a ring of fp32 does. Every replica ends with the same dequantized sum; the error grows with the hops, each a
+  rounding to 1/254 of a block's running largest value.
 """
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 from torch.distributed import ReduceOp
-from torch.distributed.distributed_c10d import AllgatherOptions, AllToAllOptions
 from torchft.process_group import ProcessGroupGloo
 
 from .settings import BYTES_ON_WIRE, WIRE_FORMATS
@@ -55,24 +55,39 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def int8_allreduce_sum(pg, x: torch.Tensor) -> None:
-    """Sum flat fp32 `x` over `pg` in place: quantized all-to-all, local sum, quantized all-gather."""
+    """Sum flat fp32 `x` over `pg` in place, as a ring of int8 chunks (INTELLECT-1's all-reduce): p - 1 steps of
+    reduce-scatter, each rank sending its running chunk quantized to the next, which adds its own and quantizes
+    again; then p - 1 steps of all-gather of the summed chunks as they are. Every rank ends with the same values."""
     p, n = pg.size(), x.numel()
+    me = pg.parent.rank()
     chunk = -(-n // (p * BLOCK)) * BLOCK  # each rank's share, whole blocks
-    padded = torch.zeros(chunk * p, dtype=torch.float32)
-    padded[:n] = x.reshape(-1)
-    q, s = quantize(padded)
-    got_q, got_s = torch.empty_like(q), torch.empty_like(s)
-    splits, scale_splits = [chunk] * p, [chunk // BLOCK] * p
-    pg.alltoall_base(got_q, q, splits, splits, AllToAllOptions()).wait()
-    pg.alltoall_base(got_s, s, scale_splits, scale_splits, AllToAllOptions()).wait()
-    mine = dequantize(got_q, got_s).view(p, chunk).sum(dim=0)
-    q, s = quantize(mine)
-    all_q = [torch.empty_like(q) for _ in range(p)]
-    all_s = [torch.empty_like(s) for _ in range(p)]
-    pg.allgather([all_q], [q], AllgatherOptions()).wait()
-    pg.allgather([all_s], [s], AllgatherOptions()).wait()
-    whole = torch.cat([dequantize(a, b) for a, b in zip(all_q, all_s)])
-    x.copy_(whole[:n].view_as(x))
+    flat = torch.zeros(chunk * p, dtype=torch.float32)
+    flat[:n] = x.reshape(-1)
+    parts = list(flat.view(p, chunk))
+    to, frm = (me + 1) % p, (me - 1) % p
+
+    def exchange(q: torch.Tensor, scale: torch.Tensor, tag: int) -> tuple[torch.Tensor, torch.Tensor]:
+        got_q, got_s = torch.empty_like(q), torch.empty_like(scale)
+        works = [pg.send([q], to, tag), pg.send([scale], to, tag + 1),
+                 pg.recv([got_q], frm, tag), pg.recv([got_s], frm, tag + 1)]
+        for w in works:
+            w.wait()
+        return got_q, got_s
+
+    for step in range(p - 1):  # reduce-scatter: chunk (me - step) goes on, chunk (me - step - 1) comes in
+        q, scale = quantize(parts[(me - step) % p])
+        got_q, got_s = exchange(q, scale, 2 * step)
+        k = (me - step - 1) % p
+        parts[k] = parts[k] + dequantize(got_q, got_s)
+    done = (me + 1) % p  # the chunk this rank summed whole
+    q, scale = quantize(parts[done])
+    parts[done] = dequantize(q, scale)  # as every other rank will have it
+    for step in range(p - 1):  # all-gather: the summed chunks travel on, quantized once
+        got_q, got_s = exchange(q, scale, 2 * (p + step))
+        k = (me - step) % p
+        parts[k] = dequantize(got_q, got_s)
+        q, scale = got_q, got_s
+    x.copy_(torch.cat(parts)[:n].view_as(x))
 
 
 class WireProcessGroup(ProcessGroupGloo):

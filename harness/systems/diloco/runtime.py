@@ -66,12 +66,12 @@ def fragments_of(model: GPT, fragments: int) -> list[torch.nn.Module]:
     return out
 
 
-def _lighthouse(ctx: RankContext, timeout: timedelta):
+def _lighthouse(ctx: RankContext, join_timeout_s: float):
     """torchft's Lighthouse on this rank's device: any quorum of at least one replica, formed as soon as every
-    replica still heartbeating has asked (or after the join timeout)."""
+    replica of the last quorum still heartbeating has asked, or `join_timeout_s` after the round's first request."""
     from torchft.coordination import LighthouseServer
 
-    server = LighthouseServer(bind=f"{ctx.addr}:0", min_replicas=1, join_timeout_ms=int(timeout.total_seconds() * 1000))
+    server = LighthouseServer(bind=f"{ctx.addr}:0", min_replicas=1, join_timeout_ms=int(join_timeout_s * 1000))
     port = int(server.address().rsplit(":", 1)[1])  # it names itself by host name: peers need the address
     return server, f"http://{ctx.addr}:{port}"
 
@@ -141,7 +141,7 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
 
     lighthouse, lighthouse_addr, store = None, None, None
     if ctx.device_index == s.lighthouse_device:
-        lighthouse, lighthouse_addr = _lighthouse(ctx, timeout)
+        lighthouse, lighthouse_addr = _lighthouse(ctx, s.join_timeout)
     if group_rank == 0:
         store = TCPStore(ctx.addr, 0, is_master=True, wait_for_workers=False)
     if one_job:  # every rank's addresses over the default group

@@ -9,6 +9,10 @@ optimizer (SGD with momentum at `--lr`): with it, H = 1, an outer lr of 1 and no
 data parallelism exactly (the average of the replicas' steps is the step on the averaged gradient, since SGD's
 step and momentum are linear in the gradient; AdamW's are not).
 
+The Lighthouse forms a quorum as soon as every replica of the last quorum that still heartbeats has asked; one
+that stopped (preempted) is waited for `join_timeout` seconds from the round's first request (torchft's default,
+60 s): what a lost replica costs the others at their next sync.
+
 Streaming DiLoCo (Douillard et al. 2025): the model in `fragments` of consecutive blocks (the embedding with the
 first, the head with the last); torchft syncs one fragment every H / fragments steps in turn, so each is synced
 every H steps; a fragment's all-reduce starts `fragment_sync_delay` inner steps before it is needed (tau, overlap
@@ -34,6 +38,7 @@ class DiLoCoSettings:
     wire: str = "fp32"
     replicas: int | None = None  # None: one per device
     lighthouse_device: int = 0
+    join_timeout: float = 60.0  # torchft's Lighthouse default: how long a quorum waits for a replica of the last one
     fragments: int = 1
     fragment_sync_delay: int = 0
     fragment_update_alpha: float = 0.0

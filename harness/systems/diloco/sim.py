@@ -7,9 +7,8 @@ The runtime's iteration (runtime.py), as a model:
   over the replica's devices, then the inner optimizer; the replica's step is its slowest device's;
 - replicas do not wait for each other between syncs, so a fragment's turn of H / fragments inner steps lasts
   the slowest replica's steps, then its sync: the pseudo-gradients of the fragment's parameters all-reduced over
-  the replicas (fp32 and bf16: gloo's ring, in replica order, one ring per position in a replica, all at once;
-  int8: codec.py's all-to-all of quantized chunks and all-gather of their sums, the pattern of the sharded
-  parameter server, collectives.sharded_ps) and the outer optimizer's step over them; under streaming the
+  the replicas (a ring in replica order, one per position in a replica, all at once: gloo's for fp32 and bf16,
+  codec.py's for int8) and the outer optimizer's step over them; under streaming the
   all-reduce starts `fragment_sync_delay` inner steps early, so only what outlasts them is exposed;
 - an iteration's time is the average over a cycle of H inner steps (each fragment once).
 What it leaves out: the quorum's RPCs to the Lighthouse and the should-commit round (a few small messages a
@@ -50,8 +49,6 @@ def sync_seconds(links, rings: np.ndarray, values: float, wire: str, bpv: int) -
     """The all-reduce of `values` pseudo-gradient values in every ring of `rings` (positions x replicas) at once."""
     if rings.shape[1] < 2:
         return 0.0
-    if wire == "int8":
-        return float(collectives.sharded_ps(links, rings, values * value_bytes(wire, bpv)).max())
     return float(collectives.ring_allreduce(links, rings, values * value_bytes(wire, bpv)).max())
 
 
@@ -95,7 +92,7 @@ def simulate_diloco_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: 
 def layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int, options: dict | None = None) -> float:
     """Its runs' payload between devices of different nodes (`region[d]`) an iteration, averaged over a cycle:
     a replica's inner all-reduce (a ring over its devices, every step) and each fragment's outer sync (a ring
-    over the replicas for fp32 and bf16; int8's all-to-all and all-gather send a chunk to every other replica)."""
+    over the replicas)."""
     devices = devices_of(lay)
     s = DiLoCoSettings.of(options or {}, len(devices), cfg.layers)
     n, k = len(devices), s.devices_per_replica(len(devices))
@@ -108,11 +105,50 @@ def layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int, opt
             total += crossing * 2 * (k - 1) / k * cfg.params * bpv
     per_cycle = 0.0
     for ring in groups.T:
-        for values in fragment_params(cfg, s.fragments):
-            if s.wire == "int8":  # each replica sends (r - 1) / r of it to the others, twice, evenly
-                pairs = sum(region[a] != region[b] for a in ring for b in ring if a != b)
-                per_cycle += pairs * 2 * values * value_bytes(s.wire, bpv) / r
-            else:
-                crossing = sum(region[a] != region[b] for a, b in zip(ring, np.roll(ring, -1)))
-                per_cycle += crossing * sync_bytes(values, s.wire, r, bpv)
+        crossing = sum(region[a] != region[b] for a, b in zip(ring, np.roll(ring, -1)))
+        per_cycle += crossing * sum(sync_bytes(v, s.wire, r, bpv) for v in fragment_params(cfg, s.fragments))
     return total + per_cycle / s.sync_every
+
+
+#: torchft's Lighthouse (its default heartbeat_timeout_ms): a replica silent this long is out of the next quorum,
+#: which waits for it until then
+HEARTBEAT_TIMEOUT_S = 5.0
+#: what a replica back receives from a peer to heal, a parameter's bytes: its value, the inner AdamW's two moments,
+#: the fragment's parameters at the last sync and the outer momentum, fp32 each (torchft's state dicts)
+HEAL_BYTES_PER_PARAM = 4 * 5
+
+
+def quorum_recovery(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, options: dict, device: int,
+                    preempt_at: int, return_at: int | None = None, start_s: float = 0.0) -> dict:
+    """What the model says of a replica (one device) preempted as inner step `preempt_at` (0-based, of the run)
+    begins and, optionally, back as step `return_at` begins (train/quorum_agent.py measures the same):
+    - lost_iterations: its steps since its last sync, which no outer step holds;
+    - detect_s: from the preemption to the end of the first sync without it: the survivors' steps to their next
+      sync, their quorum waiting for it (a member of the last quorum: the join timeout; else until its heartbeats
+      have stopped, HEARTBEAT_TIMEOUT_S from the preemption), then the sync over the replicas left;
+    - back: restart_s (`start_s`: a process's start), state_moved_s (from its start to its heal: its own turn of
+      steps, waiting at its first quorum for the others' next sync, then the peer's state over the link from the
+      first other replica) and its lost_iterations (those steps, on a stale model)."""
+    devices = devices_of(lay)
+    s = DiLoCoSettings.of(options, len(devices), cfg.layers)
+    turn = s.sync_every // s.fragments
+    steps, _ = inner_step_seconds(links, profiles, cfg, batch, lay, mb, bpv, s)
+    step = float(steps.max())
+    left = np.asarray([d for d in devices if d != device])[None, :]
+    values = fragment_params(cfg, s.fragments)[0]
+    sync = sync_seconds(links, left, values, s.wire, bpv) + optimizer_seconds(values, profiles[left[0, 0]])
+    to_quorum = (turn - preempt_at % turn) * step
+    wait = to_quorum + s.join_timeout if preempt_at >= turn else max(to_quorum, HEARTBEAT_TIMEOUT_S)
+    out = {"lost_iterations": preempt_at % turn, "detect_s": wait + sync}
+    if return_at is None:
+        return out
+    ready = start_s + turn * step  # its first quorum, after its own turn of steps
+    others = (turn - return_at % turn) * step  # the others' next quorum, from its return
+    while others < ready:
+        others += turn * step
+    peer = next(d for d in devices if d != device)
+    path = links.path(np.array([peer]), np.array([device]))  # a fresh connection: the HTTP transport's
+    heal = float(path.rtt_s[0] + path.transfer(np.array([cfg.params * HEAL_BYTES_PER_PARAM]),
+                                               path.initial_window())[0][0])
+    out["back"] = {"restart_s": start_s, "state_moved_s": others + heal, "lost_iterations": turn}
+    return out

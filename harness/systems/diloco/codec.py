@@ -23,9 +23,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 from torchft.process_group import ProcessGroupGloo
 
-from .settings import BYTES_ON_WIRE, WIRE_FORMATS
-
-BLOCK = 1024  # values per int8 scale
+from .settings import BYTES_ON_WIRE, INT8_BLOCK as BLOCK, INT8_SCALE_OVERHEAD, WIRE_FORMATS, int8_chunk
 
 
 class FutureWork(dist._Work):
@@ -60,7 +58,7 @@ def int8_allreduce_sum(pg, x: torch.Tensor) -> None:
     again; then p - 1 steps of all-gather of the summed chunks as they are. Every rank ends with the same values."""
     p, n = pg.size(), x.numel()
     me = pg.parent.rank()
-    chunk = -(-n // (p * BLOCK)) * BLOCK  # each rank's share, whole blocks
+    chunk = int8_chunk(n, p)
     flat = torch.zeros(chunk * p, dtype=torch.float32)
     flat[:n] = x.reshape(-1)
     parts = list(flat.view(p, chunk))
@@ -118,7 +116,7 @@ class WireProcessGroup(ProcessGroupGloo):
             work = super().allreduce([low], opts)
             return FutureWork(work.get_future().then(lambda _: t.copy_(low)))
         p = self.size()
-        self._charge(-(-t.numel() // (p * BLOCK)) * BLOCK * p * (1 + 4 / BLOCK))  # values and scales
+        self._charge(int8_chunk(t.numel(), p) * p * INT8_SCALE_OVERHEAD)  # values and scales
         fut = torch.futures.Future()
 
         def run():

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from datetime import timedelta
 
@@ -45,9 +46,10 @@ from ...train.compute_model import pacer_for
 from ...train.gpt import GPT, lm_loss, synthetic_batch
 from ...train.rank import RankContext, iteration_progress, torch_dtype
 from ...train.reference import make_optimizer
+from ...train.quorum_agent import lighthouse_file
 from ...train.stats import IterationStats
 from .codec import WireProcessGroup
-from .settings import DiLoCoSettings
+from .settings import DiLoCoSettings, fragment_cuts
 
 ADAMW = {"weight_decay": 0.1, "betas": (0.9, 0.95)}  # DiLoCo's inner AdamW (Douillard et al. 2023, sec. 3)
 
@@ -56,7 +58,7 @@ def fragments_of(model: GPT, fragments: int) -> list[torch.nn.Module]:
     """The GPT in `fragments` runs of consecutive blocks, as even as they go (the embedding with the first, the
     head with the last): Streaming DiLoCo's fragments (one: the whole model)."""
     layers = len(model.blocks)
-    cuts = [round(i * layers / fragments) for i in range(fragments + 1)]
+    cuts = fragment_cuts(layers, fragments)
     out = []
     for i in range(fragments):
         parts = [model.embed] if i == 0 else []
@@ -79,31 +81,27 @@ def _lighthouse(ctx: RankContext, join_timeout_s: float):
 def _meet_lighthouse(ctx: RankContext, mine: str | None, timeout_s: float) -> str:
     """A replica started on its own (train/quorum_agent.py) learns the Lighthouse's address from the file its rank
     writes in the run's quorum directory (the parent of every replica's journal)."""
-    from ...train.quorum_agent import lighthouse_file
-
     path = lighthouse_file(ctx.journal)
     if mine is not None:
         atomic_write_text(path, mine)
         return mine
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"no Lighthouse address in {path} after {timeout_s:g} s")
-        time.sleep(0.05)
+    _wait(path.exists, timeout_s, f"no Lighthouse address in {path}")
     return path.read_text()
 
 
 def _all_heartbeating(ctx: RankContext, devices: int, timeout_s: float) -> None:
     """A replica started on its own says its manager is up (heartbeating) and waits until every device's has been,
     so that the first quorum waits for them all; a replica back mid-run finds them all there and goes on."""
-    from ...train.quorum_agent import lighthouse_file
-
     here = lighthouse_file(ctx.journal).parent
     atomic_write_text(here / f"up-{ctx.device_index}", "")
+    _wait(lambda: len(list(here.glob("up-*"))) >= devices, timeout_s, "not every replica's manager was up")
+
+
+def _wait(done, timeout_s: float, failing: str) -> None:
     deadline = time.monotonic() + timeout_s
-    while len(list(here.glob("up-*"))) < devices:
+    while not done():
         if time.monotonic() > deadline:
-            raise RuntimeError(f"not every replica's manager was up after {timeout_s:g} s")
+            raise RuntimeError(f"{failing} after {timeout_s:g} s")
         time.sleep(0.05)
 
 
@@ -114,15 +112,9 @@ def _checkpoint_transport(addr: str, timeout: timedelta):
 
     class DeviceHTTPTransport(HTTPTransport):
         def address(self) -> str:
-            return super().address().replace(f"//{_hostname()}:", f"//{addr}:", 1)
+            return super().address().replace(f"//{socket.gethostname()}:", f"//{addr}:", 1)
 
     return DeviceHTTPTransport(timeout=timeout, num_chunks=0)
-
-
-def _hostname() -> str:
-    import socket
-
-    return socket.gethostname()
 
 
 def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:

@@ -26,6 +26,18 @@ from ...errors import HarnessError
 
 WIRE_FORMATS = ("fp32", "bf16", "int8")  # the pseudo-gradients on the wire (codec.py)
 BYTES_ON_WIRE = {"fp32": 4, "bf16": 2, "int8": 1}  # a value's bytes (int8's scales aside)
+INT8_BLOCK = 1024  # int8 values that share one fp32 scale (codec.py)
+INT8_SCALE_OVERHEAD = 1 + 4 / INT8_BLOCK  # an int8 value's bytes with its share of the scale
+
+
+def int8_chunk(values: int, ranks: int) -> int:
+    """Each rank's chunk of `values` in codec.py's int8 ring: an even share, in whole blocks."""
+    return -(-values // (ranks * INT8_BLOCK)) * INT8_BLOCK
+
+
+def fragment_cuts(layers: int, fragments: int) -> list[int]:
+    """Where Streaming DiLoCo's fragments of consecutive blocks begin and end, as even as they go."""
+    return [round(i * layers / fragments) for i in range(fragments + 1)]
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,13 @@ import numpy as np
 from ...compute import optimizer_seconds, rank_phase_seconds
 from ...compute.model import GPTConfig, stage_params
 from ...netmodel import collectives
-from .settings import BYTES_ON_WIRE, DiLoCoSettings
-
-INT8_SCALE_OVERHEAD = 1 + 4 / 1024  # codec.BLOCK values share an fp32 scale
+from .settings import BYTES_ON_WIRE, INT8_SCALE_OVERHEAD, DiLoCoSettings, fragment_cuts
 
 
 def fragment_params(cfg: GPTConfig, fragments: int) -> list[int]:
     """Parameters of each fragment (runtime.fragments_of: consecutive blocks, the embedding with the first, the
     head with the last)."""
-    cuts = [round(i * cfg.layers / fragments) for i in range(fragments + 1)]
+    cuts = fragment_cuts(cfg.layers, fragments)
     return [int(p) for p in stage_params(cfg, [b - a for a, b in zip(cuts, cuts[1:])])]
 
 

@@ -49,3 +49,29 @@ def test_an_exception_raised_in_enter_after_its_setns_still_returns(namespace, m
         with netns.inside(namespace):
             pytest.fail("the block must not run")
     assert _current() == home
+
+
+class _UnshareThenSignal:
+    """libc whose unshare succeeds and then a signal handler raises (as harness emulate's on SIGTERM)."""
+
+    def __init__(self, real):
+        self._real = real
+
+    def unshare(self, flags):
+        assert self._real.unshare(flags) == 0
+        raise KeyboardInterrupt("signal 15")
+
+    def __getattr__(self, name):
+        return getattr(self._real, name)
+
+
+def test_create_interrupted_after_its_unshare_returns_the_thread_and_leaves_no_file(tmp_path, monkeypatch):
+    """CI, 2026-12-05: a SIGTERM during Cluster creation stranded the thread in a fresh namespace, and the
+    teardown that followed could not see the host's bridge to delete it."""
+    home = _current()
+    path = str(tmp_path / "ns")
+    monkeypatch.setattr(netns, "_libc", _UnshareThenSignal(netns._libc))
+    with pytest.raises(KeyboardInterrupt):
+        netns.create(path)
+    assert _current() == home
+    assert not os.path.exists(path)

@@ -26,6 +26,8 @@ def enter(netns_path: str) -> None:
 
 MS_BIND = 0x1000
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+MNT_DETACH = 0x2
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 
 def _check(rc: int, what: str) -> None:
@@ -55,13 +57,14 @@ def create(netns_path: str) -> None:
     os.close(os.open(netns_path, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0o444))
     back = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
     try:
-        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
-        try:
+        try:  # back on every path: a signal handler that raises just after unshare must not strand the thread
+            _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             _check(_libc.mount(b"/proc/thread-self/ns/net", netns_path.encode(), b"none", MS_BIND, None),
                    f"mount --bind {netns_path}")
         finally:
             _check(_libc.setns(back, CLONE_NEWNET), "setns(back)")
     except BaseException:
+        _libc.umount2(netns_path.encode(), MNT_DETACH)  # bound before the exception came: unbind (harmless if not)
         os.unlink(netns_path)
         raise
     finally:

@@ -144,9 +144,10 @@ def read_minibatches(path: Path) -> list[dict]:
 
 # outer_syncs.csv: one row per outer sync of each rank of a DiLoCo run (harness/systems/diloco/runtime.py): the
 # iteration it ended, the outer step after it, the fragment, how long it blocked, the bytes the rank sent for it,
-# the quorum's replicas, and when it ended (time.monotonic(), the run's clock)
+# the quorum's replicas, whether the rank committed it (0: dropped, as torchft does when a peer failed inside it),
+# and when it ended (time.monotonic(), the run's clock)
 OUTER_SYNC_FIELDS = ("iteration", "rank", "replica", "outer_step", "fragment", "seconds", "bytes", "participants",
-                     "end")
+                     "committed", "end")
 
 
 def write_outer_syncs(path: Path, rows: list[dict]) -> None:

@@ -164,9 +164,9 @@ def test_harness_run_writes_the_outer_syncs_and_refuses_bad_knobs_in_one_line(cl
     assert len(read_records(run_dir / "records.csv")) == 4
     rows = read_outer_syncs(run_dir / "outer_syncs.csv")
     assert sorted({(r["iteration"], r["outer_step"]) for r in rows}) == [(1, 1), (3, 2)]
-    assert len(rows) == 8 and {r["participants"] for r in rows} == {4}
+    assert len(rows) == 8 and {r["participants"] for r in rows} == {4} and {r["committed"] for r in rows} == {1}
     summary = json.loads((run_dir / "manifest.json").read_text())["outer_syncs"]
-    assert summary["outer_steps"] == 2
+    assert summary["outer_steps"] == 2 and summary["dropped"] == 0
     assert summary["bytes"] == pytest.approx(sum(r["bytes"] for r in rows) / 2)
     for flags, says in [(["--replicas", "3"], "--replicas: 3 replicas do not split the 4 devices"),
                         (["--replicas", "1"], "--replicas: DiLoCo needs at least 2 replicas"),
@@ -263,6 +263,7 @@ def test_a_replica_preempted_mid_run_is_left_out_and_the_rest_go_on_without_a_re
     syncs = read_outer_syncs(run_dir / "outer_syncs.csv")
     assert {r["participants"] for r in syncs if r["iteration"] == 1} == {4}
     assert {r["participants"] for r in syncs if r["iteration"] >= 3} == {3}
+    assert {r["committed"] for r in syncs} == {1}  # it was lost between syncs: none was dropped
     assert 2 not in {r["rank"] for r in syncs if r["iteration"] >= 3}
     elastic = json.loads((run_dir / "manifest.json").read_text())["elastic"]
     assert len(elastic["generations"]) == 4  # a job per device, none restarted
@@ -290,3 +291,34 @@ def test_sim_quorum_recovery_counts_the_lost_replicas_steps_and_its_heal():
     assert got["back"]["state_moved_s"] > 3.0 + heal_bytes / sim.links.rate_Bps[0, 5]
     later = dsim.quorum_recovery(sim.links, sim.profiles, cfg, 64, lay, 1, 2, opts, 5, 7, start_s=3.0)
     assert later["lost_iterations"] == 3 and "back" not in later
+
+
+def test_the_quorum_agents_clock_counts_a_stalled_replica_where_it_fell_and_detects_on_a_committed_sync():
+    """train/quorum_agent.py's account of a replica stalled in a sync a lost peer left (emulated: the peer's packets
+    vanish, so only torchft's timeout tells): its iteration ends late, after the others' later ones; it then heals
+    to a peer's iteration. The run's clock stays monotone (the wait counted at the iteration where it fell, the
+    total unchanged), and the loss is detected at the first sync another replica committed, not at the stalled
+    replica's dropped one."""
+    from harness.train import quorum_agent as qa
+    from harness.train.stats import IterationStats
+
+    def it(i, end, syncs=None):
+        return IterationStats(1.0, 0.5, 0.5, 2.0, end, iteration=i, outer_syncs=syncs)
+
+    def sync(i, rank, end, committed):
+        return [{"iteration": i, "rank": rank, "end": end, "committed": committed}]
+
+    fast = qa._Job(0, 0, 0, None, None, 0.0)
+    stalled = qa._Job(1, 1, 0, None, None, 0.0)
+    lost = qa._Job(2, 2, 0, None, None, 0.0)
+    lost.killed = 10.5
+    per_job = [
+        (fast, [it(0, 10.0, sync(0, 0, 10.0, 1)), it(1, 11.0), it(2, 12.0, sync(2, 0, 12.0, 1)), it(3, 13.0)]),
+        # its sync at 0 dropped as the lost peer's connection closed, its iteration 1 slow, then healed to 2
+        (stalled, [it(0, 11.0, sync(0, 1, 11.0, 0)), it(1, 40.0), it(3, 41.0)]),
+        (lost, [])]
+    merged = qa._merged(per_job, 0, 4, devices=3)
+    assert [s.end for s in merged] == [11.0, 40.0, 40.0, 41.0]
+    assert [s.seconds for s in merged[1:]] == [29.0, 0.0, 1.0]
+    (row,) = qa._recoveries(per_job, [{"event": "preempt", "device": 2, "at_s": 10.5}], t0=0.0)
+    assert row["detect_s"] == pytest.approx(12.0 - 10.5)  # the fast one's committed sync, not the dropped one

@@ -11,8 +11,8 @@ address in the run's quorum directory (LIGHTHOUSE_FILE), where the Lighthouse's 
 stay to the end. Its account, as the elastic agent's (elastic.py): the run's iterations (every job's merged by
 iteration), the jobs started ("generations"), the events, and per loss or return a "restart" row for
 recoveries.csv: when the quorum went on without the device (detect_s: from the preemption to the first outer sync
-without it), the inner steps the lost replica had taken since its last sync (lost_iterations: work no outer step
-holds), and for a return the job's start (restart_s: its fork to training) and its heal (state_moved_s: its fork
+another replica committed after it), the inner steps the lost replica had taken since its last sync
+(lost_iterations: work no outer step holds), and for a return the job's start (restart_s: its fork to training) and its heal (state_moved_s: its fork
 to the end of its first sync, where it took a peer's state).
 """
 from __future__ import annotations
@@ -32,11 +32,20 @@ from .stats import IterationStats, merge_stats
 
 POLL_S = 0.05
 LIGHTHOUSE_FILE = "lighthouse"  # in the quorum directory: the Lighthouse's address, as its rank wrote it
+#: a job that serves the others after its own training (the Lighthouse's) marks this in its journal, then waits
+#: for ENDED_FILE in the quorum directory, which the agent writes once every other job is gone or done
+STAYING_MARK = "staying"
+ENDED_FILE = "ended"
 
 
 def lighthouse_file(journal: str) -> Path:
     """Where a job finds the Lighthouse's address: in the quorum directory, the parent of every job's journal."""
     return Path(journal).parent / LIGHTHOUSE_FILE
+
+
+def ended_file(journal: str) -> Path:
+    """Where a job staying for the others learns that they are done (STAYING_MARK)."""
+    return Path(journal).parent / ENDED_FILE
 
 
 class _Job:
@@ -100,6 +109,9 @@ def run_quorum(spec: RunSpec, topo, start_rank, *, workdir: Path, label=lambda d
                     raise RankFailure(describe_exit(0, code, j.journal / "results", lambda r: label(j.device)))
             if all(j.killed is not None or j.proc.exitcode == 0 for j in jobs):
                 break
+            if all(j.killed is not None or j.proc.exitcode == 0 or STAYING_MARK in journals.marks(j.journal, 1)
+                   for j in jobs):
+                (Path(workdir) / ENDED_FILE).touch()  # the jobs staying for the others may go
             time.sleep(POLL_S)
     finally:
         stop_children([j.proc for j in jobs], GRACE_S)
@@ -119,8 +131,10 @@ def _iteration_under_way(jobs: list[_Job]) -> int:
 def _merged(per_job: list[tuple[_Job, list[IterationStats]]], first: int, end: int,
             devices: int) -> list[IterationStats]:
     """The run's iterations: for each, every job that took it (each job's a different device), merged on one clock;
-    an iteration's time from the end of the one before. A job started for a device back counts from after its
-    first sync, where it healed: its steps before it were on a stale model, and lost."""
+    an iteration ends when every job that took it and every iteration before has ended (a replica that fell behind,
+    its sync dropped, and healed to a peer's later iteration ends its last one late: the wait is counted where it
+    fell), its time from the end of the one before. A job started for a device back counts from after its first
+    sync, where it healed: its steps before it were on a stale model, and lost."""
     by_it: dict[int, list[IterationStats]] = {}
     for job, stats in per_job:
         healed = job.index < devices
@@ -138,6 +152,7 @@ def _merged(per_job: list[tuple[_Job, list[IterationStats]]], first: int, end: i
         merged.outer_syncs = [row for s in by_it[i] for row in (s.outer_syncs or [])] or None
         out.append(merged)
     for prev, s in zip(out, out[1:]):
+        s.end = max(s.end, prev.end)
         s.seconds = s.end - prev.end
         s.exposed_comm_seconds = max(0.0, s.seconds - s.compute_seconds)
     return out
@@ -155,7 +170,7 @@ def _recoveries(per_job, events: list[dict], t0: float) -> list[dict]:
             last_sync = max(synced, default=job.begin - 1)
             lost = sum(1 for s in stats if s.iteration > last_sync)
             without = [row["end"] for _, ss in per_job for s in ss for row in (s.outer_syncs or [])
-                       if row["end"] > at and row["rank"] != d]
+                       if row["end"] > at and row["rank"] != d and row["committed"]]
             rows.append({"event": "restart", "after": "preempt", "devices": [d], "generation": job.index,
                          "at_s": (min(without) if without else at) - t0,
                          "detect_s": (min(without) - at) if without else None, "stop_s": 0.0, "last_call_s": 0.0,

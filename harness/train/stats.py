@@ -97,7 +97,8 @@ def egress_summary(per_rank: list[list]) -> dict | None:
 
 def outer_sync_summary(rows: list[dict]) -> dict:
     """A DiLoCo run's outer syncs (every rank's rows, IterationStats.outer_syncs) per outer step: how many, the
-    longest rank's blocking seconds on average, and the bytes all ranks sent for one, on average."""
+    longest rank's blocking seconds on average, the bytes all ranks sent for one, on average, the smallest quorum,
+    and the ranks' syncs dropped (a peer failed inside them: torchft does not commit those)."""
     steps: dict[int, list[dict]] = {}
     for r in rows:
         steps.setdefault(r["iteration"], []).append(r)
@@ -105,4 +106,5 @@ def outer_sync_summary(rows: list[dict]) -> dict:
     return {"outer_steps": len(per),
             "seconds": sum(max(r["seconds"] for r in s) for s in per) / len(per),
             "bytes": sum(sum(r["bytes"] for r in s) for s in per) / len(per),
-            "participants": min(r["participants"] for r in rows)}
+            "participants": min(r["participants"] for r in rows),
+            "dropped": sum(1 for r in rows if not r["committed"])}

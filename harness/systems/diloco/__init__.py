@@ -36,6 +36,9 @@ OPTIONS = (
            default=D.lighthouse_device),
     Option("join_timeout", positive_float, "seconds a quorum waits for a replica of the last one that has not asked "
            "(torchft's Lighthouse: 60)", default=D.join_timeout),
+    Option("sync_timeout", positive_float, "seconds a replica waits for the others inside a sync or a heal before "
+           "it drops the sync (torchft's Manager timeout; default: the run's process-group timeout, 300 s at most)",
+           default=D.sync_timeout),
 )
 STREAMING = (
     Option("fragments", positive_int, "Streaming DiLoCo's fragments of consecutive blocks, synced in turn",

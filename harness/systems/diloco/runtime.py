@@ -46,7 +46,7 @@ from ...train.compute_model import pacer_for
 from ...train.gpt import GPT, lm_loss, synthetic_batch
 from ...train.rank import RankContext, iteration_progress, torch_dtype
 from ...train.reference import make_optimizer
-from ...train.quorum_agent import lighthouse_file
+from ...train.quorum_agent import STAYING_MARK, ended_file, lighthouse_file
 from ...train.stats import IterationStats
 from .codec import WireProcessGroup
 from .settings import DiLoCoSettings, fragment_cuts
@@ -123,11 +123,14 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     from torchft.local_sgd import DiLoCo
 
     logging.getLogger("torchft").setLevel(logging.WARNING)
+    # at every quorum, on every rank: NCCL's flight recorder, which a CPU run has none of
+    logging.getLogger("torchft.manager").addFilter(lambda rec: "flight recorder" not in rec.getMessage())
     devices = spec.layout.devices
     s = DiLoCoSettings.of(spec.run.options, devices, spec.cfg.layers)
     m, k = spec.model, s.devices_per_replica(devices)
     replica, group_rank = divmod(ctx.device_index, k)
     timeout = timedelta(seconds=spec.run.group_timeout_s)
+    sync_timeout = timedelta(seconds=s.sync_timeout or spec.run.group_timeout_s)  # settings.py: a peer lost in a sync
     one_job = ctx.world_size == devices  # else this replica is a job of its own (train/quorum_agent.py)
     inner_groups = [dist.new_group(list(range(r * k, (r + 1) * k))) for r in range(devices // k)] if k > 1 else None
 
@@ -167,11 +170,11 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         where["healed"] = sd["iteration"]
 
     manager = Manager(
-        pg=WireProcessGroup(s.wire, timeout, on_send), min_replica_size=1, use_async_quorum=False,
+        pg=WireProcessGroup(s.wire, sync_timeout, on_send), min_replica_size=1, use_async_quorum=False,
         load_state_dict=load_state,
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict(), "iteration": where["it"]},
         rank=group_rank, world_size=k, store_addr=leader[0], store_port=leader[1], lighthouse_addr=lighthouse_addr,
-        replica_id=f"replica{replica}", hostname=ctx.addr, init_sync=False, timeout=timeout,
+        replica_id=f"replica{replica}", hostname=ctx.addr, init_sync=False, timeout=sync_timeout,
         quorum_timeout=timeout, connect_timeout=timeout,
         checkpoint_transport=_checkpoint_transport(ctx.addr, timeout))
     if one_job:
@@ -196,6 +199,9 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
                     fragment_update_alpha=s.fragment_update_alpha):
             stats = _train(ctx, spec, s, model, inner, manager, pacer, paced, inner_groups, replica, k, sent, where)
         ctx.save_state(dict(model.named_parameters()))
+        if lighthouse is not None and not one_job:  # replicas behind (a sync timed out) still need its quorums
+            ctx.mark(STAYING_MARK)
+            _wait(ended_file(ctx.journal).exists, spec.run.timeout_s, "the other replicas did not end")
         return stats
     finally:
         manager.shutdown(wait=False)
@@ -237,6 +243,7 @@ def _train(ctx, spec, s, model, inner, manager, pacer, paced: list, inner_groups
         fragment, taken = manager.current_step() % s.fragments, taken + 1
         if taken % per_sync == 0:
             ctx.reached("dp_sync", it)  # as the outer sync begins
+        outer_step = manager.current_step()
         inner.step()  # paced by the hooks; then DiLoCo's post-step hook syncs a fragment every per_sync steps
         synced = time.perf_counter()
         compute += paced[1] - paced[0]
@@ -246,7 +253,8 @@ def _train(ctx, spec, s, model, inner, manager, pacer, paced: list, inner_groups
         if taken % per_sync == 0:
             syncs = [{"iteration": it, "rank": ctx.device_index, "replica": replica,
                       "outer_step": manager.current_step(), "fragment": fragment, "seconds": synced - paced[1],
-                      "bytes": sent[0] - sent[1], "participants": manager.num_participants(), "end": now}]
+                      "bytes": sent[0] - sent[1], "participants": manager.num_participants(),
+                      "committed": int(manager.current_step() > outer_step), "end": now}]
             sent[1] = sent[0]  # a fragment's bytes leave from its prepare step on (fragment_sync_delay)
         if it >= spec.run.warmup:
             busy = min(compute, seconds)

@@ -11,7 +11,11 @@ step and momentum are linear in the gradient; AdamW's are not).
 
 The Lighthouse forms a quorum as soon as every replica of the last quorum that still heartbeats has asked; one
 that stopped (preempted) is waited for `join_timeout` seconds from the round's first request (torchft's default,
-60 s): what a lost replica costs the others at their next sync.
+60 s): what a lost replica costs the others at their next sync. A replica lost inside a sync costs the others
+`sync_timeout` (torchft's Manager timeout, on each all-reduce, should_commit and heal; default the run's
+process-group timeout, 300 s at most): the peer's packets vanish with its links, so only the timeout tells; the sync
+is then dropped (should_commit is false: the parameters go back to the last sync's) and the next quorum is formed
+without it. Shorter is quicker through a loss, but a sync or a heal that needs longer fails as if a peer were lost.
 
 Streaming DiLoCo (Douillard et al. 2025): the model in `fragments` of consecutive blocks (the embedding with the
 first, the head with the last); torchft syncs one fragment every H / fragments steps in turn, so each is synced
@@ -51,6 +55,7 @@ class DiLoCoSettings:
     replicas: int | None = None  # None: one per device
     lighthouse_device: int = 0
     join_timeout: float = 60.0  # torchft's Lighthouse default: how long a quorum waits for a replica of the last one
+    sync_timeout: float | None = None  # torchft's Manager timeout; None: the run's process-group timeout
     fragments: int = 1
     fragment_sync_delay: int = 0
     fragment_update_alpha: float = 0.0

@@ -293,32 +293,50 @@ def test_sim_quorum_recovery_counts_the_lost_replicas_steps_and_its_heal():
     assert later["lost_iterations"] == 3 and "back" not in later
 
 
-def test_the_quorum_agents_clock_counts_a_stalled_replica_where_it_fell_and_detects_on_a_committed_sync():
+def test_the_quorum_agent_counts_a_replica_out_of_step_from_a_dropped_sync_until_it_heals():
     """train/quorum_agent.py's account of a replica stalled in a sync a lost peer left (emulated: the peer's packets
-    vanish, so only torchft's timeout tells): its iteration ends late, after the others' later ones; it then heals
-    to a peer's iteration. The run's clock stays monotone (the wait counted at the iteration where it fell, the
-    total unchanged), and the loss is detected at the first sync another replica committed, not at the stalled
-    replica's dropped one."""
+    vanish, so only torchft's timeout tells): its sync is dropped, its steps until it heals at its next committed
+    sync are thrown away, so the run's iterations are those of the replicas in step (else the stalled replica's
+    late ends would put the run's clock backwards); every rank's sync rows are kept, the dropped one too; and the
+    loss is detected at the first sync another replica committed, not at the dropped one."""
     from harness.train import quorum_agent as qa
     from harness.train.stats import IterationStats
 
     def it(i, end, syncs=None):
         return IterationStats(1.0, 0.5, 0.5, 2.0, end, iteration=i, outer_syncs=syncs)
 
-    def sync(i, rank, end, committed):
-        return [{"iteration": i, "rank": rank, "end": end, "committed": committed}]
+    def sync(i, rank, end, committed, participants=3):
+        return [{"iteration": i, "rank": rank, "end": end, "committed": committed, "participants": participants}]
 
     fast = qa._Job(0, 0, 0, None, None, 0.0)
     stalled = qa._Job(1, 1, 0, None, None, 0.0)
     lost = qa._Job(2, 2, 0, None, None, 0.0)
     lost.killed = 10.5
     per_job = [
-        (fast, [it(0, 10.0, sync(0, 0, 10.0, 1)), it(1, 11.0), it(2, 12.0, sync(2, 0, 12.0, 1)), it(3, 13.0)]),
-        # its sync at 0 dropped as the lost peer's connection closed, its iteration 1 slow, then healed to 2
-        (stalled, [it(0, 11.0, sync(0, 1, 11.0, 0)), it(1, 40.0), it(3, 41.0)]),
+        (fast, [it(0, 10.0, sync(0, 0, 10.0, 1)), it(1, 11.0), it(2, 12.0, sync(2, 0, 12.0, 1, 1)), it(3, 13.0)]),
+        # its sync at 0 committed after the loss, with the lost one's part in it; then dropped at 1 (a peer closed);
+        # stale steps; healed in its sync at 2
+        (stalled, [it(0, 10.6, sync(0, 1, 10.6, 1)), it(1, 10.8, sync(1, 1, 10.8, 0)),
+                   it(2, 41.0, sync(2, 1, 41.0, 1, 2)), it(3, 42.0)]),
         (lost, [])]
     merged = qa._merged(per_job, 0, 4, devices=3)
-    assert [s.end for s in merged] == [11.0, 40.0, 40.0, 41.0]
-    assert [s.seconds for s in merged[1:]] == [29.0, 0.0, 1.0]
+    assert [s.end for s in merged] == [10.6, 11.0, 12.0, 42.0]
+    assert [s.seconds for s in merged[1:]] == pytest.approx([0.4, 1.0, 30.0])
+    assert [(r["rank"], r["committed"]) for r in merged[1].outer_syncs] == [(1, 0)]  # kept, though out of step
     (row,) = qa._recoveries(per_job, [{"event": "preempt", "device": 2, "at_s": 10.5}], t0=0.0)
-    assert row["detect_s"] == pytest.approx(12.0 - 10.5)  # the fast one's committed sync, not the dropped one
+    # the fast one's sync of a smaller quorum; not the stalled one's at 0 (it held the lost one) nor its dropped one
+    assert row["detect_s"] == pytest.approx(12.0 - 10.5)
+
+
+def test_sim_compare_keeps_runs_of_one_system_with_other_options_apart():
+    """`harness sim compare` on DiLoCo runs at H = 1, 10 and 50: a row each (their options are in the group's key),
+    named by the options set away from their defaults."""
+    import json
+
+    from harness.sim import compare
+
+    assert "options" in compare.GROUP_KEYS
+    rec = {"system": "diloco", "options": json.dumps(options(sync_every=10, wire="int8"))}
+    assert compare._named(rec) == "diloco sync_every=10 wire=int8"
+    assert compare._named({"system": "diloco", "options": json.dumps(options())}) == "diloco"
+    assert compare._named({"system": "megatron"}) == "megatron"

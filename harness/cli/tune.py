@@ -1,8 +1,10 @@
 """`harness tune`: grid-search a baseline's parallel layout on a scenario (paper appendix D.2)."""
 from __future__ import annotations
 
+import math
 
 from . import non_negative_int, positive_float, positive_int
+from ..plan.arg_types import number_in
 from ..plan import systems
 from .run_flags import add_training_arguments, rank_order, rank_order_text, request_from_args
 
@@ -28,9 +30,9 @@ def register(sub) -> None:
     p.add_argument("--budget", type=positive_int, default=None,
                    help="run only the K layouts the simulator predicts fastest (default: every layout); the others "
                         "are listed as skipped with their predictions")
-    p.add_argument("--within", type=positive_float, default=None,
-                   help="run no layout the simulator predicts more than this many times slower than its fastest "
-                        "(e.g. 2; default: no limit)")
+    p.add_argument("--within", type=number_in(1, math.inf, high_open=True), default=None,
+                   help="run no layout the simulator predicts more than this many times slower than its fastest, "
+                        "a factor >= 1 (e.g. 2; under 1 would run none; default: no limit)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds before a point is failed")
     p.set_defaults(func=_tune)
 

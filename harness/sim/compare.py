@@ -48,7 +48,7 @@ DEFAULT_DTYPE = {"emu": "fp32", "local": "fp32", "cluster": "bf16"}
 DEFAULT_DEVICE = {"emu": "cpu", "local": "cpu", "cluster": "cuda"}
 GROUP_KEYS = ("scenario", "system", "backend", "devices", "model", "layers", "batch", "micro_batch",
               "bandwidth_scale", "seed", "config", "dtype", "device_type", "compute_time_scale", "transport",
-              "timeline", "replans")
+              "timeline", "replans", "options")
 
 
 @dataclass
@@ -373,11 +373,21 @@ def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = N
             load = int(first["devices"]) * compute / (measured * int(first["host_cpus"]))
         busy = [float(r["cpu_busy"]) for r in recs if r.get("cpu_busy") == r.get("cpu_busy")
                 and r.get("cpu_busy") not in (None, "")]
-        out.append(Comparison(first["scenario"], first["system"], first["backend"], int(first["devices"]),
+        out.append(Comparison(first["scenario"], _named(first), first["backend"], int(first["devices"]),
                               first["model"], int(first["layers"]), int(first["batch"]), str(first.get("config", "")),
                               len(recs), measured, _simulated(recs, overrides), load,
                               float(np.mean(busy)) if busy else float("nan"), sum(bool(r.get("host_bound")) for r in recs)))
     return sorted(out, key=lambda c: (c.scenario, c.system, c.model, c.layers, c.batch, c.config))
+
+
+def _named(rec: dict) -> str:
+    """A run's system with the options it set away from their defaults (runs of one system apart), e.g.
+    "diloco sync_every=10"."""
+    given = json.loads(rec.get("options") or "{}")
+    if not given or rec["system"] not in registry.names():
+        return rec["system"]
+    defaults = registry.get(rec["system"]).resolve_options({})
+    return " ".join([rec["system"], *(f"{k}={v}" for k, v in sorted(given.items()) if defaults.get(k) != v)])
 
 
 def _simulated(recs: list[dict], overrides) -> float:

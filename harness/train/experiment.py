@@ -55,8 +55,9 @@ def to_records(spec: RunSpec, stats: list[IterationStats], cpu: list | None = No
             d_dp=on[k].dp,
             model=m.name, layers=layers, hidden=hidden, seq=seq, batch=m.batch,
             micro_batch=m.micro_batch, seed=m.seed, bandwidth_scale=spec.network.bandwidth_scale,
-            iteration=max(spec.run.warmup, spec.resolved.start_iteration) + k, seconds=s.seconds, pflop=pflop, pflops=pflop / s.seconds,
-            tokens_per_s=m.batch * seq / s.seconds, compute_seconds=s.compute_seconds,
+            iteration=max(spec.run.warmup, spec.resolved.start_iteration) + k, seconds=s.seconds, pflop=pflop,
+            pflops=pflop / s.seconds if s.seconds > 0 else math.nan,  # an iteration a stalled replica's merged into
+            tokens_per_s=m.batch * seq / s.seconds if s.seconds > 0 else math.nan, compute_seconds=s.compute_seconds,
             exposed_comm_seconds=s.exposed_comm_seconds, loss=s.loss, d_tp=on[k].tp,
             config=layout_json if s.layout is None else json.dumps(s.layout, sort_keys=True),
             compute_overruns=s.compute_overruns,

@@ -11,9 +11,9 @@ address in the run's quorum directory (LIGHTHOUSE_FILE), where the Lighthouse's 
 stay to the end. Its account, as the elastic agent's (elastic.py): the run's iterations (every job's merged by
 iteration), the jobs started ("generations"), the events, and per loss or return a "restart" row for
 recoveries.csv: when the quorum went on without the device (detect_s: from the preemption to the first outer sync
-another replica committed after it), the inner steps the lost replica had taken since its last sync
-(lost_iterations: work no outer step holds), and for a return the job's start (restart_s: its fork to training) and its heal (state_moved_s: its fork
-to the end of its first sync, where it took a peer's state).
+another replica committed without it), the inner steps the lost replica had taken since its last sync
+(lost_iterations: work no outer step holds), and for a return the job's start (restart_s: its fork to training)
+and its heal (state_moved_s: its fork to the end of its first sync, where it took a peer's state).
 """
 from __future__ import annotations
 
@@ -130,26 +130,37 @@ def _iteration_under_way(jobs: list[_Job]) -> int:
 
 def _merged(per_job: list[tuple[_Job, list[IterationStats]]], first: int, end: int,
             devices: int) -> list[IterationStats]:
-    """The run's iterations: for each, every job that took it (each job's a different device), merged on one clock;
-    an iteration ends when every job that took it and every iteration before has ended (a replica that fell behind,
-    its sync dropped, and healed to a peer's later iteration ends its last one late: the wait is counted where it
-    fell), its time from the end of the one before. A job started for a device back counts from after its first
-    sync, where it healed: its steps before it were on a stale model, and lost."""
+    """The run's iterations: for each, every job in step that took it (each job's a different device), merged on
+    one clock, its time from the end of the one before (never earlier: a wait is counted where it fell). A job is
+    out of step from a sync it dropped (a peer was lost inside it: its steps since the last sync are thrown away)
+    and a job started for a device back is out of step from its start, each until its next committed sync, where
+    it healed from a peer: its steps until then were on a stale model, and lost. Every job's outer syncs are kept,
+    the dropped ones too."""
     by_it: dict[int, list[IterationStats]] = {}
+    took: dict[int, list[IterationStats]] = {}
+    syncs: dict[int, list[dict]] = {}
     for job, stats in per_job:
-        healed = job.index < devices
+        in_step = job.index < devices
         for s in stats:
-            if healed:
+            rows = s.outer_syncs or []
+            syncs.setdefault(s.iteration, []).extend(rows)
+            took.setdefault(s.iteration, []).append(s)
+            dropped = any(not r["committed"] for r in rows)
+            if in_step and not dropped:
                 by_it.setdefault(s.iteration, []).append(s)
-            healed = healed or bool(s.outer_syncs)
-    missing = [i for i in range(first, end) if i not in by_it]
+            if dropped:
+                in_step = False
+            elif rows and not in_step:
+                in_step = True  # healed in this sync: counted from the next step
+    missing = [i for i in range(first, end) if i not in by_it and i not in took]
     if missing:
         raise RankFailure(f"quorum agent: iteration {missing[0]} was never completed")
     out = []
     for i in range(first, end):
-        merged = merge_stats([[s] for s in by_it[i]])[0]
-        merged.end, merged.iteration = max(s.end for s in by_it[i]), i
-        merged.outer_syncs = [row for s in by_it[i] for row in (s.outer_syncs or [])] or None
+        taken = by_it.get(i) or took[i]  # none in step (every job dropped its sync): what was taken
+        merged = merge_stats([[s] for s in taken])[0]
+        merged.end, merged.iteration = max(s.end for s in taken), i
+        merged.outer_syncs = syncs.get(i) or None
         out.append(merged)
     for prev, s in zip(out, out[1:]):
         s.end = max(s.end, prev.end)
@@ -169,8 +180,12 @@ def _recoveries(per_job, events: list[dict], t0: float) -> list[dict]:
             synced = [row["iteration"] for s in stats for row in (s.outer_syncs or [])]
             last_sync = max(synced, default=job.begin - 1)
             lost = sum(1 for s in stats if s.iteration > last_sync)
-            without = [row["end"] for _, ss in per_job for s in ss for row in (s.outer_syncs or [])
-                       if row["end"] > at and row["rank"] != d and row["committed"]]
+            others = [row for _, ss in per_job for s in ss for row in (s.outer_syncs or []) if row["rank"] != d]
+            # a sync of the others that ends after the loss may still hold the lost replica (it was lost after
+            # sending its part): without it is a committed one of a smaller quorum than the last before the loss
+            before = max((r["participants"] for r in others if r["end"] <= at and r["committed"]), default=None)
+            without = [r["end"] for r in others if r["end"] > at and r["committed"]
+                       and (before is None or r["participants"] < before)]
             rows.append({"event": "restart", "after": "preempt", "devices": [d], "generation": job.index,
                          "at_s": (min(without) if without else at) - t0,
                          "detect_s": (min(without) - at) if without else None, "stop_s": 0.0, "last_call_s": 0.0,

@@ -328,11 +328,12 @@ def test_the_quorum_agent_counts_a_replica_out_of_step_from_a_dropped_sync_until
     assert row["detect_s"] == pytest.approx(12.0 - 10.5)
 
 
-def test_sim_compare_keeps_runs_of_one_system_with_other_options_apart():
-    """`harness sim compare` on DiLoCo runs at H = 1, 10 and 50: a row each (their options are in the group's key),
-    named by the options set away from their defaults."""
+def test_sim_compare_and_the_convergence_report_keep_runs_of_one_system_with_other_options_apart():
+    """`harness sim compare` and `harness report convergence` on DiLoCo runs at H = 1, 10 and 50: a row and a curve
+    each (their options are in sim compare's group key), named by the options set away from their defaults."""
     import json
 
+    from harness.report import convergence
     from harness.sim import compare
 
     assert "options" in compare.GROUP_KEYS
@@ -340,3 +341,5 @@ def test_sim_compare_keeps_runs_of_one_system_with_other_options_apart():
     assert compare._named(rec) == "diloco sync_every=10 wire=int8"
     assert compare._named({"system": "diloco", "options": json.dumps(options())}) == "diloco"
     assert compare._named({"system": "megatron"}) == "megatron"
+    manifest = {"spec": {"run": {"options": options("streaming-diloco", sync_every=10)}}}
+    assert convergence._label("streaming-diloco", manifest) == "streaming-diloco sync_every=10"

@@ -170,6 +170,13 @@ class System:
                                    f"{', '.join(o.flag for o in self.options) or 'none'})")
         return {name: given.get(name, o.default) for name, o in mine.items()}
 
+    def named(self, options: dict) -> str:
+        """Its name with the options set away from their defaults (runs of one system told apart in reports),
+        e.g. "diloco sync_every=10"."""
+        defaults = self.resolve_options({})
+        return " ".join([self.name, *(f"{k}={v}" for k, v in sorted(options.items())
+                                      if k in defaults and defaults[k] != v)])
+
     def train_fn(self) -> Callable:
         return _resolve(self.train)
 

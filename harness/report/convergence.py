@@ -5,7 +5,7 @@ wall time at its end (the sum of the run's iteration seconds; the warm-up iterat
 not on the clock: run with --warmup 0 to see them) and the samples seen. The floor is the run's
 manifest's (`data.loss_floor`: the Markov chain's entropy rate, or log V on uniform tokens); a run
 reaches the target when an iteration's loss is at most floor x (1 + margin). Runs are told apart by
-system and, for HetPipe, N_m and D.
+system and, for HetPipe, N_m and D, for others the options they set (DiLoCo's H, ...).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import HarnessError
 from ..files import atomic_write_text
+from ..plan import systems
 from ..plots.figures import save_figure
 from ..results import read_records
 
@@ -44,7 +45,8 @@ def _label(system: str, manifest: dict) -> str:
     wsp = (((manifest.get("spec") or {}).get("layout") or {}).get("wsp")) or {}
     if wsp:
         return f"{system} D={wsp.get('staleness')} N_m={wsp.get('in_flight')}"
-    return system
+    given = ((manifest.get("spec") or {}).get("run") or {}).get("options") or {}
+    return systems.get(system).named(given) if given and system in systems.names() else system
 
 
 def load_curves(root: Path) -> list[Curve]:

@@ -381,13 +381,9 @@ def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = N
 
 
 def _named(rec: dict) -> str:
-    """A run's system with the options it set away from their defaults (runs of one system apart), e.g.
-    "diloco sync_every=10"."""
+    """A run's system with the options it set away from their defaults (runs of one system apart)."""
     given = json.loads(rec.get("options") or "{}")
-    if not given or rec["system"] not in registry.names():
-        return rec["system"]
-    defaults = registry.get(rec["system"]).resolve_options({})
-    return " ".join([rec["system"], *(f"{k}={v}" for k, v in sorted(given.items()) if defaults.get(k) != v)])
+    return registry.get(rec["system"]).named(given) if given and rec["system"] in registry.names() else rec["system"]
 
 
 def _simulated(recs: list[dict], overrides) -> float:

@@ -71,6 +71,7 @@ class Comparison:
     # and how many of them were host-bound (their time measured the host, not the links)
     cpu_busy: float = float("nan")
     host_bound: int = 0
+    named: str = ""  # the system with the options the runs set away from their defaults (System.named)
 
     @property
     def measured_what(self) -> str:
@@ -373,11 +374,12 @@ def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = N
             load = int(first["devices"]) * compute / (measured * int(first["host_cpus"]))
         busy = [float(r["cpu_busy"]) for r in recs if r.get("cpu_busy") == r.get("cpu_busy")
                 and r.get("cpu_busy") not in (None, "")]
-        out.append(Comparison(first["scenario"], _named(first), first["backend"], int(first["devices"]),
+        out.append(Comparison(first["scenario"], first["system"], first["backend"], int(first["devices"]),
                               first["model"], int(first["layers"]), int(first["batch"]), str(first.get("config", "")),
                               len(recs), measured, _simulated(recs, overrides), load,
-                              float(np.mean(busy)) if busy else float("nan"), sum(bool(r.get("host_bound")) for r in recs)))
-    return sorted(out, key=lambda c: (c.scenario, c.system, c.model, c.layers, c.batch, c.config))
+                              float(np.mean(busy)) if busy else float("nan"),
+                              sum(bool(r.get("host_bound")) for r in recs), _named(first)))
+    return sorted(out, key=lambda c: (c.scenario, c.named, c.model, c.layers, c.batch, c.config))
 
 
 def _named(rec: dict) -> str:
@@ -425,7 +427,7 @@ def format_table(rows: list[Comparison]) -> str:
             cpu = f"{c.cpu_busy:.2f}"
         else:  # the estimate from the ranks' compute timings, where there is one
             cpu = "-" if c.host_load != c.host_load else f"{c.host_load:.2f}"
-        lines.append(f"{c.scenario:<14} {c.system:<12} {c.backend:<7} {c.devices:>3} {c.model:<8} {c.layers:>3} "
+        lines.append(f"{c.scenario:<14} {c.named or c.system:<12} {c.backend:<7} {c.devices:>3} {c.model:<8} {c.layers:>3} "
                      f"{c.batch:>6} {c.iterations:>5} {c.measured_s:>11.4f} {c.simulated_s:>10.4f} "
                      f"{100 * c.error:>+7.1f}% {cpu:>5} {c.measured_what:>8}  {'ok' if c.within_target else 'MISS'}")
     ok = sum(c.within_target for c in rows)

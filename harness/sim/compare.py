@@ -427,8 +427,8 @@ def format_table(rows: list[Comparison]) -> str:
             cpu = f"{c.cpu_busy:.2f}"
         else:  # the estimate from the ranks' compute timings, where there is one
             cpu = "-" if c.host_load != c.host_load else f"{c.host_load:.2f}"
-        lines.append(f"{c.scenario:<14} {c.named or c.system:<12} {c.backend:<7} {c.devices:>3} {c.model:<8} {c.layers:>3} "
-                     f"{c.batch:>6} {c.iterations:>5} {c.measured_s:>11.4f} {c.simulated_s:>10.4f} "
+        lines.append(f"{c.scenario:<14} {c.named or c.system:<12} {c.backend:<7} {c.devices:>3} {c.model:<8} "
+                     f"{c.layers:>3} {c.batch:>6} {c.iterations:>5} {c.measured_s:>11.4f} {c.simulated_s:>10.4f} "
                      f"{100 * c.error:>+7.1f}% {cpu:>5} {c.measured_what:>8}  {'ok' if c.within_target else 'MISS'}")
     ok = sum(c.within_target for c in rows)
     lines.append(f"{ok}/{len(rows)} within {100 * TARGET_ERROR:.0f}%")

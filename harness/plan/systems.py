@@ -289,6 +289,12 @@ def get(name: str) -> System:
     return systems[name]
 
 
+def named(system: str, options: dict) -> str:
+    """`system` with the options a run set away from their defaults (System.named); the bare name for a system not
+    registered here (a record of another version)."""
+    return get(system).named(options) if options and system in registered() else system
+
+
 def names(*, simulated: bool = False, tunable: bool = False, workload: str = LAYOUT_WORKLOAD) -> tuple[str, ...]:
     """Registered names in registration order; `simulated`: only those `harness sim` runs on a model of
     `workload` (default gpt: a simulator model or a layout rule); `tunable`: only those with a tune grid."""

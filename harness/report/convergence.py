@@ -45,8 +45,7 @@ def _label(system: str, manifest: dict) -> str:
     wsp = (((manifest.get("spec") or {}).get("layout") or {}).get("wsp")) or {}
     if wsp:
         return f"{system} D={wsp.get('staleness')} N_m={wsp.get('in_flight')}"
-    given = ((manifest.get("spec") or {}).get("run") or {}).get("options") or {}
-    return systems.get(system).named(given) if given and system in systems.names() else system
+    return systems.named(system, ((manifest.get("spec") or {}).get("run") or {}).get("options") or {})
 
 
 def load_curves(root: Path) -> list[Curve]:

@@ -384,8 +384,7 @@ def compare(records: list[dict], overrides: dict[str, ComputeProfile] | None = N
 
 def _named(rec: dict) -> str:
     """A run's system with the options it set away from their defaults (runs of one system apart)."""
-    given = json.loads(rec.get("options") or "{}")
-    return registry.get(rec["system"]).named(given) if given and rec["system"] in registry.names() else rec["system"]
+    return registry.named(rec["system"], json.loads(rec.get("options") or "{}"))
 
 
 def _simulated(recs: list[dict], overrides) -> float:

@@ -152,7 +152,7 @@ def _merged(per_job: list[tuple[_Job, list[IterationStats]]], first: int, end: i
                 in_step = False
             elif rows and not in_step:
                 in_step = True  # healed in this sync: counted from the next step
-    missing = [i for i in range(first, end) if i not in by_it and i not in took]
+    missing = [i for i in range(first, end) if i not in took]
     if missing:
         raise RankFailure(f"quorum agent: iteration {missing[0]} was never completed")
     out = []

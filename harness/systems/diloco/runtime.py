@@ -240,10 +240,10 @@ def _train(ctx, spec, s, model, inner, manager, pacer, paced: list, inner_groups
             dist.all_reduce(flat, group=inner_groups[replica])
             flat /= k
             torch.nn.utils.vector_to_parameters(flat, [p.grad for p in model.parameters()])
-        fragment, taken = manager.current_step() % s.fragments, taken + 1
+        outer_step, taken = manager.current_step(), taken + 1
+        fragment = outer_step % s.fragments
         if taken % per_sync == 0:
             ctx.reached("dp_sync", it)  # as the outer sync begins
-        outer_step = manager.current_step()
         inner.step()  # paced by the hooks; then DiLoCo's post-step hook syncs a fragment every per_sync steps
         synced = time.perf_counter()
         compute += paced[1] - paced[0]

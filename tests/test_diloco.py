@@ -244,34 +244,75 @@ def test_sim_streaming_overlap_hides_a_fragment_sync_behind_inner_steps():
     assert steps.max() < run(1) < run(0)
 
 
-def test_a_replica_preempted_mid_run_is_left_out_and_the_rest_go_on_without_a_restart(cli, tmp_path):
-    """torchft's quorum through a lost replica (train/quorum_agent.py): device 2 is preempted as iteration 3 begins;
-    the three replicas left finish the run with no restart (one job each, never stopped), their outer syncs from
-    then on counting three participants, and recoveries.csv says when the quorum went on without it and how many
-    inner steps of the lost replica no outer step holds."""
-    import json
+def _return_when(work, device: int, iteration: int, notices, stop) -> None:
+    """Play the timeline controller's part (network/timeline_control.py) for a loopback run: once a replica still
+    there has journaled `iteration`, append "return `device`" to the device-notices file the agent follows."""
+    import time
 
+    from harness.train import journals
+
+    while not stop.is_set():
+        done = [s.iteration for j in work.rglob("job-*-device-*") if not j.name.endswith(f"-{device}")
+                for s in journals.journaled(j / "stats-0.jsonl")]
+        if done and max(done) >= iteration:
+            with open(notices, "a") as f:
+                f.write(f"return {device} {time.monotonic():.6f}\n")
+            return
+        stop.wait(0.05)
+
+
+def test_a_replica_preempted_mid_run_is_left_out_and_one_back_heals_from_a_peer_without_a_restart(cli, tmp_path,
+                                                                                                monkeypatch):
+    """torchft's quorum through a lost replica and one back (train/quorum_agent.py): device 2 is preempted as
+    iteration 3 begins; the three replicas left go on with no restart (one job each, never stopped), their outer
+    syncs counting three; device 2 comes back (the timeline controller's notice, played here through its file) once
+    the others are at iteration 5: a new job starts at the iteration they are in, takes its H steps on its stale
+    model, joins their quorum and heals from a peer, and syncs with them to the end. recoveries.csv has a row for
+    the loss (when the quorum went on without it, the inner steps no outer step holds) and one for the return (its
+    start, its heal, the steps it took before)."""
+    import json
+    import threading
+
+    from harness.network.timeline_program import DEVICES_ENV
     from harness.results import read_outer_syncs, read_records
 
-    rc, _, err = cli("run", "--system", "diloco", "--scenario", "3", "--devices", "4", "--layers", "2", "--batch", "8",
-                     "--network", "none", "--iters", "6", "--warmup", "0", "--sync-every", "2", "--data", "markov",
-                     "--results", tmp_path, "--debug", "fault_mode=preempt", "--debug", "fault_rank=2",
-                     "--debug", "fault_iteration=3", "--debug", "fault_phase=forward")
+    ITERS = 40  # paced by the compute model (~0.3 s each), so the others train on while the job back starts
+    work, notices, stop = tmp_path / "work", tmp_path / "devices", threading.Event()
+    work.mkdir()
+    monkeypatch.setenv("HARNESS_WORK_DIR", str(work))
+    monkeypatch.setenv(DEVICES_ENV, str(notices))
+    driver = threading.Thread(target=_return_when, args=(work, 2, 4, notices, stop), daemon=True)
+    driver.start()
+    try:
+        rc, _, err = cli("run", "--system", "diloco", "--scenario", "3", "--devices", "4", "--layers", "2",
+                         "--batch", "8", "--network", "none", "--iters", ITERS, "--warmup", "0", "--sync-every", "2",
+                         "--data", "markov", "--compute-model", "--compute-time-scale", "1000", "--results", tmp_path / "results", "--debug", "fault_mode=preempt",
+                         "--debug", "fault_rank=2", "--debug", "fault_iteration=3", "--debug", "fault_phase=forward")
+    finally:
+        stop.set()
+        driver.join()
     assert rc == 0, err
-    run_dir = next(tmp_path.rglob("records.csv")).parent
-    assert [r["iteration"] for r in read_records(run_dir / "records.csv")] == list(range(6))
+    run_dir = next((tmp_path / "results").rglob("records.csv")).parent
+    assert [r["iteration"] for r in read_records(run_dir / "records.csv")] == list(range(ITERS))
     syncs = read_outer_syncs(run_dir / "outer_syncs.csv")
     assert {r["participants"] for r in syncs if r["iteration"] == 1} == {4}
-    assert {r["participants"] for r in syncs if r["iteration"] >= 3} == {3}
-    assert {r["committed"] for r in syncs} == {1}  # it was lost between syncs: none was dropped
-    assert 2 not in {r["rank"] for r in syncs if r["iteration"] >= 3}
+    assert {r["participants"] for r in syncs if 3 <= r["iteration"] <= 5} == {3}
+    healed = min(r["iteration"] for r in syncs if r["rank"] == 2 and r["iteration"] > 3)  # its first sync back
+    assert healed > 5 and all(r["committed"] for r in syncs)
+    for i in range(healed, ITERS, 2):  # from its heal on, in every sync with the others
+        assert {(r["rank"], r["participants"]) for r in syncs if r["iteration"] == i} == {(d, 4) for d in range(4)}
     elastic = json.loads((run_dir / "manifest.json").read_text())["elastic"]
-    assert len(elastic["generations"]) == 4  # a job per device, none restarted
-    (row,) = [r for r in elastic["events"] if r["event"] == "restart"]
-    assert row["after"] == "preempt" and row["devices"] == [2] and row["from"] == "quorum"
-    assert row["lost_iterations"] == 1  # iteration 2, after the sync at 1; iteration 3 never ran
-    assert row["detect_s"] > 0
-    assert (run_dir / "recoveries.csv").read_text().count("\n") == 2
+    gens = elastic["generations"]
+    assert len(gens) == 5 and gens[4]["devices"] == [2] and gens[4]["start_iteration"] >= 5  # a new job, no restart
+    lost, back = [r for r in elastic["events"] if r["event"] == "restart"]
+    assert lost["after"] == "preempt" and lost["devices"] == [2] and lost["from"] == "quorum"
+    assert lost["lost_iterations"] == 1  # iteration 2, after the sync at 1; iteration 3 never ran
+    assert lost["detect_s"] > 0
+    assert back["after"] == "return" and back["devices"] == [2] and back["from"] == "peer"
+    assert back["resumed_from"] == gens[4]["start_iteration"]
+    assert 0 < back["restart_s"] < back["restart_marks_s"]["state_moved"]  # its start, then its heal
+    assert back["lost_iterations"] >= 1  # its steps on the stale model, up to its heal
+    assert (run_dir / "recoveries.csv").read_text().count("\n") == 3
 
 
 def test_sim_quorum_recovery_counts_the_lost_replicas_steps_and_its_heal():

@@ -143,7 +143,8 @@ def _merged(per_job: list[tuple[_Job, list[IterationStats]]], first: int, end: i
         in_step = job.index < devices
         for s in stats:
             rows = s.outer_syncs or []
-            syncs.setdefault(s.iteration, []).extend(rows)
+            for r in rows:  # a job back heals in the others' sync: the row has their iteration, the step its own
+                syncs.setdefault(r["iteration"], []).append(r)
             took.setdefault(s.iteration, []).append(s)
             dropped = any(not r["committed"] for r in rows)
             if in_step and not dropped:

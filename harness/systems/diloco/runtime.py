@@ -36,8 +36,12 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch.distributed import TCPStore
 
 os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers (read when it loads) log every quorum at info
+
+from torchft import Manager  # noqa: E402 (after RUST_LOG) here, not in the rank: a job forks with them loaded
+from torchft.local_sgd import DiLoCo  # noqa: E402
 
 from ...plan.request import RunSpec
 from ...files import atomic_write_text
@@ -118,10 +122,6 @@ def _checkpoint_transport(addr: str, timeout: timedelta):
 
 
 def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
-    from torch.distributed import TCPStore
-    from torchft import Manager
-    from torchft.local_sgd import DiLoCo
-
     logging.getLogger("torchft").setLevel(logging.WARNING)
     # at every quorum, on every rank: NCCL's flight recorder, which a CPU run has none of
     logging.getLogger("torchft.manager").addFilter(lambda rec: "flight recorder" not in rec.getMessage())
@@ -251,7 +251,8 @@ def _train(ctx, spec, s, model, inner, manager, pacer, paced: list, inner_groups
         seconds, end = now - end, now
         syncs = None
         if taken % per_sync == 0:
-            syncs = [{"iteration": it, "rank": ctx.device_index, "replica": replica,
+            # the iteration of the sync this replica took part in: the others', when it healed from them in it
+            syncs = [{"iteration": where.get("healed", it), "rank": ctx.device_index, "replica": replica,
                       "outer_step": manager.current_step(), "fragment": fragment, "seconds": synced - paced[1],
                       "bytes": sent[0] - sent[1], "participants": manager.num_participants(),
                       "committed": int(manager.current_step() > outer_step), "end": now}]

@@ -175,6 +175,42 @@ def test_baselines_restart_from_their_last_checkpoint(tmp_path, topo, sim):
             assert p.recoveries[1].event.startswith("device(s) [3] back") and p.recoveries[1].devices_after == 8
 
 
+def test_diloco_goes_on_without_a_lost_replica_and_heals_one_back_with_no_restart(tmp_path, topo, sim):
+    """A quorum system (sim/quorum.py): device 3 lost halfway through iteration 6 (H = 4: 2 steps since its sync
+    at 3); the others finish iterations 6 and 7, then their quorum waits out its heartbeats; they go on as 7 replicas,
+    nothing redone. Back later, its process starts, takes its own 4 steps, joins the others' next quorum and
+    heals from a peer: the peer's state over the link, which that sync waits for."""
+    from harness.plan import systems as registry
+
+    opts, N = {"sync_every": 4}, 100
+    q = registry.get("diloco").quorum_model_of(CFG, opts, 8)
+    never = predict_spot(sim, "diloco", CFG, BATCH, timeline(tmp_path, topo, "events: [{at_s: 1e9, preempt: 1}]"), N,
+                         RecoveryModel(start_s=START_S), options=opts)
+    T = never.iterations[0].seconds
+    lost_at = never.iterations[6].start_s + 0.5 * T
+    back_at = lost_at + q.heartbeat_timeout_s + 10 * T  # after the others' quorum went on without it
+    tl = timeline(tmp_path, topo, f"events: [{{at_s: {lost_at}, preempt: 3}}, {{at_s: {back_at}, return: 3}}]")
+    p = predict_spot(sim, "diloco", CFG, BATCH, tl, N, RecoveryModel(start_s=START_S), options=opts)
+    lost, join = p.recoveries
+    assert lost.kind == "quorum" and lost.lost_iterations == 2 and lost.devices_after == 7
+    assert lost.detect_s == pytest.approx(max(0.0, min(q.heartbeat_timeout_s - 1.5 * T, q.join_timeout_s)))
+    assert lost.detect_s > 0  # here its heartbeats outlast the others' steps to their quorum
+    assert lost.restart_s == 0 and lost.lost_s == 0  # no restart, nothing of the run thrown away
+    assert [i.iteration for i in p.iterations] == list(range(N))
+    assert [i.devices for i in p.iterations[:7]] == [8] * 7 and p.iterations[7].devices == 7
+    joined = next(i for i in p.iterations if i.start_s >= join.at_s)
+    assert join.kind == "join" and join.event == "device(s) [3] back" and join.devices_after == 8
+    assert joined.iteration % 4 == 0 and joined.devices == 8  # at a quorum
+    assert join.at_s >= back_at + START_S + 4 * p.iterations[7].seconds  # started, then its own 4 steps
+    assert join.transfer_s == pytest.approx(q.heal_s(sim.links, 0, 3)) and join.lost_iterations == 4
+    assert p.total_s == pytest.approx(p.accounted_s())
+    # the quorum's replicas keep their share of the batch: 7 of them take less than 8
+    assert p.iterations[9].seconds <= T
+    restarted = predict_spot(sim, "diloco", CFG, BATCH, tl, N, RecoveryModel(start_s=START_S, restart_all=True),
+                             options=opts)
+    assert restarted.recoveries[0].kind == "restart" and restarted.total_s > p.total_s
+
+
 def test_a_notice_lets_ours_leave_the_device_before_it_goes(tmp_path, topo, sim):
     tl = timeline(tmp_path, topo, "events: [{at_s: 20, preempt: 3, notice_s: 15}]")
     p = predict(sim, tl, "ours", iterations=400)
@@ -224,10 +260,12 @@ def test_sim_predicts_every_system_under_devices_that_leave(cli, tmp_path, topo)
     table = out.split("devices that leave and come back")[1].split("\n\n")[0]
     rows = {line.split()[0]: line.split() for line in table.splitlines()[2:]}
     assert rows["ours"][1] == "replan" and rows["megatron"][1] == "restart" and rows["deepspeed"][1] == "restart"
+    assert rows["diloco"][1] == "quorum"  # torchft's: the others go on
     assert "no layout rule" in table  # dtfm: said, not left out
     rec = pd.read_csv(tmp_path / "run" / "recoveries.csv")
     ours, megatron = rec[rec.system == "ours"], rec[rec.system == "megatron"]
     assert list(ours.kind) == ["replan", "join"] and set(megatron.kind) == {"restart"}
+    assert list(rec[rec.system == "diloco"].kind) == ["quorum"]  # it ends before device 3 is back
     assert (megatron.detect_s.iloc[0], ours.detect_s.iloc[0]) == (TORCHRUN_DETECT_S, DETECT_S)
     assert list(ours.replan_s) == [SEARCH_S, SEARCH_S]
     it = pd.read_csv(tmp_path / "run" / "spot.csv")

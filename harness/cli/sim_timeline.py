@@ -154,25 +154,25 @@ def print_spot(sim, cands, args, cfg, out_dir: Path) -> Path:
     rows, recoveries = [], []
     print(f"\nunder the timeline {timeline.source}: devices that leave and come back, {iterations} useful iterations"
           f" each (checkpoints: {f'every {args.checkpoint_every}' if args.checkpoint_every else 'none'})")
-    print(f"{'system':<12} {'recovery':>8} {'time s':>10} {'useful/h':>10} {'events':>6} {'lost it.':>8} "
+    print(f"{'system':<16} {'recovery':>8} {'time s':>10} {'useful/h':>10} {'events':>6} {'lost it.':>8} "
           f"{'recovery s':>10} {'checkpoint s':>12}")
     for c in (c for c in cands if c.best and c.layout is not None):
         if systems.get(c.system).layout_rule is None:
-            print(f"{c.system:<12} {'-':>8}  not predicted: no layout rule to lay it out on the devices left")
+            print(f"{c.system:<16} {'-':>8}  not predicted: no layout rule to lay it out on the devices left")
             continue
         pred = predict_spot(sim, c.system, cfg, args.batch, timeline, iterations, model,
-                            layout=request_of(c.system, c.layout, sim.budget))
+                            layout=request_of(c.system, c.layout, sim.budget), options=sim.options_of(systems.get(c.system)))
         recovers = "restart" if model.restart_all else systems.get(c.system).recovery
-        print(f"{c.system:<12} {recovers:>8} {pred.total_s:>10.1f} {pred.useful_per_hour:>10.0f} "
+        print(f"{c.system:<16} {recovers:>8} {pred.total_s:>10.1f} {pred.useful_per_hour:>10.0f} "
               f"{len(pred.recoveries):>6} {sum(r.lost_iterations for r in pred.recoveries):>8} "
               f"{sum(r.seconds for r in pred.recoveries):>10.1f} {pred.checkpoint_s:>12.2f}")
         rows += [{"system": c.system, **vars(i)} for i in pred.iterations]
         recoveries += [{"system": c.system, **vars(r), "seconds": r.seconds} for r in pred.recoveries]
     if recoveries:
-        print(f"\n{'system':<12} {'at s':>8} {'kind':<8} {'detect':>7} {'re-plan':>7} {'moves':>7} {'re-mesh':>7} "
+        print(f"\n{'system':<16} {'at s':>8} {'kind':<8} {'detect':>7} {'re-plan':>7} {'moves':>7} {'re-mesh':>7} "
               f"{'restart':>7} {'lost it.':>8}  event")
         for r in recoveries:
-            print(f"{r['system']:<12} {r['at_s']:>8.1f} {r['kind']:<8} {r['detect_s']:>7.2f} {r['replan_s']:>7.2f} "
+            print(f"{r['system']:<16} {r['at_s']:>8.1f} {r['kind']:<8} {r['detect_s']:>7.2f} {r['replan_s']:>7.2f} "
                   f"{r['transfer_s']:>7.2f} {r['remesh_s']:>7.3f} {r['restart_s']:>7.2f} {r['lost_iterations']:>8}  "
                   f"{r['event']}")
     for name, table in (("recoveries.csv", recoveries), ("spot.csv", rows)):

@@ -134,6 +134,7 @@ class System:
     # one back heals from a peer, no restart: torchft's, train/quorum_agent.py) or "restart" (from the last
     # checkpoint on the devices left, as torchrun's elastic agent restarts a job: every other system)
     recovery: str = "restart"
+    quorum_model: Ref | None = None  # a "quorum" system's: (cfg, options, devices) -> sim.quorum.QuorumModel
     checkpoints: bool = False  # its runtime writes checkpoints and resumes from them (--checkpoint-every, --resume)
     # the points of an iteration its runtime marks (RankContext.reached), where a debug fault_iteration may hit
     fault_phases: tuple[str, ...] = ()
@@ -150,6 +151,8 @@ class System:
                                    f"{', '.join(PAPER_ROLES)}")
         if self.recovery not in RECOVERIES:
             raise HarnessError(f"system {self.name}: recovery must be one of {', '.join(RECOVERIES)}")
+        if (self.recovery == "quorum") != (self.quorum_model is not None):
+            raise HarnessError(f"system {self.name}: a quorum_model is what recovery=\"quorum\" needs, and only it")
         fields_ = [LAYOUT_FLAGS[f] for f in self.flags]
         if len(set(fields_)) != len(fields_):
             raise HarnessError(f"system {self.name}: two of its flags set the same layout field ({self.flags})")
@@ -208,6 +211,10 @@ class System:
             raise HarnessError(f"--system {self.name}: no model of its traffic between nodes (its registry entry "
                                "gives no cross_node_bytes)")
         return functools.partial(fn, options=self.resolve_options(options or {})) if self.options else fn
+
+    def quorum_model_of(self, cfg, options: dict | None, devices: int):
+        """Its quorums' model (sim/quorum.py) for `cfg` on `devices`, given its options over their defaults."""
+        return _resolve(self.quorum_model)(cfg, self.resolve_options(options or {}), devices)
 
     def record_layout_fn(self) -> Callable:
         return _resolve(self.record_layout)

@@ -14,6 +14,8 @@ A system recovers as its registry entry says (plan.systems.System.recovery):
   after the warning when it is in place before the device goes (nothing lost). A device back joins at a boundary
   once its process has started, when the plan with it is faster and pays for its moves over the iterations left.
   Where no survivor holds some block, the run restarts from its last checkpoint, as below.
+- "quorum" (DiLoCo on torchft): the replicas left go on and one back heals from a peer (_QuorumRecoveries, with
+  the system's sim/quorum.QuorumModel).
 - "restart" (Megatron, DeepSpeed, ... under torchrun's elastic agent): torchrun's rendezvous declares a node
   gone after its keep-alive misses (TORCHRUN_DETECT_S = 5 s x 3, torch's defaults), waits its last call for
   more nodes (TORCHRUN_LAST_CALL_S, when below the most nodes), starts every process again (start_s),
@@ -34,17 +36,14 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from ..compute import PAPER_BYTES
-from ..netmodel.links import Links
 from ..compute.model import GPTConfig
 from ..plan import systems as registry
-from ..plan.survivors import layout_on
 from ..scenario.preemption import (HEARTBEAT_S, KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S, DeviceEvent,
                                    device_events)
-from ..layout.holdings import holdings
 from .replan import item_bytes, transfer_seconds
 from .systems import SimError
-from .timeline import AGAIN, ChangingLinks, Disruptions, PredictedIteration, RunState, predict_run, timeline_links
+from .survivor_plans import Plan, SurvivorPlanner
+from .timeline import AGAIN, Disruptions, PredictedIteration, RunState, predict_run
 
 #: ours' failure detector: a heartbeat every HEARTBEAT_S, a device gone after KEEPALIVE_MISSED missed
 DETECT_S = HEARTBEAT_S * KEEPALIVE_MISSED
@@ -78,7 +77,7 @@ class RecoveryModel:
     def start(self) -> float:
         return measured_start_s() if self.start_s is None else self.start_s
 
-    def search(self, plan: "_Plan") -> float:
+    def search(self, plan: "Plan") -> float:
         return plan.search_s if self.search_s is None else self.search_s
 
 
@@ -123,73 +122,6 @@ class SpotPrediction:
         return len(self.iterations) / self.total_s * 3600.0 if self.total_s > 0 else 0.0
 
 
-@dataclass(frozen=True)
-class _Plan:
-    devices: tuple[int, ...]  # the run's device ids, in the subset's order
-    seconds: float  # an iteration on the scenario's links
-    search_s: float
-    held: dict  # run's device id -> what it holds (layout/holdings.holdings)
-    layout: object = None  # its Layout, to simulate it again on links that changed
-
-
-class _Planner:
-    """Layouts of a system on sets of the run's devices, cached (a set's search is measured once)."""
-
-    def __init__(self, sim, system: str, cfg: GPTConfig, batch: int, layout=None):
-        from ..plan.request import LayoutRequest
-
-        self.sim, self.entry, self.cfg, self.batch = sim, registry.get(system), cfg, batch
-        self.layout = layout or LayoutRequest()
-        self.cache: dict[frozenset, _Plan | None] = {}
-        self.seconds_cache: dict[tuple, float] = {}
-        self.why = ""  # the rule's last refusal
-
-    def plan(self, devices, held: dict | None = None) -> _Plan | None:
-        """`held`: what the devices hold now (layout_on keeps a device that alone holds some item). A layout
-        on every device of the set is the same whatever they hold: searched once."""
-        each = frozenset(devices)
-        every = self.cache.get((each, None))
-        kept = None
-        if held is not None and not (every is not None and len(every.devices) == len(each)):
-            kept = {d: items for d, items in held.items() if d in each}
-        key = (each, None if kept is None else frozenset((d, frozenset(i)) for d, i in kept.items()))
-        if key not in self.cache:
-            self.cache[key] = self._search(sorted(key[0]), kept)
-        return self.cache[key]
-
-    def _search(self, devices: list[int], held: dict | None) -> _Plan | None:
-        from ..plan.request import ModelSection, NetworkSection, RunRequest, RunSection
-
-        sim, topo = self.sim, self.sim.topo
-        base = RunRequest(network=NetworkSection(scenario=topo.name, mode="none"),
-                          model=ModelSection(name=self.cfg.name, layers=self.cfg.layers, batch=self.batch,
-                                             micro_batch=sim.micro_batch),
-                          run=RunSection(system=self.entry.name), layout=self.layout)
-        found, self.why = layout_on(base, topo, devices, held)
-        if found is None:
-            return None
-        devices, lay = list(found.devices), found.layout
-        held = {devices[k]: items for k, items in holdings(lay).items()}
-        plan = _Plan(tuple(devices), 0.0, found.search_s, held, lay)
-        return replace(plan, seconds=self._simulate(plan, topo))
-
-    def _simulate(self, plan: _Plan, topo) -> float:
-        sim, devices = self.sim, list(plan.devices)
-        links = timeline_links(sim, topo.subset(devices))
-        profiles = [sim.profiles[d] for d in devices]
-        return float(self.entry.simulate_layout_fn()(links, profiles, self.cfg, self.batch, plan.layout,
-                                                     sim.micro_batch, PAPER_BYTES)[0])
-
-    def seconds(self, plan: _Plan, links: ChangingLinks) -> float:
-        """An iteration of `plan` on the links as they are now (the scenario's when nothing changed them)."""
-        if not links.changed:
-            return plan.seconds
-        key = (plan.devices, id(plan.layout), links.key())
-        if key not in self.seconds_cache:
-            self.seconds_cache[key] = self._simulate(plan, links.topology())
-        return self.seconds_cache[key]
-
-
 def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:
     """What each device writes to a checkpoint: its items' parameters x what training keeps beside the gradient."""
     size = item_bytes(cfg)
@@ -197,14 +129,19 @@ def _state_bytes(held: dict, cfg: GPTConfig) -> dict[int, float]:
 
 
 def predict_spot(sim, system: str, cfg: GPTConfig, batch: int, timeline, iterations: int,
-                 model: RecoveryModel = RecoveryModel(), layout=None) -> SpotPrediction:
+                 model: RecoveryModel = RecoveryModel(), layout=None, options: dict | None = None) -> SpotPrediction:
     """`iterations` useful iterations of `system` on the simulator's scenario under `timeline`'s device events
     and link events, from t = 0: the one loop of runs that change (sim/timeline.predict_run) with this module's
     recoveries; see the module docstring. An iteration that a link change falls inside runs as a fluid: the share
     done so far stays done, the rest goes at the new links' pace; a recovery's moves and re-mesh go over the links
-    in force. `layout`: a LayoutRequest of options for the system's layout rule (e.g. DeepSpeed's zero)."""
-    recoveries = _Recoveries(sim, system, cfg, batch, timeline, iterations, model, layout)
+    in force. `layout`: a LayoutRequest of options for the system's layout rule (e.g. DeepSpeed's zero); `options`:
+    the system's own (e.g. DiLoCo's sync_every), over their defaults."""
+    if registry.get(system).recovery == "quorum" and not model.restart_all:
+        recoveries = _QuorumRecoveries(sim, system, cfg, batch, timeline, iterations, model, layout, options)
+    else:
+        recoveries = _Recoveries(sim, system, cfg, batch, timeline, iterations, model, layout, options)
     run = predict_run(timeline, sim.topo, iterations, recoveries)
+    recoveries.finished(run)
     out = recoveries.out
     out.iterations, out.total_s = run.iterations, run.t
     return out
@@ -215,10 +152,10 @@ class _Recoveries(Disruptions):
     devices up, the events to come, the last checkpoint; what it cost goes to `out`."""
 
     def __init__(self, sim, system: str, cfg: GPTConfig, batch: int, timeline, iterations: int,
-                 model: RecoveryModel, layout):
+                 model: RecoveryModel, layout, options: dict | None = None):
         self.sim, self.cfg, self.model, self.N, self.source = sim, cfg, model, iterations, timeline.source
         self.recovery = "restart" if model.restart_all else registry.get(system).recovery
-        self.planner = _Planner(sim, system, cfg, batch, layout)
+        self.planner = SurvivorPlanner(sim, system, cfg, batch, layout, options)
         timed, self.by_iteration = device_events(timeline, sim.topo, _horizon(self.planner, iterations, model))
         self.events = list(timed)
         self.storage_Bps = model.storage_gbps * 1e9
@@ -233,11 +170,23 @@ class _Recoveries(Disruptions):
     def devices(self) -> int:
         return len(self.plan.devices)
 
+    def finished(self, run: RunState) -> None:
+        """The run has its iterations."""
+
     def pop(self, until: float) -> list[DeviceEvent]:
         due = [e for e in self.events if e.at_s <= until]
         del self.events[:len(due)]
         for e in due:
             _apply(e, self.up, self.ready_at, self.model)
+        return due
+
+    def due(self, run: RunState) -> list[DeviceEvent]:
+        """The device events due at this boundary, applied: those timed before now and those of this iteration."""
+        due = self.pop(run.t)
+        for e in [e for e in self.by_iteration if e.at_iteration <= len(run.iterations)]:
+            self.by_iteration.remove(e)
+            _apply(e, self.up, self.ready_at, self.model, at=run.t)
+            due.append(e)
         return due
 
     def restart(self, run: RunState, at: float, why: str, flight_s: float, detect: float, rendezvous: bool) -> None:
@@ -282,11 +231,7 @@ class _Recoveries(Disruptions):
         """Device events due, a recovery, a warned device leaving or a device back joining (AGAIN), else a
         declined search and a checkpoint (run.t moves) before the iteration."""
         model, t, done, out = self.model, run.t, len(run.iterations), self.out
-        due = self.pop(t)
-        for e in [e for e in self.by_iteration if e.at_iteration <= done]:  # iteration events: at this boundary
-            self.by_iteration.remove(e)
-            _apply(e, self.up, self.ready_at, model, at=t)
-            due.append(e)
+        due = self.due(run)
         if self.plan is None:  # no layout on the devices left: wait for one to come back
             if not self.events:
                 raise SimError(f"{out.system}: no device left to train on and none comes back ({self.source})")
@@ -361,6 +306,76 @@ class _Recoveries(Disruptions):
         self.pop(end)
 
 
+class _QuorumRecoveries(_Recoveries):
+    """A quorum system's way through devices that leave and come back (DiLoCo on torchft; train/quorum_agent.py
+    runs it): no restart and no checkpoint.
+    - A replica lost: the others go on with the iteration in flight. Their next quorum (at the end of the iteration
+      of their next sync) waits for the lost one until its heartbeats have stopped, at most the join timeout
+      (QuorumModel.wait_s); then they are a smaller quorum, each keeping its share of the batch (an iteration
+      trains fewer samples, as the runtime's do). The lost replica's inner steps since its last sync are work no
+      outer step holds: the row's lost_iterations (a replica's steps, not the run's; nothing is redone).
+    - A device back: its process starts (RecoveryModel.start), takes its own turn of inner steps on its stale
+      model (lost_iterations), joins the others' first quorum after that and heals from a peer in it: the peer's
+      state over the link, which the others' sync waits for (transfer_s).
+    The wait and the heal are what the run pays. Left out: replicas' drift (a replica lost inside a sync costs
+    those still in it the sync timeout), the Lighthouse's device leaving (the runtime refuses such a run), and a
+    run whose every replica leaves (an error: nothing to heal from)."""
+
+    def __init__(self, sim, system: str, cfg, batch: int, timeline, iterations: int, model, layout, options):
+        super().__init__(sim, system, cfg, batch, timeline, iterations, model, layout, options)
+        self.quorum = registry.get(system).quorum_model_of(cfg, options, sim.topo.n)  # a sim/quorum.QuorumModel
+        self.waits: list[tuple[int, Recovery]] = []  # (the boundary it is paid at, a loss's row)
+        self.during: list = []  # the device events during the last iteration, taken at the boundary after it
+
+    def boundary(self, run: RunState, changed: bool) -> float | str:
+        t, done, q = run.t, len(run.iterations), self.quorum
+        changed_plan = False
+        due, self.during = self.during + self.due(run), []
+        for e in (e for e in due if e.kind == "preempt" and e.device in self.plan.devices):
+            left = [d for d in self.plan.devices if d != e.device]
+            if not left:
+                raise SimError(f"{self.out.system}: every replica has left at t={e.at_s:g} s ({self.source}): "
+                               "no peer to heal from, and a quorum system keeps no checkpoint")
+            step, at = self.seconds(run), t if e.at_s is None else e.at_s
+            # the iteration it was lost in: a timed event is taken at the boundary after it, one at an iteration
+            # as that iteration begins
+            inside = done if e.at_s is None or not done else done - 1
+            sync = inside + q.turn - 1 - inside % q.turn  # the iteration whose end is the others' next quorum
+            to_quorum = t + (sync - done + 1) * step - at
+            self.waits.append((sync + 1, Recovery(at, e.describe(), "quorum", detect_s=q.wait_s(to_quorum),
+                                                  lost_iterations=inside % q.turn, devices_after=len(left))))
+            self.plan, changed_plan = self.planner.plan(left), True
+        for row in [row for at, row in self.waits if at <= done]:  # the others' quorum waited at this boundary
+            self.waits = [(at, r) for at, r in self.waits if r is not row]
+            run.t += row.detect_s
+            self.out.recoveries.append(row)
+        if done and done % q.turn == 0 and not changed_plan:  # a quorum just ended: replicas ready join it
+            step = self.seconds(run)
+            back = sorted(d for d in self.up if d not in self.plan.devices
+                          and self.ready_at[d] + q.turn * step <= t)  # started, then their own turn of steps
+            if back:
+                links = run.net.links(self.sim)
+                heal = max(q.heal_s(links, self.plan.devices[0], d) for d in back)
+                run.t += heal
+                self.plan = self.planner.plan(set(self.plan.devices) | set(back))
+                self.out.recoveries.append(Recovery(t, f"device(s) {back} back", "join", transfer_s=heal,
+                                                    lost_iterations=q.turn * len(back),
+                                                    devices_after=len(self.plan.devices)))
+                changed_plan = True
+        return AGAIN if changed_plan else 0.0
+
+    def stop(self, until: float):
+        return None  # a replica lost does not stop the others' iteration
+
+    def completed(self, run: RunState, end: float) -> None:
+        self.during += self.pop(end)
+
+    def finished(self, run: RunState) -> None:
+        """A loss whose quorum came after the last iteration: its row, with no wait paid."""
+        self.out.recoveries += [replace(row, detect_s=0.0) for _, row in self.waits]
+        self.out.recoveries.sort(key=lambda r: r.at_s)
+
+
 def _apply(e: DeviceEvent, up: set, ready_at: dict, model: RecoveryModel, at: float | None = None) -> None:
     t = e.at_s if at is None else at
     if e.kind == "preempt":
@@ -376,7 +391,7 @@ def _all_held(had: dict, has: dict) -> bool:
     return all(items <= held for items in has.values())
 
 
-def _horizon(planner: _Planner, iterations: int, model: RecoveryModel) -> float:
+def _horizon(planner: SurvivorPlanner, iterations: int, model: RecoveryModel) -> float:
     """How far in time to draw a spot market: ten times the undisturbed run, and an hour at least."""
     plan = planner.plan(range(planner.sim.topo.n))
     undisturbed = (plan.seconds if plan else 1.0) * iterations

@@ -79,6 +79,7 @@ def diloco_stage_bytes(layout, cfg, batch: int, micro_batch: int, bytes_per_valu
 
 COMMON = dict(
     train="harness.systems.diloco.runtime:train_diloco", layout_rule=diloco_layout, recovery="quorum",
+    quorum_model="harness.systems.diloco.sim:quorum_model",
     fault_phases=("forward", "dp_sync"),
     simulate_layout="harness.systems.diloco.sim:simulate_diloco_layout",
     cross_node_bytes="harness.systems.diloco.sim:layout_cross_node_bytes", stage_memory=diloco_stage_bytes,

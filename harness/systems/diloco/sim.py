@@ -22,6 +22,7 @@ import numpy as np
 from ...compute import optimizer_seconds, rank_phase_seconds
 from ...compute.model import GPTConfig, stage_params
 from ...netmodel import collectives
+from ...sim.quorum import QuorumModel
 from .settings import BYTES_ON_WIRE, INT8_SCALE_OVERHEAD, DiLoCoSettings, fragment_cuts
 
 
@@ -116,37 +117,43 @@ HEARTBEAT_TIMEOUT_S = 5.0
 HEAL_BYTES_PER_PARAM = 4 * 5
 
 
+def quorum_model(cfg: GPTConfig, options: dict, devices: int) -> QuorumModel:
+    """DiLoCo's quorums for the spot predictor (sim/preemption.py): one a fragment's sync, every H / fragments inner
+    steps; torchft's Lighthouse timeouts; the heal's state."""
+    s = DiLoCoSettings.of(options, devices, cfg.layers)
+    return QuorumModel(turn=s.sync_every // s.fragments, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S,
+                       join_timeout_s=s.join_timeout, heal_bytes=cfg.params * HEAL_BYTES_PER_PARAM)
+
+
 def quorum_recovery(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, options: dict, device: int,
                     preempt_at: int, return_at: int | None = None, start_s: float = 0.0) -> dict:
     """What the model says of a replica (one device) preempted as inner step `preempt_at` (0-based, of the run)
-    begins and, optionally, back as step `return_at` begins (train/quorum_agent.py measures the same):
+    begins and, optionally, back as step `return_at` begins (train/quorum_agent.py measures the same), the
+    replicas in lock step:
     - lost_iterations: its steps since its last sync, which no outer step holds;
     - detect_s: from the preemption to the end of the first sync without it: the survivors' steps to their next
-      sync, their quorum waiting for it (a member of the last quorum: the join timeout; else until its heartbeats
-      have stopped, HEARTBEAT_TIMEOUT_S from the preemption), then the sync over the replicas left;
+      sync, their quorum waiting for it (until its heartbeats have stopped, at most the join timeout:
+      QuorumModel.wait_s), then the sync over the replicas left;
     - back: restart_s (`start_s`: a process's start), state_moved_s (from its start to its heal: its own turn of
       steps, waiting at its first quorum for the others' next sync, then the peer's state over the link from the
       first other replica) and its lost_iterations (those steps, on a stale model)."""
     devices = devices_of(lay)
     s = DiLoCoSettings.of(options, len(devices), cfg.layers)
-    turn = s.sync_every // s.fragments
+    q = quorum_model(cfg, options, len(devices))
     steps, _ = inner_step_seconds(links, profiles, cfg, batch, lay, mb, bpv, s)
     step = float(steps.max())
     left = np.asarray([d for d in devices if d != device])[None, :]
     values = fragment_params(cfg, s.fragments)[0]
     sync = sync_seconds(links, left, values, s.wire, bpv) + optimizer_seconds(values, profiles[left[0, 0]])
-    to_quorum = (turn - preempt_at % turn) * step
-    wait = to_quorum + s.join_timeout if preempt_at >= turn else max(to_quorum, HEARTBEAT_TIMEOUT_S)
-    out = {"lost_iterations": preempt_at % turn, "detect_s": wait + sync}
+    to_quorum = (q.turn - preempt_at % q.turn) * step
+    out = {"lost_iterations": preempt_at % q.turn, "detect_s": to_quorum + q.wait_s(to_quorum) + sync}
     if return_at is None:
         return out
-    ready = start_s + turn * step  # its first quorum, after its own turn of steps
-    others = (turn - return_at % turn) * step  # the others' next quorum, from its return
+    ready = start_s + q.turn * step  # its first quorum, after its own turn of steps
+    others = (q.turn - return_at % q.turn) * step  # the others' next quorum, from its return
     while others < ready:
-        others += turn * step
+        others += q.turn * step
     peer = next(d for d in devices if d != device)
-    path = links.path(np.array([peer]), np.array([device]))  # a fresh connection: the HTTP transport's
-    heal = float(path.rtt_s[0] + path.transfer(np.array([cfg.params * HEAL_BYTES_PER_PARAM]),
-                                               path.initial_window())[0][0])
-    out["back"] = {"restart_s": start_s, "state_moved_s": others + heal, "lost_iterations": turn}
+    out["back"] = {"restart_s": start_s, "state_moved_s": others + q.heal_s(links, peer, device),
+                   "lost_iterations": q.turn}
     return out

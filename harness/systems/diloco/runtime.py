@@ -27,35 +27,24 @@ so its time is communication. Each outer step (each fragment's sync) is a row of
 """
 from __future__ import annotations
 
-import logging
-import os
-import socket
 import time
-from datetime import timedelta
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch.distributed import TCPStore
 
-os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers (read when it loads) log every quorum at info
-
-from torchft import Manager  # noqa: E402 (after RUST_LOG) here, not in the rank: a job forks with them loaded
-from torchft.local_sgd import DiLoCo  # noqa: E402
+from .members import ADAMW, join_torchft, sync_row, wait_for  # first: torchft loads after its RUST_LOG
+from torchft.local_sgd import DiLoCo  # here, not in the rank: a job forks with it loaded
 
 from ...plan.request import RunSpec
-from ...files import atomic_write_text
 from ...train import wire
 from ...train.compute_model import pacer_for
 from ...train.gpt import GPT, lm_loss, synthetic_batch
 from ...train.rank import RankContext, iteration_progress, torch_dtype
 from ...train.reference import make_optimizer
-from ...train.quorum_agent import STAYING_MARK, ended_file, lighthouse_file
+from ...train.quorum_agent import STAYING_MARK, ended_file
 from ...train.stats import IterationStats
-from .codec import WireProcessGroup
 from .settings import DiLoCoSettings, fragment_cuts
-
-ADAMW = {"weight_decay": 0.1, "betas": (0.9, 0.95)}  # DiLoCo's inner AdamW (Douillard et al. 2023, sec. 3)
 
 
 def fragments_of(model: GPT, fragments: int) -> list[torch.nn.Module]:
@@ -72,81 +61,13 @@ def fragments_of(model: GPT, fragments: int) -> list[torch.nn.Module]:
     return out
 
 
-def _lighthouse(ctx: RankContext, join_timeout_s: float):
-    """torchft's Lighthouse on this rank's device: any quorum of at least one replica, formed as soon as every
-    replica of the last quorum still heartbeating has asked, or `join_timeout_s` after the round's first request."""
-    from torchft.coordination import LighthouseServer
-
-    server = LighthouseServer(bind=f"{ctx.addr}:0", min_replicas=1, join_timeout_ms=int(join_timeout_s * 1000))
-    port = int(server.address().rsplit(":", 1)[1])  # it names itself by host name: peers need the address
-    return server, f"http://{ctx.addr}:{port}"
-
-
-def _meet_lighthouse(ctx: RankContext, mine: str | None, timeout_s: float) -> str:
-    """A replica started on its own (train/quorum_agent.py) learns the Lighthouse's address from the file its rank
-    writes in the run's quorum directory (the parent of every replica's journal)."""
-    path = lighthouse_file(ctx.journal)
-    if mine is not None:
-        atomic_write_text(path, mine)
-        return mine
-    _wait(path.exists, timeout_s, f"no Lighthouse address in {path}")
-    return path.read_text()
-
-
-def _all_heartbeating(ctx: RankContext, devices: int, timeout_s: float) -> None:
-    """A replica started on its own says its manager is up (heartbeating) and waits until every device's has been,
-    so that the first quorum waits for them all; a replica back mid-run finds them all there and goes on."""
-    here = lighthouse_file(ctx.journal).parent
-    atomic_write_text(here / f"up-{ctx.device_index}", "")
-    _wait(lambda: len(list(here.glob("up-*"))) >= devices, timeout_s, "not every replica's manager was up")
-
-
-def _wait(done, timeout_s: float, failing: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{failing} after {timeout_s:g} s")
-        time.sleep(0.05)
-
-
-def _checkpoint_transport(addr: str, timeout: timedelta):
-    """torchft's HTTP transport, advertised on the device's address (it would give the host name, which every
-    rank of the emulated cluster shares)."""
-    from torchft.checkpointing.http_transport import HTTPTransport
-
-    class DeviceHTTPTransport(HTTPTransport):
-        def address(self) -> str:
-            return super().address().replace(f"//{socket.gethostname()}:", f"//{addr}:", 1)
-
-    return DeviceHTTPTransport(timeout=timeout, num_chunks=0)
-
-
 def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
-    logging.getLogger("torchft").setLevel(logging.WARNING)
-    # at every quorum, on every rank: NCCL's flight recorder, which a CPU run has none of
-    logging.getLogger("torchft.manager").addFilter(lambda rec: "flight recorder" not in rec.getMessage())
     devices = spec.layout.devices
     s = DiLoCoSettings.of(spec.run.options, devices, spec.cfg.layers)
     m, k = spec.model, s.devices_per_replica(devices)
     replica, group_rank = divmod(ctx.device_index, k)
-    timeout = timedelta(seconds=spec.run.group_timeout_s)
-    sync_timeout = timedelta(seconds=s.sync_timeout or spec.run.group_timeout_s)  # settings.py: a peer lost in a sync
     one_job = ctx.world_size == devices  # else this replica is a job of its own (train/quorum_agent.py)
     inner_groups = [dist.new_group(list(range(r * k, (r + 1) * k))) for r in range(devices // k)] if k > 1 else None
-
-    lighthouse, lighthouse_addr, store = None, None, None
-    if ctx.device_index == s.lighthouse_device:
-        lighthouse, lighthouse_addr = _lighthouse(ctx, s.join_timeout)
-    if group_rank == 0:
-        store = TCPStore(ctx.addr, 0, is_master=True, wait_for_workers=False)
-    if one_job:  # every rank's addresses over the default group
-        every = [None] * devices
-        dist.all_gather_object(every, [ctx.addr, store.port if store else None, lighthouse_addr])
-        leader = every[replica * k]
-        lighthouse_addr = next(e[2] for e in every if e[2])
-    else:  # a replica of one device: its own store; the Lighthouse's address where its rank wrote it
-        leader = [ctx.addr, store.port]
-        lighthouse_addr = _meet_lighthouse(ctx, lighthouse_addr, spec.run.group_timeout_s)
 
     model = GPT(spec.cfg, m.seed).to(torch_dtype(spec))
     params = list(model.parameters())
@@ -169,18 +90,12 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         inner.load_state_dict(sd["inner"])
         where["healed"] = sd["iteration"]
 
-    manager = Manager(
-        pg=WireProcessGroup(s.wire, sync_timeout, on_send), min_replica_size=1, use_async_quorum=False,
+    leader = replica * k if one_job else None  # one job: the replica's first rank; else its own
+    member = join_torchft(
+        ctx, spec, s, replica=replica, group_rank=group_rank, k=k, leader_rank=leader, on_send=on_send,
         load_state_dict=load_state,
-        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict(), "iteration": where["it"]},
-        rank=group_rank, world_size=k, store_addr=leader[0], store_port=leader[1], lighthouse_addr=lighthouse_addr,
-        replica_id=f"replica{replica}", hostname=ctx.addr, init_sync=False, timeout=sync_timeout,
-        quorum_timeout=timeout, connect_timeout=timeout,
-        checkpoint_transport=_checkpoint_transport(ctx.addr, timeout))
-    if one_job:
-        dist.barrier()  # every manager heartbeats before the first quorum: it waits for them all
-    else:
-        _all_heartbeating(ctx, devices, spec.run.group_timeout_s)
+        state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict(), "iteration": where["it"]})
+    manager = member.manager
     pacer = pacer_for(spec, 0, ctx.device_index, ctx.device)
     paced = [0.0, 0.0]  # when the inner step began and when its paced time ended
 
@@ -199,14 +114,12 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
                     fragment_update_alpha=s.fragment_update_alpha):
             stats = _train(ctx, spec, s, model, inner, manager, pacer, paced, inner_groups, replica, k, sent, where)
         ctx.save_state(dict(model.named_parameters()))
-        if lighthouse is not None and not one_job:  # replicas behind (a sync timed out) still need its quorums
+        if member.lighthouse is not None and not one_job:  # replicas behind (a sync timed out) still need its quorums
             ctx.mark(STAYING_MARK)
-            _wait(ended_file(ctx.journal).exists, spec.run.timeout_s, "the other replicas did not end")
+            wait_for(ended_file(ctx.journal).exists, spec.run.timeout_s, "the other replicas did not end")
         return stats
     finally:
-        manager.shutdown(wait=False)
-        if lighthouse is not None:
-            lighthouse.shutdown()
+        member.shutdown()
 
 
 def _train(ctx, spec, s, model, inner, manager, pacer, paced: list, inner_groups, replica: int, k: int, sent: list,
@@ -252,11 +165,8 @@ def _train(ctx, spec, s, model, inner, manager, pacer, paced: list, inner_groups
         syncs = None
         if taken % per_sync == 0:
             # the iteration of the sync this replica took part in: the others', when it healed from them in it
-            syncs = [{"iteration": where.get("healed", it), "rank": ctx.device_index, "replica": replica,
-                      "outer_step": manager.current_step(), "fragment": fragment, "seconds": synced - paced[1],
-                      "bytes": sent[0] - sent[1], "participants": manager.num_participants(),
-                      "committed": int(manager.current_step() > outer_step), "end": now}]
-            sent[1] = sent[0]  # a fragment's bytes leave from its prepare step on (fragment_sync_delay)
+            syncs = [sync_row(ctx, manager, where.get("healed", it), replica, outer_step, fragment,
+                              synced - paced[1], sent, now)]
         if it >= spec.run.warmup:
             busy = min(compute, seconds)
             stats.append(IterationStats(seconds, busy, seconds - busy, float(np.mean(losses)), now, iteration=it,

@@ -1,0 +1,142 @@
+"""A rank's torchft pieces, for DiLoCo's replicas of devices (runtime.py) and of ours' pipelines
+(pipeline_replicas.py): the Lighthouse on `--lighthouse-device`'s rank, each replica's store on its first rank,
+every rank's Manager over the cross-replica group of its position in its replica (codec.py's wire), and the row an
+outer sync leaves in the records.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed import TCPStore
+
+os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers (read when it loads) log every quorum at info
+
+from torchft import Manager  # noqa: E402 (after RUST_LOG) here, not in the rank: a job forks with them loaded
+
+from ...files import atomic_write_text  # noqa: E402
+from ...plan.request import RunSpec  # noqa: E402
+from ...train.quorum_agent import lighthouse_file  # noqa: E402
+from ...train.rank import RankContext  # noqa: E402
+from .codec import WireProcessGroup  # noqa: E402
+from .settings import DiLoCoSettings  # noqa: E402
+
+ADAMW = {"weight_decay": 0.1, "betas": (0.9, 0.95)}  # DiLoCo's inner AdamW (Douillard et al. 2023, sec. 3)
+
+
+@dataclass
+class Member:
+    """A rank's torchft pieces, kept for the run (the store's server lives as long as its object)."""
+    manager: Manager
+    lighthouse: object | None  # the Lighthouse, on its device's rank
+    store: TCPStore | None  # the replica's store, on its first rank
+
+    def shutdown(self) -> None:
+        self.manager.shutdown(wait=False)
+        if self.lighthouse is not None:
+            self.lighthouse.shutdown()
+
+
+def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica: int, group_rank: int, k: int,
+                 leader_rank: int | None, state_dict, load_state_dict, on_send) -> Member:
+    """This rank's Manager in replica `replica` (`k` ranks, this one its `group_rank`), and the Lighthouse when
+    this rank's device runs it. `leader_rank`: the rank of the run's one job hosting the replica's store (the
+    addresses go round the default group); None: the replica is a job of its own (train/quorum_agent.py), which
+    finds the Lighthouse's address in the quorum directory. Every Manager heartbeats before this returns, so the
+    first quorum waits for them all."""
+    logging.getLogger("torchft").setLevel(logging.WARNING)
+    # at every quorum, on every rank: NCCL's flight recorder, which a CPU run has none of
+    logging.getLogger("torchft.manager").addFilter(lambda rec: "flight recorder" not in rec.getMessage())
+    timeout = timedelta(seconds=spec.run.group_timeout_s)
+    sync_timeout = timedelta(seconds=s.sync_timeout or spec.run.group_timeout_s)  # settings.py: a peer lost in a sync
+    lighthouse, lighthouse_addr, store = None, None, None
+    if ctx.device_index == s.lighthouse_device:
+        lighthouse, lighthouse_addr = _lighthouse(ctx, s.join_timeout)
+    if group_rank == 0:
+        store = TCPStore(ctx.addr, 0, is_master=True, wait_for_workers=False)
+    if leader_rank is not None:  # every rank's addresses over the default group
+        every = [None] * ctx.world_size
+        dist.all_gather_object(every, [ctx.addr, store.port if store else None, lighthouse_addr])
+        leader = every[leader_rank]
+        lighthouse_addr = next(e[2] for e in every if e[2])
+    else:  # a replica of one device: its own store; the Lighthouse's address where its rank wrote it
+        leader = [ctx.addr, store.port]
+        lighthouse_addr = _meet_lighthouse(ctx, lighthouse_addr, spec.run.group_timeout_s)
+    manager = Manager(
+        pg=WireProcessGroup(s.wire, sync_timeout, on_send), min_replica_size=1, use_async_quorum=False,
+        load_state_dict=load_state_dict, state_dict=state_dict,
+        rank=group_rank, world_size=k, store_addr=leader[0], store_port=leader[1], lighthouse_addr=lighthouse_addr,
+        replica_id=f"replica{replica}", hostname=ctx.addr, init_sync=False, timeout=sync_timeout,
+        quorum_timeout=timeout, connect_timeout=timeout,
+        checkpoint_transport=_checkpoint_transport(ctx.addr, timeout))
+    if leader_rank is not None:
+        dist.barrier()
+    else:
+        _all_heartbeating(ctx, spec.layout.devices, spec.run.group_timeout_s)
+    return Member(manager, lighthouse, store)
+
+
+def sync_row(ctx: RankContext, manager, iteration: int, replica: int, outer_step: int, fragment: int,
+             seconds: float, sent: list, end: float) -> dict:
+    """An outer sync's row of the records (outer_syncs.csv): `outer_step` the manager's step before it (a higher
+    one after: committed), `sent` this rank's bytes in outer syncs [in all, at the last sync's end] (moved on)."""
+    row = {"iteration": iteration, "rank": ctx.device_index, "replica": replica,
+           "outer_step": manager.current_step(), "fragment": fragment, "seconds": seconds,
+           "bytes": sent[0] - sent[1], "participants": manager.num_participants(),
+           "committed": int(manager.current_step() > outer_step), "end": end}
+    sent[1] = sent[0]  # a fragment's bytes leave from its prepare step on (fragment_sync_delay)
+    return row
+
+
+def _lighthouse(ctx: RankContext, join_timeout_s: float):
+    """torchft's Lighthouse on this rank's device: any quorum of at least one replica, formed as soon as every
+    replica of the last quorum still heartbeating has asked, or `join_timeout_s` after the round's first request."""
+    from torchft.coordination import LighthouseServer
+
+    server = LighthouseServer(bind=f"{ctx.addr}:0", min_replicas=1, join_timeout_ms=int(join_timeout_s * 1000))
+    port = int(server.address().rsplit(":", 1)[1])  # it names itself by host name: peers need the address
+    return server, f"http://{ctx.addr}:{port}"
+
+
+def _meet_lighthouse(ctx: RankContext, mine: str | None, timeout_s: float) -> str:
+    """A replica started on its own (train/quorum_agent.py) learns the Lighthouse's address from the file its rank
+    writes in the run's quorum directory (the parent of every replica's journal)."""
+    path = lighthouse_file(ctx.journal)
+    if mine is not None:
+        atomic_write_text(path, mine)
+        return mine
+    wait_for(path.exists, timeout_s, f"no Lighthouse address in {path}")
+    return path.read_text()
+
+
+def _all_heartbeating(ctx: RankContext, devices: int, timeout_s: float) -> None:
+    """A replica started on its own says its manager is up (heartbeating) and waits until every device's has been,
+    so that the first quorum waits for them all; a replica back mid-run finds them all there and goes on."""
+    here = lighthouse_file(ctx.journal).parent
+    atomic_write_text(here / f"up-{ctx.device_index}", "")
+    wait_for(lambda: len(list(here.glob("up-*"))) >= devices, timeout_s, "not every replica's manager was up")
+
+
+def wait_for(done, timeout_s: float, failing: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{failing} after {timeout_s:g} s")
+        time.sleep(0.05)
+
+
+def _checkpoint_transport(addr: str, timeout: timedelta):
+    """torchft's HTTP transport, advertised on the device's address (it would give the host name, which every
+    rank of the emulated cluster shares)."""
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class DeviceHTTPTransport(HTTPTransport):
+        def address(self) -> str:
+            return super().address().replace(f"//{socket.gethostname()}:", f"//{addr}:", 1)
+
+    return DeviceHTTPTransport(timeout=timeout, num_chunks=0)

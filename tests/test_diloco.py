@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from harness import layout as layouts
-from harness.compute.model import get_model
+from harness.compute.model import get_model, stage_params
 from harness.errors import HarnessError
 from harness.plan import systems as registry
 from harness.train.gpt import GPT
@@ -32,8 +32,8 @@ def options(system: str = "diloco", **given) -> dict:
     return registry.get(system).resolve_options(given)
 
 
-def run(devices: int, system: str = "diloco", steps: int = STEPS, **given):
-    lay = layouts.in_rank_order(1, 1, devices, LAYERS, schedule="1f1b")
+def run(devices: int, system: str = "diloco", steps: int = STEPS, stages: int = 1, **given):
+    lay = layouts.in_rank_order(1, stages, devices // stages, LAYERS, schedule="1f1b")
     spec = local_spec(lay, system, name=MODEL, batch=BATCH, micro_batch=MICRO, iters=steps, seed=SEED, lr=LR,
                       timeout_s=90, options=options(system, **given))
     return run_local(spec, collect_state=True)
@@ -51,6 +51,27 @@ def test_h1_outer_lr_1_no_momentum_is_synchronous_data_parallelism():
     assert worst <= REL
     init = GPT(get_model(MODEL, LAYERS), SEED).state_dict()
     assert max((state[k] - init[k]).abs().max().item() for k in init) > 1e-3  # it trained
+
+
+def test_replicas_that_are_pipelines_at_h1_outer_lr_1_no_momentum_are_synchronous_data_parallelism():
+    """A replica as one of ours' pipelines (pipeline_replicas.py): 2 pipelines of 2 stages on ours' runtime, no
+    data-parallel sync, each stage's outer step over its stage group: at the anchor's settings it is the reference,
+    and each stage's sync carries that stage's parameters only."""
+    ref_losses, ref_state = reference_train(get_model(MODEL, LAYERS), BATCH, MICRO, STEPS, SEED, LR)
+    r = run(4, stages=2, replica_stages=2, sync_every=1, outer_lr=1.0, outer_momentum=0.0, inner_optimizer="sgd")
+    losses = [s.loss for s in r.stats]
+    for got, want in zip(losses, ref_losses):
+        assert math.isfinite(got) and abs(got - want) <= REL * abs(want), (losses, ref_losses)
+    state = r.state_dict()
+    worst = max(((state[k] - v).abs().max() / v.abs().max().clamp_min(1e-6)).item() for k, v in ref_state.items())
+    assert worst <= REL
+    syncs = [row for rank in r.ranks for s in rank.stats if s.outer_syncs for row in s.outer_syncs]
+    assert len(syncs) == 4 * STEPS and all(row["participants"] == 2 and row["committed"] for row in syncs)
+    sent = {row["rank"]: row["bytes"] for row in syncs if row["iteration"] == 0}
+    per_stage = stage_params(get_model(MODEL, LAYERS), [LAYERS // 2, LAYERS // 2])
+    layout = layouts.in_rank_order(1, 2, 2, LAYERS, schedule="1f1b")
+    for rank, b in sent.items():  # 2 (p - 1) / p = 1 at p = 2: one fp32 copy of its stage
+        assert b == pytest.approx(4 * per_stage[layout.coords(rank)[0]], rel=1e-3)
 
 
 def test_local_steps_diverge_from_data_parallelism_and_sync_every_h():
@@ -172,7 +193,14 @@ def test_harness_run_writes_the_outer_syncs_and_refuses_bad_knobs_in_one_line(cl
                         (["--replicas", "1"], "--replicas: DiLoCo needs at least 2 replicas"),
                         (["--lighthouse-device", "4"], "--lighthouse-device: device 4 is not in the run"),
                         (["--system", "streaming-diloco", "--fragments", "3"],
-                         "--fragments: must be 1 to the model's 2")]:
+                         "--fragments: must be 1 to the model's 2"),
+                        (["--replica-stages", "3"], "--replica-stages: 3 stages a pipeline must split the 4 devices"),
+                        (["--replica-stages", "4"], "into at least 2 pipelines"),
+                        (["--replica-stages", "2", "--replicas", "2"], "--replicas: with --replica-stages 2"),
+                        (["--replica-stages", "2", "--debug", "fault_mode=preempt", "--debug", "fault_rank=1"],
+                         "--replica-stages: devices leave and come back in this run: a replica must be one device"),
+                        (["--system", "streaming-diloco", "--replica-stages", "2"],
+                         "--replica-stages: not an option of --system streaming-diloco")]:
         system = [] if "--system" in flags else ["--system", "diloco"]
         rc, out, err = cli("run", *system, *base, *flags, "--results", tmp_path / "bad")
         assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
@@ -208,6 +236,33 @@ def test_sim_outer_sync_is_the_ring_all_reduce_of_the_model_once_every_h_steps()
     assert sims[1] == pytest.approx(steps.max() + ring + outer, rel=1e-9)
     assert sims[10] == pytest.approx(steps.max() + (ring + outer) / 10, rel=1e-9)
     assert sims[1] > sims[10] > sims[100] > steps.max()
+
+
+def test_sim_replicas_that_are_pipelines_are_ours_pipelines_plus_each_stages_outer_sync_every_h():
+    """`--replica-stages 4` in case 5 at GPT3-XL (a replica: one of ours' pipelines of 4 stages): the inner step is ours'
+    pipeline with no data-parallel sync; each stage's pseudo-gradient crosses its stage group's ring once every H
+    steps, so H = 100 is within a percent of the inner step and H = 1 pays the ring every step, as ours' all-reduce
+    sync does; the bytes between regions fall with H to the pipelines' activations."""
+    from dataclasses import replace
+
+    from harness.systems.diloco import sim as dsim
+    from harness.systems.ours.sim import simulate_ours
+
+    sim, _, cfg = _model("5", devices=8)
+    lay = layouts.in_rank_order(1, 4, 2, 24, schedule="1f1b")
+    fn = registry.get("diloco").simulate_layout_fn
+    h1 = fn({"sync_every": 1, "replica_stages": 4})(sim.links, sim.profiles, cfg, 64, lay, 1, 2)[0]
+    h100 = fn({"sync_every": 100, "replica_stages": 4})(sim.links, sim.profiles, cfg, 64, lay, 1, 2)[0]
+    inner = simulate_ours(sim.links, sim.profiles, cfg, 64, lay, 1, dp_bytes=np.zeros(4), bytes_per_value=2).seconds
+    ours = simulate_ours(sim.links, sim.profiles, cfg, 64, replace(lay, dp_sync="allreduce"), 1,
+                         bytes_per_value=2).seconds
+    assert inner < h100 < 1.01 * inner and h1 > h100
+    assert h1 == pytest.approx(ours, rel=0.1)  # ours overlaps a stage's sync tail with the next fill
+    region = [sim.topo.device_region[d] for d in range(8)]
+    nbytes = registry.get("diloco").cross_node_bytes_fn
+    b1, b100 = (nbytes({"sync_every": h, "replica_stages": 4})(region, cfg, 64, lay, 1, 2) for h in (1, 100))
+    acts = b100 - (b1 - b100) / 99  # the activations' part: what is left at H -> infinity
+    assert b1 > b100 > acts > 0
 
 
 def test_sim_bytes_per_iteration_fall_with_h_and_the_wire_format():

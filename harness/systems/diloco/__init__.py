@@ -5,10 +5,14 @@ The implementation its users run: torchft's `local_sgd.DiLoCo` with its `Manager
 ProcessGroupGloo (runtime.py); what torchft lacks on a CPU is ours: int8 pseudo-gradients (its quantized
 all-reduce is fp8 in Triton kernels, CUDA only) and bf16 ones (codec.py). The knobs and their defaults are in
 settings.py; the simulator's model in sim.py. Every device holds the whole model (one stage, every device a
-data-parallel rank); `--replicas R` groups them into R replicas of consecutive devices.
+data-parallel rank); `--replicas R` groups them into R replicas of consecutive devices; `--replica-stages P` makes each
+replica one of ours' pipelines of P stages (pipeline_replicas.py).
 """
 from __future__ import annotations
 
+import numpy as np
+
+from ...compute.model import stage_params
 from ...layout import in_rank_order
 from ...layout.memory import stage_bytes
 from ...plan.arg_types import non_negative_int, number_in, one_of, positive_float, positive_int
@@ -40,6 +44,9 @@ OPTIONS = (
            "it drops the sync (torchft's Manager timeout; default: the run's process-group timeout, 300 s at most)",
            default=D.sync_timeout),
 )
+PIPELINES = Option("replica_stages", positive_int, "P > 1: a replica is one of ours' pipelines of P stages on P "
+                   "devices, placed by ours' scheduler (default 1: a replica of --replicas' devices, each the whole "
+                   "model)", default=D.replica_stages)
 STREAMING = (
     Option("fragments", positive_int, "Streaming DiLoCo's fragments of consecutive blocks, synced in turn",
            default=2),
@@ -58,23 +65,32 @@ def diloco_layout(req, topo):
 
     layers = len(req.model.profile.layers)
     s = DiLoCoSettings.of(req.run.options, topo.n, layers)
+    pp = s.replica_stages
     events = topo.timeline.devices if topo.timeline is not None else ()
     if events or req.debug.fault_mode == "preempt":
-        if s.devices_per_replica(topo.n) > 1:
-            raise HarnessError(f"--replicas: devices leave and come back in this run: a replica must be one device "
-                               f"(got {s.replicas} replicas of {topo.n} devices)")
+        if s.devices_per_replica(topo.n) > 1 or pp > 1:
+            flag = "replica-stages" if pp > 1 else "replicas"
+            raise HarnessError(f"--{flag}: devices leave and come back in this run: a replica must be one device "
+                               f"(got replicas of {pp * s.devices_per_replica(topo.n)} devices)")
         gone = [e for e in events if e.device == s.lighthouse_device and e.kind == "preempt"]
         if gone or (req.debug.fault_mode == "preempt" and req.debug.fault_rank == s.lighthouse_device):
             where = gone[0].where if gone else "--debug fault_rank"
             raise HarnessError(f"--lighthouse-device: device {s.lighthouse_device} leaves in this run ({where}), and "
                                "the Lighthouse with it: give a device that stays")
+    if pp > 1:  # replicas that are ours' pipelines (pipeline_replicas.py): ours' layout rule and scheduler
+        from dataclasses import replace
+
+        from ..ours.layout import place_ours
+
+        return place_ours(replace(req, layout=replace(req.layout, pp=pp, dp=topo.n // pp, schedule="1f1b")), topo)
     return in_rank_order(1, 1, topo.n, layers, schedule="1f1b"), None
 
 
 def diloco_stage_bytes(layout, cfg, batch: int, micro_batch: int, bytes_per_value: int):
-    """This harness's runtime's memory plus torchft's DiLoCo state: the parameters at the last sync and the outer
-    optimizer's momentum, fp32 each."""
-    return stage_bytes(layout, cfg, batch, micro_batch, bytes_per_value) + OUTER_STATE_BYTES_PER_PARAM * cfg.params
+    """This harness's runtime's memory plus torchft's DiLoCo state: each stage's parameters at the last sync and
+    the outer optimizer's momentum, fp32 each."""
+    params = np.asarray(stage_params(cfg, layout.layers_per_stage), dtype=float)
+    return stage_bytes(layout, cfg, batch, micro_batch, bytes_per_value) + OUTER_STATE_BYTES_PER_PARAM * params
 
 
 COMMON = dict(
@@ -86,8 +102,9 @@ COMMON = dict(
 )
 register(System(
     "diloco", "DiLoCo on torchft: replicas take --sync-every inner AdamW steps, then average their "
-    "pseudo-gradients for an outer Nesterov step (--outer-lr, --outer-momentum, --wire fp32|bf16|int8, --replicas)",
-    options=OPTIONS, style=("#17becf", "v"), **COMMON,
+    "pseudo-gradients for an outer Nesterov step (--outer-lr, --outer-momentum, --wire fp32|bf16|int8, --replicas; "
+    "--replica-stages P: a replica is one of ours' pipelines of P devices)",
+    options=OPTIONS + (PIPELINES,), style=("#17becf", "v"), **COMMON,
 ))
 register(System(
     "streaming-diloco", "Streaming DiLoCo on torchft: DiLoCo syncing --fragments in turn, each all-reduce "

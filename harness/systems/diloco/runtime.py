@@ -62,6 +62,10 @@ def fragments_of(model: GPT, fragments: int) -> list[torch.nn.Module]:
 
 
 def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
+    if spec.layout.pp > 1:  # a replica is one of ours' pipelines
+        from .pipeline_replicas import train_diloco_pipelines
+
+        return train_diloco_pipelines(ctx, spec)
     devices = spec.layout.devices
     s = DiLoCoSettings.of(spec.run.options, devices, spec.cfg.layers)
     m, k = spec.model, s.devices_per_replica(devices)

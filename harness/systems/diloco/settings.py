@@ -53,6 +53,7 @@ class DiLoCoSettings:
     inner_lr: float = 1e-3
     wire: str = "fp32"
     replicas: int | None = None  # None: one per device
+    replica_stages: int = 1  # > 1: a replica is one of ours' pipelines of that many stages
     lighthouse_device: int = 0
     join_timeout: float = 60.0  # torchft's Lighthouse default: how long a quorum waits for a replica of the last one
     sync_timeout: float | None = None  # torchft's Manager timeout; None: the run's process-group timeout
@@ -80,6 +81,16 @@ class DiLoCoSettings:
             raise HarnessError(f"--outer-momentum: must be in [0, 1) (got {self.outer_momentum})")
         if self.wire not in WIRE_FORMATS:
             raise HarnessError(f"--wire: must be one of {', '.join(WIRE_FORMATS)} (got {self.wire!r})")
+        if self.replica_stages > 1:
+            p = self.replica_stages
+            if self.replicas is not None:
+                raise HarnessError(f"--replicas: with --replica-stages {p} a replica is one of ours' pipelines "
+                                   f"({devices // p} of {p} devices); give one or the other")
+            if devices % p or devices // p < 2 or (layers is not None and p > layers):
+                raise HarnessError(f"--replica-stages: {p} stages a pipeline must split the {devices} devices into "
+                                   f"at least 2 pipelines{'' if layers is None else f', and the {layers} blocks'}")
+            if self.fragments > 1:
+                raise HarnessError(f"--fragments: with --replica-stages {p} each rank's stage is its one fragment")
         r = self.replicas or devices
         if r < 1 or devices % r:
             raise HarnessError(f"--replicas: {r} replicas do not split the {devices} devices evenly (a replica is "

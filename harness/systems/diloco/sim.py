@@ -10,16 +10,20 @@ The runtime's iteration (runtime.py), as a model:
   the replicas (a ring in replica order, one per position in a replica, all at once: gloo's for fp32 and bf16,
   codec.py's for int8) and the outer optimizer's step over them; under streaming the
   all-reduce starts `fragment_sync_delay` inner steps early, so only what outlasts them is exposed;
-- an iteration's time is the average over a cycle of H inner steps (each fragment once).
+- an iteration's time is the average over a cycle of H inner steps (each fragment once);
+- replicas that are ours' pipelines (`--replica-stages`): ours' model of the pipelines without their data-parallel sync,
+  and each stage's outer sync over its stage group (_pipeline_replicas).
 What it leaves out: the quorum's RPCs to the Lighthouse and the should-commit round (a few small messages a
 sync, their delays), the pseudo-gradient's copies, and the split of a large fragment into torchft's buckets (one
 all-reduce a bucket, one after another, where the model sends one tensor).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
-from ...compute import optimizer_seconds, rank_phase_seconds
+from ...compute import activation_bytes, micro_batches, optimizer_seconds, rank_phase_seconds
 from ...compute.model import GPTConfig, stage_params
 from ...netmodel import collectives
 from ...sim.quorum import QuorumModel
@@ -74,6 +78,9 @@ def inner_step_seconds(links, profiles, cfg, batch: int, lay, mb: int, bpv: int,
 def simulate_diloco_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int,
                            options: dict | None = None) -> tuple[float, float]:
     """(seconds an iteration averaged over a cycle of H inner steps, the busiest device's compute)."""
+    if lay.pp > 1:
+        return _pipeline_replicas(links, profiles, cfg, batch, lay, mb, bpv,
+                                  DiLoCoSettings.of(options or {}, lay.devices, cfg.layers))
     devices = devices_of(lay)
     s = DiLoCoSettings.of(options or {}, len(devices), cfg.layers)
     n, k = len(devices), s.devices_per_replica(len(devices))
@@ -88,10 +95,34 @@ def simulate_diloco_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: 
     return step + exposed / s.fragments / turn, compute
 
 
+def _pipeline_replicas(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, s: DiLoCoSettings):
+    """Replicas that are ours' pipelines (pipeline_replicas.py): ours' model of its pipelines with no data-parallel
+    sync (the slowest pipeline's iteration), then every H steps each stage's pseudo-gradient all-reduced over its
+    stage group (a ring a stage, all at once) and the outer step on it."""
+    from ..ours.sim import simulate_ours
+
+    inner = simulate_ours(links, profiles, cfg, batch, replace(lay, dp_sync="sharded-ps"), mb,
+                          dp_bytes=np.zeros(lay.pp), bytes_per_value=bpv)
+    groups = lay.array()[:, :, 0]  # (stages, pipelines): stage j's devices
+    params = np.asarray(stage_params(cfg, list(lay.layers_per_stage)), dtype=float)
+    sync = float(collectives.ring_allreduce(links, groups, params * value_bytes(s.wire, bpv)).max())
+    outer = max(optimizer_seconds(params[j], profiles[d]) for j, row in enumerate(groups) for d in row)
+    return inner.seconds + (sync + outer) / s.sync_every, inner.compute_seconds
+
+
 def layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int, options: dict | None = None) -> float:
     """Its runs' payload between devices of different nodes (`region[d]`) an iteration, averaged over a cycle:
     a replica's inner all-reduce (a ring over its devices, every step) and each fragment's outer sync (a ring
     over the replicas)."""
+    if lay.pp > 1:  # replicas that are pipelines: activations between stages, each stage's outer sync
+        s = DiLoCoSettings.of(options or {}, lay.devices, cfg.layers)
+        groups = lay.array()[:, :, 0]  # (stages, pipelines)
+        per_micro = 2 * activation_bytes(cfg, mb, bpv)  # forward activations and their gradients
+        hops = sum(region[a] != region[b] for pipe in groups.T for a, b in zip(pipe, pipe[1:]))
+        params = stage_params(cfg, list(lay.layers_per_stage))
+        rings = sum(sum(region[a] != region[b] for a, b in zip(ring, np.roll(ring, -1)))
+                    * sync_bytes(params[j], s.wire, lay.dp, bpv) for j, ring in enumerate(groups))
+        return hops * micro_batches(batch, mb, lay.dp) * per_micro + rings / s.sync_every
     devices = devices_of(lay)
     s = DiLoCoSettings.of(options or {}, len(devices), cfg.layers)
     n, k = len(devices), s.devices_per_replica(len(devices))

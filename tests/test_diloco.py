@@ -239,8 +239,8 @@ def test_sim_outer_sync_is_the_ring_all_reduce_of_the_model_once_every_h_steps()
 
 
 def test_sim_replicas_that_are_pipelines_are_ours_pipelines_plus_each_stages_outer_sync_every_h():
-    """`--replica-stages 4` in case 5 at GPT3-XL (a replica: one of ours' pipelines of 4 stages): the inner step is ours'
-    pipeline with no data-parallel sync; each stage's pseudo-gradient crosses its stage group's ring once every H
+    """`--replica-stages 4` in case 5 at GPT3-XL (a replica: one of ours' pipelines of 4 stages): the inner step is
+    ours' pipeline with no data-parallel sync; each stage's pseudo-gradient crosses its stage group's ring once every H
     steps, so H = 100 is within a percent of the inner step and H = 1 pays the ring every step, as ours' all-reduce
     sync does; the bytes between regions fall with H to the pipelines' activations."""
     from dataclasses import replace
@@ -341,7 +341,8 @@ def test_a_replica_preempted_mid_run_is_left_out_and_one_back_heals_from_a_peer_
     try:
         rc, _, err = cli("run", "--system", "diloco", "--scenario", "3", "--devices", "4", "--layers", "2",
                          "--batch", "8", "--network", "none", "--iters", ITERS, "--warmup", "0", "--sync-every", "2",
-                         "--data", "markov", "--compute-model", "--compute-time-scale", "1000", "--results", tmp_path / "results", "--debug", "fault_mode=preempt",
+                         "--data", "markov", "--compute-model", "--compute-time-scale", "1000",
+                         "--results", tmp_path / "results", "--debug", "fault_mode=preempt",
                          "--debug", "fault_rank=2", "--debug", "fault_iteration=3", "--debug", "fault_phase=forward")
     finally:
         stop.set()

@@ -15,6 +15,7 @@ from harness.scenario.preemption import device_events
 from harness.scenario.topology import ScenarioError
 from harness.sim.preemption import DETECT_S, TORCHRUN_DETECT_S, TORCHRUN_LAST_CALL_S, RecoveryModel, predict_spot
 from harness.sim.sweep import Simulator
+from harness.sim.systems import SimError
 
 CFG = get_model("tiny", 4)
 BATCH = 8
@@ -209,6 +210,9 @@ def test_diloco_goes_on_without_a_lost_replica_and_heals_one_back_with_no_restar
     restarted = predict_spot(sim, "diloco", CFG, BATCH, tl, N, RecoveryModel(start_s=START_S, restart_all=True),
                              options=opts)
     assert restarted.recoveries[0].kind == "restart" and restarted.total_s > p.total_s
+    with pytest.raises(SimError, match="one device a replica"):  # as the runtime refuses them
+        predict_spot(sim, "diloco", CFG, BATCH, tl, N, RecoveryModel(start_s=START_S),
+                     options={**opts, "replica_stages": 2})
 
 
 def test_a_notice_lets_ours_leave_the_device_before_it_goes(tmp_path, topo, sim):

@@ -161,7 +161,8 @@ def print_spot(sim, cands, args, cfg, out_dir: Path) -> Path:
             print(f"{c.system:<16} {'-':>8}  not predicted: no layout rule to lay it out on the devices left")
             continue
         pred = predict_spot(sim, c.system, cfg, args.batch, timeline, iterations, model,
-                            layout=request_of(c.system, c.layout, sim.budget), options=sim.options_of(systems.get(c.system)))
+                            layout=request_of(c.system, c.layout, sim.budget),
+                            options=sim.options_of(systems.get(c.system)))
         recovers = "restart" if model.restart_all else systems.get(c.system).recovery
         print(f"{c.system:<16} {recovers:>8} {pred.total_s:>10.1f} {pred.useful_per_hour:>10.0f} "
               f"{len(pred.recoveries):>6} {sum(r.lost_iterations for r in pred.recoveries):>8} "

@@ -55,9 +55,11 @@ class SurvivorPlanner:
 
         sim, topo = self.sim, self.sim.topo
         base = RunRequest(network=NetworkSection(scenario=topo.name, mode="none"),
-                          model=ModelSection(name=self.cfg.name, layers=self.cfg.layers, batch=self.batch_on(len(devices)),
-                                             micro_batch=sim.micro_batch),
-                          run=RunSection(system=self.entry.name), layout=self.layout)
+                          model=ModelSection(name=self.cfg.name, layers=self.cfg.layers,
+                                             batch=self.batch_on(len(devices)), micro_batch=sim.micro_batch),
+                          run=RunSection(system=self.entry.name,
+                                         options=self.entry.resolve_options(self.options or {})),
+                          layout=self.layout)
         found, self.why = layout_on(base, topo, devices, held)
         if found is None:
             return None

@@ -32,8 +32,8 @@ def options(system: str = "diloco", **given) -> dict:
     return registry.get(system).resolve_options(given)
 
 
-def run(devices: int, system: str = "diloco", steps: int = STEPS, stages: int = 1, **given):
-    lay = layouts.in_rank_order(1, stages, devices // stages, LAYERS, schedule="1f1b")
+def run(devices: int, system: str = "diloco", steps: int = STEPS, stages: int = 1, layers: int = LAYERS, **given):
+    lay = layouts.in_rank_order(1, stages, devices // stages, layers, schedule="1f1b")
     spec = local_spec(lay, system, name=MODEL, batch=BATCH, micro_batch=MICRO, iters=steps, seed=SEED, lr=LR,
                       timeout_s=90, options=options(system, **given))
     return run_local(spec, collect_state=True)
@@ -108,6 +108,31 @@ def test_streaming_fragments_and_replicas_of_two_devices_keep_replicas_identical
     first = [k for k in states[0] if k.startswith(("blocks.0.", "embed."))]
     assert last and all(torch.equal(states[0][k], states[2][k]) for k in last)
     assert any(not torch.equal(states[0][k], states[2][k]) for k in first)
+
+
+def test_streaming_on_replicas_that_are_pipelines_syncs_a_fragment_of_every_stage_in_turn():
+    """Streaming DiLoCo (2 fragments) on 2 pipelines of 2 stages, 4 blocks: a fragment is a run of blocks inside each
+    stage, so at every turn each stage syncs half of its stage over its stage group (the bytes of that half), and
+    right after a fragment's turn the pipelines agree on it in every stage and not on the other fragment."""
+    from harness.systems.diloco.sim import stage_fragment_params
+
+    r = run(4, "streaming-diloco", steps=4, stages=2, layers=4, replica_stages=2, sync_every=2, fragments=2,
+            fragment_sync_delay=0, inner_optimizer="sgd")
+    assert len(r.stats) == 4 and all(math.isfinite(s.loss) for s in r.stats)
+    syncs = [row for rank in r.ranks for s in rank.stats if s.outer_syncs for row in s.outer_syncs]
+    assert sorted((row["iteration"], row["fragment"]) for row in syncs) == sorted(
+        (it, it % 2) for it in range(4) for _ in range(4))
+    assert all(row["participants"] == 2 and row["committed"] for row in syncs)
+    layout = layouts.in_rank_order(1, 2, 2, 4, schedule="1f1b")
+    halves = stage_fragment_params(get_model(MODEL, 4), [2, 2], 2)  # (stage, fragment)
+    for row in syncs:  # 2 (p - 1) / p = 1 at p = 2: one fp32 copy of its stage's fragment
+        assert row["bytes"] == pytest.approx(4 * halves[layout.coords(row["rank"])[0], row["fragment"]], rel=1e-3)
+    state = {layout.coords(rank.rank)[:2]: rank.state for rank in r.ranks}  # (stage, pipeline) -> its parameters
+    synced = {0: ("blocks.1.",), 1: ("blocks.3.", "head.")}  # each stage's fragment 1, synced at the last step
+    for stage, prefixes in synced.items():
+        a, b = state[(stage, 0)], state[(stage, 1)]
+        assert all(torch.equal(a[k], b[k]) for k in a if k.startswith(prefixes))
+        assert any(not torch.equal(a[k], b[k]) for k in a if not k.startswith(prefixes))
 
 
 @pytest.mark.parametrize("wire,share", [("bf16", 0.5), ("int8", 0.25)])
@@ -200,7 +225,7 @@ def test_harness_run_writes_the_outer_syncs_and_refuses_bad_knobs_in_one_line(cl
                         (["--replica-stages", "2", "--debug", "fault_mode=preempt", "--debug", "fault_rank=1"],
                          "--replica-stages: devices leave and come back in this run: a replica must be one device"),
                         (["--system", "streaming-diloco", "--replica-stages", "2"],
-                         "--replica-stages: not an option of --system streaming-diloco")]:
+                         "--fragments: 2 fragments are cut inside each of the 2 stages, which hold 1 of the 2")]:
         system = [] if "--system" in flags else ["--system", "diloco"]
         rc, out, err = cli("run", *system, *base, *flags, "--results", tmp_path / "bad")
         assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, err
@@ -263,6 +288,20 @@ def test_sim_replicas_that_are_pipelines_are_ours_pipelines_plus_each_stages_out
     b1, b100 = (nbytes({"sync_every": h, "replica_stages": 4})(region, cfg, 64, lay, 1, 2) for h in (1, 100))
     acts = b100 - (b1 - b100) / 99  # the activations' part: what is left at H -> infinity
     assert b1 > b100 > acts > 0
+
+
+def test_sim_streaming_on_replicas_that_are_pipelines_overlaps_each_stages_fragment_syncs():
+    """Streaming DiLoCo on 4-stage pipeline replicas (case 5, GPT3-XL): with no overlap its fragments' syncs add up to
+    DiLoCo's one sync of each stage (the same bytes, a ring's latency more a fragment); a delay of one inner step
+    hides part of each, and never more than the syncs."""
+    sim, _, cfg = _model("5", devices=8)
+    lay = layouts.in_rank_order(1, 4, 2, 24, schedule="1f1b")
+    at = lambda system, **o: registry.get(system).simulate_layout_fn(  # noqa: E731
+        {"sync_every": 8, "replica_stages": 4, **o})(sim.links, sim.profiles, cfg, 64, lay, 1, 2)[0]
+    whole, inner = at("diloco"), at("diloco", sync_every=10 ** 9)
+    no_overlap = at("streaming-diloco", fragments=2, fragment_sync_delay=0)
+    assert no_overlap == pytest.approx(whole, rel=0.02) and no_overlap >= whole
+    assert inner < at("streaming-diloco", fragments=2, fragment_sync_delay=1) < no_overlap
 
 
 def test_sim_bytes_per_iteration_fall_with_h_and_the_wire_format():

@@ -82,7 +82,13 @@ def diloco_layout(req, topo):
 
         from ..ours.layout import place_ours
 
-        return place_ours(replace(req, layout=replace(req.layout, pp=pp, dp=topo.n // pp, schedule="1f1b")), topo)
+        lay, placement = place_ours(replace(req, layout=replace(req.layout, pp=pp, dp=topo.n // pp,
+                                                                schedule="1f1b")), topo)
+        if min(lay.layers_per_stage) < s.fragments:
+            raise HarnessError(f"--fragments: {s.fragments} fragments are cut inside each stage, and the scheduler "
+                               f"gave a stage {min(lay.layers_per_stage)} blocks (blocks a stage: "
+                               f"{list(lay.layers_per_stage)})")
+        return lay, placement
     return in_rank_order(1, 1, topo.n, layers, schedule="1f1b"), None
 
 
@@ -108,6 +114,6 @@ register(System(
 ))
 register(System(
     "streaming-diloco", "Streaming DiLoCo on torchft: DiLoCo syncing --fragments in turn, each all-reduce "
-    "overlapping --fragment-sync-delay inner steps",
-    options=OPTIONS + STREAMING, style=("#bcbd22", "^"), **COMMON,
+    "overlapping --fragment-sync-delay inner steps (--replica-stages P: each stage of ours' pipelines so cut)",
+    options=OPTIONS + STREAMING + (PIPELINES,), style=("#bcbd22", "^"), **COMMON,
 ))

@@ -12,19 +12,21 @@ import time
 from dataclasses import dataclass
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 from torch.distributed import TCPStore
 
 os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers (read when it loads) log every quorum at info
 
 from torchft import Manager  # noqa: E402 (after RUST_LOG) here, not in the rank: a job forks with them loaded
+from torchft.local_sgd import DiLoCo  # noqa: E402
 
 from ...files import atomic_write_text  # noqa: E402
 from ...plan.request import RunSpec  # noqa: E402
 from ...train.quorum_agent import lighthouse_file  # noqa: E402
 from ...train.rank import RankContext  # noqa: E402
 from .codec import WireProcessGroup  # noqa: E402
-from .settings import DiLoCoSettings  # noqa: E402
+from .settings import DiLoCoSettings, fragment_cuts  # noqa: E402
 
 ADAMW = {"weight_decay": 0.1, "betas": (0.9, 0.95)}  # DiLoCo's inner AdamW (Douillard et al. 2023, sec. 3)
 
@@ -79,6 +81,32 @@ def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica:
     else:
         _all_heartbeating(ctx, spec.layout.devices, spec.run.group_timeout_s)
     return Member(manager, lighthouse, store)
+
+
+def fragments_of(model: torch.nn.Module, fragments: int) -> list[torch.nn.Module]:
+    """A GPT, or one of its pipeline stages (train/gpt.Stage), in `fragments` runs of consecutive blocks, as even as
+    they go (the embedding, if it holds it, with the first; the head with the last): Streaming DiLoCo's fragments
+    (one: the whole module)."""
+    cuts = fragment_cuts(len(model.blocks), fragments)
+    out = []
+    for i in range(fragments):
+        parts = [model.embed] if i == 0 and model.embed is not None else []
+        parts += list(model.blocks[cuts[i]:cuts[i + 1]])
+        parts += [model.head] if i == fragments - 1 and model.head is not None else []
+        out.append(torch.nn.ModuleList(parts))
+    return out
+
+
+def diloco_of(manager: Manager, module: torch.nn.Module, inner: torch.optim.Optimizer, s: DiLoCoSettings) -> DiLoCo:
+    """torchft's DiLoCo over `module`'s fragments, each with its own outer Nesterov SGD (a shared one would also
+    step the other fragments' parameters on the inner gradients they still hold); it syncs in `inner`'s post-step
+    hook."""
+    fragments = fragments_of(module, s.fragments)
+    outer = [torch.optim.SGD(f.parameters(), lr=s.outer_lr, momentum=s.outer_momentum, nesterov=s.outer_momentum > 0)
+             for f in fragments]
+    return DiLoCo(manager, fragments, inner, outer, sync_every=s.sync_every, backup_device=torch.device("cpu"),
+                  pin_memory=False, use_bucketization=True, fragment_sync_delay=s.fragment_sync_delay,
+                  fragment_update_alpha=s.fragment_update_alpha)
 
 
 def sync_row(ctx: RankContext, manager, iteration: int, replica: int, outer_step: int, fragment: int,

@@ -6,8 +6,12 @@ pipeline, and the outer Nesterov step applies it: torchft's replica groups, a pi
 rank at position j is its stage j, so the cross-replica group of position j is ours' stage group C_j.
 
 Why: a model that does not fit one device (GPT3-XL's 24 GB of training state over a V100's 16 GB) still trains
-with DiLoCo, and the pipelines are placed as ours places them (within a region where it can). Each rank's
-fragment is its stage (one fragment a rank: streaming DiLoCo's fragments are not split across stages here).
+with DiLoCo, and the pipelines are placed as ours places them (within a region where it can).
+Streaming DiLoCo's fragments are cut inside each stage: fragment i is the i-th run of consecutive blocks of every
+stage, so every stage group syncs 1/F of its stage at each turn, all at once on their own links. Fragments of
+consecutive blocks of the whole model would sync one stage group at a turn, its links carrying the whole stage
+(the peak Streaming DiLoCo lowers), while the others' idle; and a stage holding no block of a fragment would have
+nothing to hand torchft's DiLoCo at its turn.
 torchft's DiLoCo syncs in an optimizer's post-step hook; the inner step is paced inside ours' iteration, so DiLoCo
 hooks a step marker called after the iteration: the sync is timed as communication, as in runtime.py.
 """
@@ -17,8 +21,7 @@ import time
 
 import torch
 
-from .members import ADAMW, join_torchft, sync_row  # first: torchft loads after its RUST_LOG
-from torchft.local_sgd import DiLoCo
+from .members import ADAMW, diloco_of, join_torchft, sync_row  # first: torchft loads after its RUST_LOG
 
 from ...plan.request import RunSpec
 from ...train import wire
@@ -60,8 +63,6 @@ def train_diloco_pipelines(ctx: RankContext, spec: RunSpec) -> list[IterationSta
     L, s = spec.layout, DiLoCoSettings.of(spec.run.options, spec.layout.devices, spec.cfg.layers)
     runner = _ReplicaStage(ctx, spec, s)
     stage, pipeline = runner.stage_idx, runner.replica
-    outer = torch.optim.SGD(runner.module.parameters(), lr=s.outer_lr, momentum=s.outer_momentum,
-                            nesterov=s.outer_momentum > 0)
     sent = [0, 0]  # bytes this rank sent in outer syncs: in all, and at the last sync's end
 
     def on_send(b: int) -> None:
@@ -76,12 +77,12 @@ def train_diloco_pipelines(ctx: RankContext, spec: RunSpec) -> list[IterationSta
     manager = member.manager
     marker = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.0)  # DiLoCo's hook: after the iteration
     steps, warmup = spec.run.warmup + spec.run.iters, spec.run.warmup
+    turn = s.sync_every // s.fragments  # inner steps between two fragments' syncs
     stats = ctx.iteration_log()
     posted = {0: runner.post_receives(0)}
     ctx.mark("training")
     try:
-        with DiLoCo(manager, [runner.module], marker, outer, sync_every=s.sync_every,
-                    backup_device=torch.device("cpu"), pin_memory=False, use_bucketization=True):
+        with diloco_of(manager, runner.module, marker, s):
             t_prev = time.monotonic()
             for it in range(steps):
                 def post_next(nxt=it + 1):
@@ -89,13 +90,13 @@ def train_diloco_pipelines(ctx: RankContext, spec: RunSpec) -> list[IterationSta
                         posted[nxt] = runner.post_receives(nxt)
 
                 compute, loss = runner.iteration(it, posted.pop(it), post_next)
-                due, outer_step, began = (it + 1) % s.sync_every == 0, manager.current_step(), time.perf_counter()
+                due, outer_step, began = (it + 1) % turn == 0, manager.current_step(), time.perf_counter()
                 if due:
                     ctx.reached("dp_sync", it)  # as the outer sync begins
                 marker.step()  # DiLoCo's post-step hook: the outer sync every H steps
                 t = time.monotonic()
-                syncs = [sync_row(ctx, manager, it, pipeline, outer_step, 0, time.perf_counter() - began, sent, t)
-                         ] if due else None
+                syncs = [sync_row(ctx, manager, it, pipeline, outer_step, outer_step % s.fragments,
+                                  time.perf_counter() - began, sent, t)] if due else None
                 if it >= warmup:
                     stats.append(IterationStats(seconds=t - t_prev, compute_seconds=compute,
                                                 exposed_comm_seconds=max(0.0, t - t_prev - compute), loss=loss, end=t,

@@ -33,8 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .members import ADAMW, join_torchft, sync_row, wait_for  # first: torchft loads after its RUST_LOG
-from torchft.local_sgd import DiLoCo  # here, not in the rank: a job forks with it loaded
+from .members import ADAMW, diloco_of, join_torchft, sync_row, wait_for  # first: torchft loads after its RUST_LOG
 
 from ...plan.request import RunSpec
 from ...train import wire
@@ -44,21 +43,7 @@ from ...train.rank import RankContext, iteration_progress, torch_dtype
 from ...train.reference import make_optimizer
 from ...train.quorum_agent import STAYING_MARK, ended_file
 from ...train.stats import IterationStats
-from .settings import DiLoCoSettings, fragment_cuts
-
-
-def fragments_of(model: GPT, fragments: int) -> list[torch.nn.Module]:
-    """The GPT in `fragments` runs of consecutive blocks, as even as they go (the embedding with the first, the
-    head with the last): Streaming DiLoCo's fragments (one: the whole model)."""
-    layers = len(model.blocks)
-    cuts = fragment_cuts(layers, fragments)
-    out = []
-    for i in range(fragments):
-        parts = [model.embed] if i == 0 else []
-        parts += list(model.blocks[cuts[i]:cuts[i + 1]])
-        parts += [model.head] if i == fragments - 1 else []
-        out.append(torch.nn.ModuleList(parts))
-    return out
+from .settings import DiLoCoSettings
 
 
 def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
@@ -77,11 +62,6 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     params = list(model.parameters())
     inner = (torch.optim.AdamW(params, lr=s.inner_lr, **ADAMW) if s.inner_optimizer == "adamw"
              else make_optimizer(params, m.lr))
-    fragments = fragments_of(model, s.fragments)
-    # one outer optimizer a fragment: a shared one would also step the other fragments' parameters on the inner
-    # gradients they still hold
-    outer = [torch.optim.SGD(f.parameters(), lr=s.outer_lr, momentum=s.outer_momentum,
-                             nesterov=s.outer_momentum > 0) for f in fragments]
     sent = [0, 0]  # bytes this rank sent in outer syncs: in all, and at the last sync's end
 
     def on_send(b: int) -> None:
@@ -113,9 +93,7 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
     inner.register_step_pre_hook(began)
     inner.register_step_post_hook(ended)  # before DiLoCo's, whose post-step hook syncs
     try:
-        with DiLoCo(manager, fragments, inner, outer, sync_every=s.sync_every, backup_device=torch.device("cpu"),
-                    pin_memory=False, use_bucketization=True, fragment_sync_delay=s.fragment_sync_delay,
-                    fragment_update_alpha=s.fragment_update_alpha):
+        with diloco_of(manager, model, inner, s):
             stats = _train(ctx, spec, s, model, inner, manager, pacer, paced, inner_groups, replica, k, sent, where)
         ctx.save_state(dict(model.named_parameters()))
         if member.lighthouse is not None and not one_job:  # replicas behind (a sync timed out) still need its quorums

@@ -18,7 +18,7 @@ is then dropped (should_commit is false: the parameters go back to the last sync
 without it. Shorter is quicker through a loss, but a sync or a heal that needs longer fails as if a peer were lost.
 
 Streaming DiLoCo (Douillard et al. 2025): the model in `fragments` of consecutive blocks (the embedding with the
-first, the head with the last); torchft syncs one fragment every H / fragments steps in turn, so each is synced
+first, the head with the last; replicas that are pipelines: each stage so cut, pipeline_replicas.py); torchft syncs one fragment every H / fragments steps in turn, so each is synced
 every H steps; a fragment's all-reduce starts `fragment_sync_delay` inner steps before it is needed (tau, overlap
 with compute), and `fragment_update_alpha` mixes the local parameters into the synced ones (0: the synced only).
 """
@@ -89,8 +89,9 @@ class DiLoCoSettings:
             if devices % p or devices // p < 2 or (layers is not None and p > layers):
                 raise HarnessError(f"--replica-stages: {p} stages a pipeline must split the {devices} devices into "
                                    f"at least 2 pipelines{'' if layers is None else f', and the {layers} blocks'}")
-            if self.fragments > 1:
-                raise HarnessError(f"--fragments: with --replica-stages {p} each rank's stage is its one fragment")
+            if layers is not None and self.fragments > layers // p:
+                raise HarnessError(f"--fragments: {self.fragments} fragments are cut inside each of the {p} stages, "
+                                   f"which hold {layers // p} of the {layers} blocks")
         r = self.replicas or devices
         if r < 1 or devices % r:
             raise HarnessError(f"--replicas: {r} replicas do not split the {devices} devices evenly (a replica is "

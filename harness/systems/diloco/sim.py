@@ -30,11 +30,18 @@ from ...sim.quorum import QuorumModel
 from .settings import BYTES_ON_WIRE, INT8_SCALE_OVERHEAD, DiLoCoSettings, fragment_cuts
 
 
+def stage_fragment_params(cfg: GPTConfig, blocks: list[int], fragments: int) -> np.ndarray:
+    """Parameters of each fragment of each stage, (stages, fragments), of a model whose stages hold `blocks`
+    (a stage's fragments: its consecutive blocks cut as even as they go, as members.fragments_of; the embedding with
+    the first stage's first, the head with the last stage's last)."""
+    cuts = [fragment_cuts(n, fragments) for n in blocks]
+    pieces = [b - a for c in cuts for a, b in zip(c, c[1:])]
+    return np.asarray(stage_params(cfg, pieces), dtype=float).reshape(len(blocks), fragments)
+
+
 def fragment_params(cfg: GPTConfig, fragments: int) -> list[int]:
-    """Parameters of each fragment (runtime.fragments_of: consecutive blocks, the embedding with the first, the
-    head with the last)."""
-    cuts = fragment_cuts(cfg.layers, fragments)
-    return [int(p) for p in stage_params(cfg, [b - a for a, b in zip(cuts, cuts[1:])])]
+    """Parameters of each fragment of the whole model (one stage)."""
+    return [int(p) for p in stage_fragment_params(cfg, [cfg.layers], fragments)[0]]
 
 
 def value_bytes(wire: str, bpv: int) -> float:
@@ -97,17 +104,22 @@ def simulate_diloco_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: 
 
 def _pipeline_replicas(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, s: DiLoCoSettings):
     """Replicas that are ours' pipelines (pipeline_replicas.py): ours' model of its pipelines with no data-parallel
-    sync (the slowest pipeline's iteration), then every H steps each stage's pseudo-gradient all-reduced over its
-    stage group (a ring a stage, all at once) and the outer step on it."""
+    sync (the slowest pipeline's iteration), then every H / fragments steps a fragment of each stage all-reduced over
+    its stage group (a ring a stage, all at once; streaming: started `fragment_sync_delay` steps early) and the outer
+    step on it."""
     from ..ours.sim import simulate_ours
 
     inner = simulate_ours(links, profiles, cfg, batch, replace(lay, dp_sync="sharded-ps"), mb,
                           dp_bytes=np.zeros(lay.pp), bytes_per_value=bpv)
+    step = inner.seconds
     groups = lay.array()[:, :, 0]  # (stages, pipelines): stage j's devices
-    params = np.asarray(stage_params(cfg, list(lay.layers_per_stage)), dtype=float)
-    sync = float(collectives.ring_allreduce(links, groups, params * value_bytes(s.wire, bpv)).max())
-    outer = max(optimizer_seconds(params[j], profiles[d]) for j, row in enumerate(groups) for d in row)
-    return inner.seconds + (sync + outer) / s.sync_every, inner.compute_seconds
+    params = stage_fragment_params(cfg, list(lay.layers_per_stage), s.fragments)
+    exposed = 0.0
+    for f in range(s.fragments):
+        sync = float(collectives.ring_allreduce(links, groups, params[:, f] * value_bytes(s.wire, bpv)).max())
+        outer = max(optimizer_seconds(params[j, f], profiles[d]) for j, row in enumerate(groups) for d in row)
+        exposed += max(0.0, sync - s.fragment_sync_delay * step) + outer
+    return step + exposed / s.sync_every, inner.compute_seconds
 
 
 def layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int, options: dict | None = None) -> float:

@@ -429,6 +429,27 @@ def test_sim_quorum_recovery_counts_the_lost_replicas_steps_and_its_heal():
     assert later["lost_iterations"] == 3 and "back" not in later
 
 
+def test_sim_a_replica_lost_inside_an_all_reduce_costs_those_in_it_the_sync_timeout_and_their_turn():
+    """Lost 2 s into the all-reduce of the sync ending step 7 (H = 4, sync timeout 60 s): the others wait out the
+    timeout from the all-reduce's start, drop the sync (each replica's 4 steps thrown away), and sync without it at
+    the end of their next turn: the loss costs 58 s more than one lost as that next turn begins, whose quorum also
+    waits out its heartbeats. Only a step that ends a sync has an all-reduce to be lost in."""
+    from harness.systems.diloco import sim as dsim
+
+    sim, _, _ = _model("5", devices=8)
+    lay, cfg = layouts.in_rank_order(1, 1, 8, 2, schedule="1f1b"), get_model("gpt3-xl", 2)
+    opts = options(sync_every=4, sync_timeout=60.0)
+    at = lambda step, **kw: dsim.quorum_recovery(sim.links, sim.profiles, cfg, 64, lay, 1, 2, opts, 5, step, **kw)
+    inside, next_turn = at(7, in_sync_s=2.0), at(8)
+    assert inside["lost_iterations"] == 3 and inside["dropped_iterations"] == 4 and next_turn["lost_iterations"] == 0
+    step = dsim.inner_step_seconds(sim.links, sim.profiles, cfg, 64, lay, 1, 2,
+                                   dsim.DiLoCoSettings.of(opts, 8, cfg.layers))[0].max()
+    heartbeat_wait = dsim.quorum_model(cfg, opts, 8).wait_s(4 * step)  # the next turn's quorum, for one lost at 8
+    assert inside["detect_s"] - next_turn["detect_s"] == pytest.approx(58.0 - heartbeat_wait, rel=1e-9)
+    with pytest.raises(ValueError, match="step 6 ends no sync"):
+        at(6, in_sync_s=0.5)
+
+
 def test_the_quorum_agent_counts_a_replica_out_of_step_from_a_dropped_sync_until_it_heals():
     """train/quorum_agent.py's account of a replica stalled in a sync a lost peer left (emulated: the peer's packets
     vanish, so only torchft's timeout tells): its sync is dropped, its steps until it heals at its next committed

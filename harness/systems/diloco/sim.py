@@ -26,6 +26,7 @@ import numpy as np
 from ...compute import activation_bytes, micro_batches, optimizer_seconds, rank_phase_seconds
 from ...compute.model import GPTConfig, stage_params
 from ...netmodel import collectives
+from ...plan.request import RunSection
 from ...sim.quorum import QuorumModel
 from .settings import BYTES_ON_WIRE, INT8_SCALE_OVERHEAD, DiLoCoSettings, fragment_cuts
 
@@ -169,17 +170,24 @@ def quorum_model(cfg: GPTConfig, options: dict, devices: int) -> QuorumModel:
 
 
 def quorum_recovery(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, options: dict, device: int,
-                    preempt_at: int, return_at: int | None = None, start_s: float = 0.0) -> dict:
+                    preempt_at: int, return_at: int | None = None, start_s: float = 0.0,
+                    in_sync_s: float | None = None) -> dict:
     """What the model says of a replica (one device) preempted as inner step `preempt_at` (0-based, of the run)
     begins and, optionally, back as step `return_at` begins (train/quorum_agent.py measures the same), the
     replicas in lock step:
-    - lost_iterations: its steps since its last sync, which no outer step holds;
+    - lost_iterations: the steps it completed since its last sync, which no outer step holds;
     - detect_s: from the preemption to the end of the first sync without it: the survivors' steps to their next
       sync, their quorum waiting for it (until its heartbeats have stopped, at most the join timeout:
       QuorumModel.wait_s), then the sync over the replicas left;
     - back: restart_s (`start_s`: a process's start), state_moved_s (from its start to its heal: its own turn of
       steps, waiting at its first quorum for the others' next sync, then the peer's state over the link from the
-      first other replica) and its lost_iterations (those steps, on a stale model)."""
+      first other replica) and its lost_iterations (those steps, on a stale model).
+    `in_sync_s`: lost that long into the all-reduce of the sync that ends step `preempt_at` instead, a quorum that
+    holds it (streaming's all-reduce is in flight for `fragment_sync_delay` steps; drifting replicas can be in it
+    while it trains on). Its machine gone, its packets vanish: those in the sync wait for it until the sync
+    timeout from the all-reduce's start, then drop the sync (torchft's should_commit is false: the parameters go
+    back to the last sync's, so each replica's turn of steps is thrown away: dropped_iterations) and retry that
+    fragment at the end of their next turn, whose quorum leaves it out."""
     devices = devices_of(lay)
     s = DiLoCoSettings.of(options, len(devices), cfg.layers)
     q = quorum_model(cfg, options, len(devices))
@@ -188,6 +196,13 @@ def quorum_recovery(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, op
     left = np.asarray([d for d in devices if d != device])[None, :]
     values = fragment_params(cfg, s.fragments)[0]
     sync = sync_seconds(links, left, values, s.wire, bpv) + optimizer_seconds(values, profiles[left[0, 0]])
+    if in_sync_s is not None:
+        if (preempt_at + 1) % q.turn:
+            raise ValueError(f"in_sync_s: step {preempt_at} ends no sync (one every {q.turn} steps)")
+        timeout = s.sync_timeout or RunSection().group_timeout_s  # the runtime's default: members.join_torchft
+        to_quorum = max(0.0, timeout - in_sync_s) + q.turn * step
+        return {"lost_iterations": q.turn - 1, "dropped_iterations": q.turn,
+                "detect_s": to_quorum + q.wait_s(to_quorum) + sync}
     to_quorum = (q.turn - preempt_at % q.turn) * step
     out = {"lost_iterations": preempt_at % q.turn, "detect_s": to_quorum + q.wait_s(to_quorum) + sync}
     if return_at is None:

@@ -9,6 +9,7 @@ reference as every system does.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,6 +26,7 @@ from harness.train.reference import reference_train
 pytestmark = pytest.mark.timeout(120)
 
 MODEL, LAYERS, BATCH, MICRO, STEPS, SEED, LR = "tiny", 2, 8, 2, 3, 0, 0.1
+RETURN_ITERS = 40  # a replica preempted and back (_preempted_and_back)
 REL = 1e-5
 
 
@@ -194,6 +196,19 @@ def test_int8_all_reduce_sums_within_its_rounding():
     assert out[0][2] == [int(2 * (n - 1) / n * padded * (1 + 4 / BLOCK))]
 
 
+def _pipelines(devices: int, **given) -> tuple:
+    """The pipelines (devices in stage order) `harness run --system diloco --scenario 3 --devices N --layers 2
+    --batch 8` places with these options (ours' scheduler, seeded: the run's own)."""
+    from harness.plan.layouts import resolve_layout
+    from harness.plan.request import LayoutRequest, ModelSection, NetworkSection, RunRequest, RunSection
+    from harness.scenario import load_scenario
+
+    req = RunRequest(network=NetworkSection(scenario="3", mode="none"),
+                     model=ModelSection(name=MODEL, layers=LAYERS, batch=BATCH),
+                     run=RunSection(system="diloco", options=options(**given)), layout=LayoutRequest())
+    return resolve_layout(req, load_scenario("3", devices=devices))[0].pipelines
+
+
 def test_harness_run_writes_the_outer_syncs_and_refuses_bad_knobs_in_one_line(cli, tmp_path):
     """`harness run --system diloco` on loopback: its records, every rank's outer syncs in outer_syncs.csv and their
     sum per outer step in the manifest; knobs that do not fit the devices or the model are one line, exit 2, and
@@ -214,6 +229,8 @@ def test_harness_run_writes_the_outer_syncs_and_refuses_bad_knobs_in_one_line(cl
     summary = json.loads((run_dir / "manifest.json").read_text())["outer_syncs"]
     assert summary["outer_steps"] == 2 and summary["dropped"] == 0
     assert summary["bytes"] == pytest.approx(sum(r["bytes"] for r in rows) / 2)
+    home = next(list(p) for p in _pipelines(4, replica_stages=2) if 0 in p)  # the Lighthouse's pipeline
+    partner = next(d for d in home if d != 0)
     for flags, says in [(["--replicas", "3"], "--replicas: 3 replicas do not split the 4 devices"),
                         (["--replicas", "1"], "--replicas: DiLoCo needs at least 2 replicas"),
                         (["--lighthouse-device", "4"], "--lighthouse-device: device 4 is not in the run"),
@@ -222,8 +239,11 @@ def test_harness_run_writes_the_outer_syncs_and_refuses_bad_knobs_in_one_line(cl
                         (["--replica-stages", "3"], "--replica-stages: 3 stages a pipeline must split the 4 devices"),
                         (["--replica-stages", "4"], "into at least 2 pipelines"),
                         (["--replica-stages", "2", "--replicas", "2"], "--replicas: with --replica-stages 2"),
-                        (["--replica-stages", "2", "--debug", "fault_mode=preempt", "--debug", "fault_rank=1"],
-                         "--replica-stages: devices leave and come back in this run: a replica must be one device"),
+                        (["--replicas", "2", "--debug", "fault_mode=preempt", "--debug", "fault_rank=2"],
+                         "--replicas: devices leave and come back in this run: a replica must be one device or one "
+                         "pipeline"),
+                        (["--replica-stages", "2", "--debug", "fault_mode=preempt", "--debug",
+                          f"fault_rank={partner}"], f"--lighthouse-device: device 0's replica (devices {home}) leaves"),
                         (["--system", "streaming-diloco", "--replica-stages", "2"],
                          "--fragments: 2 fragments are cut inside each of the 2 stages, which hold 1 of the 2")]:
         system = [] if "--system" in flags else ["--system", "diloco"]
@@ -355,6 +375,34 @@ def _return_when(work, device: int, iteration: int, notices, stop) -> None:
         stop.wait(0.05)
 
 
+def _preempted_and_back(cli, tmp_path, monkeypatch, device: int, *flags) -> Path:
+    """`harness run --system diloco` on loopback, 4 devices, 40 iterations paced by the compute model (~0.3 s each,
+    so the others train on while the job back starts), `device` preempted as iteration 3 begins (the debug
+    section's fault) and back once a replica still there has journaled iteration 4; its run directory."""
+    import threading
+
+    from harness.network.timeline_program import DEVICES_ENV
+
+    work, notices, stop = tmp_path / "work", tmp_path / "devices", threading.Event()
+    work.mkdir()
+    monkeypatch.setenv("HARNESS_WORK_DIR", str(work))
+    monkeypatch.setenv(DEVICES_ENV, str(notices))
+    driver = threading.Thread(target=_return_when, args=(work, device, 4, notices, stop), daemon=True)
+    driver.start()
+    try:
+        rc, _, err = cli("run", "--system", "diloco", *flags, "--scenario", "3", "--devices", "4", "--layers", LAYERS,
+                         "--batch", BATCH, "--network", "none", "--iters", RETURN_ITERS, "--warmup", "0",
+                         "--sync-every", "2", "--data", "markov", "--compute-model", "--compute-time-scale", "1000",
+                         "--results", tmp_path / "results", "--debug", "fault_mode=preempt",
+                         "--debug", f"fault_rank={device}", "--debug", "fault_iteration=3",
+                         "--debug", "fault_phase=forward")
+    finally:
+        stop.set()
+        driver.join()
+    assert rc == 0, err
+    return next((tmp_path / "results").rglob("records.csv")).parent
+
+
 def test_a_replica_preempted_mid_run_is_left_out_and_one_back_heals_from_a_peer_without_a_restart(cli, tmp_path,
                                                                                                 monkeypatch):
     """torchft's quorum through a lost replica and one back (train/quorum_agent.py): device 2 is preempted as
@@ -365,29 +413,11 @@ def test_a_replica_preempted_mid_run_is_left_out_and_one_back_heals_from_a_peer_
     the loss (when the quorum went on without it, the inner steps no outer step holds) and one for the return (its
     start, its heal, the steps it took before)."""
     import json
-    import threading
 
-    from harness.network.timeline_program import DEVICES_ENV
     from harness.results import read_outer_syncs, read_records
 
-    ITERS = 40  # paced by the compute model (~0.3 s each), so the others train on while the job back starts
-    work, notices, stop = tmp_path / "work", tmp_path / "devices", threading.Event()
-    work.mkdir()
-    monkeypatch.setenv("HARNESS_WORK_DIR", str(work))
-    monkeypatch.setenv(DEVICES_ENV, str(notices))
-    driver = threading.Thread(target=_return_when, args=(work, 2, 4, notices, stop), daemon=True)
-    driver.start()
-    try:
-        rc, _, err = cli("run", "--system", "diloco", "--scenario", "3", "--devices", "4", "--layers", "2",
-                         "--batch", "8", "--network", "none", "--iters", ITERS, "--warmup", "0", "--sync-every", "2",
-                         "--data", "markov", "--compute-model", "--compute-time-scale", "1000",
-                         "--results", tmp_path / "results", "--debug", "fault_mode=preempt",
-                         "--debug", "fault_rank=2", "--debug", "fault_iteration=3", "--debug", "fault_phase=forward")
-    finally:
-        stop.set()
-        driver.join()
-    assert rc == 0, err
-    run_dir = next((tmp_path / "results").rglob("records.csv")).parent
+    ITERS = RETURN_ITERS
+    run_dir = _preempted_and_back(cli, tmp_path, monkeypatch, 2)
     assert [r["iteration"] for r in read_records(run_dir / "records.csv")] == list(range(ITERS))
     syncs = read_outer_syncs(run_dir / "outer_syncs.csv")
     assert {r["participants"] for r in syncs if r["iteration"] == 1} == {4}
@@ -408,6 +438,42 @@ def test_a_replica_preempted_mid_run_is_left_out_and_one_back_heals_from_a_peer_
     assert 0 < back["restart_s"] < back["restart_marks_s"]["state_moved"]  # its start, then its heal
     assert back["lost_iterations"] >= 1  # its steps on the stale model, up to its heal
     assert (run_dir / "recoveries.csv").read_text().count("\n") == 3
+
+
+def test_a_pipeline_replica_preempted_mid_run_goes_with_its_devices_and_comes_back_healed_stage_by_stage(
+        cli, tmp_path, monkeypatch):
+    """Replicas that are ours' pipelines (2 pipelines of 2 stages), each a job of its own, through a loss and a
+    return: the last stage of the pipeline without the Lighthouse's device is preempted as iteration 3 begins and
+    takes its pipeline with it; the other goes on alone with no restart; once it is at iteration 5 the device is
+    back, its pipeline starts again as a job on both its devices, and each stage heals from the same stage of the
+    peer at the next quorum, then syncs with it to the end."""
+    import json
+
+    from harness.results import read_outer_syncs, read_records
+
+    ITERS = RETURN_ITERS
+    lost_pipe = next(list(p) for p in _pipelines(4, replica_stages=2, sync_every=2) if 0 not in p)
+    gone = lost_pipe[-1]
+    run_dir = _preempted_and_back(cli, tmp_path, monkeypatch, gone, "--replica-stages", "2")
+    assert [r["iteration"] for r in read_records(run_dir / "records.csv")] == list(range(ITERS))
+    syncs = read_outer_syncs(run_dir / "outer_syncs.csv")
+    assert {(r["rank"], r["participants"]) for r in syncs if r["iteration"] == 1} == {(d, 2) for d in range(4)}
+    assert {r["participants"] for r in syncs if 3 <= r["iteration"] <= 5} == {1}
+    assert not {r["rank"] for r in syncs if 3 <= r["iteration"] <= 5} & set(lost_pipe)
+    healed = min(r["iteration"] for r in syncs if r["rank"] == gone and r["iteration"] > 3)  # its first sync back
+    assert healed > 5 and all(r["committed"] for r in syncs)
+    for i in range(healed, ITERS, 2):  # both its stages heal in one sync, then sync with the other to the end
+        assert {(r["rank"], r["participants"]) for r in syncs if r["iteration"] == i} == {(d, 2) for d in range(4)}
+    elastic = json.loads((run_dir / "manifest.json").read_text())["elastic"]
+    gens = elastic["generations"]
+    assert [g["devices"] for g in gens[2:]] == [lost_pipe] and gens[2]["start_iteration"] >= 5
+    assert sorted(map(tuple, (g["devices"] for g in gens[:2]))) == sorted(_pipelines(4, replica_stages=2))
+    lost, back = [r for r in elastic["events"] if r["event"] == "restart"]
+    assert lost["devices"] == lost_pipe and lost["from"] == "quorum" and lost["detect_s"] > 0
+    assert lost["lost_iterations"] == 1  # iteration 2, after the sync at 1; iteration 3 never ended
+    assert back["devices"] == lost_pipe and back["from"] == "peer"
+    assert back["resumed_from"] == gens[2]["start_iteration"]
+    assert 0 < back["restart_s"] < back["restart_marks_s"]["state_moved"]
 
 
 def test_sim_quorum_recovery_counts_the_lost_replicas_steps_and_its_heal():
@@ -465,18 +531,18 @@ def test_the_quorum_agent_counts_a_replica_out_of_step_from_a_dropped_sync_until
     def sync(i, rank, end, committed, participants=3):
         return [{"iteration": i, "rank": rank, "end": end, "committed": committed, "participants": participants}]
 
-    fast = qa._Job(0, 0, 0, None, None, 0.0)
-    stalled = qa._Job(1, 1, 0, None, None, 0.0)
-    lost = qa._Job(2, 2, 0, None, None, 0.0)
+    fast = qa._Job(0, (0,), 0, None, [], 0.0)
+    stalled = qa._Job(1, (1,), 0, None, [], 0.0)
+    lost = qa._Job(2, (2,), 0, None, [], 0.0)
     lost.killed = 10.5
     per_job = [
-        (fast, [it(0, 10.0, sync(0, 0, 10.0, 1)), it(1, 11.0), it(2, 12.0, sync(2, 0, 12.0, 1, 1)), it(3, 13.0)]),
+        (fast, 0, [it(0, 10.0, sync(0, 0, 10.0, 1)), it(1, 11.0), it(2, 12.0, sync(2, 0, 12.0, 1, 1)), it(3, 13.0)]),
         # its sync at 0 committed after the loss, with the lost one's part in it; then dropped at 1 (a peer closed);
         # stale steps; healed in its sync at 2
-        (stalled, [it(0, 10.6, sync(0, 1, 10.6, 1)), it(1, 10.8, sync(1, 1, 10.8, 0)),
+        (stalled, 0, [it(0, 10.6, sync(0, 1, 10.6, 1)), it(1, 10.8, sync(1, 1, 10.8, 0)),
                    it(2, 41.0, sync(2, 1, 41.0, 1, 2)), it(3, 42.0)]),
-        (lost, [])]
-    merged = qa._merged(per_job, 0, 4, devices=3)
+        (lost, 0, [])]
+    merged = qa._merged(per_job, 0, 4, replicas=3)
     assert [s.end for s in merged] == [10.6, 11.0, 12.0, 42.0]
     assert [s.seconds for s in merged[1:]] == pytest.approx([0.4, 1.0, 30.0])
     assert [(r["rank"], r["committed"]) for r in merged[1].outer_syncs] == [(1, 0)]  # kept, though out of step

@@ -324,8 +324,9 @@ class _QuorumRecoveries(_Recoveries):
     def __init__(self, sim, system: str, cfg, batch: int, timeline, iterations: int, model, layout, options):
         super().__init__(sim, system, cfg, batch, timeline, iterations, model, layout, options)
         if self.plan.layout is not None and self.plan.layout.pp > 1:
-            raise SimError(f"{system}: replicas of several devices (--replica-stages) do not go on without a lost "
-                           "device (the runtime refuses devices that leave then): one device a replica")
+            raise SimError(f"{system}: replicas that are pipelines (--replica-stages) under devices that leave "
+                           "are not predicted (a loss takes its whole pipeline, which the survivors' planner does not "
+                           "keep): `harness run` trains them; predict one device a replica")
         self.quorum = registry.get(system).quorum_model_of(cfg, options, sim.topo.n)  # a sim/quorum.QuorumModel
         self.waits: list[tuple[int, Recovery]] = []  # (the boundary it is paid at, a loss's row)
         self.during: list = []  # the device events during the last iteration, taken at the boundary after it

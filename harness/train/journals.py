@@ -45,14 +45,18 @@ def journaled(path: Path) -> list[IterationStats]:
     return out
 
 
+def rank_marks(journal: Path, rank: int) -> dict[str, float]:
+    """The milestones one rank reached (time.monotonic())."""
+    path = journal / f"marks-{rank}.jsonl"
+    return {} if not path.exists() else {k: v for line in path.read_text().splitlines() if line.endswith("}")
+                                         for k, v in json.loads(line).items()}
+
+
 def marks(journal: Path, ranks: int) -> dict[str, float]:
     """When the last rank of a generation reached each milestone every rank reached (time.monotonic()):
     "process_group", "model", "training" (ready to train: process group, model, state loaded), ..."""
     every: dict[str, list[float]] = {}
     for r in range(ranks):
-        path = journal / f"marks-{r}.jsonl"
-        marks = {} if not path.exists() else {k: v for line in path.read_text().splitlines() if line.endswith("}")
-                                              for k, v in json.loads(line).items()}
-        for k, v in marks.items():
+        for k, v in rank_marks(journal, r).items():
             every.setdefault(k, []).append(v)
     return {k: max(v) for k, v in every.items() if len(v) == ranks}

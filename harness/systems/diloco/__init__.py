@@ -58,25 +58,21 @@ STREAMING = (
 
 
 def diloco_layout(req, topo):
-    """Every device a replica's rank holding the whole model; the knobs checked against the devices, the model and
-    the timeline: replicas that leave and come back are one device each (each its own job: train/quorum_agent.py),
-    and the Lighthouse's device stays (the quorum would go with it)."""
+    """Every device a replica's rank holding the whole model, or (`--replica-stages`) each replica one of ours'
+    pipelines; the knobs checked against the devices, the model and the timeline: replicas that leave and come back
+    are each a job of their own (train/quorum_agent.py), one device or one pipeline (not --replicas' groups), and
+    the Lighthouse's replica stays (the quorum would go with it)."""
     from ...errors import HarnessError
 
     layers = len(req.model.profile.layers)
     s = DiLoCoSettings.of(req.run.options, topo.n, layers)
     pp = s.replica_stages
     events = topo.timeline.devices if topo.timeline is not None else ()
-    if events or req.debug.fault_mode == "preempt":
-        if s.devices_per_replica(topo.n) > 1 or pp > 1:
-            flag = "replica-stages" if pp > 1 else "replicas"
-            raise HarnessError(f"--{flag}: devices leave and come back in this run: a replica must be one device "
-                               f"(got replicas of {pp * s.devices_per_replica(topo.n)} devices)")
-        gone = [e for e in events if e.device == s.lighthouse_device and e.kind == "preempt"]
-        if gone or (req.debug.fault_mode == "preempt" and req.debug.fault_rank == s.lighthouse_device):
-            where = gone[0].where if gone else "--debug fault_rank"
-            raise HarnessError(f"--lighthouse-device: device {s.lighthouse_device} leaves in this run ({where}), and "
-                               "the Lighthouse with it: give a device that stays")
+    leaving = events or req.debug.fault_mode == "preempt"
+    if leaving and s.devices_per_replica(topo.n) > 1:
+        raise HarnessError(f"--replicas: devices leave and come back in this run: a replica must be one device or "
+                           f"one pipeline (--replica-stages; got replicas of {s.devices_per_replica(topo.n)} "
+                           "devices in data parallel)")
     if pp > 1:  # replicas that are ours' pipelines (pipeline_replicas.py): ours' layout rule and scheduler
         from dataclasses import replace
 
@@ -88,8 +84,17 @@ def diloco_layout(req, topo):
             raise HarnessError(f"--fragments: {s.fragments} fragments are cut inside each stage, and the scheduler "
                                f"gave a stage {min(lay.layers_per_stage)} blocks (blocks a stage: "
                                f"{list(lay.layers_per_stage)})")
-        return lay, placement
-    return in_rank_order(1, 1, topo.n, layers, schedule="1f1b"), None
+    else:
+        lay, placement = in_rank_order(1, 1, topo.n, layers, schedule="1f1b"), None
+    if leaving:
+        home = next(tuple(int(d) for d in p) for p in lay.pipelines if s.lighthouse_device in p)
+        gone = [e for e in events if e.device in home and e.kind == "preempt"]
+        if gone or (req.debug.fault_mode == "preempt" and req.debug.fault_rank in home):
+            where = gone[0].where if gone else "--debug fault_rank"
+            whose = "" if len(home) == 1 else f"'s replica (devices {list(home)})"
+            raise HarnessError(f"--lighthouse-device: device {s.lighthouse_device}{whose} leaves in this run "
+                               f"({where}), and the Lighthouse with it: give a device that stays")
+    return lay, placement
 
 
 def diloco_stage_bytes(layout, cfg, batch: int, micro_batch: int, bytes_per_value: int):

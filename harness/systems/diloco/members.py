@@ -45,12 +45,12 @@ class Member:
 
 
 def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica: int, group_rank: int, k: int,
-                 leader_rank: int | None, state_dict, load_state_dict, on_send) -> Member:
+                 leader_rank: int, one_job: bool, state_dict, load_state_dict, on_send) -> Member:
     """This rank's Manager in replica `replica` (`k` ranks, this one its `group_rank`), and the Lighthouse when
-    this rank's device runs it. `leader_rank`: the rank of the run's one job hosting the replica's store (the
-    addresses go round the default group); None: the replica is a job of its own (train/quorum_agent.py), which
-    finds the Lighthouse's address in the quorum directory. Every Manager heartbeats before this returns, so the
-    first quorum waits for them all."""
+    this rank's device runs it. `leader_rank`: the rank of this process group hosting the replica's store (its
+    first; the addresses go round the group). `one_job`: the run is one job (the Lighthouse's address goes round
+    too); else each replica is a job of its own (train/quorum_agent.py), which finds the Lighthouse's address in the
+    quorum directory. Every Manager heartbeats before this returns, so the first quorum waits for them all."""
     logging.getLogger("torchft").setLevel(logging.WARNING)
     # at every quorum, on every rank: NCCL's flight recorder, which a CPU run has none of
     logging.getLogger("torchft.manager").addFilter(lambda rec: "flight recorder" not in rec.getMessage())
@@ -61,13 +61,12 @@ def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica:
         lighthouse, lighthouse_addr = _lighthouse(ctx, s.join_timeout)
     if group_rank == 0:
         store = TCPStore(ctx.addr, 0, is_master=True, wait_for_workers=False)
-    if leader_rank is not None:  # every rank's addresses over the default group
-        every = [None] * ctx.world_size
-        dist.all_gather_object(every, [ctx.addr, store.port if store else None, lighthouse_addr])
-        leader = every[leader_rank]
+    every = [None] * ctx.world_size  # every rank's addresses over the default group
+    dist.all_gather_object(every, [ctx.addr, store.port if store else None, lighthouse_addr])
+    leader = every[leader_rank]
+    if one_job:
         lighthouse_addr = next(e[2] for e in every if e[2])
-    else:  # a replica of one device: its own store; the Lighthouse's address where its rank wrote it
-        leader = [ctx.addr, store.port]
+    else:
         lighthouse_addr = _meet_lighthouse(ctx, lighthouse_addr, spec.run.group_timeout_s)
     manager = Manager(
         pg=WireProcessGroup(s.wire, sync_timeout, on_send), min_replica_size=1, use_async_quorum=False,
@@ -76,7 +75,7 @@ def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica:
         replica_id=f"replica{replica}", hostname=ctx.addr, init_sync=False, timeout=sync_timeout,
         quorum_timeout=timeout, connect_timeout=timeout,
         checkpoint_transport=_checkpoint_transport(ctx.addr, timeout))
-    if leader_rank is not None:
+    if one_job:
         dist.barrier()
     else:
         _all_heartbeating(ctx, spec.layout.devices, spec.run.group_timeout_s)

@@ -74,9 +74,9 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         inner.load_state_dict(sd["inner"])
         where["healed"] = sd["iteration"]
 
-    leader = replica * k if one_job else None  # one job: the replica's first rank; else its own
     member = join_torchft(
-        ctx, spec, s, replica=replica, group_rank=group_rank, k=k, leader_rank=leader, on_send=on_send,
+        ctx, spec, s, replica=replica, group_rank=group_rank, k=k, leader_rank=replica * k if one_job else 0,
+        one_job=one_job, on_send=on_send,
         load_state_dict=load_state,
         state_dict=lambda: {"model": model.state_dict(), "inner": inner.state_dict(), "iteration": where["it"]})
     manager = member.manager

@@ -495,6 +495,33 @@ def test_sim_quorum_recovery_counts_the_lost_replicas_steps_and_its_heal():
     assert later["lost_iterations"] == 3 and "back" not in later
 
 
+def test_sim_quorum_recovery_of_a_pipeline_replica_heals_each_stage_from_the_same_stage_of_a_peer():
+    """Replicas that are pipelines (4 of 2 stages, GPT3-XL L=2, case 5): device 5 (pipeline 1's last stage) lost as
+    step 6 begins takes its pipeline, which loses its 2 steps since the sync at 3; back as step 9 begins (started in
+    3 s), it takes its turn of 4 steps and heals at the others' next quorum after that: stage j's state (its
+    parameters, 20 bytes each) from stage j of pipeline 0, both stages at once, the slower one the heal."""
+    from dataclasses import replace
+
+    from harness.systems.diloco import sim as dsim
+
+    sim, _, _ = _model("5", devices=8)
+    lay, cfg = layouts.in_rank_order(1, 2, 4, 2, schedule="1f1b"), get_model("gpt3-xl", 2)
+    opts = options(sync_every=4, replica_stages=2)
+    got = dsim.quorum_recovery(sim.links, sim.profiles, cfg, 64, lay, 1, 2, opts, 5, 6, 9, start_s=3.0)
+    assert got["lost_iterations"] == 2 and got["back"]["lost_iterations"] == 4
+    step = registry.get("diloco").simulate_layout_fn({**opts, "sync_every": 10 ** 9})(
+        sim.links, sim.profiles, cfg, 64, lay, 1, 2)[0]  # the pipeline's inner step (a sync in a billion steps)
+    others = 3 * step
+    while others < 3.0 + 4 * step:
+        others += 4 * step
+    q = dsim.quorum_model(cfg, opts, 8)
+    stages = stage_params(cfg, [1, 1])
+    heal = max(replace(q, heal_bytes=stages[j] * dsim.HEAL_BYTES_PER_PARAM).heal_s(sim.links, peer, mine)
+               for j, (peer, mine) in enumerate([(0, 1), (4, 5)]))
+    assert got["back"]["state_moved_s"] == pytest.approx(others + heal, rel=1e-6)
+    assert got["detect_s"] > 2 * step
+
+
 def test_sim_a_replica_lost_inside_an_all_reduce_costs_those_in_it_the_sync_timeout_and_their_turn():
     """Lost 2 s into the all-reduce of the sync ending step 7 (H = 4, sync timeout 60 s): the others wait out the
     timeout from the all-reduce's start, drop the sync (each replica's 4 steps thrown away), and sync without it at

@@ -172,9 +172,9 @@ def quorum_model(cfg: GPTConfig, options: dict, devices: int) -> QuorumModel:
 def quorum_recovery(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, options: dict, device: int,
                     preempt_at: int, return_at: int | None = None, start_s: float = 0.0,
                     in_sync_s: float | None = None) -> dict:
-    """What the model says of a replica (one device) preempted as inner step `preempt_at` (0-based, of the run)
-    begins and, optionally, back as step `return_at` begins (train/quorum_agent.py measures the same), the
-    replicas in lock step:
+    """What the model says of a replica (one device, or one of ours' pipelines: _replica_loss) preempted as inner
+    step `preempt_at` (0-based, of the run) begins and, optionally, back as step `return_at` begins
+    (train/quorum_agent.py measures the same), the replicas in lock step:
     - lost_iterations: the steps it completed since its last sync, which no outer step holds;
     - detect_s: from the preemption to the end of the first sync without it: the survivors' steps to their next
       sync, their quorum waiting for it (until its heartbeats have stopped, at most the join timeout:
@@ -188,14 +188,9 @@ def quorum_recovery(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, op
     timeout from the all-reduce's start, then drop the sync (torchft's should_commit is false: the parameters go
     back to the last sync's, so each replica's turn of steps is thrown away: dropped_iterations) and retry that
     fragment at the end of their next turn, whose quorum leaves it out."""
-    devices = devices_of(lay)
-    s = DiLoCoSettings.of(options, len(devices), cfg.layers)
-    q = quorum_model(cfg, options, len(devices))
-    steps, _ = inner_step_seconds(links, profiles, cfg, batch, lay, mb, bpv, s)
-    step = float(steps.max())
-    left = np.asarray([d for d in devices if d != device])[None, :]
-    values = fragment_params(cfg, s.fragments)[0]
-    sync = sync_seconds(links, left, values, s.wire, bpv) + optimizer_seconds(values, profiles[left[0, 0]])
+    s = DiLoCoSettings.of(options, lay.devices, cfg.layers)
+    q = quorum_model(cfg, options, lay.devices)
+    step, sync, heal = _replica_loss(links, profiles, cfg, batch, lay, mb, bpv, s, q, device)
     if in_sync_s is not None:
         if (preempt_at + 1) % q.turn:
             raise ValueError(f"in_sync_s: step {preempt_at} ends no sync (one every {q.turn} steps)")
@@ -211,7 +206,30 @@ def quorum_recovery(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, op
     others = (q.turn - return_at % q.turn) * step  # the others' next quorum, from its return
     while others < ready:
         others += q.turn * step
-    peer = next(d for d in devices if d != device)
-    out["back"] = {"restart_s": start_s, "state_moved_s": others + q.heal_s(links, peer, device),
-                   "lost_iterations": q.turn}
+    out["back"] = {"restart_s": start_s, "state_moved_s": others + heal, "lost_iterations": q.turn}
     return out
+
+
+def _replica_loss(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, s: DiLoCoSettings, q: QuorumModel,
+                  device: int) -> tuple[float, float, float]:
+    """(an inner step, a sync of the first fragment over the replicas left, the heal of `device`'s replica back)
+    for quorum_recovery: its replica is one device, or the pipeline that holds it (`--replica-stages`: an inner
+    step is ours' pipeline's, each stage's sync a ring over the same stage of the pipelines left, and each stage
+    heals from the same stage of the first other pipeline, all at once)."""
+    groups = lay.array()[:, :, 0]  # (stages, replicas); one stage: every device its own replica
+    if lay.pp > 1:
+        from ..ours.sim import simulate_ours
+
+        step = simulate_ours(links, profiles, cfg, batch, replace(lay, dp_sync="sharded-ps"), mb,
+                             dp_bytes=np.zeros(lay.pp), bytes_per_value=bpv).seconds
+    else:
+        step = float(inner_step_seconds(links, profiles, cfg, batch, lay, mb, bpv, s)[0].max())
+    mine = next(r for r in range(groups.shape[1]) if device in groups[:, r])
+    left = np.delete(groups, mine, axis=1)
+    params = stage_fragment_params(cfg, list(lay.layers_per_stage), s.fragments)
+    sync = float(collectives.ring_allreduce(links, left, params[:, 0] * value_bytes(s.wire, bpv)).max()) \
+        if left.shape[1] > 1 else 0.0
+    sync += max(optimizer_seconds(params[j, 0], profiles[d]) for j, row in enumerate(left) for d in row)
+    heal = max(replace(q, heal_bytes=params[j].sum() * HEAL_BYTES_PER_PARAM).heal_s(links, left[j, 0], groups[j, mine])
+               for j in range(lay.pp))
+    return step, sync, heal

@@ -56,6 +56,9 @@ def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica:
     logging.getLogger("torchft.manager").addFilter(lambda rec: "flight recorder" not in rec.getMessage())
     timeout = timedelta(seconds=spec.run.group_timeout_s)
     sync_timeout = timedelta(seconds=s.sync_timeout or spec.run.group_timeout_s)  # settings.py: a peer lost in a sync
+    # the all-reduce's own bound is its process group's; the Manager's (should_commit, a heal) is twice that, since
+    # should_commit is a barrier over the replica's ranks: one of them may fail its all-reduce at once (a peer's
+    # connection closed) while another waits out the sync timeout (a peer gone silent), and both must arrive
     lighthouse, lighthouse_addr, store = None, None, None
     if ctx.device_index == s.lighthouse_device:
         lighthouse, lighthouse_addr = _lighthouse(ctx, s.join_timeout)
@@ -72,7 +75,7 @@ def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica:
         pg=WireProcessGroup(s.wire, sync_timeout, on_send), min_replica_size=1, use_async_quorum=False,
         load_state_dict=load_state_dict, state_dict=state_dict,
         rank=group_rank, world_size=k, store_addr=leader[0], store_port=leader[1], lighthouse_addr=lighthouse_addr,
-        replica_id=f"replica{replica}", hostname=ctx.addr, init_sync=False, timeout=sync_timeout,
+        replica_id=f"replica{replica}", hostname=ctx.addr, init_sync=False, timeout=2 * sync_timeout,
         quorum_timeout=timeout, connect_timeout=timeout,
         checkpoint_transport=_checkpoint_transport(ctx.addr, timeout))
     if one_job:

@@ -180,8 +180,8 @@ def test_int8_all_reduce_sums_within_its_rounding():
     plus the scales."""
     from torch.distributed import TCPStore
 
-    from harness.systems.diloco.codec import BLOCK
-    from harness.train.launch import fork_ranks
+    from harness.systems.diloco.codec import BLOCK, WireProcessGroup  # noqa: F401 (loaded before the fork: a
+    from harness.train.launch import fork_ranks  # child importing torchft beside the store's thread can hang)
 
     n = 3
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)

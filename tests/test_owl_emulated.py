@@ -55,9 +55,11 @@ def test_five_strategies_over_shaped_links_with_a_shared_uplink(tmp_path, capsys
     assert recs["naive"].server_bytes == 4 * S and sum(recs["naive"].rack_bytes) == 0
     assert recs["owl"].server_bytes == 2 * S and recs["owl"].rack_bytes == (S, S) and recs["owl"].inter_rack_bytes == 0
     # and the server's kernel agrees: its interface sent the payload plus headers (a veth counts a TCP
-    # segmentation-offload packet's headers once, so at most 66 bytes per 1448 of payload) and little else
+    # segmentation-offload packet's headers once, so at most 66 bytes per 1448 of payload) and little else: the
+    # handshakes, and on a loaded machine retransmissions (CI saw 1.0658 for overlap: 11 segments of 1448 bytes
+    # past a margin of 0.02); a miscounted strategy is off by a model (owl sends half of naive's)
     for r in recs.values():
-        assert 1 < r.server_wire_bytes / r.server_bytes < 1514 / 1448 + 0.02, (r.strategy, r.server_wire_bytes)
+        assert 1 < r.server_wire_bytes / r.server_bytes < 1514 / 1448 + 0.05, (r.strategy, r.server_wire_bytes)
     # the uplink is shared: naive's four models leave through 5 Mbps one after another in effect (unshared, each
     # worker's own 5 Mbps pair would take a quarter of this); 0.9: the shaper's burst
     assert recs["naive"].distribution_seconds > 0.9 * 4 * S / (5e9 * SCALE / 8)

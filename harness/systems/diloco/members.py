@@ -23,7 +23,7 @@ from torchft.local_sgd import DiLoCo  # noqa: E402
 
 from ...files import atomic_write_text  # noqa: E402
 from ...plan.request import RunSpec  # noqa: E402
-from ...train.quorum_agent import lighthouse_file  # noqa: E402
+from ...train.quorum_agent import STAYING_MARK, ended_file, lighthouse_file  # noqa: E402
 from ...train.rank import RankContext  # noqa: E402
 from .codec import WireProcessGroup  # noqa: E402
 from .settings import DiLoCoSettings, fragment_cuts  # noqa: E402
@@ -56,9 +56,6 @@ def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica:
     logging.getLogger("torchft.manager").addFilter(lambda rec: "flight recorder" not in rec.getMessage())
     timeout = timedelta(seconds=spec.run.group_timeout_s)
     sync_timeout = timedelta(seconds=s.sync_timeout or spec.run.group_timeout_s)  # settings.py: a peer lost in a sync
-    # the all-reduce's own bound is its process group's; the Manager's (should_commit, a heal) is twice that, since
-    # should_commit is a barrier over the replica's ranks: one of them may fail its all-reduce at once (a peer's
-    # connection closed) while another waits out the sync timeout (a peer gone silent), and both must arrive
     lighthouse, lighthouse_addr, store = None, None, None
     if ctx.device_index == s.lighthouse_device:
         lighthouse, lighthouse_addr = _lighthouse(ctx, s.join_timeout)
@@ -71,6 +68,9 @@ def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica:
         lighthouse_addr = next(e[2] for e in every if e[2])
     else:
         lighthouse_addr = _meet_lighthouse(ctx, lighthouse_addr, spec.run.group_timeout_s)
+    # the all-reduce's own bound is its process group's; the Manager's (should_commit, a heal) is twice that, since
+    # should_commit is a barrier over the replica's ranks: one of them may fail its all-reduce at once (a peer's
+    # connection closed) while another waits out the sync timeout (a peer gone silent), and both must arrive
     manager = Manager(
         pg=WireProcessGroup(s.wire, sync_timeout, on_send), min_replica_size=1, use_async_quorum=False,
         load_state_dict=load_state_dict, state_dict=state_dict,
@@ -83,6 +83,13 @@ def join_torchft(ctx: RankContext, spec: RunSpec, s: DiLoCoSettings, *, replica:
     else:
         _all_heartbeating(ctx, spec.layout.devices, spec.run.group_timeout_s)
     return Member(manager, lighthouse, store)
+
+
+def stay_for_the_others(ctx: RankContext, timeout_s: float) -> None:
+    """A replica that is a job of its own and holds the Lighthouse stays after its training until the quorum agent
+    says every other replica is done: those behind (a sync timed out) still need its quorums."""
+    ctx.mark(STAYING_MARK)
+    wait_for(ended_file(ctx.journal).exists, timeout_s, "the other replicas did not end")
 
 
 def fragments_of(model: torch.nn.Module, fragments: int) -> list[torch.nn.Module]:

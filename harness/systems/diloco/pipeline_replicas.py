@@ -22,12 +22,11 @@ from dataclasses import replace
 
 import torch
 
-from .members import ADAMW, diloco_of, join_torchft, sync_row, wait_for  # first: torchft loads after its RUST_LOG
+from .members import ADAMW, diloco_of, join_torchft, stay_for_the_others, sync_row  # first: torchft after RUST_LOG
 
 from ...compute import micro_batches
 from ...plan.request import RunSpec
 from ...train import wire
-from ...train.quorum_agent import STAYING_MARK, ended_file
 from ...train.rank import RankContext, iteration_mark, iteration_progress
 from ...train.stats import IterationStats
 from ..ours.pipeline import PipelineStageRunner
@@ -144,11 +143,8 @@ def train_diloco_pipelines(ctx: RankContext, spec: RunSpec) -> list[IterationSta
                 if due and it < steps:
                     posted[it] = runner.post_receives(it)
         ctx.save_state(runner.state())
-        if not one_job and s.lighthouse_device in L.pipelines[pipeline]:
-            # the Lighthouse's pipeline stays, every rank of it (its job ends as one): replicas behind (a sync timed
-            # out) still need its quorums
-            ctx.mark(STAYING_MARK)
-            wait_for(ended_file(ctx.journal).exists, spec.run.timeout_s, "the other replicas did not end")
+        if not one_job and s.lighthouse_device in L.pipelines[pipeline]:  # every rank of it: its job ends as one
+            stay_for_the_others(ctx, spec.run.timeout_s)
         return stats
     finally:
         member.shutdown()

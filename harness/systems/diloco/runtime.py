@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from .members import ADAMW, diloco_of, join_torchft, sync_row, wait_for  # first: torchft loads after its RUST_LOG
+from .members import ADAMW, diloco_of, join_torchft, stay_for_the_others, sync_row  # first: torchft after RUST_LOG
 
 from ...plan.request import RunSpec
 from ...train import wire
@@ -41,7 +41,6 @@ from ...train.compute_model import pacer_for
 from ...train.gpt import GPT, lm_loss, synthetic_batch
 from ...train.rank import RankContext, iteration_progress, torch_dtype
 from ...train.reference import make_optimizer
-from ...train.quorum_agent import STAYING_MARK, ended_file
 from ...train.stats import IterationStats
 from .settings import DiLoCoSettings
 
@@ -96,9 +95,8 @@ def train_diloco(ctx: RankContext, spec: RunSpec) -> list[IterationStats]:
         with diloco_of(manager, model, inner, s):
             stats = _train(ctx, spec, s, model, inner, manager, pacer, paced, inner_groups, replica, k, sent, where)
         ctx.save_state(dict(model.named_parameters()))
-        if member.lighthouse is not None and not one_job:  # replicas behind (a sync timed out) still need its quorums
-            ctx.mark(STAYING_MARK)
-            wait_for(ended_file(ctx.journal).exists, spec.run.timeout_s, "the other replicas did not end")
+        if member.lighthouse is not None and not one_job:
+            stay_for_the_others(ctx, spec.run.timeout_s)
         return stats
     finally:
         member.shutdown()

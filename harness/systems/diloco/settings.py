@@ -19,8 +19,9 @@ without it. Shorter is quicker through a loss, but a sync or a heal that needs l
 
 Streaming DiLoCo (Douillard et al. 2025): the model in `fragments` of consecutive blocks (the embedding with the
 first, the head with the last; replicas that are pipelines: each stage so cut, pipeline_replicas.py); torchft
-syncs one fragment every H / fragments steps in turn, so each is synced every H steps; a fragment's all-reduce starts `fragment_sync_delay` inner steps before it is needed (tau, overlap
-with compute), and `fragment_update_alpha` mixes the local parameters into the synced ones (0: the synced only).
+syncs one fragment every H / fragments steps in turn, so each is synced every H steps; a fragment's all-reduce
+starts `fragment_sync_delay` inner steps before it is needed (tau, overlap with compute), and
+`fragment_update_alpha` mixes the local parameters into the synced ones (0: the synced only).
 """
 from __future__ import annotations
 

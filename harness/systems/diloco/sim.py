@@ -56,8 +56,9 @@ def sync_bytes(values: float, wire: str, replicas: int, bpv: int) -> float:
     return 2 * (replicas - 1) / replicas * values * value_bytes(wire, bpv)
 
 
-def sync_seconds(links, rings: np.ndarray, values: float, wire: str, bpv: int) -> float:
-    """The all-reduce of `values` pseudo-gradient values in every ring of `rings` (positions x replicas) at once."""
+def sync_seconds(links, rings: np.ndarray, values, wire: str, bpv: int) -> float:
+    """The all-reduce of `values` pseudo-gradient values (one count, or one a ring) in every ring of `rings`
+    (positions x replicas) at once."""
     if rings.shape[1] < 2:
         return 0.0
     return float(collectives.ring_allreduce(links, rings, values * value_bytes(wire, bpv)).max())
@@ -103,21 +104,26 @@ def simulate_diloco_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: 
     return step + exposed / s.fragments / turn, compute
 
 
+def _pipelines_step(links, profiles, cfg, batch: int, lay, mb: int, bpv: int):
+    """Ours' model of the pipelines with no data-parallel sync: the slowest pipeline's iteration."""
+    from ..ours.sim import simulate_ours
+
+    return simulate_ours(links, profiles, cfg, batch, replace(lay, dp_sync="sharded-ps"), mb,
+                         dp_bytes=np.zeros(lay.pp), bytes_per_value=bpv)
+
+
 def _pipeline_replicas(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, s: DiLoCoSettings):
     """Replicas that are ours' pipelines (pipeline_replicas.py): ours' model of its pipelines with no data-parallel
     sync (the slowest pipeline's iteration), then every H / fragments steps a fragment of each stage all-reduced over
     its stage group (a ring a stage, all at once; streaming: started `fragment_sync_delay` steps early) and the outer
     step on it."""
-    from ..ours.sim import simulate_ours
-
-    inner = simulate_ours(links, profiles, cfg, batch, replace(lay, dp_sync="sharded-ps"), mb,
-                          dp_bytes=np.zeros(lay.pp), bytes_per_value=bpv)
+    inner = _pipelines_step(links, profiles, cfg, batch, lay, mb, bpv)
     step = inner.seconds
     groups = lay.array()[:, :, 0]  # (stages, pipelines): stage j's devices
     params = stage_fragment_params(cfg, list(lay.layers_per_stage), s.fragments)
     exposed = 0.0
     for f in range(s.fragments):
-        sync = float(collectives.ring_allreduce(links, groups, params[:, f] * value_bytes(s.wire, bpv)).max())
+        sync = sync_seconds(links, groups, params[:, f], s.wire, bpv)
         outer = max(optimizer_seconds(params[j, f], profiles[d]) for j, row in enumerate(groups) for d in row)
         exposed += max(0.0, sync - s.fragment_sync_delay * step) + outer
     return step + exposed / s.sync_every, inner.compute_seconds
@@ -218,18 +224,14 @@ def _replica_loss(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, s: D
     heals from the same stage of the first other pipeline, all at once)."""
     groups = lay.array()[:, :, 0]  # (stages, replicas); one stage: every device its own replica
     if lay.pp > 1:
-        from ..ours.sim import simulate_ours
-
-        step = simulate_ours(links, profiles, cfg, batch, replace(lay, dp_sync="sharded-ps"), mb,
-                             dp_bytes=np.zeros(lay.pp), bytes_per_value=bpv).seconds
+        step = _pipelines_step(links, profiles, cfg, batch, lay, mb, bpv).seconds
     else:
         step = float(inner_step_seconds(links, profiles, cfg, batch, lay, mb, bpv, s)[0].max())
     mine = next(r for r in range(groups.shape[1]) if device in groups[:, r])
     left = np.delete(groups, mine, axis=1)
     params = stage_fragment_params(cfg, list(lay.layers_per_stage), s.fragments)
-    sync = float(collectives.ring_allreduce(links, left, params[:, 0] * value_bytes(s.wire, bpv)).max()) \
-        if left.shape[1] > 1 else 0.0
-    sync += max(optimizer_seconds(params[j, 0], profiles[d]) for j, row in enumerate(left) for d in row)
+    sync = sync_seconds(links, left, params[:, 0], s.wire, bpv) + max(
+        optimizer_seconds(params[j, 0], profiles[d]) for j, row in enumerate(left) for d in row)
     heal = max(replace(q, heal_bytes=params[j].sum() * HEAL_BYTES_PER_PARAM).heal_s(links, left[j, 0], groups[j, mine])
                for j in range(lay.pp))
     return step, sync, heal

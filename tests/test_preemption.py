@@ -4,11 +4,12 @@ from a checkpoint (sim/preemption.py)."""
 from __future__ import annotations
 
 import textwrap
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from harness.compute.model import get_model
+from harness.compute.model import get_model, stage_params
 from harness.plan.request import LayoutRequest
 from harness.scenario import load_scenario, load_timeline
 from harness.scenario.preemption import device_events
@@ -210,9 +211,43 @@ def test_diloco_goes_on_without_a_lost_replica_and_heals_one_back_with_no_restar
     restarted = predict_spot(sim, "diloco", CFG, BATCH, tl, N, RecoveryModel(start_s=START_S, restart_all=True),
                              options=opts)
     assert restarted.recoveries[0].kind == "restart" and restarted.total_s > p.total_s
-    with pytest.raises(SimError, match="are not predicted"):  # a loss takes a whole pipeline: not modelled
-        predict_spot(sim, "diloco", CFG, BATCH, tl, N, RecoveryModel(start_s=START_S),
-                     options={**opts, "replica_stages": 2})
+
+
+def test_diloco_pipeline_replicas_keep_their_pipelines_through_a_loss_and_a_return(tmp_path, topo, sim):
+    """Replicas that are ours' pipelines (--replica-stages 2, as pipeline_replicas.py trains them): device 3 lost
+    takes its pipeline; the other three go on as they were placed (not laid out anew); back, the pipeline joins a
+    quorum once both its devices are, each stage healing from the same stage of the first pipeline in it."""
+    from harness.plan import systems as registry
+    from harness.sim.survivor_plans import SurvivorPlanner
+    from harness.systems.diloco.sim import HEAL_BYTES_PER_PARAM
+
+    opts, N = {"sync_every": 4, "replica_stages": 2}, 120
+    planner = SurvivorPlanner(sim, "diloco", CFG, BATCH, None, opts)
+    whole = planner.plan(range(8))
+    pipelines = [tuple(whole.devices[d] for d in p) for p in whole.layout.pipelines]
+    mine = next(p for p in pipelines if 3 in p)
+    others = [p for p in pipelines if p != mine]
+    q = registry.get("diloco").quorum_model_of(CFG, opts, 8)
+    never = predict_spot(sim, "diloco", CFG, BATCH, timeline(tmp_path, topo, "events: [{at_s: 1e9, preempt: 1}]"), N,
+                         RecoveryModel(start_s=START_S), options=opts)
+    T = never.iterations[0].seconds
+    assert T == pytest.approx(whole.seconds)
+    lost_at = never.iterations[6].start_s + 0.5 * T
+    back_at = lost_at + q.heartbeat_timeout_s + 10 * T
+    tl = timeline(tmp_path, topo, f"events: [{{at_s: {lost_at}, preempt: 3}}, {{at_s: {back_at}, return: 3}}]")
+    p = predict_spot(sim, "diloco", CFG, BATCH, tl, N, RecoveryModel(start_s=START_S), options=opts)
+    lost, join = p.recoveries
+    assert lost.kind == "quorum" and lost.lost_iterations == 2 and lost.devices_after == 6
+    kept = planner.keeping_pipelines(whole, [d for p in others for d in p])
+    assert [tuple(kept.devices[d] for d in p) for p in kept.layout.pipelines] == others  # as placed
+    assert p.iterations[7].devices == 6 and p.iterations[8].seconds == pytest.approx(kept.seconds)
+    assert join.event == f"device(s) {sorted(mine)} back" and join.devices_after == 8 and join.lost_iterations == 4
+    assert join.at_s >= back_at + START_S + 4 * kept.seconds
+    stages = stage_params(CFG, list(whole.layout.layers_per_stage))
+    heal = max(replace(q, heal_bytes=stages[j] * HEAL_BYTES_PER_PARAM).heal_s(sim.links, others[0][j], mine[j])
+               for j in range(2))
+    assert join.transfer_s == pytest.approx(heal)
+    assert p.iterations[-1].devices == 8 and p.total_s == pytest.approx(p.accounted_s())
 
 
 def test_a_notice_lets_ours_leave_the_device_before_it_goes(tmp_path, topo, sim):

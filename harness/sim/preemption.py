@@ -36,7 +36,9 @@ import sys
 import time
 from dataclasses import dataclass, field, replace
 
-from ..compute.model import GPTConfig
+import numpy as np
+
+from ..compute.model import GPTConfig, stage_params
 from ..plan import systems as registry
 from ..scenario.preemption import (HEARTBEAT_S, KEEPALIVE_MISSED, KEEPALIVE_S, LAST_CALL_S, DeviceEvent,
                                    device_events)
@@ -317,16 +319,19 @@ class _QuorumRecoveries(_Recoveries):
     - A device back: its process starts (RecoveryModel.start), takes its own turn of inner steps on its stale
       model (lost_iterations), joins the others' first quorum after that and heals from a peer in it: the peer's
       state over the link, which the others' sync waits for (transfer_s).
+    - Replicas that are pipelines (DiLoCo's `--replica-stages`): a device lost takes its pipeline, the others keep
+      theirs as placed (SurvivorPlanner.keeping_pipelines); a pipeline is back when all its devices are, and each
+      stage heals from the same stage of a pipeline in the quorum, all at once (its share of the state).
     The wait and the heal are what the run pays. Left out: replicas' drift (a replica lost inside a sync costs
     those still in it the sync timeout), the Lighthouse's device leaving (the runtime refuses such a run), and a
     run whose every replica leaves (an error: nothing to heal from)."""
 
     def __init__(self, sim, system: str, cfg, batch: int, timeline, iterations: int, model, layout, options):
         super().__init__(sim, system, cfg, batch, timeline, iterations, model, layout, options)
-        if self.plan.layout is not None and self.plan.layout.pp > 1:
-            raise SimError(f"{system}: replicas that are pipelines (--replica-stages) under devices that leave "
-                           "are not predicted (a loss takes its whole pipeline, which the survivors' planner does not "
-                           "keep): `harness run` trains them; predict one device a replica")
+        lay, order = self.plan.layout, self.plan.devices
+        self.whole = self.plan if lay is not None and lay.pp > 1 else None  # replicas that are pipelines: kept
+        self.replicas = ([tuple(order[d] for d in p) for p in lay.pipelines] if self.whole
+                         else [(d,) for d in order])  # the run's device ids, a replica's in stage order
         self.quorum = registry.get(system).quorum_model_of(cfg, options, sim.topo.n)  # a sim/quorum.QuorumModel
         self.waits: list[tuple[int, Recovery]] = []  # (the boundary it is paid at, a loss's row)
         self.during: list = []  # the device events during the last iteration, taken at the boundary after it
@@ -336,7 +341,8 @@ class _QuorumRecoveries(_Recoveries):
         changed_plan = False
         due, self.during = self.during + self.due(run), []
         for e in (e for e in due if e.kind == "preempt" and e.device in self.plan.devices):
-            left = [d for d in self.plan.devices if d != e.device]
+            gone = next(r for r in self.replicas if e.device in r)
+            left = [d for d in self.plan.devices if d not in gone]
             if not left:
                 raise SimError(f"{self.out.system}: every replica has left at t={e.at_s:g} s ({self.source}): "
                                "no peer to heal from, and a quorum system keeps no checkpoint")
@@ -348,25 +354,39 @@ class _QuorumRecoveries(_Recoveries):
             to_quorum = t + (sync - done + 1) * step - at
             self.waits.append((sync + 1, Recovery(at, e.describe(), "quorum", detect_s=q.wait_s(to_quorum),
                                                   lost_iterations=inside % q.turn, devices_after=len(left))))
-            self.plan, changed_plan = self.planner.plan(left), True
+            self.plan, changed_plan = self._plan_on(left), True
         for row in [row for at, row in self.waits if at <= done]:  # the others' quorum waited at this boundary
             self.waits = [(at, r) for at, r in self.waits if r is not row]
             run.t += row.detect_s
             self.out.recoveries.append(row)
         if done and done % q.turn == 0 and not changed_plan:  # a quorum just ended: replicas ready join it
             step = self.seconds(run)
-            back = sorted(d for d in self.up if d not in self.plan.devices
-                          and self.ready_at[d] + q.turn * step <= t)  # started, then their own turn of steps
+            back = [r for r in self.replicas if r[0] not in self.plan.devices and all(
+                d in self.up and self.ready_at[d] + q.turn * step <= t for d in r)]  # started, then a turn of steps
             if back:
-                links = run.net.links(self.sim)
-                heal = max(q.heal_s(links, self.plan.devices[0], d) for d in back)
+                heal = max(self._heal_s(run.net.links(self.sim), r) for r in back)
                 run.t += heal
-                self.plan = self.planner.plan(set(self.plan.devices) | set(back))
-                self.out.recoveries.append(Recovery(t, f"device(s) {back} back", "join", transfer_s=heal,
+                devices = sorted(d for r in back for d in r)
+                self.plan = self._plan_on(set(self.plan.devices) | set(devices))
+                self.out.recoveries.append(Recovery(t, f"device(s) {devices} back", "join", transfer_s=heal,
                                                     lost_iterations=q.turn * len(back),
                                                     devices_after=len(self.plan.devices)))
                 changed_plan = True
         return AGAIN if changed_plan else 0.0
+
+    def _plan_on(self, devices) -> Plan:
+        return self.planner.keeping_pipelines(self.whole, devices) if self.whole else self.planner.plan(devices)
+
+    def _heal_s(self, links, replica: tuple) -> float:
+        """A replica back takes a peer's state: the first replica's in the quorum, each stage from the same stage
+        (its share of the model's state), all at once."""
+        q, plan = self.quorum, self.plan
+        if not self.whole:
+            return q.heal_s(links, plan.devices[0], replica[0])
+        peer = [plan.devices[d] for d in plan.layout.pipelines[0]]
+        share = np.asarray(stage_params(self.cfg, list(plan.layout.layers_per_stage))) / self.cfg.params
+        return max(replace(q, heal_bytes=q.heal_bytes * share[j]).heal_s(links, peer[j], d)
+                   for j, d in enumerate(replica))
 
     def stop(self, until: float):
         return None  # a replica lost does not stop the others' iteration

@@ -50,6 +50,27 @@ class SurvivorPlanner:
             self.cache[key] = self._search(sorted(key[0]), kept)
         return self.cache[key]
 
+    def keeping_pipelines(self, whole: Plan, devices) -> Plan | None:
+        """`whole`'s pipelines that lie within `devices`, as they were placed: a quorum system whose replicas are
+        pipelines keeps them (DiLoCo's `--replica-stages`: a pipeline leaves and comes back whole, each stage
+        healing from the same stage of a peer), where the layout rule would place the devices anew. None: no
+        pipeline lies within them."""
+        each = frozenset(devices)
+        if ("pipelines", each) not in self.cache:
+            lay, order = whole.layout, whole.devices  # lay's devices are positions in `order`
+            kept = [p for p in lay.pipelines if all(order[d] in each for d in p)]
+            plan = None
+            if kept:
+                ids = sorted(order[d] for p in kept for d in p)
+                local = {g: k for k, g in enumerate(ids)}
+                mesh = tuple(tuple((local[order[p[j]]],) for p in kept) for j in range(lay.pp))
+                sub = replace(lay, dp=len(kept), mesh=mesh)
+                held = {ids[k]: items for k, items in holdings(sub).items()}
+                plan = Plan(tuple(ids), 0.0, 0.0, held, sub)
+                plan = replace(plan, seconds=self._simulate(plan, self.sim.topo))
+            self.cache[("pipelines", each)] = plan
+        return self.cache[("pipelines", each)]
+
     def _search(self, devices: list[int], held: dict | None) -> Plan | None:
         from ..plan.request import ModelSection, NetworkSection, RunRequest, RunSection
 

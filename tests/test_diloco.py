@@ -34,8 +34,9 @@ def options(system: str = "diloco", **given) -> dict:
     return registry.get(system).resolve_options(given)
 
 
-def run(devices: int, system: str = "diloco", steps: int = STEPS, stages: int = 1, layers: int = LAYERS, **given):
-    lay = layouts.in_rank_order(1, stages, devices // stages, layers, schedule="1f1b")
+def run(devices: int, system: str = "diloco", steps: int = STEPS, stages: int = 1, layers: int = LAYERS,
+        recompute: bool = False, **given):
+    lay = layouts.in_rank_order(1, stages, devices // stages, layers, schedule="1f1b", recompute=recompute)
     spec = local_spec(lay, system, name=MODEL, batch=BATCH, micro_batch=MICRO, iters=steps, seed=SEED, lr=LR,
                       timeout_s=90, options=options(system, **given))
     return run_local(spec, collect_state=True)
@@ -55,12 +56,15 @@ def test_h1_outer_lr_1_no_momentum_is_synchronous_data_parallelism():
     assert max((state[k] - init[k]).abs().max().item() for k in init) > 1e-3  # it trained
 
 
-def test_replicas_that_are_pipelines_at_h1_outer_lr_1_no_momentum_are_synchronous_data_parallelism():
+@pytest.mark.parametrize("recompute", [False, True])
+def test_replicas_that_are_pipelines_at_h1_outer_lr_1_no_momentum_are_synchronous_data_parallelism(recompute):
     """A replica as one of ours' pipelines (pipeline_replicas.py): 2 pipelines of 2 stages on ours' runtime, no
     data-parallel sync, each stage's outer step over its stage group: at the anchor's settings it is the reference,
-    and each stage's sync carries that stage's parameters only."""
+    and each stage's sync carries that stage's parameters only; the same with the stages recomputing their blocks'
+    activations in backward (--recompute: what fits GPT3-XL's pipelines on a V100)."""
     ref_losses, ref_state = reference_train(get_model(MODEL, LAYERS), BATCH, MICRO, STEPS, SEED, LR)
-    r = run(4, stages=2, replica_stages=2, sync_every=1, outer_lr=1.0, outer_momentum=0.0, inner_optimizer="sgd")
+    r = run(4, stages=2, replica_stages=2, sync_every=1, outer_lr=1.0, outer_momentum=0.0, inner_optimizer="sgd",
+            recompute=recompute)
     losses = [s.loss for s in r.stats]
     for got, want in zip(losses, ref_losses):
         assert math.isfinite(got) and abs(got - want) <= REL * abs(want), (losses, ref_losses)
@@ -274,6 +278,7 @@ def test_harness_run_writes_the_outer_syncs_and_refuses_bad_knobs_in_one_line(cl
     partner = next(d for d in home if d != 0)
     for flags, says in [(["--replicas", "3"], "--replicas: 3 replicas do not split the 4 devices"),
                         (["--replicas", "1"], "--replicas: DiLoCo needs at least 2 replicas"),
+                        (["--recompute"], "--recompute: DiLoCo recomputes activations in its pipelines' stages only"),
                         (["--lighthouse-device", "4"], "--lighthouse-device: device 4 is not in the run"),
                         (["--system", "streaming-diloco", "--fragments", "3"],
                          "--fragments: must be 1 to the model's 2"),
@@ -349,6 +354,27 @@ def test_sim_replicas_that_are_pipelines_are_ours_pipelines_plus_each_stages_out
     b1, b100 = (nbytes({"sync_every": h, "replica_stages": 4})(region, cfg, 64, lay, 1, 2) for h in (1, 100))
     acts = b100 - (b1 - b100) / 99  # the activations' part: what is left at H -> infinity
     assert b1 > b100 > acts > 0
+
+
+def test_sim_pipeline_replicas_recompute_on_gpus_as_ours_does_which_fits_gpt3_xl_on_v100s():
+    """`harness sim` of DiLoCo's pipeline replicas lays them out for the devices it models (nccl: GPUs), with ours'
+    rule: their stages recompute activations in backward, and GPT3-XL's 8-stage pipelines in case 5 fit a V100's
+    16 GB (DiLoCo's outer state included); keeping the activations they would not. Over gloo (the CPUs of an
+    emulated run) they keep them, as `harness run` there does."""
+    from dataclasses import replace
+
+    from harness.scenario import load_scenario
+    from harness.sim.sweep import Simulator, candidate_memory
+
+    topo, cfg, batch = load_scenario("5", devices=64), get_model("gpt3-xl"), 1024
+    gpus = Simulator(topo, placements=("default",), options={"replica_stages": 8, "sync_every": 100})
+    cand = gpus.run("diloco", cfg, batch)[0]
+    assert cand.layout.pp == 8 and cand.layout.recompute
+    assert candidate_memory(cand, topo, cfg, batch, 1).fits
+    kept = replace(cand, layout=replace(cand.layout, recompute=False))
+    assert not candidate_memory(kept, topo, cfg, batch, 1).fits
+    cpus = Simulator(topo, placements=("default",), protocol="gloo", options={"replica_stages": 8})
+    assert not cpus.run("diloco", cfg, batch)[0].layout.recompute
 
 
 def test_sim_streaming_on_replicas_that_are_pipelines_overlaps_each_stages_fragment_syncs():

@@ -270,7 +270,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "runs from 2 iterations after the change (weights and optimizer state moved to their new "
                         "devices); the manifest records each re-plan and its cost")
     p.add_argument("--recompute", action=argparse.BooleanOptionalAction, default=None,
-                   help="ours: recompute activations per block in backward (default: on for cuda)")
+                   help="ours, and DiLoCo's pipeline replicas: recompute activations per block in "
+                   "backward (default: on for cuda)")
     add_system_options(p)
     add_alias(p, "--placement", "--ps-placement")  # hetpipe's, before it was an option of its own
     p.add_argument("--timeout", type=positive_float, default=None,

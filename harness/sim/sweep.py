@@ -104,7 +104,7 @@ class Simulator:
         if protocol not in PROTOCOLS:
             raise SimError(f"--protocol: unknown {protocol!r} (known: {', '.join(PROTOCOLS)})")
         self.links = Links.from_topology(topo, protocol, nic)
-        self.nic = nic
+        self.protocol, self.nic = protocol, nic
         # every device's compute: given (sim compare of a compute-model run), else the scenario's with overrides
         self.profiles = list(profiles) if profiles is not None else device_profiles(topo, profile_overrides)
         self.d_pp, self.d_dp = d_pp, topo.n // d_pp
@@ -272,7 +272,8 @@ def candidates_of_rule(sim: Simulator, entry, cfg: GPTConfig, batch: int) -> lis
     options = sim.options_of(entry)
     req = RunRequest(network=NetworkSection(scenario=sim.topo.name, mode="none"),
                      model=ModelSection(name=cfg.name, layers=cfg.layers, batch=batch, micro_batch=sim.micro_batch),
-                     run=RunSection(system=entry.name, options=options))
+                     run=RunSection(system=entry.name, options=options,
+                                    device_type="cpu" if sim.protocol == "gloo" else "cuda"))  # as modelled
     lay, _ = resolve_layout(req, sim.topo)
     model = entry.simulate_layout_fn(options)
     seconds, compute = model(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, work.PAPER_BYTES)

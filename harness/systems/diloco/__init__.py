@@ -73,6 +73,9 @@ def diloco_layout(req, topo):
         raise HarnessError(f"--replicas: devices leave and come back in this run: a replica must be one device or "
                            f"one pipeline (--replica-stages; got replicas of {s.devices_per_replica(topo.n)} "
                            "devices in data parallel)")
+    if req.layout.recompute and pp == 1:
+        raise HarnessError("--recompute: DiLoCo recomputes activations in its pipelines' stages only "
+                           "(--replica-stages P > 1); a replica of whole models keeps them")
     if pp > 1:  # replicas that are ours' pipelines (pipeline_replicas.py): ours' layout rule and scheduler
         from dataclasses import replace
 
@@ -110,6 +113,7 @@ COMMON = dict(
     fault_phases=("forward", "dp_sync"),
     simulate_layout="harness.systems.diloco.sim:simulate_diloco_layout",
     cross_node_bytes="harness.systems.diloco.sim:layout_cross_node_bytes", stage_memory=diloco_stage_bytes,
+    flags=("--recompute",),  # pipeline replicas: ours' stages (default: on for cuda, as ours)
 )
 register(System(
     "diloco", "DiLoCo on torchft: replicas take --sync-every inner AdamW steps, then average their "

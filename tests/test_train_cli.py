@@ -149,6 +149,15 @@ def test_bad_degrees_are_one_line_user_errors(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+def test_a_run_without_a_scenario_is_a_one_line_user_error(tmp_path, cli):
+    """`--scenario` is optional only because --inventory can give it: without either, one line, nothing written."""
+    rc, _, err = cli("run", "--system", "ours", "--network", "none", "--devices", "4", "--iters", "1",
+                     "--results", tmp_path / "r")
+    assert rc == 2 and err.strip() == ("harness: error: --scenario: required (a case number, name or scenario file), "
+                                       "unless --inventory gives it")
+    assert not (tmp_path / "r").exists()
+
+
 def test_real_nodes_path_under_torchrun(tmp_path):
     """`harness run --inventory` as torchrun starts it on real nodes (here: one node, loopback)."""
     import os

@@ -134,6 +134,8 @@ def network_from_args(args):
 
         return inventory_network(load_inventory(args.inventory), scenario=args.scenario, devices=args.devices,
                                  bandwidth_scale=args.bandwidth_scale, mode=args.network)
+    if args.scenario is None:
+        raise HarnessError("--scenario: required (a case number, name or scenario file), unless --inventory gives it")
     if args.network == "shaped":
         raise HarnessError("--network shaped: real nodes only (give --inventory); here: emulated or none")
     timeline = getattr(args, "timeline", None)

@@ -64,7 +64,7 @@ def request_of(asked: Mapping[str, Mapping | object]) -> RunRequest:
     if "scenario" not in net:
         raise ConfigError("run request: network.scenario: missing")
     entry = systems.get(run.setdefault("system", RunSection.system))
-    taken = {systems.LAYOUT_FLAGS[f] for f in entry.flags} | {"explicit"}
+    taken = entry.layout_fields | {"explicit"}
     extra = [k for k, v in layout.items() if k not in taken and v is not None and v != getattr(LayoutRequest, k)]
     if extra:
         raise ConfigError(f"layout.{extra[0]}: not a layout field --system {entry.name} takes "

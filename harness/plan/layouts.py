@@ -162,7 +162,7 @@ def _runnable(lay: Layout) -> Layout:
 def _with_defaults(want: LayoutRequest, system: registry.System) -> LayoutRequest:
     """`want` with the fields the system does not take rejected (one line naming the flag) and its
     registry defaults filled in where unset."""
-    taken = {registry.LAYOUT_FLAGS[f] for f in system.flags}
+    taken = system.layout_fields
     for f in fields(LayoutRequest):
         if f.name in ("explicit",) or f.name in taken:
             continue

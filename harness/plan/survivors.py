@@ -32,7 +32,7 @@ class SubsetLayout:
 def request_of(system: str, layout: Layout, budget: int | None = None) -> LayoutRequest:
     """The options of `system`'s layout rule that give `layout`'s degrees (tp, pp, dp, zero; those it takes),
     and its scheduler's `budget` (a system that searches)."""
-    taken = {registry.LAYOUT_FLAGS[f] for f in registry.get(system).flags}
+    taken = registry.get(system).layout_fields
     values = {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "zero": layout.zero, "budget": budget}
     return LayoutRequest(**{k: v for k, v in values.items()
                             if k in taken and v is not None and not (k == "zero" and v == 0)})
@@ -41,8 +41,7 @@ def request_of(system: str, layout: Layout, budget: int | None = None) -> Layout
 def options_on(base: RunRequest, n_all: int, n: int) -> list[LayoutRequest]:
     """The layout options to try on n of the run's n_all devices (module docstring)."""
     want = base.layout
-    taken = {registry.LAYOUT_FLAGS[f] for f in registry.get(base.run.system).flags}
-    if n == n_all or not taken & {"tp", "pp", "dp"}:  # a rule that takes no degrees lays out any n itself
+    if n == n_all or not registry.get(base.run.system).layout_fields & {"tp", "pp", "dp"}:  # a rule that takes no degrees lays out any n itself
         return [want]
     cfg, mb, batch = base.model.cfg, base.model.micro_batch, base.model.batch
     tp = want.tp or 1

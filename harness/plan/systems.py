@@ -231,6 +231,11 @@ class System:
     def tune_grid_fn(self) -> Callable | None:
         return _resolve(self.tune_grid)
 
+    @property
+    def layout_fields(self) -> set[str]:
+        """The LayoutRequest fields its `harness run` flags set."""
+        return {LAYOUT_FLAGS[f] for f in self.flags}
+
     def flag_of(self, field_name: str) -> str:
         """The flag that sets LayoutRequest.`field_name` for this system (the generic one if it takes none)."""
         mine = [f for f in self.flags if LAYOUT_FLAGS[f] == field_name]

@@ -41,7 +41,8 @@ def request_of(system: str, layout: Layout, budget: int | None = None) -> Layout
 def options_on(base: RunRequest, n_all: int, n: int) -> list[LayoutRequest]:
     """The layout options to try on n of the run's n_all devices (module docstring)."""
     want = base.layout
-    if n == n_all or not registry.get(base.run.system).layout_fields & {"tp", "pp", "dp"}:  # a rule that takes no degrees lays out any n itself
+    # a rule that takes no degrees lays out any n itself
+    if n == n_all or not registry.get(base.run.system).layout_fields & {"tp", "pp", "dp"}:
         return [want]
     cfg, mb, batch = base.model.cfg, base.model.micro_batch, base.model.batch
     tp = want.tp or 1

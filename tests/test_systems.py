@@ -114,7 +114,7 @@ def test_flags_and_help_come_from_the_registry(registry, cli):
     for command, *where in (("run", "--network", "none"), ("sim", "--no-cache")):
         rc, out, err = cli(command, "--system", "ours", *TOY_RUN, *where, "--all-reduce-every", "2")
         assert rc == 2 and err.strip() == ("harness: error: --all-reduce-every: not an option of --system ours "
-                                           "(its own: none)"), err
+                                           "(its own: --dp-compress)"), err
         rc, out, err = cli(command, "--system", "toy-dp", *TOY_RUN, *where, "--weight", "-1")
         assert rc == 2 and "--weight" in err and err.count("\n") == 1, err
         rc, out, err = cli(command, "--help")

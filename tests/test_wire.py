@@ -74,3 +74,21 @@ def test_the_baselines_count_their_collectives_and_pipeline_sends():
     micro = BATCH // 4 // MICRO
     assert len({x for its in zero3.values() for x in its}) == 1
     assert (1 + 1) * 3 / 4 * params <= zero3[0][0] <= (2 * micro + 1) * 3 / 4 * params
+
+
+@pytest.mark.parametrize("codec", ["cocktail", "int8", "fp8:quant_bucket_size=64"])
+def test_a_compressed_exchange_sends_what_its_formula_says(codec):
+    """Each member's bytes: the activations as before, and its messages of the sharded parameter server as
+    compute/compression.py counts them (a quarter of fp32's or less); none counts fp32's, as the plain run sends."""
+    from harness.compute.compression import NONE, Compression
+
+    cfg = get_model("tiny", 4)
+    c = Compression.parse(codec)
+    lay = pipelines(2, 2, schedule="gpipe", dp_sync="sharded-ps", dp_compress=codec)
+    got, plain = counted(lay), counted(pipelines(2, 2, schedule="gpipe", dp_sync="sharded-ps"))
+    grads = stage_params(cfg, lay.layers_per_stage)
+    for stage in range(lay.pp):
+        for me, device in enumerate(lay.stage_group(stage)):
+            act = plain[device][0] - NONE.sent_bytes(grads[stage], lay.dp, me)
+            assert got[device] == [act + c.sent_bytes(grads[stage], lay.dp, me)] * 2, (stage, device)
+            assert c.sent_bytes(grads[stage], lay.dp, me) < NONE.sent_bytes(grads[stage], lay.dp, me) / 3

@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import HarnessError
 from ..compute import BatchError, micro_batches
+from ..compute.compression import Compression, CompressionError
 from ..compute.model import GPTConfig, ModelError, even_split
 from .schedule_order import SCHEDULES
 from .wsp import WSP
@@ -89,6 +90,7 @@ class Layout:
     schedule: str = "1f1b"  # pipeline schedule: gpipe | 1f1b
     dp_sync: str = "allreduce"  # ours: sharded-ps (the paper) | allreduce; baselines: DDP's all-reduce
     recompute: bool = False  # recompute each block's activations in backward
+    dp_compress: str = "none"  # ours' sharded-ps: the data-parallel messages' codec (compute/compression.py)
     replicas: tuple[Pipeline, ...] = ()  # pipelines that differ (module docstring); () for a uniform mesh
     wsp: WSP | None = None  # replicas train asynchronously under Wave Synchronous Parallel (wsp.py); None: in step
 
@@ -107,6 +109,9 @@ class Layout:
             raise LayoutError(f"layout.schedule: must be one of {', '.join(SCHEDULES)} (got {self.schedule!r})")
         if self.dp_sync not in DP_SYNCS:
             raise LayoutError(f"layout.dp_sync: must be one of {', '.join(DP_SYNCS)} (got {self.dp_sync!r})")
+        if not self.compression.off and self.dp_sync != "sharded-ps":
+            raise LayoutError(f"layout.dp_compress: {self.dp_compress} encodes the sharded parameter server's "
+                              f"messages; dp_sync {self.dp_sync} has none")
         if self.replicas:
             self._check_replicas()
         else:
@@ -273,6 +278,13 @@ class Layout:
             raise LayoutError(f"layout.dp: {e}") from None
         return self
 
+    @property
+    def compression(self) -> Compression:
+        try:
+            return Compression.parse(self.dp_compress, "layout.dp_compress")
+        except CompressionError as e:
+            raise LayoutError(str(e)) from None
+
     # ------------------------------------------------------------------ JSON
     def to_json(self) -> dict:
         doc = {"tp": self.tp, "pp": self.pp, "dp": self.dp, "zero": self.zero, "placement": self.placement,
@@ -283,6 +295,8 @@ class Layout:
                                for r in self.replicas]
         if self.wsp is not None:
             doc["wsp"] = self.wsp.to_json()
+        if not self.compression.off:  # only then, as replicas
+            doc["dp_compress"] = self.dp_compress
         return doc
 
     @classmethod

@@ -7,6 +7,7 @@ import math
 import os
 from pathlib import Path
 
+from ..compute.compression import Compression, CompressionError
 from ..scenario import ScenarioError, resolve_scenario
 
 
@@ -88,6 +89,14 @@ def one_of(*names: str):
             raise argparse.ArgumentTypeError(f"must be one of {', '.join(names)} (got {text!r})")
         return text
     return parse
+
+
+def codec_text(text: str) -> str:
+    """argparse type of a data-parallel codec with its settings (compute/compression.py): its canonical text."""
+    try:
+        return str(Compression.parse(text, where=""))
+    except CompressionError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def name_list(text: str) -> tuple[str, ...]:

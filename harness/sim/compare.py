@@ -202,7 +202,8 @@ def predict_run(rec: dict, overrides: dict[str, ComputeProfile] | None = None,
 def replanned(lay: Layout, pipelines, stages) -> Layout:
     """`lay` (its schedule, sync, recompute) on a re-plan's pipelines and stages."""
     return from_pipelines(pipelines, lay.layers, lay.placement, stages=tuple(map(tuple, stages)),
-                          schedule=lay.schedule, dp_sync=lay.dp_sync, recompute=lay.recompute)
+                          schedule=lay.schedule, dp_sync=lay.dp_sync, dp_compress=lay.dp_compress,
+                          recompute=lay.recompute)
 
 
 @dataclass(frozen=True)

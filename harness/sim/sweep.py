@@ -22,6 +22,7 @@ import numpy as np
 from .. import layout as layouts
 from ..plan import systems as registry
 from ..layout import RANDOM_SEEDS, Layout, LayoutError
+from ..compute.compression import NONE, Compression
 from ..compute.model import GPTConfig
 from ..compute import PAPER_DTYPE, BatchError, c_dp_bytes, c_pp_bytes, pflop_per_iteration
 from ..compute.profiles import ComputeProfile, device_profiles
@@ -136,11 +137,12 @@ class Simulator:
         return Simulator(topo, **{**self._options, "cache_dir": None})
 
     # ---------------------------------------------------------------- assignments
-    def _job(self, cfg: GPTConfig, batch: int) -> tuple[tuple, Path | None, tuple]:
+    def _job(self, cfg: GPTConfig, batch: int, codec: Compression = NONE) -> tuple[tuple, Path | None, tuple]:
         from ..scheduler.iteration_cost import ComputeSetting
         from ..scheduler import COMPUTE_AWARE
 
-        cpp, cdp = c_pp_bytes(cfg, batch, self.d_dp), c_dp_bytes(cfg, self.d_pp)
+        cpp = c_pp_bytes(cfg, batch, self.d_dp)
+        cdp = codec.c_dp(c_dp_bytes(cfg, self.d_pp), work.PAPER_BYTES, self.d_dp)
         key = (self._fingerprint, self.d_pp, self.d_dp, round(cpp), round(cdp), self.scheduler, self.schedule_seed, self.budget)
         args = (self.topo, self.d_pp, self.d_dp, cpp, cdp, self.scheduler, self.schedule_seed, self.budget)
         if self.scheduler in COMPUTE_AWARE:  # its objective reads the model, batch and every device's profile
@@ -158,14 +160,15 @@ class Simulator:
         self._layers[key] = doc.get("layers")
         return pipelines
 
-    def assigned_stages(self, cfg: GPTConfig, batch: int) -> tuple[tuple[int, int], ...] | None:
+    def assigned_stages(self, cfg: GPTConfig, batch: int, codec: Compression = NONE
+                        ) -> tuple[tuple[int, int], ...] | None:
         """The blocks of every stage a compute-aware scheduler chose with its assignment, else None."""
         from ..scheduler import COMPUTE_AWARE
 
         if self.scheduler not in COMPUTE_AWARE:
             return None
-        self.assignment(cfg, batch)
-        layers = self._layers.get(self._job(cfg, batch)[0])
+        self.assignment(cfg, batch, codec=codec)
+        layers = self._layers.get(self._job(cfg, batch, codec)[0])
         return tuple(tuple(r) for r in layers[0]) if layers else None
 
     def prime(self, cfg: GPTConfig, batch: int, doc: dict) -> None:
@@ -189,9 +192,10 @@ class Simulator:
             return None
         return key, path, args
 
-    def assignment(self, cfg: GPTConfig, batch: int, progress=None) -> np.ndarray:
-        """The scheduler's pipelines (D_DP, D_PP) for this model and batch (cached)."""
-        key, path, args = self._job(cfg, batch)
+    def assignment(self, cfg: GPTConfig, batch: int, progress=None, codec: Compression = NONE) -> np.ndarray:
+        """The scheduler's pipelines (D_DP, D_PP) for this model and batch (cached); `codec`: of the data-parallel
+        exchange, whose bytes the scheduler weighs."""
+        key, path, args = self._job(cfg, batch, codec)
         if key in self._assignments:
             return self._assignments[key]
         if path is not None and path.exists():

@@ -9,11 +9,18 @@ All transfers are point-to-point and posted at once, so each device exchanges
 bit-identical gradients (one device sums each shard).
 
 `allreduce` is torch.distributed's all-reduce on a process group per C_j.
+
+A compressed exchange (`layout.dp_compress`, compute/compression.py) is the sharded parameter server with every
+message encoded (CompressedParameterServer): a member encodes each shard (plus its residual), the owner decodes
+and sums them, adds its own residual and encodes the sum once for everyone. Off, the plain server runs untouched.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+
+from ...compute.compression import NONE, Compression
+from ...train.compression import ErrorFeedback, ShardCodec
 
 # Tags keep concurrent point-to-point messages apart; (iteration, kind, index) -> int.
 TAG_STRIDE = 100_000
@@ -123,6 +130,84 @@ class ShardedParameterServer:
         return torch.cat(out)
 
 
+class CompressedParameterServer:
+    """The sharded parameter server's two phases with each message encoded (module docstring); the sum every
+    member returns is the owners' decoded messages, alike on every member."""
+
+    def __init__(self, members: list[int], me: int, compression: Compression):
+        self.members, self.me, self.c = members, me, compression
+        self.codecs: dict[int, ShardCodec] = {}
+        self.worker, self.server = ErrorFeedback(compression.error_feedback), ErrorFeedback(compression.error_feedback)
+
+    def codec(self, m: int, device) -> ShardCodec:
+        if m not in self.codecs:
+            self.codecs[m] = ShardCodec(self.c, m, device)
+        return self.codecs[m]
+
+    def _buffers(self, flat_numel: int, device) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
+        sizes = [len(r) for r in torch.arange(flat_numel).tensor_split(len(self.members))]
+        mine = self.codec(sizes[self.me], device).bytes
+        contrib = [torch.empty(mine, dtype=torch.uint8, device=device) for _ in self.members]
+        out = [torch.empty(self.codec(m, device).bytes, dtype=torch.uint8, device=device) for m in sizes]
+        return sizes, contrib, out
+
+    def post(self, iteration: int, flat_numel: int, dtype: torch.dtype, device) -> dict | None:
+        if device is not None and torch.device(device).type == "cuda":
+            return None  # NCCL: each phase batched at sync time (ShardedParameterServer._sync_batched)
+        sizes, contrib, out = self._buffers(flat_numel, device)
+        works = {"scatter": [], "gather": []}
+        for k, dev in enumerate(self.members):
+            if k != self.me:
+                works["scatter"].append(dist.irecv(contrib[k], src=dev, tag=tag(iteration, KIND_SCATTER, k)))
+                works["gather"].append(dist.irecv(out[k], src=dev, tag=tag(iteration, KIND_GATHER, k)))
+        return {"contrib": contrib, "out": out, **works}
+
+    def _phase(self, iteration: int, kind: int, sends: dict[int, torch.Tensor], recv: list[torch.Tensor],
+               posted_works: list | None, sent=None) -> None:
+        """Send `sends` (member index -> message) and complete the receives into `recv`: pre-posted (gloo), or
+        posted now with the sends as one batch (NCCL)."""
+        peers = [(k, dev) for k, dev in enumerate(self.members) if k != self.me]
+        if posted_works is None:
+            ops = [dist.P2POp(dist.irecv, recv[k], dev) for k, dev in peers]
+            ops += [dist.P2POp(dist.isend, sends[k], dev) for k, dev in peers]
+            works = dist.batch_isend_irecv(ops)
+        else:
+            works = posted_works + [dist.isend(sends[k], dst=dev, tag=tag(iteration, kind, self.me))
+                                    for k, dev in peers]
+        if sent is not None:
+            sent()
+        for w in works:
+            w.wait()
+
+    def sync(self, flat: torch.Tensor, iteration: int, posted: dict | None = None, sent=None) -> torch.Tensor:
+        n = len(self.members)
+        if n == 1:
+            if sent is not None:
+                sent()
+            return flat
+        if posted is None and not flat.is_cuda:
+            posted = self.post(iteration, flat.numel(), flat.dtype, flat.device)
+        sizes, contrib, out = self._buffers(flat.numel(), flat.device) if posted is None else (
+            [len(r) for r in torch.arange(flat.numel()).tensor_split(n)], posted["contrib"], posted["out"])
+        wanted = self.worker.add(flat)
+        encoded = [self.codec(m, flat.device).encode(x, iteration) for m, x in zip(sizes, wanted.tensor_split(n))]
+        self.worker.keep(wanted, torch.cat([hat for _, hat in encoded]))
+        mine = self.codec(sizes[self.me], flat.device)
+        self._phase(iteration, KIND_SCATTER, {k: msg for k, (msg, _) in enumerate(encoded)}, contrib,
+                    None if posted is None else posted["scatter"], sent)
+        total = encoded[self.me][1].clone()
+        for k in range(n):
+            if k != self.me:
+                total += mine.decode(contrib[k], iteration)
+        total = self.server.add(total)
+        msg, summed = mine.encode(total, iteration)
+        self.server.keep(total, summed)
+        self._phase(iteration, KIND_GATHER, {k: msg for k in range(n)}, out,
+                    None if posted is None else posted["gather"])
+        return torch.cat([summed if k == self.me else self.codec(m, flat.device).decode(out[k], iteration)
+                          for k, m in enumerate(sizes)])
+
+
 class AllReduceSync:
     """All-reduce (sum) over a process group holding exactly C_j."""
 
@@ -140,11 +225,13 @@ class AllReduceSync:
         return flat
 
 
-def _sharded_ps(groups: list[list[int]], stage: int, me: int) -> ShardedParameterServer:
-    return ShardedParameterServer(groups[stage], me)
+def _sharded_ps(groups: list[list[int]], stage: int, me: int, compression: Compression = NONE):
+    if compression.off:
+        return ShardedParameterServer(groups[stage], me)
+    return CompressedParameterServer(groups[stage], me, compression)
 
 
-def _allreduce(groups: list[list[int]], stage: int, me: int) -> AllReduceSync:
+def _allreduce(groups: list[list[int]], stage: int, me: int, compression: Compression = NONE) -> AllReduceSync:
     pgs = [dist.new_group(g) if len(g) > 1 else None for g in groups]  # collective: every rank makes every group
     return AllReduceSync(pgs[stage])
 
@@ -153,6 +240,7 @@ def _allreduce(groups: list[list[int]], stage: int, me: int) -> AllReduceSync:
 DP_SYNC_FACTORIES = {"sharded-ps": _sharded_ps, "allreduce": _allreduce}
 
 
-def make_dp_sync(mode: str, groups: list[list[int]], stage: int, me: int):
-    """The sync object of this rank's stage group. Every rank must call this (group creation is collective)."""
-    return DP_SYNC_FACTORIES[mode](groups, stage, me)
+def make_dp_sync(mode: str, groups: list[list[int]], stage: int, me: int, compression: Compression = NONE):
+    """The sync object of this rank's stage group. Every rank must call this (group creation is collective).
+    A compression other than none runs on the sharded parameter server only (the layout checks it)."""
+    return DP_SYNC_FACTORIES[mode](groups, stage, me, compression)

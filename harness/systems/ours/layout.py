@@ -9,6 +9,7 @@ import numpy as np
 from ... import allocation as allocators
 from ... import layout as layouts
 from ...compute import c_dp_bytes, c_pp_bytes, micro_batches
+from ...compute.compression import Compression
 from ...compute.model import GPTConfig
 from ...compute.profiles import device_profiles
 from ...layout import Layout, LayoutError
@@ -63,8 +64,10 @@ def _place_ours(req: RunRequest, topo: Topology, scheduler: str) -> tuple[Layout
     want, cfg = req.layout, req.model.cfg
     d_pp, d_dp = _ours_degrees(want, topo.n, cfg)
     bpv = req.model.bytes_per_value
-    c_pp, c_dp = c_pp_bytes(cfg, req.model.batch, d_dp, bpv), c_dp_bytes(cfg, d_pp, bpv)
-    opts = dict(schedule=want.schedule or "gpipe", dp_sync=want.dp_sync,
+    codec = Compression.parse(req.run.options.get("dp_compress") or "none")
+    c_pp = c_pp_bytes(cfg, req.model.batch, d_dp, bpv)
+    c_dp = codec.c_dp(c_dp_bytes(cfg, d_pp, bpv), bpv, d_dp)  # the scheduler places for what goes on the wire
+    opts = dict(schedule=want.schedule or "gpipe", dp_sync=want.dp_sync, dp_compress=str(codec),
                 recompute=want.recompute if want.recompute is not None else req.run.device_type == "cuda")
     # with the compute model, the devices compute at their profiles times the run's time scale
     profiles = ([replace(p, slowdown=p.slowdown * req.compute.time_scale)
@@ -97,8 +100,10 @@ def _place_ours(req: RunRequest, topo: Topology, scheduler: str) -> tuple[Layout
 
 def placement_cost(topo: Topology, lay: Layout, cfg: GPTConfig, batch: int, bpv: int) -> tuple[float, float, float, float]:
     """The paper's cost model of a placement on `topo`'s links (what the scheduler minimises): (total
-    seconds, data-parallel seconds, C_PP bytes, C_DP bytes: the largest stage's gradients, as allocated)."""
-    c_pp, c_dp = c_pp_bytes(cfg, batch, lay.dp, bpv), c_dp_bytes(cfg, lay.layers_per_stage, bpv)
+    seconds, data-parallel seconds, C_PP bytes, C_DP bytes: the largest stage's gradients, as allocated, and
+    as the layout's codec sends them)."""
+    c_pp = c_pp_bytes(cfg, batch, lay.dp, bpv)
+    c_dp = lay.compression.c_dp(c_dp_bytes(cfg, lay.layers_per_stage, bpv), bpv, lay.dp)
     model = CostModel(topo, lay.pp, lay.dp, c_pp, c_dp)
     pipes = np.asarray(lay.pipelines)
     return float(model.pipeline_cost(pipes)), float(model.datap_cost(pipes.T)), c_pp, c_dp

@@ -134,7 +134,7 @@ class PipelineStageRunner:
                     p.copy_(value)
                     self.opt.state[p]["momentum_buffer"] = momentum.to(device=p.device, dtype=p.dtype).clone()
         self.dp = make_dp_sync(L.dp_sync, [L.stage_group(j) for j in range(L.pp)],
-                               self.stage_idx, self.replica)
+                               self.stage_idx, self.replica, L.compression)
         # one order for this runtime and the simulator (harness/layout/schedule_order.py)
         self.order = schedule_order.stage_order(L.schedule, L.pp, self.stage_idx, self.n_local)
         self.next_backward_order = [k for op, k in schedule_order.stage_order(L.schedule, L.pp, self.stage_idx + 1,

@@ -3,7 +3,9 @@ layouts of its legacy records.
 
 - ours: GPipe over the assignment's pipelines with overlapped point-to-point
   (harness/systems/ours/pipeline.py, overlap runtime), then the sharded parameter server inside every
-  data-parallel group C_j, each device starting as soon as its own backward is done.
+  data-parallel group C_j, each device starting as soon as its own backward is done. A compressed exchange
+  (layout.dp_compress) sends its codec's messages, after the device has encoded its gradient and before it
+  decodes the sums (the codec's memory traffic at the device's memory bandwidth, compute/compression.py).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from ... import compute as work
 from ... import layout as layouts
 from ...allocation import StageModel, allocate_if_it_fits, keeps_even_split
 from ...compute import PAPER_DTYPE
+from ...compute.compression import Compression
 from ...netmodel import collectives
 from ...netmodel.links import Links
 from ...compute.model import GPTConfig, stage_params
@@ -52,6 +55,13 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     times = pipeline.StageTimes(fwd.T, bwd.T, fser, fdel, bser, bdel, links, S, act)
     grads = (work.stage_param_bytes(cfg, layout.layers_per_stage, bytes_per_value) if dp_bytes is None
              else np.asarray(dp_bytes, dtype=float))
+    codec = layout.compression
+    encode = decode = np.zeros((P, R))
+    if not codec.off:  # the messages as encoded (compute/compression.py), and the codec's work on each device
+        grads = np.array([codec.shard_bytes(int(n), R) for n in params], dtype=float)
+        work_s = np.array([[codec.device_seconds(int(params[j]), R, profiles[d].memory_bandwidth_gbs,
+                                                 profiles[d].slowdown) for d in S[j]] for j in range(P)])  # (P, R, 2)
+        encode, decode = work_s[:, :, 0], work_s[:, :, 1]
     # No barrier between iterations: a stage starts the next one when its own sync is done, so a
     # long sync tail of one stage overlaps the next iteration's fill on the others. One iteration
     # from a common start, then STEADY_ITERATIONS - 1 more; the last interval is the period.
@@ -61,7 +71,8 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
         # every stage's sync in one call: they run together (shared NICs carry them all)
         if dp_sync == "sharded-ps":
             # the runtime posts every receive of the iteration up front (harness/systems/ours/dp_sync.py)
-            end = collectives.sharded_ps(links, S, grads, start=tl.finish, mode=ps_mode, preposted=True)
+            end = collectives.sharded_ps(links, S, grads, start=tl.finish + encode, mode=ps_mode, preposted=True)
+            end = end + decode
         elif dp_sync == "allreduce":
             end = collectives.ring_allreduce(links, S, grads, start=tl.finish)
         else:
@@ -98,13 +109,14 @@ def simulate_allocation(cfg, topo, devices, allocation, batch: int, micro_batch:
 
 def candidates_ours(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
     """The scheduler's assignment (cached) with the paper's runtime."""
-    pipelines = sim.assignment(cfg, batch)
-    lay = layouts.from_pipelines(pipelines, cfg.layers, sim.scheduler, **PAPER_RUNTIME)
-    stages = sim.assigned_stages(cfg, batch)
+    codec = _codec(sim)
+    pipelines = sim.assignment(cfg, batch, codec=codec)  # placed for the bytes the codec sends
+    lay = layouts.from_pipelines(pipelines, cfg.layers, sim.scheduler, **PAPER_RUNTIME, dp_compress=str(codec))
+    stages = sim.assigned_stages(cfg, batch, codec)
     lay = replace(lay, stages=stages) if stages is not None else _allocated(sim, lay, cfg, batch)
     r = simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, ps_mode=sim.ps_mode)
     return [Candidate("ours", {"pp": sim.d_pp, "dp": sim.d_dp, "scheduler": sim.scheduler,
-                               "pipelines": pipelines.tolist(), **_allocation_config(sim, lay)},
+                               "pipelines": pipelines.tolist(), **_allocation_config(sim, lay), **_codec_config(lay)},
                       r.seconds, r.compute_seconds, (sim.schedule_seed,), layout=lay,
                       resimulate=on_links(simulate_ours, sim, cfg, batch, [lay], ps_mode=sim.ps_mode))]
 
@@ -122,24 +134,36 @@ def _allocated(sim: Simulator, lay: Layout, cfg: GPTConfig, batch: int) -> Layou
     return replace(lay, stages=alloc.stages)
 
 
+def _codec(sim: Simulator) -> Compression:
+    """The data-parallel codec asked (ours' option dp_compress), none by default."""
+    return Compression.parse(sim.options.get("dp_compress") or "none")
+
+
+def _codec_config(lay: Layout) -> dict:
+    return {} if lay.compression.off else {"dp_compress": lay.dp_compress}
+
+
 def _allocation_config(sim: Simulator, lay: Layout) -> dict:
     return {} if keeps_even_split(sim.allocator) else {"allocator": sim.allocator, "stages": [list(s) for s in lay.stages]}
 
 
 def candidates_ours_random(sim: Simulator, cfg: GPTConfig, batch: int) -> list[Candidate]:
     """The paper's runtime on the seeded placements of RANDOM_SEEDS, averaged."""
-    lays = [_allocated(sim, lay, cfg, batch) for lay in sim.random_layouts(cfg)]
+    lays = [_allocated(sim, replace(lay, dp_compress=str(_codec(sim))), cfg, batch) for lay in sim.random_layouts(cfg)]
     runs = [simulate_ours(sim.links, sim.profiles, cfg, batch, lay, sim.micro_batch, system="ours-random",
                                   ps_mode=sim.ps_mode) for lay in lays]
     return [mean_candidate("ours-random", {"pp": sim.d_pp, "dp": sim.d_dp, "placement": "random",
                                   "pipelines": [[list(p) for p in lay.pipelines] for lay in lays],
-                                  **({} if keeps_even_split(sim.allocator) else {"allocator": sim.allocator})},
+                                  **({} if keeps_even_split(sim.allocator) else {"allocator": sim.allocator}),
+                                  **_codec_config(lays[0])},
                   runs, RANDOM_SEEDS, lays[0],
                   on_links(simulate_ours, sim, cfg, batch, lays, system="ours-random", ps_mode=sim.ps_mode))]
 
 
-def simulate_ours_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int, bpv: int) -> tuple[float, float]:
-    """Ours' runtime (pre-posted receives, the layout's schedule and data-parallel sync)."""
+def simulate_ours_layout(links, profiles, cfg, batch: int, lay: Layout, mb: int, bpv: int,
+                         options: dict | None = None) -> tuple[float, float]:
+    """Ours' runtime (pre-posted receives, the layout's schedule, data-parallel sync and codec: the layout rule
+    put the option dp_compress in the layout, so `options` adds nothing)."""
     r = simulate_ours(links, profiles, cfg, batch, lay, mb, bytes_per_value=bpv)
     return r.seconds, r.compute_seconds
 

@@ -169,3 +169,40 @@ def test_runs_off_equal_today_and_compressed_replicas_stay_identical():
 
 def test_shards_are_torchs_split():
     assert shard_sizes(10, 3) == [len(t) for t in torch.arange(10).tensor_split(3)] == [4, 3, 3]
+
+
+def test_the_simulator_sends_the_encoded_bytes_and_charges_the_codec():
+    """Case 5, 2 stages x 4 replicas, GPT3-XL: under a codec the simulator's sync is the plain sync of messages of
+    the codec's bytes, exactly (devices whose memory is not modelled do the codec's work in no time); a device's
+    memory bandwidth adds the codec's work (before the first message and after the sums): some, no more."""
+    from dataclasses import replace
+
+    from harness.compute.model import get_model, stage_params
+    from harness.compute.profiles import device_profiles
+    from harness.netmodel.links import Links
+    from harness.scenario import load_scenario
+    from harness.systems.ours.sim import simulate_ours
+
+    topo = load_scenario("5", devices=8)
+    cfg = get_model("gpt3-xl")
+    links, profiles = Links.from_topology(topo), device_profiles(topo)
+    unmodelled = [replace(p, memory_bandwidth_gbs=None) for p in profiles]
+    pipes = [[0, 1], [2, 3], [4, 5], [6, 7]]
+    params = stage_params(cfg, [cfg.layers // 2] * 2)
+
+    def layout(text):
+        return layouts.from_pipelines(pipes, cfg.layers, "t", schedule="gpipe", dp_sync="sharded-ps", dp_compress=text)
+
+    plain = simulate_ours(links, profiles, cfg, 64, layout("none"), 1)
+    for text in ("cocktail", "int8"):
+        c = Compression.parse(text)
+        as_bytes = simulate_ours(links, unmodelled, cfg, 64, layout("none"), 1,
+                                 dp_bytes=[c.shard_bytes(int(n), 4) for n in params])
+        assert simulate_ours(links, unmodelled, cfg, 64, layout(text), 1).seconds == as_bytes.seconds
+        work = max(sum(c.device_seconds(int(n), 4, p.memory_bandwidth_gbs, p.slowdown)) for n in params
+                   for p in profiles)
+        charged = simulate_ours(links, profiles, cfg, 64, layout(text), 1).seconds
+        sent = simulate_ours(links, profiles, cfg, 64, layout("none"), 1,
+                             dp_bytes=[c.shard_bytes(int(n), 4) for n in params]).seconds
+        assert sent < charged <= sent + work * (1 + 1e-9)
+        assert charged < plain.seconds  # a GPU's memory is fast; the world's links are not

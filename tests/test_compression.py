@@ -144,13 +144,19 @@ def _run(lay, **kw):
     return run_local(spec, collect_state=True, timeout_s=90)
 
 
-def test_runs_off_equal_today_and_compressed_replicas_stay_identical():
-    """dp_compress none: the losses of the plain layout, exactly. Compressed: every replica of a stage holds the
-    same parameters after each sync (the owners' decoded sums), int8's losses within its rounding of the plain
-    ones, cocktail's apart from them (it sends a quarter of the values)."""
+def test_runs_off_equal_today_and_compressed_replicas_agree_up_to_their_residuals():
+    """dp_compress none: the losses of the plain layout, exactly. Compressed (each replica's step, then the deltas
+    averaged): without error feedback every replica of a stage holds the same parameters after each exchange (the
+    owners' decoded means), int8's losses within its rounding of the plain ones; with it (cocktail), a replica also
+    keeps what its message did not carry, so replicas differ, by less than they moved (a quarter of the values goes
+    each step, so after 4 steps the residual is still near half of it; over the stage's parameters)."""
+    from harness.compute.model import get_model
+    from harness.train.gpt import GPT
+
     plain = [s.loss for s in _run(layouts.from_pipelines([[0, 1], [2, 3], [4, 5]], 4, "identity", schedule="gpipe",
                                                          dp_sync="sharded-ps")).stats]
     assert [s.loss for s in _run(_layout("none")).stats] == plain
+    init = GPT(get_model("tiny", 4), 3).state_dict()
     for codec in ("int8", "cocktail"):
         lay = _layout(codec)
         run = _run(lay)
@@ -162,9 +168,14 @@ def test_runs_off_equal_today_and_compressed_replicas_stay_identical():
         by_rank = {r.rank: r.state for r in run.ranks}
         for j in range(lay.pp):
             group = lay.stage_group(j)
+            first = by_rank[group[0]]
             for d in group[1:]:
-                for k, v in by_rank[group[0]].items():
-                    assert torch.equal(v, by_rank[d][k]), (codec, k, d)
+                apart = math.sqrt(sum(float((v - by_rank[d][k]).norm()) ** 2 for k, v in first.items()))
+                moved = math.sqrt(sum(float((v - init[k]).norm()) ** 2 for k, v in first.items()))
+                if codec == "int8":
+                    assert apart == 0, (j, d)
+                else:
+                    assert 0 < apart < moved, (j, d, apart, moved)
 
 
 def test_shards_are_torchs_split():
@@ -206,3 +217,31 @@ def test_the_simulator_sends_the_encoded_bytes_and_charges_the_codec():
                              dp_bytes=[c.shard_bytes(int(n), 4) for n in params]).seconds
         assert sent < charged <= sent + work * (1 + 1e-9)
         assert charged < plain.seconds  # a GPU's memory is fast; the world's links are not
+
+
+def test_cocktail_trains_a_noisy_quadratic_about_as_well_as_plain_sgd():
+    """Momentum SGD on 1/2 ||x - x*||^2 with noisy gradients, 200 steps of a 12,000-value shard: CocktailSGD's defaults
+    with error feedback end within 1.3x the plain run's error. (With the subset cut to whole buckets, as CocktailSGD's
+    code cuts it, a window of values went unsent for hundreds of steps and the run ended at 16x: the module docstring
+    of compute/compression.py.)"""
+    m = 12_000
+
+    def error(text: str) -> float:
+        gen = torch.Generator().manual_seed(0)
+        target = torch.randn(m, generator=gen)
+        c = Compression.parse(text)
+        codec, ef = ShardCodec(c, m), ErrorFeedback(c.error_feedback)
+        x, momentum = torch.zeros(m), torch.zeros(m)
+        for it in range(200):
+            g = (x - target) + 0.5 * torch.randn(m, generator=gen)
+            if not c.off:
+                wanted = ef.add(g)
+                g = codec.encode(wanted, it)[1]
+                ef.keep(wanted, g)
+            momentum = 0.9 * momentum + g
+            x -= 0.02 * momentum
+        return float(((x - target) ** 2).mean())
+
+    plain = error("none")
+    assert error("cocktail") <= 1.3 * plain
+    assert error("cocktail:topk_ratio=0.1,quant_bits=4") < 0.2  # 45x fewer bytes: slower, still down from about 1

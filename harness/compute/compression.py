@@ -1,20 +1,29 @@
 """A compressed data-parallel exchange: the codec's settings, the bytes it puts on the wire, what it costs the device.
 
-Ours' sharded parameter server (systems/ours/dp_sync.py) moves a stage's gradient in two phases: member i sends
-shard k to its owner k, the owner sums and sends the sum back. A codec encodes each of those messages; the
+Ours' sharded parameter server (systems/ours/dp_sync.py) moves a stage's values in two phases: member i sends
+shard k to its owner k, the owner reduces and sends the result back. Plain, the values are the gradients, summed.
+Under a codec the exchange is CocktailSGD's: each replica first steps on its own gradient, then the replicas
+average their parameter deltas from the last synced parameters (alike on every member), every message encoded; the
 runtime's encoder is train/compression.py, and these formulas are what it sends, byte for byte (tests/test_wire.py).
+Without compression, averaging the deltas of SGD-with-momentum steps is the synchronous step (both are linear in the
+gradient); the codec's loss is what error feedback carries to the next exchange.
 
 - `cocktail`: CocktailSGD (Wang et al., ICML 2023; DS3Lab/CocktailSGD, data_parallel/dist_dp_cocktail_sgd.py),
   named and defaulted as its code does (QUANT_BITS 8, QUANT_BUCKET_SIZE 128, TOPK_RATIO 0.5, RANDOMP_RATIO 0.5):
-  of a shard's m values a random subset every member picks alike (every 1/randomp_ratio-th value, the count cut to
-  whole buckets, the subset rolled by one place each iteration: its `random_rolling`), of those the top-k by
-  magnitude (topk_ratio, k cut to whole buckets) with a bit mask over the subset saying which, their values in
-  `quant_bits` by buckets of `quant_bucket_size` sharing a max-magnitude scale. The owner decodes, sums, adds its
-  server error and encodes the sum alike (same subset); error feedback on both sides (the worker's residual is what
-  it did not send, the server's what its message did not carry), as CocktailSGD keeps them.
-  Two differences from its code, both for gradients of a synchronous step rather than its one-step-stale parameter
-  deltas: the scales are fp32 (a bucket's largest gradient can fall below fp16's normal range, where CocktailSGD's
-  fp16 scale of an fp16 delta loses it), and the sum (not the mean) goes back, as ours' sync sums.
+  of a shard's m values a random subset every member picks alike (every 1/randomp_ratio-th value, the subset rolled
+  by one place each iteration: its `random_rolling`), of those the top-k by magnitude (topk_ratio, k cut to whole
+  buckets) with a bit mask over the subset saying which, their values in `quant_bits` by buckets of
+  `quant_bucket_size` sharing a max-magnitude scale. The owner decodes, averages, adds its server error and encodes
+  the mean alike (same subset); error feedback on both sides as CocktailSGD keeps it (a replica's parameters keep
+  what its message did not carry; the owner keeps its mean's).
+  Three differences from its code. The subset is not cut to whole buckets: CocktailSGD's cut drops the last strided
+  values, so a window of up to 2 x 127 values, moving one place a step, goes unsent for as many steps; in a model of
+  billions that is nothing, in a small model's shard it is 2 % of the values, whose residual piles up for hundreds of
+  steps, then sets its bucket's scale so high that the bucket's other values round to zero and pile up in turn (on
+  a noisy quadratic with momentum SGD, 200 steps: 16x the plain run's error with the cut, as plain without it). The
+  scales are fp32 (CocktailSGD's are fp16, of fp16 deltas; a bucket's largest delta of a small model's fp32
+  parameters can fall below fp16's normal range). And the exchange is synchronous: CocktailSGD runs it beside the
+  next step, one step stale.
 - `int8`, `fp8`: every value quantized by buckets (int8: 8 bits as above; fp8: e4m3 scaled to its largest finite
   value, 448); no subset, no mask. Error feedback off unless asked (INTELLECT-1 sends int8 without it).
 
@@ -35,8 +44,8 @@ FP8_MAX = 448.0  # float8 e4m3's largest finite value
 
 # The device's work, as passes over memory (a roofline at the device's memory bandwidth, like the optimizer step's):
 # top-k is torch.topk's radix select, a pass of the subset per 8-bit digit of an fp32 key; a quantisation reads the
-# values for the bucket's max, then reads them again and writes the codes; error feedback reads the gradient and the
-# residual and writes both back; a decode reads the codes and the mask and adds into the fp32 sum.
+# values for the bucket's max, then reads them again and writes the codes; the delta and error feedback read the
+# parameters and the synced copy and write both back; a decode reads the codes and the mask and adds into the sum.
 TOPK_PASSES = 4
 BYTES_PER_VALUE = 4  # fp32 gradients
 QUANT_PASSES = 3
@@ -104,12 +113,11 @@ class Compression:
 
     # -- the encoding of one message of m values ------------------------------------------------------
     def subset_size(self, m: int) -> int:
-        """Values of the random subset: every stride-th of m, cut to whole buckets (all m if that leaves none)."""
+        """Values of the random subset: every stride-th of m (stride = 1 / randomp_ratio, whole), all of them (module
+        docstring: not cut to whole buckets)."""
         if self.randomp_ratio >= 1:
             return m
-        every = len(range(0, m, int(1 / self.randomp_ratio)))
-        whole = every // self.quant_bucket_size * self.quant_bucket_size
-        return whole if whole else m
+        return len(range(0, m, int(1 / self.randomp_ratio)))
 
     def kept(self, s: int) -> int:
         """Values of s that go: the top-k, k cut to whole buckets once it holds one (CocktailSGD's _compress)."""

@@ -10,9 +10,11 @@ bit-identical gradients (one device sums each shard).
 
 `allreduce` is torch.distributed's all-reduce on a process group per C_j.
 
-A compressed exchange (`layout.dp_compress`, compute/compression.py) is the sharded parameter server with every
-message encoded (CompressedParameterServer): a member encodes each shard (plus its residual), the owner decodes
-and sums them, adds its own residual and encodes the sum once for everyone. Off, the plain server runs untouched.
+A compressed exchange (`layout.dp_compress`, compute/compression.py) is CocktailSGD's (CompressedParameterServer):
+each replica first takes its optimizer step on its own gradient, then the replicas average their parameter deltas
+from the last synced parameters through the sharded parameter server, every message encoded: a member encodes each
+shard of its delta, the owner decodes and averages them, adds its server error and encodes the mean once for
+everyone. Off, the plain server of gradients runs untouched.
 """
 from __future__ import annotations
 
@@ -46,6 +48,18 @@ def unflatten_into_grads(flat: torch.Tensor, params: list[torch.nn.Parameter]) -
             p.grad = g.clone()
         else:
             p.grad.copy_(g)
+        off += n
+
+
+def flatten_values(params: list[torch.nn.Parameter]) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).float() for p in params])
+
+
+def unflatten_into_values(flat: torch.Tensor, params: list[torch.nn.Parameter]) -> None:
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.copy_(flat[off:off + n].view_as(p).to(p.dtype))
         off += n
 
 
@@ -131,13 +145,16 @@ class ShardedParameterServer:
 
 
 class CompressedParameterServer:
-    """The sharded parameter server's two phases with each message encoded (module docstring); the sum every
-    member returns is the owners' decoded messages, alike on every member."""
+    """CocktailSGD's exchange (module docstring): after each replica's own optimizer step, the sharded parameter
+    server's two phases average the replicas' parameter deltas from the last synced parameters, each message
+    encoded. Every member keeps those parameters (`synced`, alike everywhere); with error feedback a replica keeps in
+    its parameters what its message did not carry (CocktailSGD's worker error), the owner its shard's server error."""
 
     def __init__(self, members: list[int], me: int, compression: Compression):
         self.members, self.me, self.c = members, me, compression
         self.codecs: dict[int, ShardCodec] = {}
-        self.worker, self.server = ErrorFeedback(compression.error_feedback), ErrorFeedback(compression.error_feedback)
+        self.server = ErrorFeedback(compression.error_feedback)
+        self.synced: torch.Tensor | None = None
 
     def codec(self, m: int, device) -> ShardCodec:
         if m not in self.codecs:
@@ -179,33 +196,46 @@ class CompressedParameterServer:
         for w in works:
             w.wait()
 
-    def sync(self, flat: torch.Tensor, iteration: int, posted: dict | None = None, sent=None) -> torch.Tensor:
+    def begin(self, params: torch.Tensor) -> None:
+        """Before the first local step on this layout: the synced parameters are this replica's. At the start every
+        replica holds the same; after a re-plan they may differ by their residuals, a difference that does not grow
+        (every member adds the same steps)."""
+        if self.synced is None:
+            self.synced = params.detach().clone()
+
+    def average(self, params: torch.Tensor, iteration: int, posted: dict | None = None, sent=None) -> torch.Tensor:
+        """This replica's parameters after the exchange: the synced parameters plus the replicas' mean delta as the
+        owners' messages carry it, plus (error feedback) what this replica's own message did not carry."""
         n = len(self.members)
         if n == 1:
             if sent is not None:
                 sent()
-            return flat
-        if posted is None and not flat.is_cuda:
-            posted = self.post(iteration, flat.numel(), flat.dtype, flat.device)
-        sizes, contrib, out = self._buffers(flat.numel(), flat.device) if posted is None else (
-            [len(r) for r in torch.arange(flat.numel()).tensor_split(n)], posted["contrib"], posted["out"])
-        wanted = self.worker.add(flat)
-        encoded = [self.codec(m, flat.device).encode(x, iteration) for m, x in zip(sizes, wanted.tensor_split(n))]
-        self.worker.keep(wanted, torch.cat([hat for _, hat in encoded]))
-        mine = self.codec(sizes[self.me], flat.device)
+            self.synced = params.detach().clone()
+            return params
+        if posted is None and not params.is_cuda:
+            posted = self.post(iteration, params.numel(), params.dtype, params.device)
+        sizes, contrib, out = self._buffers(params.numel(), params.device) if posted is None else (
+            [len(r) for r in torch.arange(params.numel()).tensor_split(n)], posted["contrib"], posted["out"])
+        delta = params - self.synced
+        encoded = [self.codec(m, params.device).encode(x, iteration) for m, x in zip(sizes, delta.tensor_split(n))]
+        mine = self.codec(sizes[self.me], params.device)
         self._phase(iteration, KIND_SCATTER, {k: msg for k, (msg, _) in enumerate(encoded)}, contrib,
                     None if posted is None else posted["scatter"], sent)
         total = encoded[self.me][1].clone()
         for k in range(n):
             if k != self.me:
                 total += mine.decode(contrib[k], iteration)
-        total = self.server.add(total)
-        msg, summed = mine.encode(total, iteration)
-        self.server.keep(total, summed)
+        mean = self.server.add(total / n)
+        msg, carried = mine.encode(mean, iteration)
+        self.server.keep(mean, carried)
         self._phase(iteration, KIND_GATHER, {k: msg for k in range(n)}, out,
                     None if posted is None else posted["gather"])
-        return torch.cat([summed if k == self.me else self.codec(m, flat.device).decode(out[k], iteration)
+        step = torch.cat([carried if k == self.me else self.codec(m, params.device).decode(out[k], iteration)
                           for k, m in enumerate(sizes)])
+        self.synced = self.synced + step
+        if not self.c.error_feedback:
+            return self.synced.clone()
+        return params - torch.cat([hat for _, hat in encoded]) + step
 
 
 class AllReduceSync:

@@ -26,7 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ...layout import schedule_order
 from ...errors import HarnessError
-from .dp_sync import flatten_grads, make_dp_sync, tag, unflatten_into_grads
+from .dp_sync import flatten_grads, flatten_values, make_dp_sync, tag, unflatten_into_grads, unflatten_into_values
 from .replan import ReplanControl, exchange
 from ...train.gpt import GPT, lm_loss, synthetic_batch
 from ...train.compute_model import pacer_for
@@ -307,10 +307,20 @@ class PipelineStageRunner:
                 self.ctx.reached("backward", it)
         if post_next is not None:
             post_next()
-        # Data-parallel sync in C_j, then the same step on every replica.
+        # Data-parallel sync in C_j, then the same step on every replica (compressed: CocktailSGD's order, each
+        # replica's own step, then the replicas' parameters averaged; dp_sync.py).
         t_pipe = time.perf_counter()
         flat = flatten_grads(self.params)
-        flat = self.dp.sync(flat, it, posted["dp"], sent=lambda: self.ctx.reached("dp_sync", it))
+        if self.layout.compression.off:
+            flat = self.dp.sync(flat, it, posted["dp"], sent=lambda: self.ctx.reached("dp_sync", it))
+        else:
+            self.dp.begin(flatten_values(self.params))
+            with clock.compute():  # the replica's mean gradient (the loss is over every replica's)
+                self._local_step(flat * self.layout.dp)
+            averaged = self.dp.average(flatten_values(self.params), it, posted["dp"],
+                                       sent=lambda: self.ctx.reached("dp_sync", it))
+            with torch.no_grad():
+                unflatten_into_values(averaged, self.params)
         t_dp = time.perf_counter()
         for w in sends:
             w.wait()
@@ -318,12 +328,17 @@ class PipelineStageRunner:
             print(f"[trace] rank {self.ctx.rank} it {it} stage {self.stage_idx} pipe {t_pipe - t_start:.3f} "
                   f"(wait act {waits['act']:.3f} grad {waits['grad']:.3f}) dp {t_dp - t_pipe:.3f} "
                   f"sends {time.perf_counter() - t_dp:.3f} at {time.time():.3f}", file=sys.stderr, flush=True)
-        with clock.compute(), self.pacer.phase("optimizer"):
+        if self.layout.compression.off:
+            with clock.compute():
+                self._local_step(flat)
+        loss = torch.stack(losses).mean().item() if losses else math.nan
+        return clock.total(), loss
+
+    def _local_step(self, flat: torch.Tensor) -> None:
+        with self.pacer.phase("optimizer"):
             unflatten_into_grads(flat / self.loss_scale if self.loss_scale != 1.0 else flat, self.params)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
-        loss = torch.stack(losses).mean().item() if losses else math.nan
-        return clock.total(), loss
 
     def state(self) -> dict[str, torch.Tensor]:
         return dict(zip(self.param_names, self.params))

@@ -101,6 +101,13 @@ def register(sub) -> None:
                       "Figure 4 and Table 4, on hetpipe-testbed)")
     only.add_argument("--hetpipe-only", action="store_true", help="only the systems' own sections, HetPipe's "
                       "(seconds, not hours)")
+    only.add_argument("--map", action="store_true", help="only the map of which system wins where: every scenario "
+                      "of --map-scenarios at every bandwidth scale of --map-scales, each system at its best layout "
+                      "(map.png, map.csv, map.json, report.md)")
+    r.add_argument("--map-scenarios", type=scenario_name, nargs="+", metavar="SCENARIO",
+                   help="the map's scenarios (default: 1 2 3 4 5 fluidstack hetero-regional)")
+    r.add_argument("--map-scales", type=positive_float, nargs="+", metavar="X",
+                   help="the map's bandwidth scales (default: 0.01 0.03 0.1 0.3 1 3 10)")
     r.add_argument("--scale", type=positive_int, nargs="+", metavar="DEVICES", help="the scale section's sizes, "
                    "of 64 256 1024 10240 (default all: case 5's world to 10,240 devices); --no-scale: none")
     r.add_argument("--no-scale", action="store_true", help="skip the scale section (planning and iteration time "
@@ -288,6 +295,8 @@ def cmd_report(args) -> int:
     check_scale(args)
     run_id = new_run_id("sim")
     out = args.out or results_root(args.results) / "sim" / run_id
+    if args.map or args.map_scenarios or args.map_scales:
+        return _cmd_map(args, out, run_id)
     if args.hetpipe_only:
         with tqdm(total=0, desc="sim report (systems' sections)", unit="setting", file=sys.stderr, leave=False) as bar:
             paths = report.write_sections_only(out, run_id, _sweep_sections(bar))
@@ -313,6 +322,34 @@ def cmd_report(args) -> int:
     for r in report.summary_rows(sweeps):
         print(f"case {r['case']}: ours vs Megatron {r['vs_megatron_mean']:.2f}x, vs DeepSpeed "
               f"{r['vs_deepspeed_mean']:.2f}x (mean PFLOPS), scheduler vs random up to {r['vs_random'].max():.2f}x")
+    print(f"wrote {out}/report.md and {len(paths) - 1} other files")
+    return 0
+
+
+def _cmd_map(args, out: Path, run_id: str) -> int:
+    """`sim report --map`: the map's cells, with a bar over them, then its files."""
+    from tqdm import tqdm
+
+    from ..errors import HarnessError
+    from ..report import map as smap
+
+    if not args.map:
+        raise HarnessError("--map-scenarios/--map-scales: options of --map")
+    scenarios = tuple(args.map_scenarios or smap.MAP_SCENARIOS)
+    scales = tuple(args.map_scales or smap.MAP_SCALES)
+    total = len(scenarios) * len(scales) * len(smap.CONTENDERS)
+    with tqdm(total=total, desc="sim report --map", unit="run", file=sys.stderr, leave=False) as bar:
+        def step(label):
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+        cells = smap.sweep_map(scenarios, scales, settings=_settings(args), progress=step)
+    paths = smap.write_map(Path(out), cells, run_id)
+    for cell in cells:
+        if cell.best:
+            margin = "alone" if cell.margin == float("inf") else f"x{cell.margin:.2f}"
+            second = cell.ranked[1][0] if len(cell.ranked) > 1 else "-"
+            print(f"{cell.scenario:>16} x{cell.scale:<6g} {cell.best:<17} {margin} over {second}")
     print(f"wrote {out}/report.md and {len(paths) - 1} other files")
     return 0
 

@@ -3,9 +3,10 @@ layouts of its legacy records.
 
 - ours: GPipe over the assignment's pipelines with overlapped point-to-point
   (harness/systems/ours/pipeline.py, overlap runtime), then the sharded parameter server inside every
-  data-parallel group C_j, each device starting as soon as its own backward is done. A compressed exchange
-  (layout.dp_compress) sends its codec's messages, after the device has encoded its gradient and before it
-  decodes the sums (the codec's memory traffic at the device's memory bandwidth, compute/compression.py).
+  data-parallel group C_j, each device starting as soon as its own backward is done, then the optimizer step.
+  A compressed exchange (layout.dp_compress: CocktailSGD's) comes after the device's own step: it encodes its
+  delta, sends its codec's messages and decodes the means (the codec's memory traffic at the device's memory
+  bandwidth, compute/compression.py).
 """
 from __future__ import annotations
 
@@ -69,15 +70,16 @@ def simulate_ours(links: Links, profiles: list[ComputeProfile], cfg: GPTConfig, 
     for _ in range(STEADY_ITERATIONS):
         tl = pipeline.timeline(times, M, schedule, overlap=True, start=start)
         # every stage's sync in one call: they run together (shared NICs carry them all)
-        if dp_sync == "sharded-ps":
+        if dp_sync == "sharded-ps" and not codec.off:  # CocktailSGD's order: the replica's step, then the exchange
+            end = collectives.sharded_ps(links, S, grads, start=tl.finish + opt.T + encode, mode=ps_mode,
+                                         preposted=True) + decode
+        elif dp_sync == "sharded-ps":
             # the runtime posts every receive of the iteration up front (harness/systems/ours/dp_sync.py)
-            end = collectives.sharded_ps(links, S, grads, start=tl.finish + encode, mode=ps_mode, preposted=True)
-            end = end + decode
+            end = collectives.sharded_ps(links, S, grads, start=tl.finish, mode=ps_mode, preposted=True) + opt.T
         elif dp_sync == "allreduce":
-            end = collectives.ring_allreduce(links, S, grads, start=tl.finish)
+            end = collectives.ring_allreduce(links, S, grads, start=tl.finish) + opt.T
         else:
             raise SimError(f"dp_sync: unknown {dp_sync!r} (known: sharded-ps, allreduce)")
-        end += opt.T  # then every device's optimizer step over its stage
         if start is None:  # the first iteration, from a common start: its spans are reported
             first = (tl, end)
         ends.append(float(end.max()))

@@ -184,6 +184,9 @@ def bad_values(action: argparse.Action, files: dict[str, str], text: list[str]) 
         return ["", "a,,b", "bogus", " "]
     if t is F.byte_sizes:
         return ["", "0", "4X", "1.5M", "64K,", "-1", "x"]
+    if t is F.codec_text:
+        return ["bogus", "", "cocktail:topk_ratio=2", "cocktail:x=1", "int8:quant_bits=4", "cocktail:quant_bits=3",
+                "cocktail:quant_bucket_size=x"]
     if t is F.seconds_list:
         return ["", "-1", "x", "nan", "inf", "0,,1"]
     raise AssertionError(f"{action.option_strings or action.dest}: type {t!r} has no bad values here: give the "

@@ -32,7 +32,6 @@ exchange, untouched.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, fields, replace
 
 from ..errors import HarnessError
@@ -193,7 +192,3 @@ def shard_sizes(numel: int, members: int) -> list[int]:
     q, r = divmod(numel, members)
     return [q + (j < r) for j in range(members)]
 
-
-def compression_ratio(c: Compression, m: int) -> float:
-    """fp32 bytes over the codec's bytes for a message of m values."""
-    return BYTES_PER_VALUE * m / c.message_bytes(m) if m else math.nan

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ...compute.compression import NONE, Compression
+from ...compute.compression import NONE, Compression, shard_sizes
 from ...train.compression import ErrorFeedback, ShardCodec
 
 # Tags keep concurrent point-to-point messages apart; (iteration, kind, index) -> int.
@@ -76,7 +76,7 @@ class ShardedParameterServer:
 
     def post(self, iteration: int, flat_numel: int, dtype: torch.dtype, device) -> dict:
         n = len(self.members)
-        sizes = [len(r) for r in torch.arange(flat_numel).tensor_split(n)]
+        sizes = shard_sizes(flat_numel, n)
         contrib = [torch.empty(sizes[self.me], dtype=dtype, device=device) for _ in range(n)]
         out = [torch.empty(sizes[k], dtype=dtype, device=device) for k in range(n)]
         works = []
@@ -161,17 +161,18 @@ class CompressedParameterServer:
             self.codecs[m] = ShardCodec(self.c, m, device)
         return self.codecs[m]
 
-    def _buffers(self, flat_numel: int, device) -> tuple[list[int], list[torch.Tensor], list[torch.Tensor]]:
-        sizes = [len(r) for r in torch.arange(flat_numel).tensor_split(len(self.members))]
+    def _buffers(self, flat_numel: int, device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Where the messages arrive: the others' shards of this member's own, and every owner's mean."""
+        sizes = shard_sizes(flat_numel, len(self.members))
         mine = self.codec(sizes[self.me], device).bytes
         contrib = [torch.empty(mine, dtype=torch.uint8, device=device) for _ in self.members]
         out = [torch.empty(self.codec(m, device).bytes, dtype=torch.uint8, device=device) for m in sizes]
-        return sizes, contrib, out
+        return contrib, out
 
     def post(self, iteration: int, flat_numel: int, dtype: torch.dtype, device) -> dict | None:
         if device is not None and torch.device(device).type == "cuda":
             return None  # NCCL: each phase batched at sync time (ShardedParameterServer._sync_batched)
-        sizes, contrib, out = self._buffers(flat_numel, device)
+        contrib, out = self._buffers(flat_numel, device)
         works = {"scatter": [], "gather": []}
         for k, dev in enumerate(self.members):
             if k != self.me:
@@ -214,8 +215,9 @@ class CompressedParameterServer:
             return params
         if posted is None and not params.is_cuda:
             posted = self.post(iteration, params.numel(), params.dtype, params.device)
-        sizes, contrib, out = self._buffers(params.numel(), params.device) if posted is None else (
-            [len(r) for r in torch.arange(params.numel()).tensor_split(n)], posted["contrib"], posted["out"])
+        sizes = shard_sizes(params.numel(), n)
+        contrib, out = self._buffers(params.numel(), params.device) if posted is None else (posted["contrib"],
+                                                                                             posted["out"])
         delta = params - self.synced
         encoded = [self.codec(m, params.device).encode(x, iteration) for m, x in zip(sizes, delta.tensor_split(n))]
         mine = self.codec(sizes[self.me], params.device)

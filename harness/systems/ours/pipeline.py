@@ -133,6 +133,7 @@ class PipelineStageRunner:
                     value, momentum = state[name]
                     p.copy_(value)
                     self.opt.state[p]["momentum_buffer"] = momentum.to(device=p.device, dtype=p.dtype).clone()
+        self.compressed = not L.compression.off  # CocktailSGD's exchange of parameters (dp_sync.py)
         self.dp = make_dp_sync(L.dp_sync, [L.stage_group(j) for j in range(L.pp)],
                                self.stage_idx, self.replica, L.compression)
         # one order for this runtime and the simulator (harness/layout/schedule_order.py)
@@ -311,7 +312,7 @@ class PipelineStageRunner:
         # replica's own step, then the replicas' parameters averaged; dp_sync.py).
         t_pipe = time.perf_counter()
         flat = flatten_grads(self.params)
-        if self.layout.compression.off:
+        if not self.compressed:
             flat = self.dp.sync(flat, it, posted["dp"], sent=lambda: self.ctx.reached("dp_sync", it))
         else:
             self.dp.begin(flatten_values(self.params))
@@ -328,7 +329,7 @@ class PipelineStageRunner:
             print(f"[trace] rank {self.ctx.rank} it {it} stage {self.stage_idx} pipe {t_pipe - t_start:.3f} "
                   f"(wait act {waits['act']:.3f} grad {waits['grad']:.3f}) dp {t_dp - t_pipe:.3f} "
                   f"sends {time.perf_counter() - t_dp:.3f} at {time.time():.3f}", file=sys.stderr, flush=True)
-        if self.layout.compression.off:
+        if not self.compressed:
             with clock.compute():
                 self._local_step(flat)
         loss = torch.stack(losses).mean().item() if losses else math.nan

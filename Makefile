@@ -100,7 +100,7 @@ $(addprefix scenario-,$(SCENARIO_CASES)): scenario-%: $(STAMP) system-deps
 # writes results/reproduce/hetpipe/report.md (QUICK=1: a first look, into results/reproduce/hetpipe/quick/).
 # `make reproduce-all`: every paper in turn, then results/reproduce/index.md (QUICK=1: index-quick.md) linking
 # their reports with their verdict counts.
-REPRODUCE_PAPERS := hetpipe owl sky dtfm
+REPRODUCE_PAPERS := hetpipe owl sky dtfm cocktail
 .PHONY: $(addprefix reproduce-,$(REPRODUCE_PAPERS) all)
 $(addprefix reproduce-,$(REPRODUCE_PAPERS) all): reproduce-%: $(STAMP) system-deps
 	$(HARNESS) reproduce $* $(if $(QUICK),--quick)

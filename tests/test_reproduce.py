@@ -108,7 +108,7 @@ def test_quick_leaves_out_the_parts_too_long_for_a_first_look_and_names_them(tmp
 def test_an_unknown_paper_is_one_line(tmp_path):
     from harness.errors import HarnessError
 
-    with pytest.raises(HarnessError, match=r"unknown paper 'nope' \(known: dtfm, hetpipe, owl, sky\)"):
+    with pytest.raises(HarnessError, match=r"unknown paper 'nope' \(known: cocktail, dtfm, hetpipe, owl, sky\)"):
         reproduce.reproduce("nope", tmp_path)
 
 

@@ -55,7 +55,7 @@ class Setting:
 class Paper:
     name: str
     title: str
-    seed: str  # the seed file's number under ../shared/seeds/
+    seed: str  # the seed file's number under ../shared/seeds/, or where to read a paper that is not a seed
     summary: str
     parts: tuple[Part, ...]
     settings: tuple[Setting, ...] = field(default_factory=tuple)
@@ -71,7 +71,8 @@ class Paper:
 
 #: every paper `harness reproduce` knows: name -> "module:attribute" of its Paper
 PAPERS = {"hetpipe": "harness.reproduce.hetpipe:PAPER", "owl": "harness.reproduce.owl:PAPER",
-          "sky": "harness.reproduce.sky:PAPER", "dtfm": "harness.reproduce.dtfm:PAPER"}
+          "sky": "harness.reproduce.sky:PAPER", "dtfm": "harness.reproduce.dtfm:PAPER",
+          "cocktail": "harness.reproduce.cocktail:PAPER"}
 
 
 def get(name: str) -> Paper:

@@ -67,7 +67,8 @@ def render(rep) -> str:
     L = [f"# Reproducing {p.title}", "", p.summary, "",
          f"Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by `harness reproduce {p.name}"
          f"{' --quick' if rep.quick else ''}` at commit `{git_commit()}` in {rep.seconds:.0f} s; machine: {m['cpu']} "
-         f"({m['cpus']} CPUs), {m['system']} {platform.release()}. The paper: `../shared/seeds/{p.seed}_*`.", "",
+         f"({m['cpus']} CPUs), {m['system']} {platform.release()}. The paper: "
+         + (f"`../shared/seeds/{p.seed}_*`." if p.seed.isdigit() else f"{p.seed}."), "",
          f"A claim **holds** when the harness's figure is within {TOLERANCE:.0%} of the paper's; its **direction "
          "holds** when the figure is off but on the side the paper's is (a speedup above 1, one system above "
          "another); otherwise it **differs**, with what the harness can name as the reason. *Simulated* figures "

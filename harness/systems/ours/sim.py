@@ -18,7 +18,7 @@ from ... import compute as work
 from ... import layout as layouts
 from ...allocation import StageModel, allocate_if_it_fits, keeps_even_split
 from ...compute import PAPER_DTYPE
-from ...compute.compression import Compression
+from ...compute.compression import Compression, shard_sizes
 from ...netmodel import collectives
 from ...netmodel.links import Links
 from ...compute.model import GPTConfig, stage_params
@@ -190,3 +190,26 @@ def legacy_random_layout(rec: dict, conf: dict, cfg, n: int, device: str, schedu
         return layouts.from_pipelines(conf["pipelines"], cfg.layers, "recorded", **opts)
     d_pp = int(conf.get("d_pp", rec.get("d_pp") or 1))
     return layouts.seeded(1, d_pp, n // d_pp, cfg.layers, int(rec["seed"]), **opts)
+
+
+def ours_cross_node_bytes(region, cfg: GPTConfig, batch: int, lay: Layout, mb: int, bpv: int,
+                          options: dict | None = None) -> float:
+    """Its runs' payload between devices of different nodes (`region[d]`) an iteration: each pipeline's activations
+    and their gradients between consecutive stages, and each stage's data-parallel exchange: the sharded parameter
+    server's messages (every member's shard to its owner, the owner's sum back to every member), under the layout's
+    codec as compute/compression.py counts them, or a ring all-reduce's."""
+    groups = lay.array()[:, :, 0]  # (stages, pipelines)
+    hops = sum(region[a] != region[b] for pipe in groups.T for a, b in zip(pipe, pipe[1:]))
+    total = hops * 2 * work.c_pp_bytes(cfg, batch, lay.dp, bpv)
+    codec, params = lay.compression, stage_params(cfg, list(lay.layers_per_stage))
+    for members, numel in zip(groups, params):
+        k = len(members)
+        if lay.dp_sync == "allreduce":
+            crossing = sum(region[a] != region[b] for a, b in zip(members, np.roll(members, -1)))
+            total += crossing * 2 * (k - 1) / k * numel * bpv
+            continue
+        sizes = shard_sizes(numel, k)
+        message = [x * bpv if codec.off else codec.message_bytes(x) for x in sizes]
+        total += sum(2 * message[owner] for i, a in enumerate(members) for owner, b in enumerate(members)
+                     if i != owner and region[a] != region[b])
+    return float(total)

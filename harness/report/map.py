@@ -46,6 +46,11 @@ class Contender:
     options: tuple[tuple[str, str], ...] = ()
 
 
+def syncs_every_h_steps(system: str) -> bool:
+    """A DiLoCo-style system: its replicas exchange every H inner steps (an H, `sync_every`, among its options)."""
+    return "sync_every" in registry.get(system).resolve_options({})
+
+
 CONTENDERS = (
     Contender("ours", "ours"),
     Contender("ours+cocktail", "ours", (("dp_compress", "cocktail"),)),

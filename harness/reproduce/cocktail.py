@@ -59,7 +59,8 @@ def slow_network(ctx: Context) -> list[Section]:
     from ..sim.request import SimSettings
 
     settings = SimSettings(**SIM)
-    plain, coded = (c for c in CONTENDERS if c.label in ("ours", "ours+cocktail"))
+    by_label = {c.label: c for c in CONTENDERS}
+    plain, coded = by_label["ours"], by_label["ours+cocktail"]
     ctx.progress(f"the data center (case 1) and {SLOW}: ours, ours + cocktail")
     seconds = {(scenario, c.label): _seconds(c, scenario, settings) for scenario in ("1", SLOW) for c in (plain, coded)}
     s = Section("Abstract: within 1.2x of a data center over 500 Mbps",
@@ -107,14 +108,14 @@ def the_map(ctx: Context) -> list[Section]:
     world = by.get(("5", one))
     if world is not None:
         tput = world.samples_per_s
-        fastest = max(tput.get("megatron", 0.0), tput.get("deepspeed", 0.0))
-        if "dtfm" in tput and fastest:
+        dtfm, fastest = tput.get("dtfm"), max(tput.get("megatron", 0.0), tput.get("deepspeed", 0.0))
+        if dtfm and fastest:
             s.add(Claim("DT-FM Fig. 3c", f"world-wide (case 5, x{one:g}): DT-FM's scheduled runtime over the faster "
                         "of Megatron and DeepSpeed (throughput)", "DT-FM Sec. 4.2", above=1.0, unit="x"),
-                  tput["dtfm"] / fastest)
-        if "ours" in tput and "ours+cocktail" in tput:
+                  dtfm / fastest)
+        if _gain(world):
             s.add(Claim("Map", f"world-wide (case 5, x{one:g}): compression speeds ours up (ours + cocktail over "
-                        "ours, throughput)", "Sec. 1", above=1.0, unit="x"), tput["ours+cocktail"] / tput["ours"])
+                        "ours, throughput)", "Sec. 1", above=1.0, unit="x"), _gain(world))
     gains = [(sc, _gain(by.get((sc, lowest))) / _gain(by.get((sc, one)))) for sc in scenarios
              if _gain(by.get((sc, lowest))) and _gain(by.get((sc, one))) and lowest < one]
     if gains:
@@ -132,15 +133,22 @@ def the_map(ctx: Context) -> list[Section]:
 
 
 def _gain(cell) -> float | None:
+    """The codec's throughput over plain ours' in the cell (None where either is missing)."""
     t = {} if cell is None else cell.samples_per_s
-    return t["ours+cocktail"] / t["ours"] if "ours" in t and "ours+cocktail" in t else None
+    coded, plain = t.get("ours+cocktail"), t.get("ours")
+    return coded / plain if coded and plain else None
 
 
 def _low_comm(cell) -> float | None:
-    t = {} if cell is None else cell.samples_per_s
-    diloco = max((v for k, v in t.items() if "diloco" in k), default=None)
-    others = max((v for k, v in t.items() if "diloco" not in k), default=None)
-    return diloco / others if diloco and others else None
+    """The fastest DiLoCo-style contender's throughput over the fastest other's in the cell."""
+    from ..report.map import CONTENDERS, syncs_every_h_steps
+
+    if cell is None:
+        return None
+    system = {c.label: c.system for c in CONTENDERS}
+    h_steps = [v for k, v in cell.samples_per_s.items() if syncs_every_h_steps(system[k])]
+    others = [v for k, v in cell.samples_per_s.items() if not syncs_every_h_steps(system[k])]
+    return max(h_steps) / max(others) if h_steps and others else None
 
 
 SETTINGS = (

@@ -86,9 +86,7 @@ def section(runs: dict[str, dict]) -> Section:
                 text="Case 5 at 8 devices (one a region), the micro GPT's 4 blocks on markov tokens, batch 32 in "
                      "micro-batches of 4, compute modelled (V100) and dilated as the probe chose; one boot.\n\n" +
                      runs_table(runs) + "\n\n" + "\n".join(rows))
-    for k in runs:
-        if k == "ours":
-            continue
+    for k in (k for k in runs if CODECS[k] != "none"):
         r = runs[k]
         s.add(Claim("Codec", f"{k} cuts the bytes between regions a sample (plain ours over {k})", WHERE[k],
                     above=1.0, unit="x"), plain["payload_bytes"] / r["payload_bytes"],
@@ -103,8 +101,8 @@ def section(runs: dict[str, dict]) -> Section:
 
 # ------------------------------------------------------------------ the map's points, measured to the loss target
 POINTS = (("5", 1.0), ("1", 1.0), ("fluidstack", 1.0))  # (scenario, bandwidth scale): cells of the map
-LEADERS = 3  # contenders run at each point: the map's fastest, one a family (those `harness run` trains)
-FAMILY = {"diloco": "diloco", "streaming-diloco": "diloco"}  # within a percent of each other on every cell
+LEADERS = 3  # contenders run at each point: the map's fastest, one a family (DiLoCo-style ones are one family:
+# within a percent of each other on every cell)
 STAND_IN = {"dtfm": "ours"}  # the paper's runtime is simulated only: ours' runtime runs for it
 POINT_ITERS = ITERS
 POINT_SECONDS = 2 * (3 * 1150 + 200)  # the points after the first (in the codecs' boot): 3 runs and a probe each
@@ -113,11 +111,14 @@ POINT_SECONDS = 2 * (3 * 1150 + 200)  # the points after the first (in the codec
 def point_contenders(cell, contenders) -> list:
     """The map cell's LEADERS fastest contenders, one of each family (DiLoCo and its streaming variant are one),
     fastest first; a stand-in (ours for dtfm) is run once, for the faster."""
+    from ..report.map import syncs_every_h_steps
+
     by_label = {c.label: c for c in contenders}
     out, runs, families = [], set(), set()
     for label, _ in cell.ranked:
         c = by_label[label]
-        run, family = (STAND_IN.get(c.system, c.system), c.options), FAMILY.get(c.system, c.label)
+        run = (STAND_IN.get(c.system, c.system), c.options)
+        family = "every H steps" if syncs_every_h_steps(c.system) else c.label
         if run not in runs and family not in families:
             runs.add(run)
             families.add(family)

@@ -9,6 +9,8 @@ Each run's seconds an iteration beside the simulator's prediction of it, its byt
 """
 from __future__ import annotations
 
+import math
+
 from ..plan.asked import merged
 from . import Context
 from .claims import Claim, Section
@@ -62,6 +64,11 @@ def convergence(run) -> dict:
             "final_loss": float(curve.loss[-1]), "floor": curve.floor, "batch": int(curve.samples[0])}
 
 
+def reached(to_target_s: float) -> bool:
+    """Whether a run got to the loss target (convergence() gives nan when it did not)."""
+    return not math.isnan(to_target_s)
+
+
 def traffic(run) -> dict:
     """Bytes between regions an iteration: counted on the wire, and the system's payload model of the run."""
     from ..sim.compare import cross_node_traffic
@@ -77,10 +84,9 @@ def section(runs: dict[str, dict]) -> Section:
     rows = ["| run | s an iteration | bytes between regions a sample (counted / payload model) | final loss | "
             "samples to the floor + 10 % | wall s to it |", "|---|---|---|---|---|---|"]
     for k, r in runs.items():
-        reached = r["to_target_s"] == r["to_target_s"]
         rows.append(f"| {k} | {measured[k]:.2f} | {r['wire_bytes'] / r['batch']:.0f} / "
                     f"{r['payload_bytes'] / r['batch']:.0f} | {r['final_loss']:.3f} (floor {r['floor']:.3f}) | "
-                    + (f"{r['to_target_samples']:.0f} | {r['to_target_s']:.0f} |" if reached else
+                    + (f"{r['to_target_samples']:.0f} | {r['to_target_s']:.0f} |" if reached(r["to_target_s"]) else
                        "not reached | - |"))
     s = Section("Case 5 trained for real: the codecs to the loss floor + 10 %",
                 text="Case 5 at 8 devices (one a region), the micro GPT's 4 blocks on markov tokens, batch 32 in "
@@ -171,13 +177,13 @@ def point_section(cell, runs: dict[str, dict]) -> Section:
     tput = cell.samples_per_s
     by_map = sorted(runs, key=lambda k: -tput[k])
     to_target = {k: r["to_target_s"] for k, r in runs.items()}
-    reached = sorted((k for k in runs if to_target[k] == to_target[k]), key=to_target.get)
-    by_loss = reached + [k for k in by_map if k not in reached]
+    first = sorted((k for k in runs if reached(to_target[k])), key=to_target.get)
+    by_loss = first + [k for k in by_map if k not in first]
     rows = ["| contender | map samples/s (paper scale) | testbed s an iteration, simulated / measured | samples to "
             "the floor + 10 % | wall s to it | rank: map / to the loss |", "|---|---|---|---|---|---|"]
     for k in by_map:
         r = runs[k]
-        hit = to_target[k] == to_target[k]
+        hit = reached(to_target[k])
         rows.append(f"| {k}{' (ours runs)' if STAND_IN.get(k) else ''} | {tput[k]:.1f} | {predicted[k]:.2f} / "
                     f"{measured[k]:.2f} | " + (f"{r['to_target_samples']:.0f} | {to_target[k]:.0f}" if hit else
                                                "not reached | -") +
@@ -191,8 +197,8 @@ def point_section(cell, runs: dict[str, dict]) -> Section:
                       "They disagree: by throughput the map orders them " + " > ".join(by_map) + "; to the loss, "
                       "measured, " + " > ".join(by_loss) + ".") + "\n\n" + runs_table(runs) + "\n\n" +
                      "\n".join(rows))
-    leader, others = by_map[0], [to_target[k] for k in by_map[1:] if to_target[k] == to_target[k]]
-    value = (to_target[leader] / min(others) if to_target[leader] == to_target[leader] and others else
+    leader, others = by_map[0], [to_target[k] for k in by_map[1:] if reached(to_target[k])]
+    value = (to_target[leader] / min(others) if reached(to_target[leader]) and others else
              float("inf") if others else float("nan"))
     s.add(Claim("Map", f"{cell.scenario} x{cell.scale:g}: the map's fastest ({leader}) is first to the loss floor "
                 "+ 10 % (its wall time over the fastest other's)", "Map", below=1.0, unit="x",

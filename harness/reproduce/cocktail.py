@@ -173,8 +173,7 @@ PAPER = Paper(
            Part("map", "the map: every scenario x bandwidth scale, every contender (simulated; QUICK: cases 1 and 5 "
                 "at x0.1 and x1)", 450, the_map, quick_seconds=40),
            Part("emulated", "case 5 at 8 devices, trained for real to the loss floor + 10 %: ours, ours + cocktail, "
-                "ours + int8, and the first map point's leaders in the same boot (QUICK: a few iterations each, no "
-                "convergence)", cocktail_emulated.SECONDS,
+                "ours + int8 (QUICK: a few iterations each, no convergence)", cocktail_emulated.SECONDS,
                 cocktail_emulated.emulated, quick_seconds=cocktail_emulated.QUICK_SECONDS, measured=True),
            Part("points", "the map's points, trained for real to the loss floor + 10 %: each point's fastest "
                 "contenders", cocktail_emulated.POINT_SECONDS, cocktail_emulated.points, measured=True,

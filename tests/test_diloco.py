@@ -425,6 +425,28 @@ def test_sim_streaming_overlap_hides_a_fragment_sync_behind_inner_steps():
     assert steps.max() < run(1) < run(0)
 
 
+def test_sim_a_runs_own_length_holds_the_syncs_its_iterations_reached():
+    """A measured run's iterations (registry run_length): iteration i syncs a fragment when i + 1 is a multiple of
+    H / fragments, the fragments in turn, as the runtime does. A window without a sync is the inner step alone (what
+    the dilation probe's one timed iteration is); whole cycles are the cycle's average; a window of one turn holds
+    the first fragment's sync and no other."""
+    from harness.systems.diloco import sim as dsim
+
+    sim, lay, cfg = _model()
+    opts = options("streaming-diloco", sync_every=8, fragments=2)
+    run = lambda iterations=None, **o: dsim.simulate_diloco_layout(  # noqa: E731
+        sim.links, sim.profiles, cfg, 1024, lay, 1, 2, options={**opts, **o}, iterations=iterations)[0]
+    step = dsim.inner_step_seconds(sim.links, sim.profiles, cfg, 1024, lay, 1, 2,
+                                   dsim.DiLoCoSettings.of(opts, lay.devices, cfg.layers))[0].max()
+    assert registry.get("streaming-diloco").run_length and registry.get("diloco").run_length
+    assert run((1, 1)) == pytest.approx(step) and run((0, 3)) == pytest.approx(step)  # no sync before iteration 3
+    assert run((0, 8)) == pytest.approx(run()) and run((8, 16)) == pytest.approx(run())  # whole cycles
+    first, both = run((0, 4)) * 4 - 4 * step, run((0, 8)) * 8 - 8 * step  # the first fragment's sync; both
+    assert 0 < first < both and run((4, 4)) * 4 - 4 * step == pytest.approx(both - first)
+    assert run((0, 4), fragments=1) == pytest.approx(step)  # one fragment: its sync ends the 8th step
+    assert run((7, 1), fragments=1) - step > max(first, both - first)  # the whole model's sync: more than a half's
+
+
 def _return_when(work, device: int, iteration: int, notices, stop) -> None:
     """Play the timeline controller's part (network/timeline_control.py) for a loopback run: once a replica still
     there has journaled `iteration`, append "return `device`" to the device-notices file the agent follows."""

@@ -128,6 +128,26 @@ def test_a_dilated_iteration_is_modelled_longer_and_the_factor_gives_the_target(
     assert dilation.choose([(plan.spec, plan.topo)], [cheap]).factor == 1.0
 
 
+def test_a_diloco_probe_is_held_against_its_inner_step_and_its_run_times_out_by_its_syncs():
+    """The probe times one iteration; DiLoCo's (H = 100) is an inner step, so the factor is the one that gives the
+    inner step the target share, larger than the one its average over a cycle (a sync's share in it) would give;
+    a run of its own length holds its syncs, whose expected time its timeout comes from."""
+    def req(iters: int, warmup: int) -> RunRequest:
+        return RunRequest(model=ModelSection(name="micro", layers=4, batch=32, micro_batch=4),
+                          network=NetworkSection(scenario="5", devices=8),
+                          run=RunSection(system="streaming-diloco", iters=iters, warmup=warmup, timeout_auto=True),
+                          compute=ComputeSection(model=True, dilate=True))
+
+    probed, whole = plan_run(req(1, 1)), plan_run(req(210, 0))
+    probe = dilation.Probe("streaming-diloco", seconds=0.45, busy=0.94, kernel="uml")  # measured here
+    d = dilation.choose([(probed.spec, probed.topo)], [probe])
+    by_cycle = dilation.choose([(whole.spec, whole.topo)], [probe])  # the cycle's average: the sync's share in it
+    assert d.factor > 3 * by_cycle.factor
+    inner = dilation.modelled_seconds(probed.spec, probed.topo, d.factor)
+    assert probe.cpu_s <= dilation.TARGET_BUSY * inner < probe.cpu_s * 1.05
+    assert dilation.modelled_seconds(whole.spec, whole.topo, d.factor) > 2 * inner  # 4 syncs in 210 iterations
+
+
 def test_round_up_keeps_two_digits():
     assert [dilation.round_up(x) for x in (0.3, 1, 1.01, 9.99, 123, 4410, 4500.0)] == [1, 1, 1.1, 10, 130, 4500, 4500]
 

@@ -15,7 +15,10 @@ seconds c its iteration cost the host (the cluster's busy share x its seconds); 
 model give the iteration's seconds T(k) at dilation k (the system's simulator model, as `sim compare` uses it), and
 k is the smallest (two significant digits) with c / T(k) <= TARGET_BUSY, taken over every request of the command:
 the host's own work then fits in the dilated iteration several times over, and the compute phases in their
-dilated times. What an iteration costs the CPU is not constant under dilation (slower links wake the ranks'
+dilated times. The model is of the iteration the probe timed: a system whose iterations differ over a run
+(registry run_length) is modelled at the probe's length, so DiLoCo's is an inner step, not its average over a cycle
+of H with the sync's share in it (that average chose 5900 for a run whose inner steps then were host-bound in 129
+of 210). What an iteration costs the CPU is not constant under dilation (slower links wake the ranks'
 transport threads for fewer bytes at a time: measured with 8 Horovod ranks, 1.8, 8.4 and 13 CPU s at k = 1, 4500
 and 15000, network/headroom.py), so a dilated run's CPU is busier than c / T(k) says; what makes an iteration
 host-bound is the CPU delaying its work (headroom.host_bound), which each run measures and says.

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import HarnessError
-from ..plan.dilation import Dilation, Probe, choose, dilated
+from ..plan.dilation import Dilation, Probe, choose, dilated, modelled_seconds
 from ..plan.layouts import plan_run
 from ..plan.request import RunRequest
 from ..results import read_records
@@ -55,7 +55,10 @@ def probe_and_dilate(reqs: list[RunRequest], work: Path, record_many) -> tuple[l
         probes.append(_probe(label, res))
     d = choose([(p.spec, p.topo) for p in plans], probes)
     _say(d.line())
-    return [dilated(r, d, t) for r, t in zip(reqs, d.expected_s)], d
+    # each run's timeout from its own length: a run's iterations may differ from the probe's (DiLoCo's syncs)
+    whole = [modelled_seconds(replace(p.spec, run=replace(p.spec.run, warmup=r.run.warmup, iters=r.run.iters)),
+                              p.topo, d.factor, pr.kernel) for r, p, pr in zip(reqs, plans, probes)]
+    return [dilated(r, d, t) for r, t in zip(reqs, whole)], d
 
 
 def _probe(label: str, run: Path) -> Probe:

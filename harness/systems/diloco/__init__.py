@@ -111,7 +111,7 @@ COMMON = dict(
     train="harness.systems.diloco.runtime:train_diloco", layout_rule=diloco_layout, recovery="quorum",
     quorum_model="harness.systems.diloco.sim:quorum_model",
     fault_phases=("forward", "dp_sync"),
-    simulate_layout="harness.systems.diloco.sim:simulate_diloco_layout",
+    simulate_layout="harness.systems.diloco.sim:simulate_diloco_layout", run_length=True,  # its syncs: 1 in H
     cross_node_bytes="harness.systems.diloco.sim:layout_cross_node_bytes", stage_memory=diloco_stage_bytes,
     flags=("--recompute",),  # pipeline replicas: ours' stages (default: on for cuda, as ours)
 )

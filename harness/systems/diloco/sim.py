@@ -84,24 +84,38 @@ def inner_step_seconds(links, profiles, cfg, batch: int, lay, mb: int, bpv: int,
     return np.asarray(step), max(g + o for g, o in zip(grads, opt))
 
 
-def simulate_diloco_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int,
-                           options: dict | None = None) -> tuple[float, float]:
-    """(seconds an iteration averaged over a cycle of H inner steps, the busiest device's compute)."""
+def simulate_diloco_layout(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, options: dict | None = None,
+                           iterations: tuple[int, int] | None = None) -> tuple[float, float]:
+    """(seconds an iteration averaged over a cycle of H inner steps, the busiest device's compute); with
+    `iterations` (warm-up, timed), a measured run's length, the mean of its timed iterations, which hold the syncs
+    the run's own steps reached (a run shorter than H / fragments holds none: its iterations are inner steps)."""
     if lay.pp > 1:
         return _pipeline_replicas(links, profiles, cfg, batch, lay, mb, bpv,
-                                  DiLoCoSettings.of(options or {}, lay.devices, cfg.layers))
+                                  DiLoCoSettings.of(options or {}, lay.devices, cfg.layers), iterations)
     devices = devices_of(lay)
     s = DiLoCoSettings.of(options or {}, len(devices), cfg.layers)
     n, k = len(devices), s.devices_per_replica(len(devices))
     steps, compute = inner_step_seconds(links, profiles, cfg, batch, lay, mb, bpv, s)
     step = float(steps.max())
     rings = np.asarray(devices).reshape(n // k, k).T  # position g of every replica, in replica order
-    turn = s.sync_every // s.fragments
-    exposed = 0.0
+    exposed = []
     for values in fragment_params(cfg, s.fragments):
         outer = max(optimizer_seconds(values, profiles[d]) for d in devices)
-        exposed += max(0.0, sync_seconds(links, rings, values, s.wire, bpv) - s.fragment_sync_delay * step) + outer
-    return step + exposed / s.fragments / turn, compute
+        exposed.append(max(0.0, sync_seconds(links, rings, values, s.wire, bpv) - s.fragment_sync_delay * step)
+                       + outer)
+    return iteration_seconds(step, exposed, s.sync_every // s.fragments, iterations), compute
+
+
+def iteration_seconds(step: float, exposed: list[float], turn: int, iterations: tuple[int, int] | None) -> float:
+    """An iteration's seconds: an inner step plus the exposed sync of each fragment (`exposed`, in turn), one every
+    `turn` steps, averaged over a cycle; or over the timed iterations of a run of `iterations` (warm-up, timed),
+    whose iteration i syncs fragment j % fragments when (i + 1) = (j + 1) * turn, as the runtime does."""
+    if iterations is None:
+        return step + sum(exposed) / len(exposed) / turn
+    warmup, timed = iterations
+    synced = sum(exposed[((i + 1) // turn - 1) % len(exposed)] for i in range(warmup, warmup + timed)
+                 if (i + 1) % turn == 0)
+    return step + synced / max(timed, 1)
 
 
 def _pipelines_step(links, profiles, cfg, batch: int, lay, mb: int, bpv: int):
@@ -112,7 +126,8 @@ def _pipelines_step(links, profiles, cfg, batch: int, lay, mb: int, bpv: int):
                          dp_bytes=np.zeros(lay.pp), bytes_per_value=bpv)
 
 
-def _pipeline_replicas(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, s: DiLoCoSettings):
+def _pipeline_replicas(links, profiles, cfg, batch: int, lay, mb: int, bpv: int, s: DiLoCoSettings,
+                       iterations: tuple[int, int] | None = None):
     """Replicas that are ours' pipelines (pipeline_replicas.py): ours' model of its pipelines with no data-parallel
     sync (the slowest pipeline's iteration), then every H / fragments steps a fragment of each stage all-reduced over
     its stage group (a ring a stage, all at once; streaming: started `fragment_sync_delay` steps early) and the outer
@@ -121,12 +136,12 @@ def _pipeline_replicas(links, profiles, cfg, batch: int, lay, mb: int, bpv: int,
     step = inner.seconds
     groups = lay.array()[:, :, 0]  # (stages, pipelines): stage j's devices
     params = stage_fragment_params(cfg, list(lay.layers_per_stage), s.fragments)
-    exposed = 0.0
+    exposed = []
     for f in range(s.fragments):
         sync = sync_seconds(links, groups, params[:, f], s.wire, bpv)
         outer = max(optimizer_seconds(params[j, f], profiles[d]) for j, row in enumerate(groups) for d in row)
-        exposed += max(0.0, sync - s.fragment_sync_delay * step) + outer
-    return step + exposed / s.sync_every, inner.compute_seconds
+        exposed.append(max(0.0, sync - s.fragment_sync_delay * step) + outer)
+    return iteration_seconds(step, exposed, s.sync_every // s.fragments, iterations), inner.compute_seconds
 
 
 def layout_cross_node_bytes(region, cfg, batch: int, lay, mb: int, bpv: int, options: dict | None = None) -> float:

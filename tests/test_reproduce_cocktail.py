@@ -49,6 +49,8 @@ def test_the_codecs_section_puts_plain_over_each_codec_in_bytes_and_in_time_to_t
     assert ct.simulated == pytest.approx(5.5 / 4.4) and ct.measured == pytest.approx(1.25)
     assert ct.measured_verdict == "holds" and it.measured_verdict == "not run"
     assert "| ours + int8 | 4.50 | 62500 / 56250 |" in s.text and "not reached" in s.text
+    assert ct.note == "samples to it: 5600 against plain's 5000" and it.note == "samples to it: not reached " \
+        "against plain's 5000"
 
 
 def _cell(samples_per_s: dict) -> Cell:
@@ -65,26 +67,39 @@ def test_a_points_contenders_are_its_fastest_that_train_here_and_dtfm_runs_as_ou
     assert [c.label for c in chosen] == ["dtfm", "deepspeed", "megatron"]  # ours is dtfm's stand-in, run once
     req = request_of(ce.point_request("5", 0.3, chosen[0], 7, "/tmp/x"))
     assert (req.run.system, req.network.bandwidth_scale, req.run.iters, req.model.data) == ("ours", 0.3, 7, "markov")
+    assert req.network.mode == "none" and not req.compute.model  # loopback: only its losses are read
+    by_label = {c.label: c for c in CONTENDERS}
+    assert ce.point_iters(by_label["streaming-diloco"], False) == ce.H_POINT_ITERS > ce.POINT_ITERS
+    assert ce.point_iters(by_label["ours+cocktail"], False) == ce.POINT_ITERS
+    assert ce.point_iters(by_label["diloco"], True) == ce.QUICK_ITERS
 
 
-def test_a_point_says_where_the_measured_order_to_the_loss_disagrees_with_the_map():
-    """The map ranks diloco (100 samples/s) over ours+cocktail (60) over ours (50); measured, ours+cocktail reaches
-    the target first (600 s), then ours (700 s); diloco never does: the map's leader is not first."""
+def _converged(samples: dict) -> dict:
+    return {k: {"to_target_s": math.nan, "to_target_samples": n, "final_loss": 1.9 if math.isnan(n) else 1.8,
+                "floor": 1.7, "batch": 32} for k, n in samples.items()}
+
+
+def test_a_point_says_where_the_order_to_the_loss_disagrees_with_the_map():
+    """The map ranks diloco (100 samples/s) over ours+cocktail (60) over ours (50); ours+cocktail reaches the target
+    in 6000 samples (100 s at its rate), ours in 5500 (110 s); diloco never does: the map's leader is not first."""
     cell = _cell({"diloco": 100, "ours+cocktail": 60, "ours": 50})
-    names = ["diloco", "ours+cocktail", "ours"]
-    runs = _runs(dict(zip(names, (2.0, 3.0, 3.5))), dict(zip(names, (2.0, 3.0, 3.5))),
-                 dict(zip(names, (math.nan, 600.0, 700.0))), dict(zip(names, (math.nan, 6400, 6400))))
+    runs = _converged({"diloco": math.nan, "ours+cocktail": 6000, "ours": 5500})
     s = ce.point_section(cell, runs)
-    assert "They disagree: by throughput the map orders them diloco > ours+cocktail > ours; to the loss, measured, " \
+    assert "They disagree: by throughput the map orders them diloco > ours+cocktail > ours; to the loss, " \
            "ours+cocktail > ours > diloco." in s.text
+    assert "| diloco | 100.0 | not reached (loss 1.900) | - | 1 / - |" in s.text
+    assert "| ours | 50.0 | 5500 | 110 | 3 / 2 |" in s.text
     [f] = s.findings
     assert f.measured == math.inf and f.measured_verdict == "differs"
-    runs["diloco"]["to_target_s"] = 500.0
+    runs["diloco"]["to_target_samples"] = 12000  # 120 s at its rate: later than ours+cocktail's 100 s
     [f] = ce.point_section(cell, runs).findings
-    assert f.measured == pytest.approx(500 / 600) and f.measured_verdict == "holds"
+    assert f.measured == pytest.approx(1.2) and f.measured_verdict == "differs"
+    runs["diloco"]["to_target_samples"] = 9000  # 90 s
+    [f] = ce.point_section(cell, runs).findings
+    assert f.measured == pytest.approx(0.9) and f.measured_verdict == "holds"
 
 
-def test_the_measured_parts_boot_once_for_the_codecs_and_once_a_point(tmp_path, monkeypatch):
+def test_the_codecs_boot_once_and_the_points_run_on_loopback(tmp_path, monkeypatch):
     import harness.regress
 
     booted = []
@@ -111,7 +126,17 @@ def test_the_measured_parts_boot_once_for_the_codecs_and_once_a_point(tmp_path, 
     booted.clear()
     cells = [_cell({"streaming-diloco": 110, "diloco": 108, "ours+cocktail": 60, "ours": 53})]
     monkeypatch.setattr(ce, "POINTS", (("5", 1.0),))
+    import harness.train.experiment
+
+    ran = []
+
+    def execute_many(reqs):
+        ran.append(reqs)
+        return [tmp_path / r.run.system for r in reqs]
+
+    monkeypatch.setattr(harness.train.experiment, "execute_many", execute_many)
     [p] = ce.points(Context(tmp_path, quick=True, found={"map": cells}))
-    [asked] = booted  # a point's runs in one boot of their own
-    assert [request_of(a).run.system for a in asked.values()] == ["streaming-diloco", "ours", "ours"]
+    assert not booted and len(ran) == 1  # a point's runs: on loopback, none in a boot
+    assert [(r.run.system, r.network.mode) for r in ran[0]] == [("streaming-diloco", "none"), ("ours", "none"),
+                                                                  ("ours", "none")]
     assert p.title.startswith("The map at 5 x1") and "| ours+cocktail |" in p.text

@@ -102,7 +102,7 @@ def the_map(ctx: Context) -> list[Section]:
                 text="Every contender at its best layout, simulated at paper scale over the scenarios x bandwidth "
                      "scales (`harness sim report --map`; the table, map.csv and the codec's gain in "
                      "[map/report.md](map/report.md)). The claims the papers make about where each wins, checked on "
-                     "it; throughput is not convergence (the measured points are the emulated part's).")
+                     "it; throughput is not convergence (the points part measures the samples to the loss).")
     by = {(c.scenario, c.scale): c for c in cells}
     lowest, one = min(scales), 1.0 if 1.0 in scales else max(scales)
     world = by.get(("5", one))
@@ -175,8 +175,8 @@ PAPER = Paper(
            Part("emulated", "case 5 at 8 devices, trained for real to the loss floor + 10 %: ours, ours + cocktail, "
                 "ours + int8 (QUICK: a few iterations each, no convergence)", cocktail_emulated.SECONDS,
                 cocktail_emulated.emulated, quick_seconds=cocktail_emulated.QUICK_SECONDS, measured=True),
-           Part("points", "the map's points, trained for real to the loss floor + 10 %: each point's fastest "
-                "contenders", cocktail_emulated.POINT_SECONDS, cocktail_emulated.points, measured=True,
+           Part("points", "the map's points, trained for real on loopback to the loss floor + 10 %: each point's "
+                "fastest contenders", cocktail_emulated.POINT_SECONDS, cocktail_emulated.points, measured=True,
                 in_quick=False)),
     settings=SETTINGS,
 )

@@ -72,6 +72,11 @@ def test_a_points_contenders_are_its_fastest_that_train_here_and_dtfm_runs_as_ou
     assert ce.point_iters(by_label["streaming-diloco"], False) == ce.H_POINT_ITERS > ce.POINT_ITERS
     assert ce.point_iters(by_label["ours+cocktail"], False) == ce.POINT_ITERS
     assert ce.point_iters(by_label["diloco"], True) == ce.QUICK_ITERS
+    ds = request_of(ce.laid_out(ce.point_request("1", 1.0, by_label["deepspeed"], 7, "/tmp/x"), "1", 1.0,
+                                by_label["deepspeed"]))  # its rule needs --zero: the testbed's fastest layout
+    assert ds.layout.zero in (1, 3) and ds.layout.pp * ds.layout.dp * (ds.layout.tp or 1) == 8
+    mine = ce.point_request("1", 1.0, by_label["ours"], 7, "/tmp/x")
+    assert ce.laid_out(mine, "1", 1.0, by_label["ours"]) is mine  # its scheduler lays it out
 
 
 def _converged(samples: dict) -> dict:

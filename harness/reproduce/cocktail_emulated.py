@@ -148,6 +148,25 @@ def point_request(scenario: str, scale: float, contender, iters: int, out) -> di
                                  "warmup": 0, "results_root": str(out), "options": dict(contender.options)}})
 
 
+def laid_out(req: dict, scenario: str, scale: float, contender) -> dict:
+    """`req`, with the layout the simulator finds fastest at the testbed (BASE's devices and GPT at the point) when
+    its system's rule cannot lay it out from the request alone (the baselines take --tp/--pp/--dp/--zero)."""
+    from ..layout import LayoutError
+    from ..plan.asked import request_of
+    from ..plan.layouts import plan_run
+    from ..sim.request import SimRequest, simulate
+
+    try:
+        plan_run(request_of(req))
+        return req
+    except LayoutError:
+        system, m = req["run"]["system"], BASE["model"]
+        found = simulate(SimRequest(scenario, BASE["network"]["devices"], scale, (system,), m["name"], m["layers"],
+                                    m["batch"], m["micro_batch"], options=dict(contender.options)))
+        best = found.best()[system].config
+        return merged(req, {"layout": {k: best[k] for k in ("tp", "pp", "dp", "zero") if k in best}})
+
+
 def point_iters(contender, quick: bool) -> int:
     from ..report.map import syncs_every_h_steps
 
@@ -160,8 +179,8 @@ def point_asked(ctx: Context, scenario: str, scale: float) -> tuple:
 
     done = {(c.scenario, c.scale): c for c in ctx.found.get("map", [])}
     cell = done.get((scenario, scale)) or sweep_map((scenario,), (scale,))[0]
-    return cell, {c.label: point_request(scenario, scale, c, point_iters(c, ctx.quick), ctx.out / "points")
-                  for c in point_contenders(cell, CONTENDERS)}
+    return cell, {c.label: laid_out(point_request(scenario, scale, c, point_iters(c, ctx.quick), ctx.out / "points"),
+                                    scenario, scale, c) for c in point_contenders(cell, CONTENDERS)}
 
 
 def points(ctx: Context) -> list[Section]:

@@ -109,7 +109,7 @@ STAND_IN = {"dtfm": "ours"}  # the paper's runtime is simulated only: ours' runt
 #: iterations a point's runs train, by family: loopback, Streaming DiLoCo (H = 100) reached the floor + 10 % in 351
 #: iterations, ours in 176, cocktail in 190
 POINT_ITERS, H_POINT_ITERS = ITERS, 450
-POINT_SECONDS = 3 * 420  # 3 loopback runs a point: ~0.1 s an iteration here, and start-up
+POINT_SECONDS = len(POINTS) * 180  # a point's 3 loopback runs: 2-2.5 min here (~0.1 s an iteration, start-up)
 #: why a point's runs are on loopback (measured: plan/dilation.py's probe of the runs, tests/test_headroom.py)
 WHY_LOOPBACK = ("a point's contenders would share one dilation to compare wall times, the costliest's: a DiLoCo-style "
                 "run's inner step is a V100's microseconds, so its probe asks for 35000 (ours' own: 380), at which "
